@@ -1,0 +1,1 @@
+"""schedctl: the command-line interface."""

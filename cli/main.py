@@ -1,0 +1,10 @@
+"""schedctl entry point (commands are added module by module)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+def main() -> None:
+    """Operate a Redis-centric placement scheduler cell."""

@@ -1,0 +1,54 @@
+--[[
+  assign-5.lua: record that a sandbox was created on a node (RecordAssignment).
+
+  Attaches the sandbox to a pending reservation of that node (the one named,
+  or else the node's oldest unclaimed one) and writes the binding.  If a
+  roster of that node already listed the sandbox, the node's numbers include
+  it, so the reservation is released at once.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     sandbox_id
+  ARGV[2]     node_id
+  ARGV[3]     endpoint (must equal the node's stored endpoint)
+  ARGV[4]     reservation id, "" = the node's oldest unclaimed one
+
+  Returns {reservation id attached or "", released now 1/0, now_ms}
+  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
+  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
+]]
+-- @include common
+local sb = ARGV[1]
+local node_id = ARGV[2]
+local endpoint = ARGV[3]
+local wanted = ARGV[4]
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+if not redis.call('ZSCORE', NODES_KEY, node_id)
+    or redis.call('HGET', node_key(node_id), 'endpoint') ~= endpoint then
+  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+end
+local now = now_ms(P)
+sweep_expired(now)
+
+local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
+local already_listed = b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
+
+-- A repeated assignment keeps the reservation it already has.
+local rid = bound_reservation(sb, node_id)
+if not rid then
+  if wanted ~= '' then
+    local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
+    if r[1] == 'pending' and r[2] == node_id then rid = wanted end
+  else
+    rid = oldest_unclaimed(node_id)
+  end
+  if rid then
+    redis.call('HSET', res_key(rid), 'state', 'assigned', 'sandbox_id', sb, 'assigned_ms', fmt(now))
+    redis.call('HINCRBY', STATS_KEY, 'assigned_total', 1)
+  end
+end
+local released = 0
+if rid and already_listed and end_reservation(rid, 'released', now) then released = 1 end
+write_binding(sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
+return { rid or '', released, fmt(now) }

@@ -1,0 +1,60 @@
+--[[
+  events-5.lua: a node reports sandbox lifecycle events (ReportSandboxEvent).
+
+  CREATE / FORK: the sandbox exists on the node.  Its reservation (the one its
+    binding names, or else the node's oldest unclaimed one) is marked acked,
+    and the node's next heartbeat releases it.  The binding is written.
+  DELETE: the binding goes; a reservation still attached is released (the
+    sandbox will never show in the node's numbers).
+  PAUSE / RESUME: refresh the binding only.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     node_id
+  ARGV[2..]   events, two values each: sandbox_id, type (CREATE|DELETE|PAUSE|RESUME|FORK)
+
+  Returns {reservations acked, reservations released, now_ms}
+  Errors: UNKNOWN_NODE, BADARG type ..., PRECONDITION (no policy)
+  Writes: res:<id> (state acked), node:<node> acked_count, bind:*, node-sbx:<node>
+]]
+-- @include common
+local node_id = ARGV[1]
+local TYPES = { CREATE = true, DELETE = true, PAUSE = true, RESUME = true, FORK = true }
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+if not redis.call('ZSCORE', NODES_KEY, node_id) then
+  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+end
+for i = 2, #ARGV, 2 do
+  if not TYPES[ARGV[i + 1]] then return fail('BADARG', 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
+end
+local now = now_ms(P)
+sweep_expired(now)
+local endpoint = redis.call('HGET', node_key(node_id), 'endpoint') or ''
+local acked, released = 0, 0
+for i = 2, #ARGV, 2 do
+  local sb, kind = ARGV[i], ARGV[i + 1]
+  if kind == 'DELETE' then
+    local rid = bound_reservation(sb, node_id)
+    if rid and end_reservation(rid, 'released', now) then released = released + 1 end
+    drop_binding(sb, node_id)
+  else
+    local rid = bound_reservation(sb, node_id)
+    if not rid and (kind == 'CREATE' or kind == 'FORK') then
+      rid = oldest_unclaimed(node_id)
+      if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
+    end
+    if rid and (kind == 'CREATE' or kind == 'FORK')
+        and redis.call('HGET', res_key(rid), 'state') ~= 'acked' then
+      redis.call('HSET', res_key(rid), 'state', 'acked', 'acked_ms', fmt(now))
+      redis.call('HINCRBY', node_key(node_id), 'acked_count', 1)
+      acked = acked + 1
+    end
+    local listed = '0'
+    if redis.call('HGET', bind_key(sb), 'node_id') == node_id then
+      listed = redis.call('HGET', bind_key(sb), 'listed') or '0'
+    end
+    write_binding(sb, node_id, endpoint, listed, rid, now, P)
+  end
+end
+return { acked, released, fmt(now) }

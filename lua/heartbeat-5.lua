@@ -1,0 +1,149 @@
+--[[
+  heartbeat-5.lua: ingest a node's heartbeat: snapshot, identity, roster.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     node_id
+  ARGV[2]     service_instance_id (a new one = the node restarted)
+  ARGV[3]     endpoint ("" = keep; ignored for nodes of the static list)
+  ARGV[4]     F, the number of field/value pairs that follow
+  ARGV[5..4+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
+  ARGV[5+2F..]   roster: every sandbox id the node runs (may be empty)
+
+  Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms}
+  Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
+          BADARG <field> ..., PRECONDITION (no policy)
+  Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
+          roster_mode), nodes (registration), bind:*, node-sbx:<id>, and
+          releases reservations the node's numbers now include:
+          - roster mode (the node has sent a non-empty roster since it
+            started): assigned reservations whose sandbox is listed;
+          - counter mode: as many of the oldest as create_successes rose;
+          - either mode: reservations acknowledged by a CREATE/FORK event.
+]]
+-- @include common
+local SNAPSHOT_FIELDS = {
+  cluster_id = true, version = true, commit = true, status = true,
+  allocated_cpu = true, allocated_memory_bytes = true, cpu_percent = true, cpu_count = true,
+  memory_used_bytes = true, memory_total_bytes = true, disks = true, sandbox_count = true,
+  sandbox_starting_count = true, create_successes = true, create_fails = true,
+  reported_at_unix_ms = true, paused_sandbox_count = true, paused_allocated_cpu = true,
+  paused_allocated_memory_bytes = true, cpu_family = true, cpu_model = true,
+  cpu_model_name = true, cpu_architecture = true, cpu_config_json = true,
+  p2p_backend = true, p2p_address = true,
+}
+local node_id = ARGV[1]
+local sid = ARGV[2]
+local endpoint = ARGV[3]
+local nfields = tonumber(ARGV[4])
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+if node_id == '' then return fail('BADARG', 'node_id is required') end
+if sid == '' then return fail('BADARG', 'service_instance_id is required') end
+local registered = redis.call('ZSCORE', NODES_KEY, node_id)
+if not registered and P.static_nodes then
+  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+end
+local values = {}
+for i = 0, nfields - 1 do
+  local name = ARGV[5 + 2 * i]
+  if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
+  values[name] = ARGV[6 + 2 * i]
+end
+
+local now = now_ms(P)
+sweep_expired(now)
+local nkey = node_key(node_id)
+local prev = redis.call('HMGET', nkey, 'service_instance_id', 'create_successes', 'roster_mode',
+  'acked_count', 'static', 'cluster_id')
+local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
+
+-- Stage "record": the snapshot, stamped with Redis time.
+local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now) }
+for name, value in pairs(values) do
+  if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = fmt(now) end
+  if not (name == 'cpu_config_json' and value == '') then
+    hset[#hset + 1] = name
+    hset[#hset + 1] = value
+  end
+end
+if endpoint ~= '' and prev[5] ~= '1' then
+  hset[#hset + 1] = 'endpoint'
+  hset[#hset + 1] = endpoint
+end
+if not registered then
+  redis.call('ZADD', NODES_KEY, 0, node_id)
+  hset[#hset + 1] = 'first_seen_ms'
+  hset[#hset + 1] = fmt(now)
+end
+redis.call('HSET', nkey, unpack(hset))
+local generation = redis.call('HINCRBY', nkey, 'generation', 1)
+if restarted then
+  redis.call('HINCRBY', nkey, 'restarts', 1)
+  redis.call('HSET', nkey, 'restarted_at_ms', fmt(now))
+end
+local cluster = values.cluster_id or ''
+if prev[6] and prev[6] ~= cluster then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
+if (values.p2p_address or '') ~= '' then
+  redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id)
+else
+  redis.call('SREM', BASE .. 'p2p:' .. cluster, node_id)
+end
+
+-- Stage "roster": bindings follow the node's own list.
+local roster = {}
+local listed = {}
+for i = 5 + 2 * nfields, #ARGV do
+  local sb = ARGV[i]
+  if sb ~= '' and not listed[sb] then
+    listed[sb] = true
+    roster[#roster + 1] = sb
+  end
+end
+local roster_mode = (prev[3] == '1' and not restarted) or #roster > 0
+local node_endpoint = redis.call('HGET', nkey, 'endpoint') or ''
+local released = 0
+for _, sb in ipairs(roster) do
+  local rid = bound_reservation(sb, node_id)
+  if rid and end_reservation(rid, 'released', now) then released = released + 1 end
+  write_binding(sb, node_id, node_endpoint, '1', rid, now, P)
+end
+local sbx = node_sbx_key(node_id)
+for _, sb in ipairs(redis.call('SMEMBERS', sbx)) do
+  if not listed[sb] then
+    local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
+    if b[1] ~= node_id then
+      redis.call('SREM', sbx, sb)
+    elseif b[2] == '1' then
+      drop_binding(sb, node_id)
+    end
+  end
+end
+
+-- Stage "release": acknowledged creations are in this snapshot.
+local acked_released = 0
+if (tonumber(prev[4]) or 0) > 0 then
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
+    if redis.call('HGET', res_key(rid), 'state') == 'acked' then
+      end_reservation(rid, 'released', now)
+      acked_released = acked_released + 1
+    end
+  end
+end
+released = released + acked_released
+if not roster_mode then
+  -- The first heartbeat we ever see gives no baseline: release nothing.
+  local successes = tonumber(values.create_successes) or 0
+  local baseline = tonumber(prev[2])
+  if restarted then baseline = 0 end
+  if baseline then
+    local k = successes - baseline - acked_released
+    if k > 0 then
+      for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, k - 1)) do
+        if end_reservation(rid, 'released', now) then released = released + 1 end
+      end
+    end
+  end
+end
+redis.call('HSET', nkey, 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0')
+return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now) }

@@ -1,0 +1,20 @@
+--[[
+  lookup-5.lua: the node bound to a sandbox (LookupNode).  Read-only.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     sandbox_id
+
+  Returns {node_id, endpoint, expires_ms, reservation_id, listed, now_ms}
+  Errors: NOT_FOUND sandbox assignment not found (missing or expired)
+]]
+-- @include common
+local sb = ARGV[1]
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local b = redis.call('HMGET', bind_key(sb), 'node_id', 'endpoint', 'expires_ms', 'reservation_id',
+  'listed')
+local now = now_ms(P)
+if not b[1] or (tonumber(b[3]) or 0) <= now then
+  return fail('NOT_FOUND', 'sandbox assignment not found')
+end
+return { b[1], b[2] or '', b[3], b[4] or '', b[5] or '0', fmt(now) }

@@ -1,0 +1,149 @@
+--[[
+  schedule-5.lua: select a node and, for creations, reserve room on it.
+
+  One atomic decision over the whole cell: sweep due expiries, evaluate every
+  node through the stages of includes/common.lua (status, ceilings after the
+  placement, capacity), pick by strategy, reserve.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/common.lua)
+  KEYS[6]     rr: the cell's round-robin counter
+  ARGV[1]     kind: "create" (reserve cpu, memory and one sandbox) or
+              "route" (rank only; no reservation, no capacity test)
+  ARGV[2]     dry run: "1" = explain, write nothing (not even the sweep)
+  ARGV[3]     strategy override, "" = the policy's
+  ARGV[4]     cpu requested (whole CPUs), "" = absent (policy default_cpu)
+  ARGV[5]     memory requested (bytes), "" = absent (policy default_memory_bytes)
+  ARGV[6]     reservation id to create (kind "create", not dry run)
+  ARGV[7]     uniform random number in [0, 1) for strategy "random"
+
+  Returns (decision): {node_id, endpoint, reservation_id or "", pressure,
+                       cpu, memory_bytes, status, now_ms}
+  Returns (dry run):  {now_ms, strategy, chosen id or "", rr value used,
+                       cpu, memory_bytes, refusal message or "", node...}
+                      node = {id, status, reason or "", pressure, known 1/0,
+                       starting, running, paused, projected cpu, projected
+                       memory, cpu capacity, memory capacity, endpoint}
+  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no policy)
+  Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr
+]]
+-- @include common
+local RR_KEY = KEYS[6]
+local kind = ARGV[1]
+local dry_run = ARGV[2] == '1'
+local strategy_arg = ARGV[3]
+local cpu_arg = ARGV[4]
+local mem_arg = ARGV[5]
+local rid = ARGV[6]
+local rand = tonumber(ARGV[7])
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+
+if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
+local strategy = strategy_arg
+if strategy == '' then strategy = P.strategy end
+if strategy ~= 'least_loaded' and strategy ~= 'round_robin' and strategy ~= 'random' then
+  return fail('BADARG', 'strategy must be least_loaded, round_robin or random, not ' .. strategy)
+end
+local function whole(arg, default)
+  if arg == '' then return default end
+  local v = tonumber(arg)
+  if v == nil or v < 0 or v ~= math.floor(v) then return nil end
+  return v
+end
+local req = { create = kind == 'create', count = 0, cpu = 0, mem = 0 }
+if req.create then
+  req.count = 1
+  req.cpu = whole(cpu_arg, P.default_cpu)
+  if req.cpu == nil then return fail('BADARG', 'cpu must be a non-negative whole number') end
+  req.mem = whole(mem_arg, P.default_memory_bytes)
+  if req.mem == nil then return fail('BADARG', 'memory_bytes must be a non-negative whole number') end
+  if not dry_run and (rid == nil or rid == '') then return fail('BADARG', 'reservation_id is required') end
+  if not dry_run and redis.call('EXISTS', res_key(rid)) == 1 then
+    return fail('BADARG', 'reservation_id ' .. rid .. ' is already used')
+  end
+end
+if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
+  return fail('BADARG', 'random must be in [0, 1)')
+end
+
+local now = now_ms(P)
+if not dry_run then sweep_expired(now) end
+
+-- Stage "filter": evaluate every node (byte order by id).
+local ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+local evaluated = {}
+local known, unknown = {}, {}
+local counts = {}
+for i, id in ipairs(ids) do
+  local n = evaluate(id, P, req, now)
+  evaluated[i] = n
+  if n.reason then
+    counts[n.reason] = (counts[n.reason] or 0) + 1
+  elseif n.known then
+    known[#known + 1] = n
+  else
+    unknown[#unknown + 1] = n
+  end
+end
+
+-- Stage "pick": nodes of known capacity first, never-heard-from ones as fallback.
+local group = known
+if #group == 0 then group = unknown end
+local rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
+local chosen = nil
+local refusal = ''
+if #group == 0 then
+  refusal = summarize_reasons(counts, #ids)
+elseif strategy == 'least_loaded' then
+  local best = {}
+  for _, n in ipairs(group) do
+    if #best == 0 or ranks_before(n, best[1]) then
+      best = { n }
+    elseif not ranks_before(best[1], n) then
+      best[#best + 1] = n
+    end
+  end
+  chosen = best[((rr_next - 1) % #best) + 1]
+elseif strategy == 'round_robin' then
+  chosen = group[((rr_next - 1) % #group) + 1]
+else
+  chosen = group[math.floor(rand * #group) + 1]
+end
+
+if dry_run then
+  local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),
+    fmt(req.mem), refusal }
+  for _, n in ipairs(evaluated) do
+    out[#out + 1] = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
+      fmt(n.starting), fmt(n.running), fmt(n.paused), fmt(n.proj_cpu), fmt(n.proj_mem),
+      fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
+  end
+  return out
+end
+
+if chosen == nil then
+  redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
+  return fail('NO_NODES', refusal)
+end
+redis.call('INCR', RR_KEY)
+
+-- Stage "reserve": the placement counts in every projection from now on.
+local out_rid = ''
+if req.create then
+  local seq = redis.call('HINCRBY', STATS_KEY, 'res_seq', 1)
+  local expires = now + P.reservation_ttl_ms
+  redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
+    'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
+    'created_ms', fmt(now), 'expires_ms', fmt(expires), 'pressure', fmt(chosen.pressure))
+  redis.call('ZADD', node_res_key(chosen.id), seq, rid)
+  redis.call('ZADD', EXPIRY_KEY, fmt(expires), rid)
+  local nkey = node_key(chosen.id)
+  redis.call('HINCRBY', nkey, 'pending_count', 1)
+  redis.call('HINCRBY', nkey, 'pending_cpu', fmt(req.cpu))
+  redis.call('HINCRBY', nkey, 'pending_memory_bytes', fmt(req.mem))
+  redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
+  out_rid = rid
+end
+return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), fmt(req.cpu), fmt(req.mem),
+  chosen.status, fmt(now) }

@@ -1,0 +1,52 @@
+--[[
+  sync_policy-5.lua: store the cell's shared policy, or check it agrees.
+
+  Every replica must decide under the same policy.  An empty cell takes the
+  given one; a cell with a different one refuses (the caller shows both)
+  unless told to overwrite.  time_offset_ms (a drill/test clock offset) is
+  not part of the comparison and survives an overwrite.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     "1" overwrite, "0" check
+  ARGV[2..]   field, value pairs of the wanted policy
+
+  Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
+  Writes: policy (unless "same" or "conflict")
+]]
+-- @include common
+local overwrite = ARGV[1] == '1'
+local stored = redis.call('HGETALL', POLICY_KEY)
+local have = {}
+for i = 1, #stored, 2 do
+  if stored[i] ~= 'time_offset_ms' then have[stored[i]] = stored[i + 1] end
+end
+local want = {}
+local same = true
+local nwant = 0
+for i = 2, #ARGV, 2 do
+  want[ARGV[i]] = ARGV[i + 1]
+  nwant = nwant + 1
+  if have[ARGV[i]] ~= ARGV[i + 1] then same = false end
+end
+for k, _ in pairs(have) do
+  if want[k] == nil then same = false end
+end
+local outcome
+if #stored == 0 then
+  outcome = 'created'
+elseif same then
+  outcome = 'same'
+elseif overwrite then
+  outcome = 'overwritten'
+else
+  outcome = 'conflict'
+end
+if outcome == 'created' or outcome == 'overwritten' then
+  local offset = redis.call('HGET', POLICY_KEY, 'time_offset_ms')
+  redis.call('DEL', POLICY_KEY)
+  if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
+  if offset then redis.call('HSET', POLICY_KEY, 'time_offset_ms', offset) end
+end
+local out = { outcome }
+for i = 1, #stored do out[#out + 1] = stored[i] end
+return out

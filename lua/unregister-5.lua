@@ -1,0 +1,25 @@
+--[[
+  unregister-5.lua: a node leaves (UnregisterNode).  Idempotent.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     node_id
+  ARGV[2]     service_instance_id (must match the node's current one)
+
+  Returns {1 if a node was removed else 0, now_ms}
+  Errors: PRECONDITION service instance mismatch, PRECONDITION (no policy)
+  Writes: see remove_node in includes/common.lua
+]]
+-- @include common
+local node_id = ARGV[1]
+local sid = ARGV[2]
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local now = now_ms(P)
+if not redis.call('ZSCORE', NODES_KEY, node_id) then return { 0, fmt(now) } end
+local current = redis.call('HGET', node_key(node_id), 'service_instance_id')
+if current and current ~= '' and current ~= sid then
+  return fail('PRECONDITION', 'service instance mismatch')
+end
+remove_node(node_id, now)
+sweep_expired(now)
+return { 1, fmt(now) }

@@ -1,0 +1,619 @@
+"""The client API, sync (:class:`Scheduler`) and asyncio (:class:`AsyncScheduler`).
+
+Both are thin: every operation is built once by :class:`Ops` as a
+:class:`Call` (script, KEYS, ARGV, reply parser) and the two classes only
+differ in how they run it.  Input is validated before anything reaches Redis
+(:class:`~scheduler.errors.InvalidArgument` names the field); script error
+replies map to the exceptions of :mod:`scheduler.errors`; transport failures
+become :class:`~scheduler.errors.StoreUnavailable` naming Redis.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scheduler import embedded
+from scheduler.errors import (
+    InvalidArgument,
+    PolicyConflict,
+    SchedulerError,
+    StoreUnavailable,
+    from_reply,
+)
+from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
+from scheduler.model import rank_key
+from scheduler.policy import LIMIT_NAMES, Policy
+from scheduler.records import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_CPU,
+    AssignResult,
+    Binding,
+    CeilingUse,
+    EventsResult,
+    Explanation,
+    Heartbeat,
+    HeartbeatResult,
+    NodeView,
+    Placement,
+    Request,
+    Reservation,
+    SandboxEvent,
+    Stats,
+    Verdict,
+)
+from scheduler.scripts import ScriptRegistry
+
+T = TypeVar("T")
+
+SNAPSHOT_INT_FIELDS: tuple[tuple[str, int], ...] = (
+    ("allocated_cpu", MAX_CPU),
+    ("allocated_memory_bytes", MAX_BYTES),
+    ("cpu_percent", 100_000),
+    ("cpu_count", MAX_CPU),
+    ("memory_used_bytes", MAX_BYTES),
+    ("memory_total_bytes", MAX_BYTES),
+    ("sandbox_count", MAX_COUNT),
+    ("sandbox_starting_count", MAX_COUNT),
+    ("create_successes", 1 << 53),
+    ("create_fails", 1 << 53),
+    ("reported_at_unix_ms", 1 << 53),
+    ("paused_sandbox_count", MAX_COUNT),
+    ("paused_allocated_cpu", MAX_CPU),
+    ("paused_allocated_memory_bytes", MAX_BYTES),
+)
+MAX_TEXT = 64 * 1024
+
+
+def _text(field: str, value: str, limit: int = 1024) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is longer than {limit} characters")
+    return value
+
+
+def _whole(field: str, value: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(field, f"must be a whole number in 0..{maximum}, not {value!r}")
+    return value
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v in (None, "", b"") else int(v)
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    it = iter(flat)
+    return {_s(k): _s(v) for k, v in zip(it, it)}
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    script: str
+    keys: list[str]
+    args: list[str]
+    parse: Callable[[Any], T]
+
+
+class Ops:
+    """Builds every operation as a :class:`Call`.  No I/O here."""
+
+    def __init__(self, keys: CellKeys) -> None:
+        self.k = keys
+
+    def _call(self, script: str, args: list[str], parse: Callable[[Any], T],
+              extra_keys: tuple[str, ...] = ()) -> Call[T]:
+        return Call(script, [*self.k.fixed(), *extra_keys], args, parse)
+
+    # -- heartbeat ---------------------------------------------------------
+    def heartbeat(self, hb: Heartbeat) -> Call[HeartbeatResult]:
+        node_id = validate_id("node_id", hb.node_id)
+        sid = validate_id("service_instance_id", hb.service_instance_id)
+        snap = hb.snapshot
+        fields: list[str] = []
+        for name, maximum in SNAPSHOT_INT_FIELDS:
+            fields += [name, str(_whole(f"snapshot.{name}", getattr(snap, name), maximum))]
+        if snap.status not in ("UNSPECIFIED", "READY", "CONNECTING", "UNHEALTHY", "LINGERING"):
+            raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
+        cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
+        import msgspec.json
+
+        mi = hb.machine_info
+        fields += [
+            "status", snap.status,
+            "cluster_id", cluster,
+            "version", _text("version", hb.version),
+            "commit", _text("commit", hb.commit),
+            "disks", msgspec.json.encode(snap.disks).decode(),
+            "cpu_family", _text("machine_info.cpu_family", mi.cpu_family),
+            "cpu_model", _text("machine_info.cpu_model", mi.cpu_model),
+            "cpu_model_name", _text("machine_info.cpu_model_name", mi.cpu_model_name),
+            "cpu_architecture", _text("machine_info.cpu_architecture", mi.cpu_architecture),
+            "cpu_config_json", _text("machine_info.cpu_config_json", mi.cpu_config_json, MAX_TEXT),
+            "p2p_backend", _text("p2p_endpoint.backend", hb.p2p_backend),
+            "p2p_address", _text("p2p_endpoint.address", hb.p2p_address),
+        ]
+        roster: list[str] = []
+        seen: set[str] = set()
+        for i, sb in enumerate(hb.sandbox_ids):
+            if not sb.strip():
+                continue  # blanks are ignored, as by the reference
+            sb = validate_id(f"sandbox_ids[{i}]", sb)
+            if sb not in seen:
+                seen.add(sb)
+                roster.append(sb)
+        endpoint = _text("endpoint", hb.endpoint.strip())
+        args = [node_id, sid, endpoint, str(len(fields) // 2), *fields, *roster]
+
+        def parse(r: list[Any]) -> HeartbeatResult:
+            return HeartbeatResult(generation=int(r[0]), restarted=r[1] == 1,
+                                   released=int(r[2]), roster_mode=r[3] == 1, now_ms=int(r[4]))
+
+        return self._call("heartbeat", args, parse)
+
+    # -- schedule / explain ------------------------------------------------
+    def _request_args(self, req: Request, strategy: str | None) -> list[str]:
+        cpu = "" if req.cpu is None else str(_whole("cpu", req.cpu, MAX_CPU))
+        mem = "" if req.memory_bytes is None else str(
+            _whole("memory_bytes", req.memory_bytes, MAX_BYTES))
+        if strategy is not None and strategy not in ("least_loaded", "round_robin", "random"):
+            raise InvalidArgument(
+                "strategy", f"must be least_loaded, round_robin or random, not {strategy!r}")
+        return ["create" if req.create else "route", strategy or "", cpu, mem]
+
+    def schedule(self, req: Request, strategy: str | None = None,
+                 reservation_id: str | None = None) -> Call[Placement]:
+        base = self._request_args(req, strategy)
+        rid = validate_id("reservation_id", reservation_id) if reservation_id else (
+            secrets.token_hex(12) if req.create else "")
+        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+
+        def parse(r: list[Any]) -> Placement:
+            return Placement(node_id=_s(r[0]), endpoint=_s(r[1]), reservation_id=_s(r[2]) or None,
+                             pressure=float(r[3]), cpu=int(r[4]), memory_bytes=int(r[5]),
+                             status=_s(r[6]), now_ms=int(r[7]))
+
+        return self._call("schedule", args, parse, (self.k.rr,))
+
+    def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
+        base = self._request_args(req, strategy)
+        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        return self._call("schedule", args, parse_explanation, (self.k.rr,))
+
+    # -- lifecycle ---------------------------------------------------------
+    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
+               reservation_id: str | None = None) -> Call[AssignResult]:
+        sb = validate_id("sandbox_id", sandbox_id)
+        if not node_id.strip() or not endpoint.strip():
+            raise InvalidArgument("", "node_id and endpoint are required")
+        nid = validate_id("node_id", node_id)
+        rid = validate_id("reservation_id", reservation_id) if reservation_id else ""
+        args = [sb, nid, _text("endpoint", endpoint.strip()), rid]
+        return self._call("assign", args, lambda r: AssignResult(
+            reservation_id=_s(r[0]) or None, released=r[1] == 1))
+
+    def cancel(self, reservation_id: str) -> Call[str]:
+        rid = validate_id("reservation_id", reservation_id)
+        return self._call("cancel", [rid], lambda r: _s(r[0]))
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
+        nid = validate_id("node_id", node_id)
+        args = [nid]
+        for i, ev in enumerate(events):
+            if ev.event_type not in ("CREATE", "DELETE", "PAUSE", "RESUME", "FORK"):
+                raise InvalidArgument(f"events[{i}].event_type", f"is not known: {ev.event_type!r}")
+            args += [validate_id(f"events[{i}].sandbox_id", ev.sandbox_id), ev.event_type]
+        return self._call("events", args, lambda r: EventsResult(acked=int(r[0]),
+                                                                  released=int(r[1])))
+
+    def lookup(self, sandbox_id: str) -> Call[Binding]:
+        sb = validate_id("sandbox_id", sandbox_id)
+        return self._call("lookup", [sb], lambda r: Binding(
+            sandbox_id=sb, node_id=_s(r[0]), endpoint=_s(r[1]), expires_ms=int(r[2]),
+            reservation_id=_s(r[3]) or None, listed=_s(r[4]) == "1"))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> Call[bool]:
+        if not node_id.strip() or not service_instance_id.strip():
+            raise InvalidArgument("", "node_id and service_instance_id are required")
+        args = [validate_id("node_id", node_id),
+                validate_id("service_instance_id", service_instance_id)]
+        return self._call("unregister", args, lambda r: r[0] == 1)
+
+    # -- fleet and policy --------------------------------------------------
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Call[tuple[int, int]]:
+        args: list[str] = []
+        for i, (nid, endpoint) in enumerate(nodes):
+            if not endpoint.strip():
+                raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
+            args += [validate_id(f"nodes[{i}].id", nid), _text("endpoint", endpoint.strip())]
+        return self._call("sync_nodes", args, lambda r: (int(r[0]), int(r[1])))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
+        args = [validate_id("node_id", node_id), "1" if lingering else "0"]
+        return self._call("set_lingering", args, lambda r: _s(r[0]) == "1")
+
+    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Call[str]:
+        wanted = policy.validate().to_fields()
+        flat = [x for kv in wanted.items() for x in kv]
+
+        def parse(r: list[Any]) -> str:
+            outcome = _s(r[0])
+            if outcome == "conflict":
+                stored = _pairs(r[1:])
+                stored.pop("time_offset_ms", None)
+                raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
+            return outcome
+
+        return self._call("sync_policy", ["1" if overwrite else "0", *flat], parse)
+
+    def nodes(self) -> Call[tuple[int, list[NodeView]]]:
+        return self._call("nodes_view", [], parse_nodes_view)
+
+    def reservations(self, node_id: str | None = None, reservation_id: str | None = None,
+                     ) -> Call[list[Reservation]]:
+        args = [validate_id("node_id", node_id) if node_id else "",
+                validate_id("reservation_id", reservation_id) if reservation_id else ""]
+        return self._call("reservations", args,
+                          lambda r: [parse_reservation(_pairs(row)) for row in r])
+
+    def stats(self) -> Call[Stats]:
+        def parse(r: list[Any]) -> Stats:
+            f = _pairs(r[1:])
+            return Stats(pending=int(r[0]), **{
+                name: int(f.get(name, 0)) for name in (
+                    "reserved_total", "assigned_total", "released_total", "cancelled_total",
+                    "expired_total", "refused_total")})
+
+        return self._call("stats", [], parse)
+
+    def policy(self) -> Call[Policy | None]:
+        return self._call("stats", ["policy"], lambda r: Policy.from_fields(_pairs(r)) if r
+                          else None)
+
+    def advance_clock(self, ms: int) -> Call[int]:
+        """Move the cell's Redis-time offset forward (drills and tests only)."""
+        return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40))], int)
+
+
+def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:
+    lines = ["the cell's stored policy differs from this replica's configuration",
+             f"  {'field':<44} {'stored':>16} {'configured':>16}"]
+    for name in sorted(set(stored) | set(wanted)):
+        if stored.get(name) != wanted.get(name):
+            lines.append(f"  {name:<44} {stored.get(name, '-'):>16} {wanted.get(name, '-'):>16}")
+    lines.append("start with --overwrite-policy to replace the stored policy")
+    return "\n".join(lines)
+
+
+def parse_explanation(r: list[Any]) -> Explanation:
+    verdicts = []
+    for row in r[7:]:
+        v = [_s(x) for x in row]
+        verdicts.append(Verdict(
+            node_id=v[0], status=v[1], reason=v[2] or None, pressure=float(v[3]),
+            known_capacity=v[4] == "1", starting=int(v[5]), running=int(v[6]), paused=int(v[7]),
+            projected_cpu=int(v[8]), projected_memory_bytes=int(v[9]), cpu_capacity=int(v[10]),
+            memory_capacity_bytes=int(v[11]), endpoint=v[12]))
+    chosen = _s(r[2]) or None
+    eligible = sorted((v for v in verdicts if v.reason is None), key=lambda v: (
+        rank_key(v.known_capacity, v.pressure, v.starting, v.running, v.paused), v.node_id))
+    for i, v in enumerate(eligible, 1):
+        v.rank = i
+    for v in verdicts:
+        v.chosen = v.node_id == chosen
+    return Explanation(now_ms=int(r[0]), strategy=_s(r[1]), chosen=chosen, rotation=int(r[3]),
+                       cpu=int(r[4]), memory_bytes=int(r[5]), refusal=_s(r[6]) or None,
+                       verdicts=verdicts)
+
+
+def _headroom(name: str, limit: int, used: int, f: dict[str, str]) -> float:
+    if name in ("max_cpu_allocated_percent",):
+        cap = int(f.get("cpu_count", 0) or 0)
+        return limit - used * 100 / cap if cap else float(limit)
+    if name in ("max_memory_allocated_percent", "max_memory_used_percent"):
+        cap = int(f.get("memory_total_bytes", 0) or 0)
+        return limit - used * 100 / cap if cap else float(limit)
+    return float(limit - used)
+
+
+def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
+    now = int(r[0])
+    views = []
+    for row in r[1:]:
+        f = _pairs(row)
+
+        def i(name: str) -> int:
+            return int(f.get(name) or 0)
+
+        ceilings: list[CeilingUse] = []
+        last_seen = _opt_int(f.get("last_seen_ms"))
+        views.append(NodeView(
+            node_id=f["node_id"] if "node_id" in f else "", endpoint=f.get("endpoint", ""),
+            status=f["derived_status"], reason=f.get("reason") or None,
+            pressure=float(f["pressure"]), known_capacity=f["known"] == "1",
+            cpu_capacity=i("cpu_count"), cpu_allocated=i("allocated_cpu"),
+            cpu_paused=i("paused_allocated_cpu"), cpu_reserved=i("pending_cpu"),
+            cpu_projected=i("allocated_cpu") + i("paused_allocated_cpu") + i("pending_cpu"),
+            memory_capacity_bytes=i("memory_total_bytes"),
+            memory_allocated_bytes=i("allocated_memory_bytes"),
+            memory_paused_bytes=i("paused_allocated_memory_bytes"),
+            memory_reserved_bytes=i("pending_memory_bytes"),
+            memory_projected_bytes=i("allocated_memory_bytes")
+            + i("paused_allocated_memory_bytes") + i("pending_memory_bytes"),
+            sandbox_count=i("sandbox_count"), sandbox_starting_count=i("sandbox_starting_count"),
+            paused_sandbox_count=i("paused_sandbox_count"),
+            pending_reservations=i("pending_count"), cpu_percent=i("cpu_percent"),
+            memory_used_bytes=i("memory_used_bytes"), lingering=f.get("lingering") == "1",
+            static=f.get("static") == "1", cluster_id=f.get("cluster_id", ""),
+            service_instance_id=f.get("service_instance_id", ""), generation=i("generation"),
+            restarts=i("restarts"), last_seen_ms=last_seen,
+            heartbeat_age_ms=None if last_seen is None else now - last_seen,
+            ceilings=ceilings))
+        for key, value in f.items():
+            if key.startswith("use:"):
+                name = key[4:]
+                limit = int(f[f"limit:{name}"])
+                used = int(value)
+                ceilings.append(CeilingUse(name=name, limit=limit, used=used,
+                                           headroom=_headroom(name, limit, used, f)))
+        ceilings.sort(key=lambda c: LIMIT_NAMES.index(c.name))
+    return now, views
+
+
+def parse_reservation(f: dict[str, str]) -> Reservation:
+    return Reservation(
+        reservation_id=f["reservation_id"], node_id=f["node_id"], state=f["state"],
+        cpu=int(f["cpu"]), memory_bytes=int(f["memory_bytes"]), created_ms=int(f["created_ms"]),
+        expires_ms=int(f["expires_ms"]), sandbox_id=f.get("sandbox_id") or None,
+        ended_ms=_opt_int(f.get("ended_ms")),
+        pressure=float(f["pressure"]) if f.get("pressure") else None)
+
+
+# ---------------------------------------------------------------------------
+# Connections
+# ---------------------------------------------------------------------------
+# One quick retry covers a pooled connection that died while Redis restarted;
+# no backoff, so a Redis that is really down fails the call fast.
+def _retry() -> Retry:
+    return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+
+
+def _options() -> dict[str, Any]:
+    return {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "retry": _retry()}
+
+
+def describe_target(url: str | None) -> str:
+    if not url:
+        return "embedded in-process store (fakeredis, one replica only)"
+    if "@" in url:  # hide credentials
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def normalise_url(url: str) -> str:
+    if "://" not in url:
+        return f"redis://{url}"  # the reference's host:port form
+    return url
+
+
+def sync_client(url: str | None) -> Any:
+    if not url:
+        return embedded.sync_client()
+    url = normalise_url(url)
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
+                              f"unix:// URL, not {url!r}")
+    return redis.Redis.from_url(url, **_options())
+
+
+def async_client(url: str | None) -> Any:
+    if not url:
+        return embedded.async_client()
+    url = normalise_url(url)
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
+                              f"unix:// URL, not {url!r}")
+    return redis.asyncio.Redis.from_url(url, **_options())
+
+
+@contextmanager
+def _translated(target: str) -> Iterator[None]:
+    try:
+        yield
+    except redis.exceptions.ResponseError as e:
+        mapped = from_reply(str(e))
+        if mapped is None:
+            raise
+        raise mapped from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
+        raise StoreUnavailable(f"Redis at {target} is unreachable: {e}") from None
+
+
+class _Base:
+    def __init__(self, client: Any, cell: str, prefix: str, url: str | None) -> None:
+        self.client = client
+        self.keys = CellKeys(cell, prefix)
+        self.ops = Ops(self.keys)
+        self.scripts = ScriptRegistry(client)
+        self.url = url
+        self.target = describe_target(url)
+
+
+class Scheduler(_Base):
+    """Synchronous client of one cell."""
+
+    @classmethod
+    def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
+                prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
+                overwrite_policy: bool = False) -> Scheduler:
+        s = cls(sync_client(url), cell, prefix, url)
+        if policy is not None:
+            s.sync_policy(policy, overwrite=overwrite_policy)
+        return s
+
+    def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
+                 url: str | None = None) -> None:
+        super().__init__(client, cell, prefix, url)
+
+    def run(self, call: Call[T]) -> T:
+        with _translated(self.target):
+            return call.parse(self.scripts[call.script](keys=call.keys, args=call.args))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def ping(self) -> None:
+        with _translated(self.target):
+            self.client.ping()
+
+    def heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+        return self.run(self.ops.heartbeat(hb))
+
+    def schedule(self, req: Request, strategy: str | None = None,
+                 reservation_id: str | None = None) -> Placement:
+        return self.run(self.ops.schedule(req, strategy, reservation_id))
+
+    def explain(self, req: Request, strategy: str | None = None) -> Explanation:
+        return self.run(self.ops.explain(req, strategy))
+
+    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
+               reservation_id: str | None = None) -> AssignResult:
+        return self.run(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+
+    def cancel(self, reservation_id: str) -> str:
+        return self.run(self.ops.cancel(reservation_id))
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> EventsResult:
+        return self.run(self.ops.events(node_id, events))
+
+    def lookup(self, sandbox_id: str) -> Binding:
+        return self.run(self.ops.lookup(sandbox_id))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> bool:
+        return self.run(self.ops.unregister(node_id, service_instance_id))
+
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> tuple[int, int]:
+        return self.run(self.ops.sync_nodes(nodes))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> bool:
+        return self.run(self.ops.set_lingering(node_id, lingering))
+
+    def sync_policy(self, policy: Policy, overwrite: bool = False) -> str:
+        return self.run(self.ops.sync_policy(policy, overwrite))
+
+    def nodes(self) -> list[NodeView]:
+        return self.run(self.ops.nodes())[1]
+
+    def reservations(self, node_id: str | None = None) -> list[Reservation]:
+        return self.run(self.ops.reservations(node_id))
+
+    def reservation(self, reservation_id: str) -> Reservation:
+        found = self.run(self.ops.reservations(None, reservation_id))
+        if not found:
+            from scheduler.errors import NotFound
+
+            raise NotFound(f"reservation {reservation_id} not found")
+        return found[0]
+
+    def stats(self) -> Stats:
+        return self.run(self.ops.stats())
+
+    def policy(self) -> Policy | None:
+        return self.run(self.ops.policy())
+
+    def advance_clock(self, ms: int) -> int:
+        return self.run(self.ops.advance_clock(ms))
+
+
+class AsyncScheduler(_Base):
+    """asyncio client of one cell; the same operations as :class:`Scheduler`."""
+
+    @classmethod
+    async def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
+                      prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
+                      overwrite_policy: bool = False) -> AsyncScheduler:
+        s = cls(async_client(url), cell, prefix, url)
+        if policy is not None:
+            await s.sync_policy(policy, overwrite=overwrite_policy)
+        return s
+
+    def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
+                 url: str | None = None) -> None:
+        super().__init__(client, cell, prefix, url)
+
+    async def run(self, call: Call[T]) -> T:
+        with _translated(self.target):
+            reply = await self.scripts[call.script](keys=call.keys, args=call.args)
+        with _translated(self.target):
+            return call.parse(reply)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> None:
+        with _translated(self.target):
+            await self.client.ping()
+
+    def heartbeat(self, hb: Heartbeat) -> Awaitable[HeartbeatResult]:
+        return self.run(self.ops.heartbeat(hb))
+
+    def schedule(self, req: Request, strategy: str | None = None,
+                 reservation_id: str | None = None) -> Awaitable[Placement]:
+        return self.run(self.ops.schedule(req, strategy, reservation_id))
+
+    def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
+        return self.run(self.ops.explain(req, strategy))
+
+    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
+               reservation_id: str | None = None) -> Awaitable[AssignResult]:
+        return self.run(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+
+    def cancel(self, reservation_id: str) -> Awaitable[str]:
+        return self.run(self.ops.cancel(reservation_id))
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> Awaitable[EventsResult]:
+        return self.run(self.ops.events(node_id, events))
+
+    def lookup(self, sandbox_id: str) -> Awaitable[Binding]:
+        return self.run(self.ops.lookup(sandbox_id))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
+        return self.run(self.ops.unregister(node_id, service_instance_id))
+
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
+        return self.run(self.ops.sync_nodes(nodes))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
+        return self.run(self.ops.set_lingering(node_id, lingering))
+
+    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Awaitable[str]:
+        return self.run(self.ops.sync_policy(policy, overwrite))
+
+    async def nodes(self) -> list[NodeView]:
+        return (await self.run(self.ops.nodes()))[1]
+
+    def reservations(self, node_id: str | None = None) -> Awaitable[list[Reservation]]:
+        return self.run(self.ops.reservations(node_id))
+
+    def stats(self) -> Awaitable[Stats]:
+        return self.run(self.ops.stats())
+
+    def policy(self) -> Awaitable[Policy | None]:
+        return self.run(self.ops.policy())
+
+
+__all__ = ["AsyncScheduler", "Scheduler", "SchedulerError", "Ops", "Call"]

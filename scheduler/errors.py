@@ -1,0 +1,88 @@
+"""One error table shared by the Lua scripts and Python.
+
+A script fails with ``redis.error_reply("<CODE> <message>")``; :func:`from_reply`
+maps the code to the exception class below.  Codes are the keys of
+:data:`CODES`; Lua spells them the same way (see ``lua/includes/common.lua``).
+"""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    code = "ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(SchedulerError):
+    """Bad input; nothing was written.  ``field`` names the offending field."""
+
+    code = "BADARG"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field} {problem}" if field else problem)
+
+
+class UnknownNode(SchedulerError):
+    """The node is not in the scheduler's node list (exact reference string)."""
+
+    code = "UNKNOWN_NODE"
+
+    def __init__(self, message: str = "node is not in scheduler node list") -> None:
+        super().__init__(message)
+
+
+class NoNodesAvailable(SchedulerError):
+    """Nothing eligible; the message carries the counted reasons."""
+
+    code = "NO_NODES"
+
+
+class NotFound(SchedulerError):
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(SchedulerError):
+    code = "PRECONDITION"
+
+
+class PolicyConflict(SchedulerError):
+    """The cell's stored policy differs from the one this process was given."""
+
+    code = "POLICY_CONFLICT"
+
+    def __init__(self, message: str, stored: dict[str, str], wanted: dict[str, str]) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.wanted = wanted
+
+
+class StoreUnavailable(SchedulerError):
+    """Redis cannot be reached (or answered with a transport error)."""
+
+    code = "UNAVAILABLE"
+
+
+CODES: dict[str, type[SchedulerError]] = {
+    cls.code: cls
+    for cls in (UnknownNode, NoNodesAvailable, NotFound, FailedPrecondition, StoreUnavailable)
+}
+
+
+def from_reply(text: str) -> SchedulerError | None:
+    """Turn a script error reply into our exception, or None if it is not ours."""
+    code, _, message = text.partition(" ")
+    if code == InvalidArgument.code:
+        field, _, problem = message.partition(" ")
+        return InvalidArgument(field, problem)
+    cls = CODES.get(code)
+    if cls is None:
+        return None
+    if cls is UnknownNode:
+        return UnknownNode(message)
+    return cls(message)

@@ -1,0 +1,251 @@
+"""The reference model of the selection semantics (DESIGN.md), in plain Python.
+
+A full scan, written to be obviously right, with no Redis.  The stages carry
+the names the Lua uses (``lua/includes/common.lua``): project, check_status,
+check_ceilings, check_capacity, then pick.  Property tests drive the Lua path
+and this model with the same fleets and requests and require the same
+decisions; any optimisation of the Lua path is judged against it.
+
+    filter:  status ─► ceilings (after placement, <=) ─► capacity (<= cap * overcommit)
+    score:   known capacity, pressure, starting (+pending), running, paused
+    pick:    least_loaded: best, round-robin over exact equals
+             round_robin / random: eligible known-capacity nodes (else the
+             never-heard-from fallback) in node-id byte order
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from scheduler.policy import LIMIT_NAMES, Policy
+from scheduler.records import Request
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a decision reads of one node: its record in Redis, typed."""
+
+    node_id: str
+    endpoint: str = ""
+    lingering: bool = False
+    last_seen_ms: int | None = None
+    reported_status: str = ""
+    cpu_count: int = 0
+    memory_total_bytes: int = 0
+    allocated_cpu: int = 0
+    allocated_memory_bytes: int = 0
+    paused_allocated_cpu: int = 0
+    paused_allocated_memory_bytes: int = 0
+    sandbox_count: int = 0
+    sandbox_starting_count: int = 0
+    paused_sandbox_count: int = 0
+    cpu_percent: int = 0
+    memory_used_bytes: int = 0
+    pending_count: int = 0
+    pending_cpu: int = 0
+    pending_memory_bytes: int = 0
+
+    @classmethod
+    def from_record(cls, f: dict[str, str]) -> NodeState:
+        def i(name: str) -> int:
+            return int(f.get(name) or 0)
+
+        return cls(
+            node_id=f["node_id"], endpoint=f.get("endpoint", ""),
+            lingering=f.get("lingering") == "1",
+            last_seen_ms=int(f["last_seen_ms"]) if f.get("last_seen_ms") else None,
+            reported_status=f.get("status", ""), cpu_count=i("cpu_count"),
+            memory_total_bytes=i("memory_total_bytes"), allocated_cpu=i("allocated_cpu"),
+            allocated_memory_bytes=i("allocated_memory_bytes"),
+            paused_allocated_cpu=i("paused_allocated_cpu"),
+            paused_allocated_memory_bytes=i("paused_allocated_memory_bytes"),
+            sandbox_count=i("sandbox_count"), sandbox_starting_count=i("sandbox_starting_count"),
+            paused_sandbox_count=i("paused_sandbox_count"), cpu_percent=i("cpu_percent"),
+            memory_used_bytes=i("memory_used_bytes"), pending_count=i("pending_count"),
+            pending_cpu=i("pending_cpu"), pending_memory_bytes=i("pending_memory_bytes"))
+
+    def with_reservation(self, cpu: int, memory_bytes: int, sign: int = 1) -> NodeState:
+        return replace(self, pending_count=self.pending_count + sign,
+                       pending_cpu=self.pending_cpu + sign * cpu,
+                       pending_memory_bytes=self.pending_memory_bytes + sign * memory_bytes)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A request resolved against the policy: what one placement adds."""
+
+    create: bool
+    count: int
+    cpu: int
+    memory_bytes: int
+
+    @classmethod
+    def of(cls, req: Request, policy: Policy) -> Demand:
+        if not req.create:
+            return cls(False, 0, 0, 0)
+        cpu = policy.default_request.cpu if req.cpu is None else req.cpu
+        mem = (policy.default_request.memory_mb * 1024 * 1024 if req.memory_bytes is None
+               else req.memory_bytes)
+        return cls(True, 1, cpu, mem)
+
+
+@dataclass(frozen=True)
+class ModelVerdict:
+    node_id: str
+    status: str
+    reason: str | None
+    pressure: float
+    known: bool
+    starting: int
+    running: int
+    paused: int
+    projected_cpu: int
+    projected_memory_bytes: int
+
+
+def derive_status(n: NodeState, policy: Policy, now_ms: int) -> str:
+    if n.last_seen_ms is None:
+        return "LINGERING" if n.lingering else "CONNECTING"
+    if now_ms - n.last_seen_ms > policy.report_ttl_ms:
+        return "UNHEALTHY"
+    if n.lingering or n.reported_status == "LINGERING":
+        return "LINGERING"
+    if n.reported_status in ("", "UNSPECIFIED"):
+        return "CONNECTING"
+    return n.reported_status
+
+
+def _fmt_limit(v: int) -> str:
+    return str(v)
+
+
+def ceiling_use(n: NodeState, name: str, d: Demand) -> int | None:
+    if name == "max_sandbox_count":
+        return n.sandbox_count + n.pending_count + d.count
+    if name == "max_sandbox_starting_count":
+        return n.sandbox_starting_count + n.pending_count + d.count
+    if name == "max_sandbox_count_including_paused":
+        return n.sandbox_count + n.paused_sandbox_count + n.pending_count + d.count
+    if name == "max_allocated_cpu_including_paused":
+        return n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu + d.cpu
+    if name == "max_allocated_memory_bytes_including_paused":
+        return (n.allocated_memory_bytes + n.paused_allocated_memory_bytes
+                + n.pending_memory_bytes + d.memory_bytes)
+    if name == "max_cpu_allocated_percent":
+        return n.allocated_cpu + n.pending_cpu + d.cpu if n.cpu_count > 0 else None
+    if name == "max_memory_allocated_percent":
+        if n.memory_total_bytes <= 0:
+            return None
+        return n.allocated_memory_bytes + n.pending_memory_bytes + d.memory_bytes
+    if name == "max_cpu_used_percent":
+        return n.cpu_percent
+    if name == "max_memory_used_percent":
+        return n.memory_used_bytes if n.memory_total_bytes > 0 else None
+    raise ValueError(name)
+
+
+def ceiling_holds(n: NodeState, name: str, limit: int, used: int) -> bool:
+    if name == "max_cpu_allocated_percent":
+        return used * 100 <= limit * n.cpu_count
+    if name in ("max_memory_allocated_percent", "max_memory_used_percent"):
+        return used * 100 <= limit * n.memory_total_bytes
+    return used <= limit
+
+
+def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int) -> ModelVerdict:
+    status = derive_status(n, policy, now_ms)
+    stale = n.last_seen_ms is not None and now_ms - n.last_seen_ms > policy.report_ttl_ms
+    # stage "project"
+    known = n.cpu_count > 0 or n.memory_total_bytes > 0
+    proj_cpu = n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu + d.cpu
+    proj_mem = (n.allocated_memory_bytes + n.paused_allocated_memory_bytes
+                + n.pending_memory_bytes + d.memory_bytes)
+    pressure = 0.0
+    if n.cpu_count > 0:
+        pressure = proj_cpu / n.cpu_count
+    if n.memory_total_bytes > 0:
+        pressure = max(pressure, proj_mem / n.memory_total_bytes)
+    # stage "status"
+    reason: str | None = None
+    if status == "LINGERING":
+        reason = "lingering"
+    elif status == "UNHEALTHY":
+        reason = "stale heartbeat" if stale else "unhealthy"
+    elif status not in ("READY", "CONNECTING"):
+        reason = "not ready"
+    elif not n.endpoint:
+        reason = "no endpoint"
+    # stage "ceilings"
+    if reason is None:
+        limits = policy.limits.active()
+        for name in LIMIT_NAMES:
+            if name in limits:
+                used = ceiling_use(n, name, d)
+                if used is not None and not ceiling_holds(n, name, limits[name], used):
+                    reason = f"at {name} ({_fmt_limit(limits[name])})"
+                    break
+    # stage "capacity"
+    if reason is None and d.create:
+        if n.cpu_count > 0 and proj_cpu > n.cpu_count * policy.overcommit.cpu:
+            reason = "insufficient cpu"
+        elif (n.memory_total_bytes > 0
+              and proj_mem > n.memory_total_bytes * policy.overcommit.memory):
+            reason = "insufficient memory"
+    return ModelVerdict(
+        node_id=n.node_id, status=status, reason=reason, pressure=pressure, known=known,
+        starting=n.sandbox_starting_count + n.pending_count, running=n.sandbox_count,
+        paused=n.paused_sandbox_count, projected_cpu=proj_cpu, projected_memory_bytes=proj_mem)
+
+
+def rank_key(known: bool, pressure: float, starting: int, running: int,
+             paused: int) -> tuple[int, float, int, int, int]:
+    """Least-loaded order: smaller ranks first.  Equal keys rotate."""
+    return (0 if known else 1, pressure, starting, running, paused)
+
+
+def summarize(verdicts: list[ModelVerdict]) -> str:
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        if v.reason:
+            counts[v.reason] = counts.get(v.reason, 0) + 1
+    parts = [f"{c} {r}" for r, c in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0].encode()))]
+    msg = f"no nodes available: 0/{len(verdicts)} nodes available"
+    return msg + (": " + ", ".join(parts) if parts else "")
+
+
+@dataclass(frozen=True)
+class Decision:
+    chosen: str | None
+    verdicts: list[ModelVerdict]
+    refusal: str | None
+
+
+def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr_next: int,
+           rand: float = 0.0, strategy: str | None = None) -> Decision:
+    """One Schedule: the node chosen (or the counted refusal).
+
+    ``rr_next`` is the round-robin counter value this decision uses (the
+    stored counter plus one); ``rand`` the uniform number for ``random``.
+    """
+    d = Demand.of(req, policy)
+    ordered = sorted(nodes, key=lambda n: n.node_id.encode())
+    verdicts = [evaluate(n, policy, d, now_ms) for n in ordered]
+    eligible = [v for v in verdicts if v.reason is None]
+    group = [v for v in eligible if v.known] or [v for v in eligible if not v.known]
+    if not group:
+        return Decision(None, verdicts, summarize(verdicts))
+    strategy = strategy or policy.strategy
+    if strategy == "least_loaded":
+        best_key = min(rank_key(v.known, v.pressure, v.starting, v.running, v.paused)
+                       for v in group)
+        equals = [v for v in group
+                  if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key]
+        chosen = equals[(rr_next - 1) % len(equals)]
+    elif strategy == "round_robin":
+        chosen = group[(rr_next - 1) % len(group)]
+    elif strategy == "random":
+        chosen = group[math.floor(rand * len(group))]
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    return Decision(chosen.node_id, verdicts, None)

@@ -1,0 +1,125 @@
+"""The cell's shared policy: what every replica must agree on.
+
+Stored in ``<base>policy`` as a flat hash of readable fields (see
+:meth:`Policy.to_fields`); the Lua side reads the same names in
+``lua/includes/common.lua`` (load_policy).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from scheduler.errors import InvalidArgument
+from scheduler.records import MAX_BYTES, MAX_CPU, STRATEGIES
+
+LIMIT_NAMES: tuple[str, ...] = (
+    "max_sandbox_count",
+    "max_sandbox_starting_count",
+    "max_sandbox_count_including_paused",
+    "max_cpu_allocated_percent",
+    "max_memory_allocated_percent",
+    "max_allocated_cpu_including_paused",
+    "max_allocated_memory_bytes_including_paused",
+    "max_cpu_used_percent",
+    "max_memory_used_percent",
+)
+#: Ceilings compared on the latest snapshot only (they cannot be projected).
+OBSERVED_LIMITS = frozenset({"max_cpu_used_percent", "max_memory_used_percent"})
+
+
+class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``node_resource_limit``.  0 or absent = no ceiling (as in the reference)."""
+
+    max_sandbox_count: int = 0
+    max_sandbox_starting_count: int = 0
+    max_cpu_used_percent: int = 0
+    max_cpu_allocated_percent: int = 0
+    max_memory_used_percent: int = 0
+    max_memory_allocated_percent: int = 0
+    max_sandbox_count_including_paused: int = 0
+    max_allocated_cpu_including_paused: int = 0
+    max_allocated_memory_bytes_including_paused: int = 0
+
+    def active(self) -> dict[str, int]:
+        return {n: getattr(self, n) for n in LIMIT_NAMES if getattr(self, n) > 0}
+
+
+class Overcommit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    cpu: float = 1.0
+    memory: float = 1.0
+
+
+class DefaultRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    cpu: int = 0
+    memory_mb: int = 0
+
+
+class Policy(msgspec.Struct, kw_only=True):
+    strategy: str = "least_loaded"
+    report_ttl_ms: int = 30_000
+    binding_ttl_ms: int = 30_000
+    reservation_ttl_ms: int = 600_000
+    limits: Limits = msgspec.field(default_factory=Limits)
+    overcommit: Overcommit = msgspec.field(default_factory=Overcommit)
+    default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
+    #: True when a static node list is configured: heartbeats from other nodes are refused.
+    static_nodes: bool = False
+
+    def validate(self) -> Policy:
+        if self.strategy not in STRATEGIES:
+            raise InvalidArgument(
+                "strategy", f"must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}"
+            )
+        for name in ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms"):
+            v = getattr(self, name)
+            if not 1 <= v <= 365 * 86_400_000:
+                raise InvalidArgument(name, f"must be between 1 ms and a year, not {v}")
+        for name in LIMIT_NAMES:
+            v = getattr(self.limits, name)
+            if not 0 <= v <= MAX_BYTES:
+                raise InvalidArgument(f"node_resource_limit.{name}", f"must be 0..{MAX_BYTES}")
+        for dim in ("cpu", "memory"):
+            v = getattr(self.overcommit, dim)
+            if not 0 < v <= 1000:
+                raise InvalidArgument(f"overcommit.{dim}", f"must be in (0, 1000], not {v}")
+        if not 0 <= self.default_request.cpu <= MAX_CPU:
+            raise InvalidArgument("default_request.cpu", f"must be 0..{MAX_CPU}")
+        if not 0 <= self.default_request.memory_mb * 1024 * 1024 <= MAX_BYTES:
+            raise InvalidArgument("default_request.memory_mb", "is out of range")
+        return self
+
+    def to_fields(self) -> dict[str, str]:
+        """The flat hash stored in Redis.  Unset ceilings are absent."""
+        f = {
+            "strategy": self.strategy,
+            "report_ttl_ms": str(self.report_ttl_ms),
+            "binding_ttl_ms": str(self.binding_ttl_ms),
+            "reservation_ttl_ms": str(self.reservation_ttl_ms),
+            "overcommit_cpu": repr(float(self.overcommit.cpu)),
+            "overcommit_memory": repr(float(self.overcommit.memory)),
+            "default_cpu": str(self.default_request.cpu),
+            "default_memory_bytes": str(self.default_request.memory_mb * 1024 * 1024),
+            "static_nodes": "1" if self.static_nodes else "0",
+        }
+        f.update({k: str(v) for k, v in self.limits.active().items()})
+        return f
+
+    @classmethod
+    def from_fields(cls, f: dict[str, str]) -> Policy:
+        limits = Limits(**{n: int(f[n]) for n in LIMIT_NAMES if n in f})
+        return cls(
+            strategy=f.get("strategy", "least_loaded"),
+            report_ttl_ms=int(f.get("report_ttl_ms", 30_000)),
+            binding_ttl_ms=int(f.get("binding_ttl_ms", 30_000)),
+            reservation_ttl_ms=int(f.get("reservation_ttl_ms", 600_000)),
+            limits=limits,
+            overcommit=Overcommit(
+                cpu=float(f.get("overcommit_cpu", 1.0)),
+                memory=float(f.get("overcommit_memory", 1.0)),
+            ),
+            default_request=DefaultRequest(
+                cpu=int(f.get("default_cpu", 0)),
+                memory_mb=int(f.get("default_memory_bytes", 0)) // (1024 * 1024),
+            ),
+            static_nodes=f.get("static_nodes") == "1",
+        )
