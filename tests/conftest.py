@@ -1,0 +1,80 @@
+"""Fixtures: a real redis-server for the session, a client factory over
+real Redis and the embedded fakeredis, a flush per test.
+
+Backends are picked per test with the marks ``real_only`` / ``fake_only``
+(read with ``get_closest_marker``), the fakeredis suite's convention.
+Without redis-server installed the real cases skip locally but fail in CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from scheduler import Policy, Scheduler
+from scheduler.client import AsyncScheduler
+from tests.redis_server import RedisServer, in_ci
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    try:
+        server = RedisServer().start()
+    except RuntimeError as e:
+        if in_ci():
+            raise
+        pytest.skip(str(e))
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=[pytest.param("real", id="real"), pytest.param("fake", id="fake")])
+def backend(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    if kind == "fake" and request.node.get_closest_marker("real_only"):
+        pytest.skip("real redis-server only")
+    if kind == "real" and request.node.get_closest_marker("fake_only"):
+        pytest.skip("fakeredis only")
+    return kind
+
+
+@pytest.fixture
+def redis_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if backend == "real":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = redis.Redis.from_url(server.url)
+    else:
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def make_scheduler(redis_client: Any) -> Callable[..., Scheduler]:
+    """Factory: a Scheduler on this test's backend with the given policy."""
+
+    def make(policy: Policy | None = None, cell: str = "test", overwrite: bool = True) -> Scheduler:
+        s = Scheduler(redis_client, cell=cell)
+        s.sync_policy(policy or Policy(), overwrite=overwrite)
+        return s
+
+    return make
+
+
+@pytest.fixture
+def real_url(redis_server: RedisServer) -> Iterator[str]:
+    """URL of the session's real redis-server, flushed before and after."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield redis_server.url
+    client.flushall()
+    client.close()
+
+
+__all__ = ["AsyncScheduler"]
