@@ -1,16 +1,39 @@
 --[[
-  advance_clock-5.lua: move the cell's clock forward (drills and tests only).
+  advance_clock-5.lua: move the cell's clock (drills and tests only).
 
-  Every script reads "now" as Redis TIME + policy field time_offset_ms, so
-  TTL expiry can be exercised without sleeping.  The offset only grows.
+  Every script reads "now" as Redis TIME + policy field time_offset_ms, or
+  as policy field frozen_now_ms when that is set, so TTL expiry can be
+  exercised without sleeping and, frozen, without any timing race.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     milliseconds to add
+  ARGV[1]     milliseconds to add (>= 0)
+  ARGV[2]     "freeze": stop the clock at the current instant first
+              "thaw":   let it run again (from wherever it was frozen)
+              "":       just advance
 
-  Returns the new offset in ms
+  Returns the cell's "now" in ms after the change
   Errors: PRECONDITION (no policy)
-  Writes: policy time_offset_ms
+  Writes: policy time_offset_ms / frozen_now_ms
 ]]
 -- @include common
-if redis.call('EXISTS', POLICY_KEY) == 0 then return fail('PRECONDITION', NO_POLICY) end
-return redis.call('HINCRBY', POLICY_KEY, 'time_offset_ms', ARGV[1])
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local add = tonumber(ARGV[1])
+local mode = ARGV[2]
+local now = now_ms(P)
+if mode == 'freeze' then
+  redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(now))
+  P.frozen_now_ms = now
+elseif mode == 'thaw' and P.frozen_now_ms then
+  local t = redis.call('TIME')
+  local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HDEL', POLICY_KEY, 'frozen_now_ms')
+  redis.call('HSET', POLICY_KEY, 'time_offset_ms', fmt(P.frozen_now_ms - real))
+  P.frozen_now_ms = nil
+end
+if P.frozen_now_ms then
+  redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(P.frozen_now_ms + add))
+else
+  redis.call('HINCRBY', POLICY_KEY, 'time_offset_ms', add)
+end
+return fmt(now + add)

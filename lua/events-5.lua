@@ -4,8 +4,10 @@
   CREATE / FORK: the sandbox exists on the node.  Its reservation (the one its
     binding names, or else the node's oldest unclaimed one) is marked acked,
     and the node's next heartbeat releases it.  The binding is written.
-  DELETE: the binding goes; a reservation still attached is released (the
-    sandbox will never show in the node's numbers).
+  DELETE: the binding goes.  For a node in roster mode a reservation still
+    attached is released (the sandbox will never show in its roster).  In
+    counter mode it is not: the creation already moved create_successes, and
+    the next heartbeat releases one reservation for it, exactly once.
   PAUSE / RESUME: refresh the binding only.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
@@ -30,13 +32,17 @@ for i = 2, #ARGV, 2 do
 end
 local now = now_ms(P)
 sweep_expired(now)
-local endpoint = redis.call('HGET', node_key(node_id), 'endpoint') or ''
+local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode')
+local endpoint = node[1] or ''
+local roster_mode = node[2] == '1'
 local acked, released = 0, 0
 for i = 2, #ARGV, 2 do
   local sb, kind = ARGV[i], ARGV[i + 1]
   if kind == 'DELETE' then
     local rid = bound_reservation(sb, node_id)
-    if rid and end_reservation(rid, 'released', now) then released = released + 1 end
+    if rid and roster_mode and end_reservation(rid, 'released', now) then
+      released = released + 1
+    end
     drop_binding(sb, node_id)
   else
     local rid = bound_reservation(sb, node_id)

@@ -3,8 +3,8 @@
 
   Every replica must decide under the same policy.  An empty cell takes the
   given one; a cell with a different one refuses (the caller shows both)
-  unless told to overwrite.  time_offset_ms (a drill/test clock offset) is
-  not part of the comparison and survives an overwrite.
+  unless told to overwrite.  The drill clock fields (time_offset_ms,
+  frozen_now_ms) are not part of the comparison and survive an overwrite.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     "1" overwrite, "0" check
@@ -18,7 +18,9 @@ local overwrite = ARGV[1] == '1'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do
-  if stored[i] ~= 'time_offset_ms' then have[stored[i]] = stored[i + 1] end
+  if stored[i] ~= 'time_offset_ms' and stored[i] ~= 'frozen_now_ms' then
+    have[stored[i]] = stored[i + 1]
+  end
 end
 local want = {}
 local same = true
@@ -42,10 +44,11 @@ else
   outcome = 'conflict'
 end
 if outcome == 'created' or outcome == 'overwritten' then
-  local offset = redis.call('HGET', POLICY_KEY, 'time_offset_ms')
+  local clock = redis.call('HMGET', POLICY_KEY, 'time_offset_ms', 'frozen_now_ms')
   redis.call('DEL', POLICY_KEY)
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
-  if offset then redis.call('HSET', POLICY_KEY, 'time_offset_ms', offset) end
+  if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
+  if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
 end
 local out = { outcome }
 for i = 1, #stored do out[#out + 1] = stored[i] end

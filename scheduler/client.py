@@ -254,6 +254,7 @@ class Ops:
             if outcome == "conflict":
                 stored = _pairs(r[1:])
                 stored.pop("time_offset_ms", None)
+                stored.pop("frozen_now_ms", None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             return outcome
 
@@ -283,9 +284,12 @@ class Ops:
         return self._call("stats", ["policy"], lambda r: Policy.from_fields(_pairs(r)) if r
                           else None)
 
-    def advance_clock(self, ms: int) -> Call[int]:
-        """Move the cell's Redis-time offset forward (drills and tests only)."""
-        return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40))], int)
+    def advance_clock(self, ms: int, mode: str = "") -> Call[int]:
+        """Move the cell's clock forward; ``mode`` "freeze" stops it first, "thaw"
+        lets it run again (drills and tests only)."""
+        if mode not in ("", "freeze", "thaw"):
+            raise InvalidArgument("mode", "must be freeze, thaw or empty")
+        return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40)), mode], int)
 
 
 def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:
@@ -535,8 +539,8 @@ class Scheduler(_Base):
     def policy(self) -> Policy | None:
         return self.run(self.ops.policy())
 
-    def advance_clock(self, ms: int) -> int:
-        return self.run(self.ops.advance_clock(ms))
+    def advance_clock(self, ms: int, mode: str = "") -> int:
+        return self.run(self.ops.advance_clock(ms, mode))
 
 
 class AsyncScheduler(_Base):

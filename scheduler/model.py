@@ -249,3 +249,234 @@ def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
     return Decision(chosen.node_id, verdicts, None)
+
+
+# ---------------------------------------------------------------------------
+# The lifecycle: reservations and bindings of a whole cell
+# ---------------------------------------------------------------------------
+
+SWEEP_BATCH = 64  # lua/includes/common.lua
+LIVE = ("pending", "assigned", "acked")
+
+
+@dataclass
+class ResModel:
+    rid: str
+    node_id: str
+    cpu: int
+    memory_bytes: int
+    seq: int
+    expires_ms: int
+    state: str = "pending"
+    sandbox_id: str | None = None
+
+
+@dataclass
+class BindModel:
+    node_id: str
+    endpoint: str
+    listed: bool
+    rid: str | None
+    expires_ms: int
+
+
+@dataclass
+class NodeMeta:
+    sid: str = ""
+    create_successes: int | None = None
+    roster_mode: bool = False
+    sandboxes: set[str] | None = None  # node-sbx membership
+
+
+class CellModel:
+    """The reservation lifecycle of DESIGN.md as plain Python: what every
+    script does to reservations and bindings, given the instant it ran at.
+    Nodes' own numbers are stored as NodeState with zero pending; pending
+    aggregates are derived from the live reservations."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.snap: dict[str, NodeState] = {}
+        self.meta: dict[str, NodeMeta] = {}
+        self.res: dict[str, ResModel] = {}
+        self.ended: dict[str, str] = {}
+        self.bind: dict[str, BindModel] = {}
+        self.seq = 0
+        self.rr = 0
+
+    # -- derived views -----------------------------------------------------
+    def states(self) -> list[NodeState]:
+        out = []
+        for node_id in sorted(self.snap, key=str.encode):
+            n = self.snap[node_id]
+            for r in self.res.values():
+                if r.node_id == node_id:
+                    n = n.with_reservation(r.cpu, r.memory_bytes)
+            out.append(n)
+        return out
+
+    def live_of(self, node_id: str) -> list[ResModel]:
+        return sorted((r for r in self.res.values() if r.node_id == node_id),
+                      key=lambda r: r.seq)
+
+    # -- shared pieces (names as in common.lua) -----------------------------
+    def end(self, rid: str, outcome: str) -> bool:
+        if rid not in self.res:
+            return False
+        del self.res[rid]
+        self.ended[rid] = outcome
+        return True
+
+    def sweep(self, now: int) -> None:
+        due = sorted((r for r in self.res.values() if r.expires_ms <= now),
+                     key=lambda r: (r.expires_ms, r.rid.encode()))[:SWEEP_BATCH]
+        for r in due:
+            self.end(r.rid, "expired")
+
+    def bound_reservation(self, sb: str, node_id: str) -> str | None:
+        b = self.bind.get(sb)
+        if b is None or b.node_id != node_id or not b.rid:
+            return None
+        r = self.res.get(b.rid)
+        return b.rid if r is not None and r.node_id == node_id else None
+
+    def oldest_unclaimed(self, node_id: str) -> str | None:
+        for r in self.live_of(node_id):
+            if r.state == "pending":
+                return r.rid
+        return None
+
+    def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None,
+                      now: int) -> None:
+        prev = self.bind.get(sb)
+        if prev is not None and prev.node_id != node_id:
+            self._sbx(prev.node_id).discard(sb)
+        self.bind[sb] = BindModel(node_id, self.snap[node_id].endpoint, listed, rid,
+                                  now + self.policy.binding_ttl_ms)
+        self._sbx(node_id).add(sb)
+
+    def drop_binding(self, sb: str, node_id: str) -> None:
+        b = self.bind.get(sb)
+        if b is not None and b.node_id == node_id:
+            del self.bind[sb]
+        self._sbx(node_id).discard(sb)
+
+    def _sbx(self, node_id: str) -> set[str]:
+        meta = self.meta.setdefault(node_id, NodeMeta())
+        if meta.sandboxes is None:
+            meta.sandboxes = set()
+        return meta.sandboxes
+
+    # -- operations --------------------------------------------------------
+    def add_node(self, node_id: str, endpoint: str) -> None:
+        self.snap[node_id] = NodeState(node_id=node_id, endpoint=endpoint)
+        self.meta[node_id] = NodeMeta(sandboxes=set())
+
+    def heartbeat(self, node_id: str, sid: str, state: NodeState, create_successes: int,
+                  roster: list[str], now: int) -> int:
+        self.sweep(now)
+        meta = self.meta[node_id]
+        restarted = bool(meta.sid) and meta.sid != sid
+        prev_cs, prev_mode = meta.create_successes, meta.roster_mode
+        acked_before = any(r.state == "acked" for r in self.live_of(node_id))
+        self.snap[node_id] = replace(state, node_id=node_id, endpoint=self.snap[node_id].endpoint,
+                                     last_seen_ms=now, pending_count=0, pending_cpu=0,
+                                     pending_memory_bytes=0)
+        meta.sid, meta.create_successes = sid, create_successes
+        listed = list(dict.fromkeys(sb for sb in roster if sb))
+        roster_mode = (prev_mode and not restarted) or bool(listed)
+        released = 0
+        for sb in listed:
+            rid = self.bound_reservation(sb, node_id)
+            if rid and self.end(rid, "released"):
+                released += 1
+            self.write_binding(sb, node_id, True, rid, now)
+        for sb in list(self._sbx(node_id)):
+            if sb in listed:
+                continue
+            b = self.bind.get(sb)
+            if b is None or b.node_id != node_id:
+                self._sbx(node_id).discard(sb)
+            elif b.listed:
+                self.drop_binding(sb, node_id)
+        acked_released = 0
+        if acked_before:
+            for r in self.live_of(node_id):
+                if r.state == "acked":
+                    self.end(r.rid, "released")
+                    acked_released += 1
+        released += acked_released
+        if not roster_mode:
+            baseline = 0 if restarted else prev_cs
+            if baseline is not None:
+                k = create_successes - baseline - acked_released
+                for r in self.live_of(node_id)[:max(k, 0)]:
+                    if self.end(r.rid, "released"):
+                        released += 1
+        meta.roster_mode = roster_mode
+        return released
+
+    def schedule(self, req: Request, rid: str, now: int, rand: float) -> Decision:
+        self.sweep(now)
+        d = decide(self.states(), self.policy, req, now, self.rr + 1, rand)
+        if d.chosen is None:
+            return d
+        self.rr += 1
+        if req.create:
+            dem = Demand.of(req, self.policy)
+            self.seq += 1
+            self.res[rid] = ResModel(rid, d.chosen, dem.cpu, dem.memory_bytes, self.seq,
+                                     now + self.policy.reservation_ttl_ms)
+        return d
+
+    def assign(self, sb: str, node_id: str, wanted: str | None, now: int) -> str | None:
+        self.sweep(now)
+        b = self.bind.get(sb)
+        already_listed = (b is not None and b.node_id == node_id and b.listed
+                          and b.expires_ms > now)
+        rid = self.bound_reservation(sb, node_id)
+        if rid is None:
+            if wanted:
+                r = self.res.get(wanted)
+                if r is not None and r.state == "pending" and r.node_id == node_id:
+                    rid = wanted
+            else:
+                rid = self.oldest_unclaimed(node_id)
+            if rid is not None:
+                self.res[rid].state = "assigned"
+                self.res[rid].sandbox_id = sb
+        if rid is not None and already_listed:
+            self.end(rid, "released")
+        self.write_binding(sb, node_id, already_listed, rid, now)
+        return rid
+
+    def events(self, node_id: str, events: list[tuple[str, str]], now: int) -> None:
+        self.sweep(now)
+        for sb, kind in events:
+            rid = self.bound_reservation(sb, node_id)
+            if kind == "DELETE":
+                if rid and self.meta[node_id].roster_mode:
+                    self.end(rid, "released")
+                self.drop_binding(sb, node_id)
+                continue
+            if rid is None and kind in ("CREATE", "FORK"):
+                rid = self.oldest_unclaimed(node_id)
+                if rid is not None:
+                    self.res[rid].sandbox_id = sb
+            if rid is not None and kind in ("CREATE", "FORK"):
+                self.res[rid].state = "acked"
+            b = self.bind.get(sb)
+            listed = b is not None and b.node_id == node_id and b.listed
+            self.write_binding(sb, node_id, listed, rid, now)
+
+    def cancel(self, rid: str, now: int) -> str:
+        """Returns "cancelled", "not found" or "already <outcome>"."""
+        if rid not in self.res:
+            return f"already {self.ended[rid]}" if rid in self.ended else "not found"
+        self.end(rid, "cancelled")
+        self.sweep(now)
+        return "cancelled"
+
+    def lookup(self, sb: str, now: int) -> str | None:
+        b = self.bind.get(sb)
+        return b.node_id if b is not None and b.expires_ms > now else None

@@ -61,6 +61,7 @@ local function load_policy()
     default_memory_bytes = tonumber(raw.default_memory_bytes) or 0,
     static_nodes = raw.static_nodes == '1',
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
+    frozen_now_ms = tonumber(raw.frozen_now_ms),
     limits = {},
   }
   for _, name in ipairs(LIMIT_NAMES) do
@@ -72,8 +73,10 @@ end
 
 local NO_POLICY = 'cell policy is not initialised: start a replica or run `schedctl policy set`'
 
--- Redis server time in ms (plus the cell's drill offset, 0 outside tests).
+-- Redis server time in ms, plus the cell's drill offset (0 outside drills and
+-- tests), or the drill's frozen instant when one is set.
 local function now_ms(P)
+  if P.frozen_now_ms then return P.frozen_now_ms end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
 end
@@ -96,8 +99,8 @@ local function end_reservation(rid, outcome, now)
   local nkey = node_key(node_id)
   if redis.call('EXISTS', nkey) == 1 then
     redis.call('HINCRBY', nkey, 'pending_count', -1)
-    redis.call('HINCRBY', nkey, 'pending_cpu', -tonumber(r[3]))
-    redis.call('HINCRBY', nkey, 'pending_memory_bytes', -tonumber(r[4]))
+    redis.call('HINCRBY', nkey, 'pending_cpu', fmt(-tonumber(r[3])))
+    redis.call('HINCRBY', nkey, 'pending_memory_bytes', fmt(-tonumber(r[4])))
     if r[1] == 'acked' then redis.call('HINCRBY', nkey, 'acked_count', -1) end
   end
   redis.call('ZREM', node_res_key(node_id), rid)

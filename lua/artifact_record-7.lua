@@ -1,0 +1,55 @@
+--[[
+  artifact_record-7.lua: a node holds a P2P artifact (RecordP2pArtifact).
+
+  The artifact index is an LRU over (cluster, backend, key), named by a digest
+  the client computes (scheduler/p2p.py).  Recording refreshes recency; past
+  the capacity the least recently used artifacts are forgotten, at most
+  EVICT_BATCH per call (one call adds at most one, so the index converges).
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  KEYS[6]     art-lru    zset digest -> recency sequence
+  KEYS[7]     art-names  hash digest -> "cluster\nbackend\nkey"
+  ARGV[1]     digest
+  ARGV[2]     name ("cluster\nbackend\nkey", for operators)
+  ARGV[3]     node_id
+  ARGV[4]     capacity (artifact_store_capacity, >= 1)
+
+  Returns {artifacts evicted, now_ms}
+  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
+  Writes: art:<digest>, node-art:<node>, art-lru, art-names, stats art_seq;
+          evictions delete art:<d> and remove d from each holder's node-art
+]]
+-- @include common
+local LRU_KEY = KEYS[6]
+local NAMES_KEY = KEYS[7]
+local digest = ARGV[1]
+local name = ARGV[2]
+local node_id = ARGV[3]
+local capacity = tonumber(ARGV[4])
+local EVICT_BATCH = 64
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+if not redis.call('ZSCORE', NODES_KEY, node_id) then
+  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+end
+if not capacity or capacity < 1 then return fail('BADARG', 'capacity must be at least 1') end
+local now = now_ms(P)
+
+redis.call('SADD', BASE .. 'art:' .. digest, node_id)
+redis.call('SADD', BASE .. 'node-art:' .. node_id, digest)
+redis.call('ZADD', LRU_KEY, redis.call('HINCRBY', STATS_KEY, 'art_seq', 1), digest)
+redis.call('HSET', NAMES_KEY, digest, name)
+
+local evicted = 0
+while evicted < EVICT_BATCH and redis.call('ZCARD', LRU_KEY) > capacity do
+  local old = redis.call('ZPOPMIN', LRU_KEY)[1]
+  local akey = BASE .. 'art:' .. old
+  for _, holder in ipairs(redis.call('SMEMBERS', akey)) do
+    redis.call('SREM', BASE .. 'node-art:' .. holder, old)
+  end
+  redis.call('DEL', akey)
+  redis.call('HDEL', NAMES_KEY, old)
+  evicted = evicted + 1
+end
+return { evicted, fmt(now) }

@@ -1,0 +1,24 @@
+--[[
+  includes/peers.lua: the P2P peer filter shared by peer_list and
+  artifact_lookup (needs `-- @include common` first).
+
+  A peer is a node that is READY (status derived with Redis time), advertises
+  a non-empty P2P address, and matches the cluster / backend filters when
+  they are given ("" = any).
+]]
+
+-- {node_id, backend, address} when `id` passes the filter, else nil.
+local function peer_row(id, P, now, cluster, backend, exclude)
+  if id == exclude then return nil end
+  local v = redis.call('HMGET', node_key(id), 'cluster_id', 'p2p_backend', 'p2p_address')
+  if not v[3] or v[3] == '' then return nil end
+  if cluster ~= '' and v[1] ~= cluster then return nil end
+  if backend ~= '' and v[2] ~= backend then return nil end
+  if derive_status(read_node(id), P, now) ~= 'READY' then return nil end
+  return { id, v[2] or '', v[3] }
+end
+
+local function sorted_bytes(ids)
+  table.sort(ids, bytes_lt)
+  return ids
+end

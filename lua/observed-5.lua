@@ -1,0 +1,41 @@
+--[[
+  observed-5.lua: nodes as the node service shows them (ListNodes,
+  ListObservedNodes, GetNode).  Read-only.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     node_id ("" = every node)
+  ARGV[2]     cluster_id filter ("" = any cluster)
+  ARGV[3]     "1" = also nodes never heard from (ListNodes), "0" = heartbeated only
+
+  Returns {now_ms, node...} in node-id byte order; node = the raw record
+  {field, value, ...} plus derived_status (Redis time, CONTRACT.md rules)
+  Errors: PRECONDITION (no policy)
+]]
+-- @include common
+local one = ARGV[1]
+local cluster = ARGV[2]
+local with_unseen = ARGV[3] == '1'
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local now = now_ms(P)
+local ids
+if one ~= '' then
+  ids = {}
+  if redis.call('ZSCORE', NODES_KEY, one) then ids[1] = one end
+else
+  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+end
+local out = { fmt(now) }
+for _, id in ipairs(ids) do
+  local n = read_node(id)
+  local seen = n.last_seen ~= nil
+  local c = redis.call('HGET', node_key(id), 'cluster_id') or ''
+  if (seen or with_unseen) and (cluster == '' or c == cluster) then
+    local row = redis.call('HGETALL', node_key(id))
+    row[#row + 1] = 'derived_status'
+    row[#row + 1] = derive_status(n, P, now)
+    out[#out + 1] = row
+  end
+end
+return out

@@ -1,0 +1,32 @@
+--[[
+  peer_list-5.lua: nodes to fetch P2P artifacts from (ListP2pPeers).  Read-only.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     cluster_id ("" = every cluster)
+  ARGV[2]     backend ("" = every backend)
+  ARGV[3]     node id to leave out ("" = none)
+
+  Returns {now_ms, {node_id, backend, address}...} in node-id byte order
+  Errors: PRECONDITION (no policy)
+]]
+-- @include common
+-- @include peers
+local cluster = ARGV[1]
+local backend = ARGV[2]
+local exclude = ARGV[3]
+
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local now = now_ms(P)
+local ids
+if cluster ~= '' then
+  ids = sorted_bytes(redis.call('SMEMBERS', BASE .. 'p2p:' .. cluster))
+else
+  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+end
+local out = { fmt(now) }
+for _, id in ipairs(ids) do
+  local row = peer_row(id, P, now, cluster, backend, exclude)
+  if row then out[#out + 1] = row end
+end
+return out

@@ -1,0 +1,253 @@
+"""Reservation lifecycle and bindings: every release path, exactly once."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from scheduler import (
+    FailedPrecondition,
+    InvalidArgument,
+    Limits,
+    NotFound,
+    Policy,
+    Request,
+    SandboxEvent,
+    Scheduler,
+    UnknownNode,
+)
+from tests.helpers import GIB, hb
+
+Make = Callable[..., Scheduler]
+EP = "n1.local:5000"
+
+
+def pending(s: Scheduler, node_id: str = "n1") -> tuple[int, int, int]:
+    v = next(v for v in s.nodes() if v.node_id == node_id)
+    return v.pending_reservations, v.cpu_reserved, v.memory_reserved_bytes
+
+
+def projected_cpu(s: Scheduler, node_id: str = "n1") -> int:
+    return next(v.cpu_projected for v in s.nodes() if v.node_id == node_id)
+
+
+def test_timeline_place_assign_heartbeat_delete(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["old"], sandbox_count=1, allocated_cpu=2))
+    p = s.schedule(Request.cold(2, 4096))
+    assert pending(s) == (1, 2, 4 * GIB) and projected_cpu(s) == 4
+    a = s.assign("sb1", "n1", EP, p.reservation_id)
+    assert a.reservation_id == p.reservation_id and not a.released
+    assert s.lookup("sb1").node_id == "n1"
+    assert s.reservation(p.reservation_id).state == "assigned"
+    # heartbeat without the sandbox: still reserved, counted once
+    s.heartbeat(hb("n1", roster=["old"], sandbox_count=1, allocated_cpu=2))
+    assert pending(s) == (1, 2, 4 * GIB) and projected_cpu(s) == 4
+    # heartbeat with it: released, still counted once (now by the node's own numbers)
+    r = s.heartbeat(hb("n1", roster=["old", "sb1"], sandbox_count=2, allocated_cpu=4))
+    assert r.released == 1
+    assert pending(s) == (0, 0, 0) and projected_cpu(s) == 4
+    assert s.reservation(p.reservation_id).state == "released"
+    assert s.lookup("sb1").listed
+    # delete: binding gone
+    s.events("n1", [SandboxEvent(sandbox_id="sb1", event_type="DELETE")])
+    with pytest.raises(NotFound, match="sandbox assignment not found"):
+        s.lookup("sb1")
+    st = s.stats()
+    assert (st.reserved_total, st.assigned_total, st.released_total, st.pending) == (1, 1, 1, 0)
+
+
+def test_assignment_after_the_roster_listed_it_releases_at_once(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    p = s.schedule(Request.cold(2, 1024))
+    s.heartbeat(hb("n1", roster=["sb1"], sandbox_count=1, allocated_cpu=2))
+    assert pending(s)[0] == 1  # the roster lists sb1, but nothing tied it to the reservation
+    a = s.assign("sb1", "n1", EP)  # no reservation id: the node's oldest unclaimed one
+    assert a.reservation_id == p.reservation_id and a.released
+    assert pending(s) == (0, 0, 0) and projected_cpu(s) == 2
+
+
+def test_counter_mode_releases_oldest_first_never_more_than_there_are(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", create_successes=5))
+    rids = [s.schedule(Request.cold(1, 0)).reservation_id for _ in range(3)]
+    r = s.heartbeat(hb("n1", create_successes=7, sandbox_count=2))
+    assert r.released == 2 and not r.roster_mode
+    assert [s.reservation(x).state for x in rids] == ["released", "released", "pending"]  # type: ignore[arg-type]
+    r = s.heartbeat(hb("n1", create_successes=12, sandbox_count=7))
+    assert r.released == 1 and pending(s)[0] == 0
+    assert s.stats().released_total == 3
+
+
+def test_first_heartbeat_and_restart_baselines(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(static_nodes=True))
+    s.sync_nodes([("n1", EP)])
+    s.schedule(Request.cold(1, 0))
+    # first heartbeat ever: its counter has no baseline, so it releases nothing
+    assert s.heartbeat(hb("n1", create_successes=40)).released == 0
+    s.schedule(Request.cold(1, 0))
+    # restarted node: its counter starts again from 0
+    r = s.heartbeat(hb("n1", sid="boot-2", create_successes=1))
+    assert r.restarted and r.released == 1 and pending(s)[0] == 1
+
+
+def test_create_event_acknowledges_and_the_next_heartbeat_releases(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    p1 = s.schedule(Request.cold(1, 0))
+    p2 = s.schedule(Request.cold(1, 0))
+    ev = s.events("n1", [SandboxEvent(sandbox_id="sbA", event_type="CREATE")])
+    assert ev.acked == 1
+    assert s.reservation(p1.reservation_id or "").state == "acked"  # oldest unclaimed
+    assert s.lookup("sbA").node_id == "n1"
+    # counter mode, create_successes moved by the one creation: one release, not two
+    r = s.heartbeat(hb("n1", create_successes=1, sandbox_count=1))
+    assert r.released == 1
+    assert s.reservation(p2.reservation_id or "").state == "pending"
+    # FORK children ack too; a delete of an acked child in counter mode leaves
+    # the release to the counter, so it happens once
+    s.events("n1", [SandboxEvent(sandbox_id="child", event_type="FORK")])
+    s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")])
+    r = s.heartbeat(hb("n1", create_successes=2, sandbox_count=1))
+    assert r.released == 1 and pending(s)[0] == 0
+
+
+def test_roster_mode_delete_releases_what_will_never_be_listed(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 0))
+    s.assign("gone-fast", "n1", EP, p.reservation_id)
+    ev = s.events("n1", [SandboxEvent(sandbox_id="gone-fast", event_type="DELETE")])
+    assert ev.released == 1 and pending(s)[0] == 0
+
+
+def test_cancel(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=1)))
+    s.heartbeat(hb("n1"))
+    p = s.schedule(Request.cold(2, 1024))
+    assert s.cancel(p.reservation_id or "") == "n1"
+    assert pending(s) == (0, 0, 0)
+    s.schedule(Request.cold(2, 1024))  # the room is free again
+    with pytest.raises(FailedPrecondition, match=f"reservation {p.reservation_id} already cancelled"):
+        s.cancel(p.reservation_id or "")
+    with pytest.raises(NotFound, match="reservation nope not found"):
+        s.cancel("nope")
+    with pytest.raises(InvalidArgument):
+        s.cancel("bad:id")
+    assert s.stats().cancelled_total == 1
+
+
+def test_expiry_after_ttl_frees_the_room(make_scheduler: Make) -> None:
+    """A caller that dies after scheduling: its reservation holds until the TTL."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=1), reservation_ttl_ms=60_000,
+                              report_ttl_ms=3_600_000))
+    s.heartbeat(hb("n1"))
+    s.advance_clock(0, "freeze")
+    dead = s.schedule(Request.cold(1, 0))  # ... and the caller is gone
+    s.advance_clock(59_999)
+    with pytest.raises(Exception, match="1 at max_sandbox_count"):
+        s.schedule(Request.cold(1, 0))
+    s.advance_clock(1)
+    p = s.schedule(Request.cold(1, 0))  # the sweep inside this call freed the room
+    assert p.node_id == "n1"
+    assert s.reservation(dead.reservation_id or "").state == "expired"
+    assert s.stats().expired_total == 1
+
+
+def test_sweep_is_bounded_per_call(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(reservation_ttl_ms=1000))
+    s.heartbeat(hb("n1", cpu=0, mem_gib=0))
+    for _ in range(100):
+        s.schedule(Request.cold(0, 0))
+    s.advance_clock(5000)
+    s.heartbeat(hb("n1", cpu=0, mem_gib=0))  # one call: at most 64 expire
+    assert s.stats().pending == 36 and s.stats().expired_total == 64
+    s.heartbeat(hb("n1", cpu=0, mem_gib=0))
+    assert s.stats().pending == 0 and s.stats().expired_total == 100
+    assert pending(s) == (0, 0, 0)
+
+
+def test_bindings_follow_rosters(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(binding_ttl_ms=10_000))
+    s.heartbeat(hb("n1", roster=["a", "b"]))
+    s.heartbeat(hb("n2", roster=["c"]))
+    assert [s.lookup(x).node_id for x in "abc"] == ["n1", "n1", "n2"]
+    assert s.lookup("a").endpoint == EP
+    # b moves to n2; a drops out of n1's roster
+    s.heartbeat(hb("n2", roster=["c", "b"]))
+    s.heartbeat(hb("n1", roster=[]))
+    with pytest.raises(NotFound):
+        s.lookup("a")
+    assert s.lookup("b").node_id == "n2"
+    assert s.client.smembers(s.keys.node_sbx("n1")) == set()
+    # an assignment not yet listed survives an empty roster, but not its TTL
+    s.assign("fresh", "n1", EP)
+    s.heartbeat(hb("n1", roster=[]))
+    assert s.lookup("fresh").node_id == "n1"
+    s.advance_clock(10_001)
+    with pytest.raises(NotFound, match="sandbox assignment not found"):
+        s.lookup("fresh")
+    # rosters refresh the TTL
+    s.heartbeat(hb("n2", roster=["c", "b"]))
+    s.advance_clock(9_000)
+    assert s.lookup("c").node_id == "n2"
+
+
+def test_assignment_to_an_unknown_node_writes_nothing(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    before = {k: s.client.dump(k) for k in s.client.keys("*")}
+    with pytest.raises(UnknownNode, match="node is not in scheduler node list"):
+        s.assign("sb1", "ghost", "ghost:1")
+    with pytest.raises(UnknownNode, match="node is not in scheduler node list"):
+        s.assign("sb1", "n1", "wrong-endpoint:1")
+    with pytest.raises(InvalidArgument, match="node_id and endpoint are required"):
+        s.assign("sb1", "n1", "")
+    assert {k: s.client.dump(k) for k in s.client.keys("*")} == before
+
+
+def test_unregister(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["a"]))
+    s.schedule(Request.cold(1, 0))
+    with pytest.raises(FailedPrecondition, match="service instance mismatch"):
+        s.unregister("n1", "other-boot")
+    assert s.unregister("n1", "boot-1") is True
+    assert s.unregister("n1", "boot-1") is False  # idempotent
+    with pytest.raises(NotFound):
+        s.lookup("a")
+    assert s.nodes() == [] and s.stats().pending == 0 and s.stats().cancelled_total == 1
+    with pytest.raises(InvalidArgument, match="node_id and service_instance_id are required"):
+        s.unregister("n1", " ")
+
+
+def test_static_node_unregister_keeps_a_bare_record(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(static_nodes=True))
+    s.sync_nodes([("n1", EP), ("n2", "n2:1")])
+    s.heartbeat(hb("n1"))
+    s.unregister("n1", "boot-1")
+    v = next(v for v in s.nodes() if v.node_id == "n1")
+    assert v.status == "CONNECTING" and v.endpoint == EP and v.last_seen_ms is None
+    s.heartbeat(hb("n1", sid="boot-2"))  # it may come back
+    # leaving the static list removes a node entirely
+    s.sync_nodes([("n1", EP)])
+    assert [v.node_id for v in s.nodes()] == ["n1"]
+
+
+def test_counters_for_operators(make_scheduler: Make, redis_client: Any) -> None:
+    s = make_scheduler(Policy(reservation_ttl_ms=1000))
+    s.heartbeat(hb("n1"))
+    a, b, c = (s.schedule(Request.cold(1, 0)) for _ in range(3))
+    s.cancel(a.reservation_id or "")
+    s.assign("sb", "n1", EP, b.reservation_id)
+    s.heartbeat(hb("n1", roster=["sb"], sandbox_count=1))
+    s.advance_clock(2000)
+    s.heartbeat(hb("n1", roster=["sb"], sandbox_count=1))
+    st = s.stats()
+    assert (st.pending, st.reserved_total, st.cancelled_total, st.released_total,
+            st.expired_total) == (0, 3, 1, 1, 1)
+    raw = redis_client.hgetall(s.keys.stats)
+    assert raw[b"expired_total"] == b"1" and raw[b"reserved_total"] == b"3"
+    assert c.reservation_id
