@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
+from .serve import serve
+
 
 @click.group()
 def main() -> None:
     """Operate a Redis-centric placement scheduler cell."""
+
+
+main.add_command(serve)

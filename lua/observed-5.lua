@@ -6,15 +6,18 @@
   ARGV[1]     node_id ("" = every node)
   ARGV[2]     cluster_id filter ("" = any cluster)
   ARGV[3]     "1" = also nodes never heard from (ListNodes), "0" = heartbeated only
+  ARGV[4]     "full" = the whole record, "brief" = node_id and endpoint only
 
-  Returns {now_ms, node...} in node-id byte order; node = the raw record
-  {field, value, ...} plus derived_status (Redis time, CONTRACT.md rules)
+  Returns {now_ms, node...} in node-id byte order; node = {field, value, ...}
+  (the raw record or its brief form) plus derived_status (Redis time,
+  CONTRACT.md rules)
   Errors: PRECONDITION (no policy)
 ]]
 -- @include common
 local one = ARGV[1]
 local cluster = ARGV[2]
 local with_unseen = ARGV[3] == '1'
+local full = ARGV[4] == 'full'
 
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
@@ -32,7 +35,12 @@ for _, id in ipairs(ids) do
   local seen = n.last_seen ~= nil
   local c = redis.call('HGET', node_key(id), 'cluster_id') or ''
   if (seen or with_unseen) and (cluster == '' or c == cluster) then
-    local row = redis.call('HGETALL', node_key(id))
+    local row
+    if full then
+      row = redis.call('HGETALL', node_key(id))
+    else
+      row = { 'node_id', id, 'endpoint', n.endpoint }
+    end
     row[#row + 1] = 'derived_status'
     row[#row + 1] = derive_status(n, P, now)
     out[#out + 1] = row

@@ -48,7 +48,8 @@ def expected_descriptor() -> bytes:
     for msg in _all_messages(fd.message_type):
         for field in msg.field:
             field.ClearField("json_name")  # derived by protoc; not kept in the stubs
-    return fd.SerializeToString(deterministic=True)
+    data: bytes = fd.SerializeToString(deterministic=True)
+    return data
 
 
 def _all_messages(messages: Any) -> Iterator[Any]:
@@ -63,7 +64,8 @@ def committed_descriptor() -> bytes:
     pb2 = importlib.import_module("scheduler.grpc.scheduler_pb2")
     fd = descriptor_pb2.FileDescriptorProto()
     pb2.DESCRIPTOR.CopyToProto(fd)
-    return fd.SerializeToString(deterministic=True)
+    data: bytes = fd.SerializeToString(deterministic=True)
+    return data
 
 
 def mismatches() -> list[str]:

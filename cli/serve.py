@@ -1,0 +1,110 @@
+"""``schedctl serve``: run one stateless replica of the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+import click
+import msgspec
+
+from scheduler import embedded
+from scheduler.client import AsyncScheduler, async_client, describe_target
+from scheduler.config import ConfigError, Overrides, Settings, load, summary
+from scheduler.errors import PolicyConflict, SchedulerError
+from scheduler.replica import Replica, StaticNodesConflict
+
+log = logging.getLogger("scheduler.serve")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+               + f".{int(record.msecs):03d}Z", "level": record.levelname.lower(),
+               "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return msgspec.json.encode(doc).decode()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel({"warn": "WARNING"}.get(level, level.upper()))
+
+
+class StartupError(Exception):
+    pass
+
+
+async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
+    target = describe_target(settings.redis_url)
+    if settings.redis_url is None:
+        log.warning(embedded.WARNING)
+    for line in summary(settings, target):
+        log.info("%s", line)
+    sched = AsyncScheduler(async_client(settings.redis_url), settings.cell, settings.prefix,
+                           settings.redis_url)
+    replica = Replica(settings, sched, overwrite_policy=overwrite_policy)
+    try:
+        try:
+            outcome = await replica.prepare_cell()
+        except (PolicyConflict, StaticNodesConflict) as e:
+            raise StartupError(e.message) from None
+        except SchedulerError as e:
+            raise StartupError(f"cannot prepare cell {settings.cell!r}: {e.message}") from None
+        log.info("cell policy: %s", {"created": "stored (new cell)", "same": "matches the stored "
+                 "one", "overwritten": "overwrote the stored one"}.get(outcome, outcome))
+        try:
+            await replica.start()
+        except (OSError, RuntimeError) as e:
+            raise StartupError(f"cannot listen on {settings.grpc_listen}: {e}") from None
+        log.info("serving scheduler.v1.Scheduler on port %d%s", replica.port,
+                 f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping: draining in-flight calls (up to %.1fs)", settings.drain_timeout_s)
+        await replica.stop()
+        log.info("stopped")
+    finally:
+        await sched.close()
+
+
+@click.command("serve")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="SCHEDULER_CONFIG", help="JSON config file ({\"scheduler\": {...}}).")
+@click.option("--redis", help="Redis address (host:port or redis:// URL); overrides "
+              "scheduler.redis_addr and SCHEDULER_REDIS_ADDR.")
+@click.option("--grpc-listen", help="gRPC listen address host:port (:port = every interface).")
+@click.option("--metrics-listen", help="/metrics listen address host:port; \"\" disables it.")
+@click.option("--cell", help="Scheduling domain (all of its keys share one hash tag).")
+@click.option("--overwrite-policy", is_flag=True,
+              help="Replace the cell's stored policy and static node list with this config's.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warn", "error"]),
+              help="Overrides log_level.")
+def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
+          metrics_listen: str | None, cell: str | None, overwrite_policy: bool,
+          log_level: str | None) -> None:
+    """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
+    try:
+        settings = load(config_path, flags=Overrides(
+            redis=redis, grpc_listen=grpc_listen, metrics_listen=metrics_listen, cell=cell,
+            log_level=log_level))
+    except ConfigError as e:
+        raise click.ClickException(f"configuration: {e}") from None
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        asyncio.run(run_replica(settings, overwrite_policy))
+    except StartupError as e:
+        raise click.ClickException(str(e)) from None

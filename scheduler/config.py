@@ -1,0 +1,268 @@
+"""The replica's configuration: JSON file, environment, flags -> :class:`Settings`.
+
+The file has the reference system's shape, ``{"scheduler": {...}}`` plus
+``log_level`` and ``log_format`` at the top level (CONTRACT.md lists the
+keys).  It is decoded with msgspec: an unknown or misspelled key is an error
+that names it, never a silent default.  Durations are strings ("30s", "10m",
+"1h30m", "500ms").  Precedence: flags > environment > file > defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from scheduler.errors import InvalidArgument
+from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
+from scheduler.p2p import DEFAULT_STORE_CAPACITY
+from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key."""
+
+
+class NodeEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    endpoint: str
+
+
+class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    grpc_listen_addr: str = "127.0.0.1:50051"
+    metrics_listen_addr: str = "127.0.0.1:9090"
+    strategy: str = "least_loaded"
+    report_ttl: str = "30s"
+    binding_ttl: str = "30s"
+    placement_reservation_ttl: str = "10m"
+    redis_addr: str = ""
+    nodes: list[NodeEntry] = msgspec.field(default_factory=list)
+    node_resource_limit: Limits = msgspec.field(default_factory=Limits)
+    artifact_store_capacity: int = DEFAULT_STORE_CAPACITY
+    artifact_lookup_node_limit: int = 0
+    #: "" = static when ``nodes`` is given, else heartbeat; or "static" / "heartbeat".
+    discovery: str = ""
+    # ours
+    overcommit: Overcommit = msgspec.field(default_factory=Overcommit)
+    default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
+    cell: str = DEFAULT_CELL
+    key_prefix: str = DEFAULT_PREFIX
+    drain_timeout: str = "10s"
+
+
+class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    scheduler: SchedulerSection = msgspec.field(default_factory=SchedulerSection)
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+LOG_FORMATS = ("text", "json")
+DISCOVERY = ("", "static", "heartbeat")
+ENV_OVERRIDES = {
+    "SCHEDULER_REDIS_ADDR": "redis_addr",
+    "SCHEDULER_BINDING_TTL": "binding_ttl",
+    "SCHEDULER_ARTIFACT_STORE_CAPACITY": "artifact_store_capacity",
+    "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "artifact_lookup_node_limit",
+}
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+            "m": 60_000_000_000, "h": 3_600_000_000_000}
+
+
+def parse_duration_ms(key: str, text: str) -> int:
+    """A Go-style duration ("30s", "1h30m", "500ms") in whole milliseconds (>= 1)."""
+    s = text.strip()
+    pos, total_ns = 0, 0.0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None:
+            break
+        total_ns += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        pos = m.end()
+    if not s or pos != len(s):
+        raise ConfigError(f"{key}: {text!r} is not a duration (like 500ms, 30s, 10m, 1h)")
+    ms = int(total_ns // 1_000_000)
+    if ms < 1:
+        raise ConfigError(f"{key}: {text!r} is shorter than 1ms")
+    return ms
+
+
+def listen_address(key: str, addr: str) -> str:
+    """``host:port``; Go's ``:port`` form means every interface."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: {addr!r} is not host:port")
+    return f"[::]:{port}" if host == "" else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line flags; None = not given."""
+
+    redis: str | None = None
+    grpc_listen: str | None = None
+    metrics_listen: str | None = None
+    cell: str | None = None
+    log_level: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    policy: Policy
+    redis_url: str | None
+    grpc_listen: str
+    metrics_listen: str | None
+    cell: str
+    prefix: str
+    nodes: list[tuple[str, str]]
+    discovery: str
+    artifact_store_capacity: int
+    artifact_lookup_node_limit: int
+    drain_timeout_s: float
+    log_level: str
+    log_format: str
+    source: str = field(default="defaults")
+
+
+def decode(raw: bytes, source: str = "config") -> ConfigFile:
+    try:
+        return msgspec.json.decode(raw, type=ConfigFile)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{source}: {_readable(str(e))}") from None
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"{source}: not valid JSON: {e}") from None
+
+
+def _readable(msg: str) -> str:
+    # msgspec says "Object contains unknown field `x` - at `$.scheduler`"
+    m = re.fullmatch(r"Object contains unknown field `(.+?)`(?: - at `\$\.?(.*)`)?", msg)
+    if m:
+        where = f"{m.group(2)}.{m.group(1)}" if m.group(2) else m.group(1)
+        return f"unknown key {where!r}"
+    m = re.fullmatch(r"(.*) - at `\$\.?(.*)`", msg)
+    if m:
+        return f"{m.group(2)}: {m.group(1)}"
+    return msg
+
+
+def _env_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{name}: {value!r} is not a whole number") from None
+
+
+def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+         flags: Overrides | None = None) -> Settings:
+    env = os.environ if env is None else env
+    flags = flags or Overrides()
+    source = str(path) if path else "defaults"
+    if path:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        cfg = decode(raw, source)
+    else:
+        cfg = ConfigFile()
+    sec = cfg.scheduler
+
+    if "SCHEDULER_REDIS_ADDR" in env:
+        sec.redis_addr = env["SCHEDULER_REDIS_ADDR"]
+    if "SCHEDULER_BINDING_TTL" in env:
+        sec.binding_ttl = env["SCHEDULER_BINDING_TTL"]
+    if "SCHEDULER_ARTIFACT_STORE_CAPACITY" in env:
+        sec.artifact_store_capacity = _env_int(
+            "SCHEDULER_ARTIFACT_STORE_CAPACITY", env["SCHEDULER_ARTIFACT_STORE_CAPACITY"])
+    if "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT" in env:
+        sec.artifact_lookup_node_limit = _env_int(
+            "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT", env["SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT"])
+    if flags.redis is not None:
+        sec.redis_addr = flags.redis
+    if flags.grpc_listen is not None:
+        sec.grpc_listen_addr = flags.grpc_listen
+    if flags.metrics_listen is not None:
+        sec.metrics_listen_addr = flags.metrics_listen
+    if flags.cell is not None:
+        sec.cell = flags.cell
+    log_level = (flags.log_level or cfg.log_level).lower()
+    return _settings(cfg, sec, log_level, source)
+
+
+def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: str) -> Settings:
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    if cfg.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format: must be text or json, not {cfg.log_format!r}")
+    if sec.discovery not in DISCOVERY:
+        raise ConfigError(
+            f"scheduler.discovery: must be static or heartbeat, not {sec.discovery!r}")
+    discovery = sec.discovery or ("static" if sec.nodes else "heartbeat")
+    if discovery == "static" and not sec.nodes:
+        raise ConfigError("scheduler.discovery: static needs a non-empty scheduler.nodes list")
+    if discovery == "heartbeat" and sec.nodes:
+        raise ConfigError("scheduler.nodes: a static node list contradicts discovery heartbeat")
+    if sec.artifact_store_capacity < 0:
+        raise ConfigError("scheduler.artifact_store_capacity: must not be negative")
+    nodes: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    try:
+        CellKeys(sec.cell, sec.key_prefix)
+        for i, n in enumerate(sec.nodes):
+            nid = validate_id(f"scheduler.nodes[{i}].id", n.id)
+            if not n.endpoint.strip():
+                raise InvalidArgument(f"scheduler.nodes[{i}].endpoint", "is required")
+            if nid in seen:
+                raise InvalidArgument(f"scheduler.nodes[{i}].id", f"{nid!r} is listed twice")
+            seen.add(nid)
+            nodes.append((nid, n.endpoint.strip()))
+        policy = Policy(
+            strategy=sec.strategy,
+            report_ttl_ms=parse_duration_ms("scheduler.report_ttl", sec.report_ttl),
+            binding_ttl_ms=parse_duration_ms("scheduler.binding_ttl", sec.binding_ttl),
+            reservation_ttl_ms=parse_duration_ms("scheduler.placement_reservation_ttl",
+                                                 sec.placement_reservation_ttl),
+            limits=sec.node_resource_limit, overcommit=sec.overcommit,
+            default_request=sec.default_request, static_nodes=discovery == "static",
+        ).validate()
+    except InvalidArgument as e:
+        key = e.field if e.field.startswith("scheduler.") else f"scheduler.{e.field}"
+        raise ConfigError(f"{key}: {e.message.removeprefix(e.field).strip()}") from None
+    metrics = sec.metrics_listen_addr.strip()
+    return Settings(
+        policy=policy,
+        redis_url=sec.redis_addr.strip() or None,
+        grpc_listen=listen_address("scheduler.grpc_listen_addr", sec.grpc_listen_addr),
+        metrics_listen=listen_address("scheduler.metrics_listen_addr", metrics) if metrics
+        else None,
+        cell=sec.cell, prefix=sec.key_prefix, nodes=nodes, discovery=discovery,
+        artifact_store_capacity=sec.artifact_store_capacity or DEFAULT_STORE_CAPACITY,
+        artifact_lookup_node_limit=sec.artifact_lookup_node_limit,
+        drain_timeout_s=parse_duration_ms("scheduler.drain_timeout", sec.drain_timeout) / 1000,
+        log_level=log_level, log_format=cfg.log_format, source=source,
+    )
+
+
+def summary(s: Settings, target: str) -> list[str]:
+    """The effective settings, one line each, as logged at start."""
+    p = s.policy
+    limits = ", ".join(f"{k}={v}" for k, v in p.limits.active().items()) or "none"
+    return [
+        f"config: {s.source}; cell {s.cell!r} (key prefix {s.prefix!r}); Redis: {target}",
+        f"strategy: {p.strategy}; discovery: {s.discovery}"
+        + (f" ({len(s.nodes)} static nodes)" if s.nodes else ""),
+        f"node_resource_limit: {limits}",
+        f"report_ttl: {p.report_ttl_ms}ms; binding_ttl: {p.binding_ttl_ms}ms; "
+        f"placement_reservation_ttl: {p.reservation_ttl_ms}ms",
+        f"overcommit: cpu {p.overcommit.cpu} memory {p.overcommit.memory}; default_request: "
+        f"cpu {p.default_request.cpu} memory_mb {p.default_request.memory_mb}",
+        f"artifact_store_capacity: {s.artifact_store_capacity}; artifact_lookup_node_limit: "
+        f"{s.artifact_lookup_node_limit}",
+        f"grpc: {s.grpc_listen}; metrics: {s.metrics_listen or 'off'}",
+    ]

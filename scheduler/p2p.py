@@ -1,0 +1,96 @@
+"""P2P peers and the artifact index (ListP2pPeers, Record / Forget / Lookup
+P2pArtifact), kept in Redis so every replica answers the same.
+
+An artifact is named by (cluster, backend, key); its index entry is the sha1
+of ``cluster\\nbackend\\nkey`` (scheduler/keys.py: art:<digest>, node-art:<node>,
+art-lru, art-names).  :class:`PeerOps` builds the calls; run them with
+``sched.run(call)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from scheduler.client import Call
+from scheduler.errors import InvalidArgument
+from scheduler.keys import CellKeys, validate_id
+
+DEFAULT_STORE_CAPACITY = 1_000_000
+MAX_KEY = 4096
+MAX_BACKEND = 256
+
+
+class Peer(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    backend: str
+    address: str
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _peers(r: list[Any]) -> list[Peer]:
+    return [Peer(node_id=_s(row[0]), backend=_s(row[1]), address=_s(row[2])) for row in r[1:]]
+
+
+def _name_part(field: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is longer than {limit} characters")
+    if "\n" in value or "\r" in value:
+        raise InvalidArgument(field, "contains a line break")
+    return value
+
+
+def artifact_digest(cluster_id: str, backend: str, key: str) -> str:
+    return hashlib.sha1(f"{cluster_id}\n{backend}\n{key}".encode()).hexdigest()
+
+
+class PeerOps:
+    def __init__(self, keys: CellKeys) -> None:
+        self.k = keys
+
+    def _artifact(self, cluster_id: str, backend: str, key: str) -> tuple[str, str, str]:
+        cluster = validate_id("cluster_id", cluster_id)
+        backend = _name_part("backend", backend.strip(), MAX_BACKEND)
+        key = _name_part("key", key.strip(), MAX_KEY)
+        return artifact_digest(cluster, backend, key), f"{cluster}\n{backend}\n{key}", cluster
+
+    def _art_keys(self) -> list[str]:
+        return [*self.k.fixed(), self.k.art_lru, self.k.art_names]
+
+    def peers(self, cluster_id: str, backend: str, exclude_node_id: str) -> Call[list[Peer]]:
+        cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
+        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        args = [cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude]
+        return Call("peer_list", self.k.fixed(), args, _peers)
+
+    def record(self, cluster_id: str, backend: str, key: str, node_id: str,
+               capacity: int = DEFAULT_STORE_CAPACITY) -> Call[int]:
+        if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
+            raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
+        digest, name, _ = self._artifact(cluster_id, backend, key)
+        node = validate_id("node_id", node_id)
+        if capacity < 1:
+            raise InvalidArgument("artifact_store_capacity", "must be at least 1")
+        return Call("artifact_record", self._art_keys(), [digest, name, node, str(capacity)],
+                    lambda r: int(r[0]))
+
+    def forget(self, cluster_id: str, backend: str, key: str, node_id: str) -> Call[bool]:
+        if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
+            raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
+        digest, _, _ = self._artifact(cluster_id, backend, key)
+        node = validate_id("node_id", node_id)
+        return Call("artifact_forget", self._art_keys(), [digest, node], lambda r: r[0] == 1)
+
+    def lookup(self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "",
+               limit: int = 0) -> Call[list[Peer]]:
+        if not (cluster_id.strip() and backend.strip() and key.strip()):
+            raise InvalidArgument("", "cluster_id, backend, and key are required")
+        digest, _, cluster = self._artifact(cluster_id, backend, key)
+        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        args = [digest, cluster, backend.strip(), exclude, str(max(limit, 0))]
+        return Call("artifact_lookup", self._art_keys(), args, _peers)

@@ -1,0 +1,177 @@
+"""One stateless replica: the gRPC server, gRPC health, /metrics, and a monitor
+loop that watches Redis.
+
+Start-up stores or checks the cell's shared policy (a replica whose limits
+differ from the stored ones refuses to start, unless told to overwrite) and
+the static node list.  While Redis is unreachable the health service says
+NOT_SERVING and every RPC fails fast with UNAVAILABLE; when Redis is back the
+replica restores the cell's policy if Redis lost it and serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from scheduler.client import AsyncScheduler
+from scheduler.config import Settings
+from scheduler.errors import FailedPrecondition, PolicyConflict, SchedulerError, StoreUnavailable
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.metrics import Metrics
+from scheduler.service import SchedulerService, observed_call
+
+log = logging.getLogger("scheduler.replica")
+
+SERVICE_NAME = "scheduler.v1.Scheduler"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class StaticNodesConflict(SchedulerError):
+    """The cell's stored static node list differs from this replica's config."""
+
+
+class Replica:
+    def __init__(self, settings: Settings, sched: AsyncScheduler, *,
+                 overwrite_policy: bool = False, monitor_interval_s: float = 1.0,
+                 cell_stats_interval_s: float = 5.0) -> None:
+        self.settings = settings
+        self.sched = sched
+        self.overwrite_policy = overwrite_policy
+        self.monitor_interval_s = monitor_interval_s
+        self.cell_stats_interval_s = cell_stats_interval_s
+        self.metrics = Metrics()
+        self.health = health.aio.HealthServicer()
+        self.service = SchedulerService(
+            sched, self.metrics, strategy=settings.policy.strategy,
+            artifact_store_capacity=settings.artifact_store_capacity,
+            artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
+            restore_cell=self.restore_cell)
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._redis_ok = False
+        self._stopping = False
+
+    # -- cell policy and node list ------------------------------------------
+    async def prepare_cell(self) -> str:
+        """Store or check the shared policy and static node list (start-up)."""
+        outcome = await self.sched.sync_policy(self.settings.policy,
+                                               overwrite=self.overwrite_policy)
+        await self._sync_nodes(check=not self.overwrite_policy)
+        return outcome
+
+    async def restore_cell(self) -> None:
+        """Redis came back empty: put this replica's policy and nodes back."""
+        try:
+            outcome = await self.sched.sync_policy(self.settings.policy, overwrite=False)
+        except PolicyConflict:
+            return  # another replica restored (and changed) it first; the stored one rules
+        if outcome == "created":
+            log.warning("restored the cell's policy in Redis")
+            await self._sync_nodes(check=False)
+
+    async def _sync_nodes(self, check: bool) -> None:
+        wanted = self.settings.nodes
+        if check and wanted:
+            views = await self.sched.nodes()
+            stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
+            if stored and stored != sorted(wanted):
+                raise StaticNodesConflict(_nodes_conflict(stored, sorted(wanted)))
+        await self.sched.sync_nodes(list(wanted))
+
+    # -- lifecycle ---------------------------------------------------------
+    async def start(self) -> None:
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(self.settings.grpc_listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.settings.grpc_listen}")
+        if self.settings.metrics_listen:
+            self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+        await self.server.start()
+        await self._set_serving(True)
+        self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop taking calls, let in-flight ones finish (up to the grace), close."""
+        self._stopping = True
+        await self.health.enter_graceful_shutdown()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        if self.server is not None:
+            await self.server.stop(self.settings.drain_timeout_s if grace_s is None else grace_s)
+        self.metrics.close()
+
+    async def wait_closed(self) -> None:
+        if self.server is not None:
+            await self.server.wait_for_termination()
+
+    # -- monitoring ----------------------------------------------------------
+    async def _set_serving(self, ok: bool) -> None:
+        if self._stopping:
+            return
+        if ok != self._redis_ok:
+            if ok:
+                log.info("Redis at %s is reachable: serving", self.sched.target)
+            else:
+                log.error("Redis at %s is unreachable: NOT_SERVING until it is back",
+                          self.sched.target)
+        self._redis_ok = ok
+        self.metrics.redis_up.set(1 if ok else 0)
+        status = SERVING if ok else NOT_SERVING
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+    async def _watch_redis(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_stats = 0.0
+        while True:
+            try:
+                await self._check_redis(refresh_stats=loop.time() >= next_stats)
+                if loop.time() >= next_stats:
+                    next_stats = loop.time() + self.cell_stats_interval_s
+            except (StoreUnavailable, TimeoutError):
+                await self._set_serving(False)
+            except SchedulerError as e:
+                log.warning("monitor: %s", e.message)
+            except Exception:
+                log.exception("monitor failed; retrying")
+            await asyncio.sleep(self.monitor_interval_s)
+
+    async def _check_redis(self, refresh_stats: bool) -> None:
+        was_ok = self._redis_ok
+        await asyncio.wait_for(self.sched.ping(), timeout=max(self.monitor_interval_s, 1.0))
+        if not was_ok:
+            await self.restore_cell()
+        if refresh_stats:
+            try:
+                await self.refresh_cell_metrics()
+            except FailedPrecondition:
+                await self.restore_cell()  # Redis lost the cell between two pings
+        await self._set_serving(True)
+
+    async def refresh_cell_metrics(self) -> None:
+        stats = await self.sched.stats()
+        rows = await self.sched.run(observed_call(self.sched, "", "", True, full=False))
+        nodes = Counter(f.get("derived_status", "") for f in rows)
+        self.metrics.cell.update(dict(nodes), stats.pending, {
+            "released": stats.released_total, "cancelled": stats.cancelled_total,
+            "expired": stats.expired_total})
+
+
+def _nodes_conflict(stored: list[tuple[str, str]], wanted: list[tuple[str, str]]) -> str:
+    lines = ["the cell's stored static node list differs from this replica's configuration",
+             "  stored:     " + (", ".join(f"{i}={e}" for i, e in stored) or "-"),
+             "  configured: " + (", ".join(f"{i}={e}" for i, e in wanted) or "-"),
+             "start with --overwrite-policy to replace the stored node list"]
+    return "\n".join(lines)
