@@ -1,0 +1,204 @@
+"""``schedctl explain``: what Schedule would do right now, node by node.
+
+The verdicts come from the schedule script itself in dry-run mode (it
+reserves and writes nothing), so they cannot disagree with a real Schedule.
+The numbers behind an exclusion (current + pending + request vs limit) are
+read in the same MULTI from the node view, so they add up to the verdict.
+"""
+
+from __future__ import annotations
+
+import click
+import msgspec
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from scheduler.policy import Policy
+from scheduler.records import MIB, STRATEGIES, Explanation, NodeView, Request, Verdict
+
+from .nodes import ceiling_amount
+from .options import Target, cell_options, pass_target
+from .output import age, gib, pressure_color, size, status_text
+from .snapshot import atomically
+
+
+class CeilingBreakdown(msgspec.Struct, kw_only=True):
+    """Why a ceiling excludes a node: ``current + pending + request`` against ``limit``.
+
+    Units: sandboxes, whole CPUs or bytes.  For the ``*_percent`` ceilings the
+    total is compared as ``total * 100 <= limit * capacity`` and ``percent``
+    is ``total * 100 / capacity``; the two observed ones (``max_*_used_percent``)
+    have no pending or request part: they read the latest snapshot only.
+    """
+
+    name: str
+    limit: int
+    current: int
+    pending: int
+    request: int
+    total: int
+    capacity: int | None = None
+    percent: float | None = None
+
+
+class ExplainedVerdict(Verdict, kw_only=True):
+    #: "chosen", "eligible" or "excluded"
+    verdict: str = ""
+    detail: str = ""
+    heartbeat_age_ms: int | None = None
+    ceiling: CeilingBreakdown | None = None
+
+
+class Report(msgspec.Struct, kw_only=True):
+    now_ms: int
+    strategy: str
+    chosen: str | None
+    rotation: int
+    cpu: int
+    memory_bytes: int
+    refusal: str | None
+    reserved: bool = False
+    verdicts: list[ExplainedVerdict]
+
+
+_COUNTS = {"max_sandbox_count", "max_sandbox_starting_count",
+           "max_sandbox_count_including_paused"}
+
+
+def breakdown(name: str, limit: int, used: int, v: NodeView, cpu: int, mem: int,
+              ) -> CeilingBreakdown:
+    """Split ``used`` (the script's current + pending for ceiling ``name``) into its parts."""
+    capacity: int | None = None
+    if name in _COUNTS:
+        pending, request = v.pending_reservations, 1
+    elif name in ("max_cpu_used_percent", "max_memory_used_percent"):
+        pending, request = 0, 0
+        capacity = v.memory_capacity_bytes if "memory" in name else None
+    elif "memory" in name:
+        pending, request = v.memory_reserved_bytes, mem
+        capacity = v.memory_capacity_bytes if name.endswith("_percent") else None
+    else:
+        pending, request = v.cpu_reserved, cpu
+        capacity = v.cpu_capacity if name.endswith("_percent") else None
+    total = used + request
+    percent = None
+    if name == "max_cpu_used_percent":
+        percent = float(used)
+    elif capacity:
+        percent = round(total * 100 / capacity, 2)
+    return CeilingBreakdown(name=name, limit=limit, current=used - pending, pending=pending,
+                            request=request, total=total, capacity=capacity, percent=percent)
+
+
+def _ceiling_text(b: CeilingBreakdown) -> str:
+    if b.name in ("max_cpu_used_percent", "max_memory_used_percent"):
+        return f"{b.name}: observed {b.percent:g}% > {b.limit}% (latest snapshot)"
+    if b.name.endswith("_percent"):
+        unit = gib if "memory" in b.name else str
+        return (f"{b.name}: {unit(b.current)} current + {unit(b.pending)} pending + "
+                f"{unit(b.request)} requested = {unit(b.total)} of {unit(b.capacity or 0)}"
+                f"{' GiB' if 'memory' in b.name else ' cpu'} = {b.percent:g}% > {b.limit}%")
+    amount = (lambda n: size(n)) if "memory" in b.name else str
+    return (f"{b.name}: {amount(b.current)} current + {amount(b.pending)} pending + "
+            f"{amount(b.request)} requested = {amount(b.total)} > "
+            f"{ceiling_amount(b.name, b.limit)}")
+
+
+def explain_node(v: Verdict, view: NodeView | None, e: Explanation, policy: Policy,
+                 ) -> ExplainedVerdict:
+    out = ExplainedVerdict(**msgspec.structs.asdict(v))
+    out.heartbeat_age_ms = view.heartbeat_age_ms if view else None
+    if v.reason is None:
+        out.verdict = "chosen" if v.chosen else "eligible"
+        out.detail = (f"rank {v.rank}: pressure {v.pressure:.4f}, starting {v.starting}, "
+                      f"running {v.running}, paused {v.paused}")
+        if not v.known_capacity:
+            out.detail += " (capacity unknown: fallback after every known node)"
+        return out
+    out.verdict = "excluded"
+    out.detail = v.reason
+    limits = policy.limits.active()
+    name = v.reason.removeprefix("at ").partition(" (")[0]
+    if name in limits and view is not None:
+        use = next((c for c in view.ceilings if c.name == name), None)
+        if use is not None:
+            out.ceiling = breakdown(name, limits[name], use.used, view, e.cpu, e.memory_bytes)
+            out.detail = _ceiling_text(out.ceiling)
+    elif v.reason == "stale heartbeat":
+        out.detail = (f"stale heartbeat: last seen {age(out.heartbeat_age_ms)}, "
+                      f"report_ttl {policy.report_ttl_ms / 1000:g}s")
+    elif v.reason == "insufficient cpu":
+        out.detail = (f"insufficient cpu: {v.projected_cpu} projected > {v.cpu_capacity} × "
+                      f"{policy.overcommit.cpu:g} overcommit")
+    elif v.reason == "insufficient memory":
+        out.detail = (f"insufficient memory: {gib(v.projected_memory_bytes)} GiB projected > "
+                      f"{gib(v.memory_capacity_bytes)} GiB × {policy.overcommit.memory:g} "
+                      "overcommit")
+    elif v.reason == "lingering":
+        out.detail = "lingering: draining, takes no new placements"
+    return out
+
+
+def _order(v: ExplainedVerdict) -> tuple[int, int, str]:
+    return (0 if v.chosen else 1 if v.rank is not None else 2, v.rank or 0, v.node_id)
+
+
+def report_table(r: Report, where: str) -> Group:
+    request = f"{r.cpu} cpu, {size(r.memory_bytes)}"
+    if r.chosen:
+        head = Text.assemble(("would place on ", ""), (r.chosen, "bold green"))
+    else:
+        head = Text(f"would refuse: {r.refusal}", style="bold red")
+    head.append(f"   (request {request}; strategy {r.strategy}; dry run, nothing reserved)",
+                style="dim")
+    table = Table(title=f"explain on {where}", title_justify="left")
+    for col in ("node", "verdict", "status", "pressure", "starting", "running", "paused",
+                "cpu proj/cap", "mem GiB proj/cap", "why"):
+        table.add_column(col, justify="right" if col in (
+            "pressure", "starting", "running", "paused") else "left")
+    for v in r.verdicts:
+        verdict = (Text("chosen", style="bold green") if v.chosen
+                   else Text(f"#{v.rank}") if v.rank is not None
+                   else Text("excluded", style="red"))
+        table.add_row(
+            v.node_id, verdict, status_text(v.status),
+            Text(f"{v.pressure:.3f}", style=pressure_color(v.pressure)),
+            str(v.starting), str(v.running), str(v.paused),
+            f"{v.projected_cpu}/{v.cpu_capacity}",
+            f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}", v.detail)
+    if r.strategy != "least_loaded":
+        table.caption = (f"ranks are least_loaded order; {r.strategy} picks among the eligible "
+                         "without pressure")
+    return Group(head, table)
+
+
+@click.command()
+@cell_options()
+@click.option("--cpu", type=click.IntRange(0), default=None, metavar="N",
+              help="CPUs requested (absent or 0: the policy's default_request).")
+@click.option("--memory-mb", type=click.IntRange(0), default=None, metavar="M",
+              help="Memory requested in MiB (absent or 0: the policy's default_request).")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
+              help="Override the cell's strategy for this explanation.")
+@pass_target
+def explain(target: Target, cpu: int | None, memory_mb: int | None, strategy: str | None,
+            ) -> None:
+    """Dry-run Schedule at this instant: every node's verdict, nothing reserved.
+
+    The same script as Schedule decides (in dry-run mode), so what it shows is
+    what a Schedule would do now: the chosen node, the rank and tie-break
+    values of every eligible node, and the exact reason for every excluded one.
+    """
+    s = target.scheduler
+    req = Request(cpu=cpu or None, memory_bytes=memory_mb * MIB if memory_mb else None)
+    e, (_, views), policy = atomically(s, s.ops.explain(req, strategy), s.ops.nodes(),
+                                       s.ops.policy())
+    assert policy is not None  # explain fails with PRECONDITION on a cell without one
+    by_id = {v.node_id: v for v in views}
+    verdicts = sorted((explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts),
+                      key=_order)
+    report = Report(now_ms=e.now_ms, strategy=e.strategy, chosen=e.chosen, rotation=e.rotation,
+                    cpu=e.cpu, memory_bytes=e.memory_bytes, refusal=e.refusal,
+                    verdicts=verdicts)
+    target.out.emit(report, lambda: report_table(report, target.where))

@@ -1,0 +1,142 @@
+"""``schedctl policy show`` / ``schedctl policy set``: the cell's shared policy."""
+
+from __future__ import annotations
+
+import click
+import msgspec
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from scheduler.errors import FailedPrecondition
+from scheduler.policy import LIMIT_NAMES, Overcommit, Policy
+from scheduler.records import STRATEGIES
+
+from .nodes import ceiling_amount
+from .options import Duration, Target, cell_options, format_duration, pass_target
+
+NO_POLICY = "cell policy is not initialised: start a replica or run `schedctl policy set`"
+
+
+def policy_table(p: Policy, where: str) -> Table:
+    table = Table(title=f"policy of {where}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("strategy", p.strategy)
+    table.add_row("report_ttl", format_duration(p.report_ttl_ms))
+    table.add_row("binding_ttl", format_duration(p.binding_ttl_ms))
+    table.add_row("placement_reservation_ttl", format_duration(p.reservation_ttl_ms))
+    table.add_row("overcommit", f"cpu {p.overcommit.cpu:g}, memory {p.overcommit.memory:g}")
+    table.add_row("default_request", f"cpu {p.default_request.cpu}, "
+                                     f"memory {p.default_request.memory_mb} MiB")
+    for name in LIMIT_NAMES:
+        value = getattr(p.limits, name)
+        table.add_row(name, ceiling_amount(name, value) if value else Text("no ceiling",
+                                                                           style="dim"))
+    table.add_row("static node list", "yes" if p.static_nodes else "no (nodes register "
+                                                                  "by heartbeat)")
+    return table
+
+
+@click.group()
+@cell_options()
+def policy() -> None:
+    """The limits, overcommit, TTLs and strategy every replica of the cell shares."""
+
+
+@policy.command()
+@cell_options()
+@pass_target
+def show(target: Target) -> None:
+    """The cell's stored policy."""
+    p = target.scheduler.policy()
+    if p is None:
+        raise FailedPrecondition(NO_POLICY)
+    target.out.emit(p, lambda: policy_table(p, target.where))
+
+
+class PolicyChange(msgspec.Struct, kw_only=True):
+    outcome: str
+    #: stored field -> [before, after] ("" when absent)
+    changed: dict[str, list[str]]
+    policy: Policy
+
+
+def _limit(text: str) -> tuple[str, int]:
+    name, eq, value = text.partition("=")
+    name = name.strip().removeprefix("node_resource_limit.")
+    if not eq or name not in LIMIT_NAMES or not value.strip().isdigit():
+        raise click.BadParameter(f"{text!r} is not NAME=VALUE with NAME one of "
+                                 f"{', '.join(LIMIT_NAMES)} and VALUE a whole number "
+                                 "(0 removes the ceiling)", param_hint="'--limit'")
+    return name, int(value)
+
+
+@policy.command(name="set")
+@cell_options()
+@click.option("--strategy", type=click.Choice(STRATEGIES), help="Placement strategy.")
+@click.option("--report-ttl", type=Duration(), help="Heartbeat age after which a node is stale.")
+@click.option("--binding-ttl", type=Duration(), help="Lifetime of a sandbox binding.")
+@click.option("--reservation-ttl", type=Duration(),
+              help="placement_reservation_ttl: a reservation's life if nothing accounts for it.")
+@click.option("--overcommit-cpu", type=click.FloatRange(0, 1000, min_open=True))
+@click.option("--overcommit-memory", type=click.FloatRange(0, 1000, min_open=True))
+@click.option("--default-cpu", type=click.IntRange(0), help="CPUs of a request without a size.")
+@click.option("--default-memory-mb", type=click.IntRange(0),
+              help="Memory (MiB) of a request without a size.")
+@click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
+              help="A node_resource_limit ceiling, e.g. max_sandbox_count=10 (0 removes it). "
+                   "Repeatable.")
+@pass_target
+def set_(target: Target, strategy: str | None, report_ttl: int | None,
+         binding_ttl: int | None, reservation_ttl: int | None, overcommit_cpu: float | None,
+         overcommit_memory: float | None, default_cpu: int | None,
+         default_memory_mb: int | None, limits: tuple[str, ...]) -> None:
+    """Change fields of the cell's policy; every replica decides by it from the next call.
+
+    Fields not given keep their stored value (or the default on a new cell).
+    Replicas read the policy from the cell, but a replica started later with a
+    config file that disagrees refuses to start until its file matches or it
+    is told to overwrite.
+    """
+    given_limits = dict(_limit(x) for x in limits)
+    if not any(x is not None for x in (strategy, report_ttl, binding_ttl, reservation_ttl,
+                                        overcommit_cpu, overcommit_memory, default_cpu,
+                                        default_memory_mb)) and not given_limits:
+        raise click.UsageError("nothing to set: give at least one option (see --help)")
+    s = target.scheduler
+    before = s.policy()
+    p = before or Policy()
+    new = msgspec.structs.replace(
+        p,
+        strategy=strategy or p.strategy,
+        report_ttl_ms=report_ttl or p.report_ttl_ms,
+        binding_ttl_ms=binding_ttl or p.binding_ttl_ms,
+        reservation_ttl_ms=reservation_ttl or p.reservation_ttl_ms,
+        overcommit=Overcommit(
+            cpu=p.overcommit.cpu if overcommit_cpu is None else overcommit_cpu,
+            memory=p.overcommit.memory if overcommit_memory is None else overcommit_memory),
+        default_request=msgspec.structs.replace(
+            p.default_request,
+            cpu=p.default_request.cpu if default_cpu is None else default_cpu,
+            memory_mb=(p.default_request.memory_mb if default_memory_mb is None
+                       else default_memory_mb)),
+        limits=msgspec.structs.replace(p.limits, **given_limits))
+    outcome = s.sync_policy(new, overwrite=True)
+    old_fields = before.to_fields() if before else {}
+    new_fields = new.to_fields()
+    changed = {k: [old_fields.get(k, ""), new_fields.get(k, "")]
+               for k in sorted(set(old_fields) | set(new_fields))
+               if old_fields.get(k) != new_fields.get(k)}
+    result = PolicyChange(outcome=outcome, changed=changed, policy=new)
+    if changed:
+        target.out.note("replicas decide by the new policy from their next call; update their "
+                        "config files to match, or a restarted replica refuses to start")
+
+    def render() -> Group:
+        lines = Text(f"policy {outcome}" + (":" if changed else " (nothing changed)"))
+        for k, (old, now) in changed.items():
+            lines.append(f"\n  {k}: {old or '-'} -> {now or '-'}")
+        return Group(lines, policy_table(new, target.where))
+
+    target.out.emit(result, render)

@@ -1,0 +1,43 @@
+"""Read several views of a cell at one instant.
+
+Commands that combine views (explain with the node numbers behind each
+verdict, reservations with the cell's clock) queue the read-only scripts in
+one MULTI/EXEC, so Redis runs them back to back with nothing in between and
+the numbers add up even while replicas are placing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, overload
+
+import redis
+
+from scheduler.client import Call, Scheduler
+from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
+
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
+
+
+@overload
+def atomically(s: Scheduler, a: Call[A], b: Call[B], /) -> tuple[A, B]: ...
+@overload
+def atomically(s: Scheduler, a: Call[A], b: Call[B], c: Call[C], /) -> tuple[A, B, C]: ...
+def atomically(s: Scheduler, *calls: Call[Any]) -> tuple[Any, ...]:
+    pipe = s.client.pipeline(transaction=True)
+    for call in calls:
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
+        raise StoreUnavailable(f"Redis at {s.target} is unreachable: {e}") from None
+    finally:
+        pipe.reset()
+    for reply in replies:
+        if isinstance(reply, redis.exceptions.ResponseError):
+            mapped: SchedulerError | None = from_reply(str(reply))
+            if mapped is None:
+                raise reply
+            raise mapped
+    return tuple(call.parse(reply) for call, reply in zip(calls, replies, strict=True))
