@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import click
 
+from .explain import explain
+from .nodes import nodes
+from .policy import policy
+from .reservations import bindings, reservations
 from .serve import serve
+from .simulate import simulate
 
 
 @click.group()
 def main() -> None:
     """Operate a Redis-centric placement scheduler cell."""
 
+
+main.add_command(nodes)
+main.add_command(reservations)
+main.add_command(bindings)
+main.add_command(explain)
+main.add_command(policy)
+main.add_command(simulate)
 
 main.add_command(serve)
