@@ -1,0 +1,138 @@
+"""``python -m bench SCENARIO [options]``: run one scenario, print its table,
+optionally keep it as JSON (``--json FILE``) and draw it (``--plot FILE.png``).
+
+Runs against a ``redis-server`` it starts itself (from the repository root),
+or against ``--redis URL``, where it works in a cell of its own that it
+deletes afterwards and never flushes or resets anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from bench import balance, ceiling, latency, throughput
+from bench.runner import Result, Target, markdown, redis_target, show, write_json
+
+PLOTTABLE = ("ceiling", "latency")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers, not {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers, not {text!r}")
+    return values
+
+
+def _paths(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [v for v in values if v not in throughput.PATHS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(
+            f"paths are {', '.join(throughput.PATHS)}, comma-separated; not {text!r}")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--redis", metavar="URL",
+                        help="use this Redis instead of starting a redis-server")
+    common.add_argument("--json", metavar="FILE", help='also write {"scenario", "rows", ...}')
+    common.add_argument("--markdown", action="store_true",
+                        help="also print the table as markdown (for the README)")
+    common.add_argument("--quick", action="store_true",
+                        help="tiny sizes: checks the scenario works, measures nothing useful")
+    common.add_argument("--seed", type=int, default=1, help="seed of the simulated workload")
+
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+
+    c = sub.add_parser("ceiling", parents=[common], help="per-node ceiling with many replicas, "
+                       "ours vs the reference design")
+    c.add_argument("--replicas", type=_ints, help="replica counts (default 1,3,8)")
+    c.add_argument("--creates", type=int, help="creations per run (default 200)")
+    c.add_argument("--lag", type=int, help="heartbeat lag in batches, paced mode (default 3)")
+    c.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
+
+    b = sub.add_parser("balance", parents=[common], help="peak pressure by strategy vs the "
+                       "exact optimum")
+    b.add_argument("--replicas", type=_ints, help="replica counts (default 1,8)")
+    b.add_argument("--requests", type=int, help="requests per run (default 300)")
+
+    lat = sub.add_parser("latency", parents=[common], help="Schedule latency and Redis CPU per "
+                         "call by fleet size")
+    lat.add_argument("--nodes", type=_ints, help="fleet sizes (default 100,1000,10000)")
+    lat.add_argument("--seconds", type=float, help="measuring time per fleet size (default 8)")
+    lat.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
+
+    t = sub.add_parser("throughput", parents=[common], help="schedules per second by replica "
+                       "processes, library and gRPC")
+    t.add_argument("--replicas", type=_ints, help="replica process counts (default 1,2,4,8)")
+    t.add_argument("--nodes", type=int, help="fleet size (default 1000)")
+    t.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
+    t.add_argument("--paths", type=_paths, help="library,grpc (default both)")
+    return p
+
+
+def _params(args: argparse.Namespace, base: Any, mapping: dict[str, str]) -> Any:
+    changes = {field: getattr(args, opt) for opt, field in mapping.items()
+               if getattr(args, opt, None) is not None}
+    return replace(base, **changes)
+
+
+def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
+    name = args.scenario
+    if name == "ceiling":
+        cp = _params(args, ceiling.Params.quick() if args.quick else ceiling.Params(),
+                     {"replicas": "replicas", "creates": "creates", "lag": "lag"})
+        return lambda t: ceiling.run(t, cp)
+    if name == "balance":
+        bp = _params(args, balance.Params.quick() if args.quick else balance.Params(),
+                     {"replicas": "replicas", "requests": "requests"})
+        return lambda t: balance.run(t, bp)
+    if name == "latency":
+        lp = _params(args, latency.Params.quick() if args.quick else latency.Params(),
+                     {"nodes": "nodes", "seconds": "seconds"})
+        lp = replace(lp, seed=args.seed)
+        return lambda t: latency.run(t, lp)
+    tp = _params(args, throughput.Params.quick() if args.quick else throughput.Params(),
+                 {"replicas": "replicas", "nodes": "nodes", "seconds": "seconds",
+                  "paths": "paths"})
+    tp = replace(tp, seed=args.seed)
+    return lambda t: throughput.run(t, tp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    plot = getattr(args, "plot", None)
+    if plot:
+        from bench import plot as plotting
+
+        plotting.require()  # fail before the run, not after it
+    run = runner(args)
+    with redis_target(args.redis) as target:
+        result = run(target)
+    result.params["command"] = "python -m bench " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    show(result)
+    if args.markdown:
+        print(markdown(result))
+    if args.json:
+        write_json(result, args.json)
+    if plot:
+        from bench import plot as plotting
+
+        plotting.draw(result, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

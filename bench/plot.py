@@ -1,0 +1,90 @@
+"""Charts for ``--plot``.  matplotlib comes with the optional ``bench`` extra
+and is imported here only, when a chart is asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.runner import Result
+
+
+def require() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit('--plot needs matplotlib: pip install -e ".[bench]"') from None
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw(result: Result, path: str | Path) -> None:
+    if result.scenario == "latency":
+        _latency(result, path)
+    elif result.scenario == "ceiling":
+        _ceiling(result, path)
+    else:
+        raise ValueError(f"no chart for scenario {result.scenario!r}")
+
+
+def _latency(result: Result, path: str | Path) -> None:
+    plt = _pyplot()
+    rows = sorted(result.rows, key=lambda r: r["nodes"])
+    x = [r["nodes"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, style in (
+            ("schedule_p99_us", "Schedule p99 (client)", "o-"),
+            ("schedule_p50_us", "Schedule p50 (client)", "o-"),
+            ("redis_us_per_schedule", "Redis CPU per Schedule", "s--"),
+            ("redis_us_per_heartbeat", "Redis CPU per Heartbeat", "s--"),
+            ("ping_p50_us", "PING p50 (client, same run)", "^:")):
+        ax.plot(x, [r[key] for r in rows], style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes in the fleet")
+    ax.set_ylabel("microseconds")
+    ax.set_title("Schedule latency and Redis CPU by fleet size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    _footer(fig, result)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _ceiling(result: Result, path: str | Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), sharey=True)
+    limit = result.rows[0]["limit"] if result.rows else 0
+    for ax, paced in zip(axes, (False, True), strict=True):
+        rows = [r for r in result.rows if r["paced"] == paced]
+        replicas = sorted({r["replicas"] for r in rows})
+        width = 0.38
+        for k, (system, color) in enumerate((("ours", "tab:blue"),
+                                             ("reference-model", "tab:red"))):
+            by_r = {r["replicas"]: r["max_node_sandboxes"] for r in rows if r["system"] == system}
+            xs = [i + (k - 0.5) * width for i in range(len(replicas))]
+            ax.bar(xs, [by_r.get(r, 0) for r in replicas], width, label=system, color=color)
+        ax.axhline(limit, color="black", linestyle="--", linewidth=1,
+                   label=f"max_sandbox_count {limit}")
+        ax.set_xticks(range(len(replicas)), [str(r) for r in replicas])
+        ax.set_xlabel("replicas")
+        ax.set_title("paced, lagging heartbeats" if paced else "full speed")
+    axes[0].set_ylabel("most sandboxes on one node")
+    axes[0].legend(fontsize=8)
+    _footer(fig, result)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _footer(fig: Any, result: Result) -> None:
+    m = result.machine
+    if m:
+        fig.text(0.01, -0.02, f"{m['nproc']} CPU {m['cpu_model']}, redis {m['redis_version']}, "
+                 f"{m['date']}", fontsize=7, color="gray")
