@@ -116,12 +116,6 @@ def simulate(target: Target, nodes: int, node_shapes: str, replicas: int, gatewa
         heartbeat_lag=heartbeat_lag, create_delay=create_delay, sandbox_lifetime=lifetime,
         create_fail_rate=fail_rate, roster=roster, seed=seed).validate()
     out = target.out
-    if not out.json:
-        console().print(
-            f"simulating {nodes} nodes ({node_shapes}), {replicas} replicas, "
-            f"{scenario.gateway_workers} gateway workers: {creates} creates of {cpu} cpu / "
-            f"{memory_mb} MiB, max_sandbox_count {max_sandbox_count or 'none'}, "
-            f"strategy {strategy}, on {target.where}")
     progress = Progress(TextColumn("creates"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[tally]}"), TimeElapsedColumn(),
                         console=console(stderr=True), transient=True,
@@ -134,8 +128,13 @@ def simulate(target: Target, nodes: int, node_shapes: str, replicas: int, gatewa
     with progress:
         result = engine.run(scenario, target.redis, target.cell, reset=reset,
                             on_progress=advance)
+    header = (f"simulated {nodes} nodes ({node_shapes}), {replicas} replicas, "
+              f"{scenario.gateway_workers} gateway workers: {creates} creates of {cpu} cpu / "
+              f"{memory_mb} MiB, max_sandbox_count {max_sandbox_count or 'none'}, "
+              f"strategy {strategy}")
     out.emit(result, lambda: Group(
-        nodes_table(result.final_view, scenario.policy(), target.where), summary_table(result)))
+        header, nodes_table(result.final_view, scenario.policy(), target.where),
+        summary_table(result)))
     if not out.json and target.redis:
         out.note(f"the cell is kept: schedctl nodes --redis <URL> --cell {target.cell}")
     if not result.ceiling_held:
