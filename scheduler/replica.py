@@ -11,7 +11,6 @@ replica restores the cell's policy if Redis lost it and serves again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
@@ -39,7 +38,7 @@ class StaticNodesConflict(SchedulerError):
 class Replica:
     def __init__(self, settings: Settings, sched: AsyncScheduler, *,
                  overwrite_policy: bool = False, monitor_interval_s: float = 1.0,
-                 cell_stats_interval_s: float = 5.0) -> None:
+                 cell_stats_interval_s: float | None = 5.0) -> None:
         self.settings = settings
         self.sched = sched
         self.overwrite_policy = overwrite_policy
@@ -106,8 +105,9 @@ class Replica:
         await self.health.enter_graceful_shutdown()
         if self._monitor is not None:
             self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            # wait_for() before Python 3.12 can swallow a cancellation; the loop
+            # also checks _stopping, so a bounded wait is enough.
+            await asyncio.wait([self._monitor], timeout=5)
         if self.server is not None:
             await self.server.stop(self.settings.drain_timeout_s if grace_s is None else grace_s)
         self.metrics.close()
@@ -135,10 +135,11 @@ class Replica:
     async def _watch_redis(self) -> None:
         loop = asyncio.get_running_loop()
         next_stats = 0.0
-        while True:
+        while not self._stopping:
             try:
-                await self._check_redis(refresh_stats=loop.time() >= next_stats)
-                if loop.time() >= next_stats:
+                due = self.cell_stats_interval_s is not None and loop.time() >= next_stats
+                await self._check_redis(refresh_stats=due)
+                if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
             except (StoreUnavailable, TimeoutError):
                 await self._set_serving(False)

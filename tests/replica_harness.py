@@ -40,21 +40,38 @@ def settings_for(policy: Policy | None = None, cell: str = "test",
                    discovery="static" if nodes else "heartbeat", **extra)
 
 
+class LoopThread:
+    """An event loop in a background thread.  Replicas sharing one fakeredis
+    server must share one loop: fakeredis runs every script of a server in
+    one Lua runtime, which must not be entered from two threads at once."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
 class ThreadedReplica:
-    """A Replica served by an event loop in a background thread."""
+    """A Replica served by an event loop in a background thread.  Its monitor
+    only pings Redis (cell metrics are refreshed by the tests that read them)."""
 
     def __init__(self, settings: Settings, make_client: Callable[[], Any],
-                 url: str | None = None) -> None:
+                 url: str | None = None, loop: LoopThread | None = None) -> None:
         self.settings = settings
         self.make_client = make_client
         self.url = url
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.own_loop = loop is None
+        self.loop_thread = loop or LoopThread()
+        self.loop = self.loop_thread.loop
         self.replica: Replica | None = None
         self.channel: grpc.Channel | None = None
 
     def __enter__(self) -> ThreadedReplica:
-        self.thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(15)
         assert self.replica is not None
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.replica.port}")
@@ -64,7 +81,7 @@ class ThreadedReplica:
         sched = AsyncScheduler(self.make_client(), self.settings.cell, self.settings.prefix,
                                self.url)
         self.replica = Replica(self.settings, sched, overwrite_policy=True,
-                               monitor_interval_s=0.1, cell_stats_interval_s=0.1)
+                               monitor_interval_s=0.1, cell_stats_interval_s=None)
         await self.replica.prepare_cell()
         await self.replica.start()
 
@@ -83,9 +100,8 @@ class ThreadedReplica:
             replica = self.replica
             self.call(replica.stop(grace_s=1))
             self.call(replica.sched.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        if self.own_loop:
+            self.loop_thread.close()
 
 
 def hb_request(node_id: str, sid: str = "i1", cpu: int = 32, mem_gib: int = 64,
