@@ -1,18 +1,37 @@
 """The gRPC path of ``throughput``: replicas as ``schedctl serve`` processes,
-load from separate processes through the generated ``scheduler.v1`` stubs."""
+load from separate processes through the generated ``scheduler.v1`` stubs.
+
+Each replica gets a config file that says the same policy the benchmark
+stored in the cell, so a replica that disagreed would refuse to start (the
+product's own check).  Load processes are spawned, not forked, and this
+module never opens a gRPC channel in the driver: gRPC's core does not
+survive a fork of a process that has used it.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+import multiprocessing as mp
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
 from scheduler import Policy
 
 SCHEDCTL = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why the gRPC path cannot run here, or None when it can."""
+    """Why the gRPC path cannot run here, or None when it can (asked once a process)."""
     try:
         import scheduler.grpc.scheduler_pb2_grpc  # noqa: F401
     except ImportError as e:
@@ -27,17 +46,165 @@ def unavailable() -> str | None:
     return None
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config(url: str, cell: str, policy: Policy) -> dict[str, Any]:
+    """A ``schedctl serve`` config that states ``policy`` for ``cell``."""
+    return {
+        "log_level": "warn",
+        "scheduler": {
+            "redis_addr": url,
+            "cell": cell,
+            "discovery": "heartbeat",
+            "strategy": policy.strategy,
+            "report_ttl": f"{policy.report_ttl_ms}ms",
+            "binding_ttl": f"{policy.binding_ttl_ms}ms",
+            "placement_reservation_ttl": f"{policy.reservation_ttl_ms}ms",
+            "node_resource_limit": {k: v for k, v in policy.limits.active().items()},
+            "overcommit": {"cpu": policy.overcommit.cpu, "memory": policy.overcommit.memory},
+            "default_request": {"cpu": policy.default_request.cpu,
+                                "memory_mb": policy.default_request.memory_mb},
+        },
+    }
+
+
+def _load(port: int, cpu: int, memory_mb: int, seconds: float, conn: Connection,
+          go: Any) -> None:
+    """One gateway-like load process: Schedule RPCs back to back on one channel."""
+    import grpc
+
+    from scheduler.grpc import scheduler_pb2 as pb
+    from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=60)
+        stub = pb_grpc.SchedulerStub(channel)
+        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
+            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
+        stub.Schedule(req, timeout=60)  # warm: first call pays for connection set-up
+        conn.send(("ready", None))
+        go.wait()
+        n = refused = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            try:
+                stub.Schedule(req, timeout=60)
+                n += 1
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or "no nodes" not in str(e.details()):
+                    raise
+                refused += 1
+        conn.send(("done", (n, refused)))
+    except Exception as e:  # reported to the driver, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        channel.close()
+
+
 class Replicas:
-    """``count`` ``schedctl serve`` processes on one cell."""
+    """``count`` ``schedctl serve`` processes on one cell, each on its own port."""
 
     def __init__(self, url: str, cell: str, policy: Policy, count: int) -> None:
-        raise RuntimeError("the gRPC replica (`schedctl serve`) is not available")
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
+        path = self.dir / "scheduler.json"
+        path.write_text(json.dumps(config(url, cell, policy)))
+        self.ports = [_free_port() for _ in range(count)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for i, port in enumerate(self.ports):
+                log = (self.dir / f"replica-{i}.log").open("wb")
+                self.procs.append(subprocess.Popen(
+                    [*SCHEDCTL, "serve", "--config", str(path), "--grpc-listen",
+                     f"127.0.0.1:{port}", "--metrics-listen", ""],
+                    stdout=log, stderr=subprocess.STDOUT))
+                log.close()
+            for i, port in enumerate(self.ports):
+                self._wait_listening(i, port)
+        except BaseException:
+            self.close()
+            raise
 
-    def load(self, seconds: float, cpu: int, memory_mb: int) -> tuple[int, int]:
-        raise NotImplementedError
+    def _wait_listening(self, i: int, port: int) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            if self.procs[i].poll() is not None:
+                log = (self.dir / f"replica-{i}.log").read_text(errors="replace")
+                raise RuntimeError(f"schedctl serve exited ({self.procs[i].returncode}): {log}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"schedctl serve did not listen on {port}") from None
+                time.sleep(0.05)
+
+    def load(self, seconds: float, cpu: int, memory_mb: int,
+             meter: Callable[[], float]) -> tuple[int, int, float, float]:
+        """One load process per replica, all released together.  Returns
+        (schedules, refusals, wall seconds from the release to the last finish,
+        increase of ``meter()`` over that same window)."""
+        ctx = mp.get_context("spawn")
+        go = ctx.Event()
+        conns: list[Connection] = []
+        procs = []
+        try:
+            for port in self.ports:
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_load, args=(port, cpu, memory_mb, seconds, child, go),
+                                daemon=True)
+                p.start()
+                child.close()
+                conns.append(parent)
+                procs.append(p)
+            for c in conns:
+                _expect(c, "ready")
+            m0 = meter()
+            start = time.perf_counter()
+            go.set()
+            results = [_expect(c, "done") for c in conns]
+            wall = time.perf_counter() - start
+            metered = meter() - m0
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+            for c in conns:
+                c.close()
+        return sum(r[0] for r in results), sum(r[1] for r in results), wall, metered
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> Replicas:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        self.close()
+
+
+def _expect(conn: Connection, kind: str) -> Any:
+    if not conn.poll(180):
+        raise RuntimeError("a gRPC load process did not answer within 180 s")
+    got, payload = conn.recv()
+    if got == "error":
+        raise RuntimeError(f"gRPC load process failed: {payload}")
+    if got != kind:
+        raise RuntimeError(f"load protocol: expected {kind}, got {got}")
+    return payload

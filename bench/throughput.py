@@ -19,7 +19,6 @@ machine with few cores, the replica processes also compete with it.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,11 +84,8 @@ def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
     cell, s = _fleet(target, p, p.seed + replicas)
     try:
         with grpc_path.Replicas(target.url, cell, POLICY, replicas) as servers:
-            cpu0 = target.cpu_seconds()
-            t0 = time.perf_counter()
-            schedules, refused = servers.load(p.seconds, p.cpu, p.memory_mb)
-            wall = time.perf_counter() - t0
-            cpu = target.cpu_seconds() - cpu0
+            schedules, refused, wall, cpu = servers.load(p.seconds, p.cpu, p.memory_mb,
+                                                         target.cpu_seconds)
     finally:
         s.close()
         target.drop_cell(cell)

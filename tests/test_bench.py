@@ -1,0 +1,206 @@
+"""The benchmark suite at tiny sizes: every scenario still runs end to end
+against a real redis-server and real replica processes, its rows have the
+documented keys, and the invariants the benchmarks exist to show hold.
+
+No timing is asserted: these machines are noisy and the sizes are tiny.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from bench import balance, ceiling, grpc_path, latency, throughput
+from bench.reference_model import ReferenceCluster, RefSnapshot
+from bench.runner import Result, Target, percentile
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.real_only
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def target(redis_server: RedisServer) -> Iterator[Target]:
+    t = Target(redis_server.url, owned=True)
+    t.client.flushall()
+    yield t
+    t.client.flushall()
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def ceiling_result(target: Target) -> Result:
+    return ceiling.run(target, ceiling.Params.quick())
+
+
+@pytest.fixture(scope="module")
+def latency_result(target: Target) -> Result:
+    return latency.run(target, latency.Params.quick())
+
+
+def _keys(result: Result) -> None:
+    for row in result.rows:
+        assert set(result.columns) <= set(row), row
+    assert json.loads(json.dumps(result.to_json()))["rows"] == result.rows
+
+
+# -- ceiling -----------------------------------------------------------------
+def test_ceiling_rows_and_our_ceiling_holds(ceiling_result: Result) -> None:
+    p = ceiling.Params.quick()
+    _keys(ceiling_result)
+    combos = {(r["system"], r["replicas"], r["paced"]) for r in ceiling_result.rows}
+    assert combos == set(itertools.product(("ours", "reference-model"), p.replicas,
+                                           (False, True)))
+    for row in ceiling_result.rows:
+        assert row["placed"] + row["refused"] == p.creates
+        assert row["limit"] == p.limit
+        if row["system"] == "ours":
+            # 10 means 10 with any number of replicas, and the ceiling is reached, not missed
+            assert row["max_node_sandboxes"] == p.limit
+            assert row["nodes_over_limit"] == 0
+            assert row["placed"] == p.nodes * p.limit
+    # The reference design's failure shows with several replicas.
+    for row in ceiling_result.rows:
+        if row["system"] == "reference-model" and row["replicas"] > 1:
+            assert row["max_node_sandboxes"] > p.limit
+            assert row["nodes_over_limit"] > 0
+
+
+def test_reference_filter_is_greater_than_on_the_snapshot() -> None:
+    cluster = ReferenceCluster(["n0"], replicas=1, max_sandbox_count=2)
+
+    def snap(count: int) -> RefSnapshot:
+        return RefSnapshot(cpu_count=64, memory_total_bytes=1 << 40, allocated_cpu=count,
+                           allocated_memory_bytes=0, sandbox_count=count,
+                           sandbox_starting_count=0, create_successes=count)
+
+    cluster.heartbeat("n0", snap(2))
+    assert cluster.schedule(0, 1, 0) == "n0"  # at the limit: one more (2 > 2 is false)
+    assert cluster.schedule(0, 1, 0) == "n0"  # placements since the snapshot are not counted
+    cluster.heartbeat("n0", snap(3))
+    assert cluster.schedule(0, 1, 0) is None  # 3 > 2
+
+
+def test_reference_replica_keeps_nodes_it_has_no_snapshot_for() -> None:
+    cluster = ReferenceCluster(["n0", "n1"], replicas=2, max_sandbox_count=1)
+    full = RefSnapshot(cpu_count=8, memory_total_bytes=1 << 34, allocated_cpu=5,
+                       allocated_memory_bytes=0, sandbox_count=5, sandbox_starting_count=0,
+                       create_successes=5)
+    cluster.heartbeat("n0", full)  # pinned to replica 0
+    cluster.heartbeat("n1", full)  # pinned to replica 1
+    # Replica 0 filters n0 (5 > 1) but knows nothing of n1, so it keeps it.
+    assert [cluster.schedule(0, 1, 0) for _ in range(3)] == ["n1", "n1", "n1"]
+
+
+# -- balance -----------------------------------------------------------------
+def test_optimal_peak_matches_brute_force() -> None:
+    units = [Fraction(2, 4), Fraction(2, 6), Fraction(2, 10)]
+    for requests in range(0, 9):
+        best = min(
+            (max(k * w for k, w in zip(split, units, strict=True)) for split in
+             itertools.product(range(requests + 1), repeat=3) if sum(split) == requests),
+            default=Fraction(0))
+        assert balance.optimal_peak(units, requests) == best
+
+
+def test_balance_least_loaded_reaches_the_optimum(target: Target) -> None:
+    p = balance.Params.quick()
+    result = balance.run(target, p)
+    _keys(result)
+    assert [(r["strategy"], r["replicas"]) for r in result.rows] == [
+        (s, n) for n in p.replicas for s in balance.STRATEGIES]
+    exact = result.params["exact"]
+    for row, ex in zip(result.rows, exact, strict=True):
+        assert row["placed"] == p.requests
+        peak, optimum = Fraction(ex["peak"]), Fraction(ex["optimum"])
+        assert peak >= optimum
+        assert row["peak_pressure"] == float(peak)
+        if row["strategy"] == "least_loaded":
+            assert peak == optimum, row  # exactly, with 1 replica and with concurrent ones
+    rr = [r for r in result.rows if r["strategy"] == "round_robin"]
+    assert all(r["peak_pressure"] > r["optimal_peak_pressure"] for r in rr)
+
+
+# -- latency -----------------------------------------------------------------
+def test_latency_rows(latency_result: Result) -> None:
+    p = latency.Params.quick()
+    _keys(latency_result)
+    assert [r["nodes"] for r in latency_result.rows] == list(p.nodes)
+    for row, detail in zip(latency_result.rows, latency_result.params["detail"], strict=True):
+        assert row["ping_p50_us"] > 0
+        assert 0 < row["schedule_p50_us"] <= row["schedule_p99_us"]
+        assert row["redis_us_per_schedule"] > 0
+        assert row["redis_us_per_heartbeat"] > 0
+        assert detail["schedules"] >= p.min_schedules
+        assert detail["heartbeats"] > 0
+        assert detail["refused"] == 0
+        assert detail["pending_at_end"] >= 1  # pending reservations present throughout
+
+
+def test_percentile_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile([7.0], 99) == 7.0
+
+
+# -- throughput ----------------------------------------------------------------
+@pytest.mark.parametrize(("path", "replicas"), [("library", (1, 2)), ("grpc", (1,))])
+def test_throughput_rows(target: Target, path: str, replicas: tuple[int, ...]) -> None:
+    p = throughput.Params(replicas=replicas, nodes=30, seconds=0.3, paths=(path,))
+    result = throughput.run(target, p)
+    _keys(result)
+    assert [(r["path"], r["replicas"]) for r in result.rows] == [(path, n) for n in replicas]
+    missing = grpc_path.unavailable() if path == "grpc" else None
+    for row in result.rows:
+        if missing:
+            assert row["schedules_per_s"] is None and row["note"] == "not available"
+            continue
+        assert row["schedules_per_s"] > 0
+        assert row["redis_cpu_share"] > 0
+        assert row["note"] == ""  # nothing refused: the fleet has room
+
+
+# -- CLI and charts --------------------------------------------------------------
+def test_cli_writes_json(redis_server: RedisServer, tmp_path: Path) -> None:
+    out = tmp_path / "balance.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "balance", "--quick", "--redis", redis_server.url,
+         "--json", str(out), "--markdown"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "| strategy | replicas |" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["scenario"] == "balance"
+    assert len(doc["rows"]) == 3 * len(balance.Params.quick().replicas)
+    assert set(balance.COLUMNS) <= set(doc["rows"][0])
+    assert doc["machine"]["redis_version"]
+    assert doc["params"]["command"].startswith("python -m bench balance --quick")
+
+
+def test_cli_rejects_plot_for_other_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import parser
+
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["balance", "--plot", "x.png"])
+    assert exc.value.code == 2
+    assert "--plot" in capsys.readouterr().err
+    args = parser().parse_args(["latency", "--plot", "x.png", "--nodes", "100,10000"])
+    assert args.plot == "x.png" and args.nodes == (100, 10000)
+
+
+def test_plots(ceiling_result: Result, latency_result: Result, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the optional bench extra is not installed")
+    from bench import plot
+
+    for result in (ceiling_result, latency_result):
+        path = tmp_path / f"{result.scenario}.png"
+        plot.draw(result, path)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
