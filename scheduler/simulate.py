@@ -483,7 +483,7 @@ def _settle(scenario: Scenario, replica: Scheduler, fleet: list[SimNode]) -> tup
     """Let heartbeats catch up: until no reservation is left and the cell counts
     exactly what every node runs, or a few heartbeat rounds have passed."""
     rounds = 4 * (scenario.heartbeat_interval * 1.2 + scenario.heartbeat_lag)
-    deadline = time.monotonic() + rounds + scenario.create_delay + 0.5
+    deadline = time.monotonic() + rounds + scenario.create_delay + 2.0  # slack for busy machines
     pending = -1
     while True:
         try:
