@@ -213,6 +213,11 @@ def run(target: Target, p: Params | None = None) -> Result:
         "Redis PING on the same connection, same run; redis_us_*: INFO commandstats "
         "evalsha usec per call",
     ]
+    for row, d in zip(rows, details, strict=True):
+        ratio = row["schedule_p50_us"] / row["ping_p50_us"] if row["ping_p50_us"] else 0.0
+        hb_share = row["redis_us_per_heartbeat"] / max(1e-9, row["redis_us_per_schedule"])
+        notes.append(f"{d['nodes']} nodes: schedule p50 = {ratio:,.1f} x PING p50; Redis CPU "
+                     f"per heartbeat = {hb_share:.3f} x per schedule")
     for d in details:
         notes.append(f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "
                      f"{d['setup_seconds']} s, {d['schedules']} schedules and "

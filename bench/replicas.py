@@ -120,7 +120,8 @@ class ReplicaPool:
     def __init__(self, url: str, size: int) -> None:
         # fork: a replica is up in milliseconds instead of re-importing everything;
         # each one opens its own connection after the fork.
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        ctx = (mp.get_context("fork") if "fork" in mp.get_all_start_methods()
+               else mp.get_context("spawn"))
         self.go = ctx.Event()
         self.conns: list[Connection] = []
         self.procs: list[Any] = []

@@ -147,6 +147,8 @@ def machine(target: Target) -> dict[str, Any]:
         "redis_version": target.version(),
         "redis": "started by the benchmark" if target.owned else "given with --redis",
         "python": platform.python_version(),
+        # other work on the machine moves timings: say how busy it was at the start
+        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -176,9 +178,7 @@ def _cell(v: Any) -> str:
             return "0"
         if abs(v) >= 100:
             return f"{v:,.0f}"
-        if abs(v) >= 1:
-            return f"{v:.2f}"
-        return f"{v:.3f}"
+        return f"{v:.4g}"
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     return str(v)
@@ -213,7 +213,8 @@ def show(result: Result, console: Console | None = None) -> None:
     m = result.machine
     if m:
         console.print(f"  machine: {m['nproc']} CPU, {m['cpu_model']}, redis {m['redis_version']}, "
-                      f"python {m['python']}, {m['date']}", style="dim", highlight=False)
+                      f"python {m['python']}, {m['date']}, load average {m['loadavg_1m']} at "
+                      "the start", style="dim", highlight=False)
 
 
 def write_json(result: Result, path: str | Path) -> None:
