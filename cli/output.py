@@ -24,7 +24,9 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     # Tables are wide; when piped, do not squeeze them to 80 columns.
     wide = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(file=stream, stderr=stderr, width=200 if wide else None, highlight=False)
+    # Ids, URLs and messages are shown verbatim: styling goes through Text objects only.
+    return Console(file=stream, stderr=stderr, width=200 if wide else None, highlight=False,
+                   markup=False, emoji=False)
 
 
 class Output:
