@@ -4,7 +4,10 @@
   Attaches the sandbox to a pending reservation of that node (the one named,
   or else the node's oldest unclaimed one) and writes the binding.  If a
   roster of that node already listed the sandbox, the node's numbers include
-  it, so the reservation is released at once.
+  it, so the reservation is released at once.  A sandbox is charged at most
+  one reservation: one already charged (by an earlier assignment or event)
+  stays; a named reservation that another sandbox of the node claimed first
+  is replaced by the node's oldest unclaimed one.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     sandbox_id
@@ -31,21 +34,31 @@ end
 local now = now_ms(P)
 sweep_expired(now)
 
-local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
-local already_listed = b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
+local already_listed = listed_on(sb, node_id, now)
 
--- A repeated assignment keeps the reservation it already has.
+-- A sandbox is charged one reservation, once: a repeated assignment keeps the
+-- one it has (live or already released).
 local rid = bound_reservation(sb, node_id)
-if not rid then
+local attached = nil
+if not rid and not charged(sb, node_id) then
   if wanted ~= '' then
-    local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
-    if r[1] == 'pending' and r[2] == node_id then rid = wanted end
+    local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
+    if r[2] == node_id and r[1] == 'pending' then
+      attached = wanted
+    elseif r[2] == node_id and r[3] and r[3] ~= sb
+        and (r[1] == 'assigned' or r[1] == 'acked' or r[1] == 'released') then
+      -- the named reservation was claimed by another sandbox of this node (its
+      -- CREATE event came first): this sandbox takes the next unclaimed one
+      attached = oldest_unclaimed(node_id)
+    end
   else
-    rid = oldest_unclaimed(node_id)
+    attached = oldest_unclaimed(node_id)
   end
-  if rid then
-    redis.call('HSET', res_key(rid), 'state', 'assigned', 'sandbox_id', sb, 'assigned_ms', fmt(now))
+  if attached then
+    redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
+      'assigned_ms', fmt(now))
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', 1)
+    rid = attached
   end
 end
 local released = 0

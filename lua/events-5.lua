@@ -2,8 +2,9 @@
   events-5.lua: a node reports sandbox lifecycle events (ReportSandboxEvent).
 
   CREATE / FORK: the sandbox exists on the node.  Its reservation (the one its
-    binding names, or else the node's oldest unclaimed one) is marked acked,
-    and the node's next heartbeat releases it.  The binding is written.
+    binding names, or else, if none was ever charged to it, the node's oldest
+    unclaimed one) is marked acked, and the node's next heartbeat releases it
+    (at once if a roster already listed the sandbox).  The binding is written.
   DELETE: the binding goes.  For a node in roster mode a reservation still
     attached is released (the sandbox will never show in its roster).  In
     counter mode it is not: the creation already moved create_successes, and
@@ -45,22 +46,22 @@ for i = 2, #ARGV, 2 do
     end
     drop_binding(sb, node_id)
   else
+    local creation = kind == 'CREATE' or kind == 'FORK'
     local rid = bound_reservation(sb, node_id)
-    if not rid and (kind == 'CREATE' or kind == 'FORK') then
+    if not rid and creation and not charged(sb, node_id) then
       rid = oldest_unclaimed(node_id)
       if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
     end
-    if rid and (kind == 'CREATE' or kind == 'FORK')
-        and redis.call('HGET', res_key(rid), 'state') ~= 'acked' then
+    local listed = listed_on(sb, node_id, now)
+    if rid and creation and listed then
+      -- a roster already listed it: the node's numbers include it now
+      if end_reservation(rid, 'released', now) then released = released + 1 end
+    elseif rid and creation and redis.call('HGET', res_key(rid), 'state') ~= 'acked' then
       redis.call('HSET', res_key(rid), 'state', 'acked', 'acked_ms', fmt(now))
       redis.call('HINCRBY', node_key(node_id), 'acked_count', 1)
       acked = acked + 1
     end
-    local listed = '0'
-    if redis.call('HGET', bind_key(sb), 'node_id') == node_id then
-      listed = redis.call('HGET', bind_key(sb), 'listed') or '0'
-    end
-    write_binding(sb, node_id, endpoint, listed, rid, now, P)
+    write_binding(sb, node_id, endpoint, listed and '1' or '0', rid, now, P)
   end
 end
 return { acked, released, fmt(now) }

@@ -300,6 +300,8 @@ class CellModel:
         self.meta: dict[str, NodeMeta] = {}
         self.res: dict[str, ResModel] = {}
         self.ended: dict[str, str] = {}
+        self.ended_node: dict[str, str] = {}
+        self.ended_sandbox: dict[str, str | None] = {}
         self.bind: dict[str, BindModel] = {}
         self.seq = 0
         self.rr = 0
@@ -321,10 +323,12 @@ class CellModel:
 
     # -- shared pieces (names as in common.lua) -----------------------------
     def end(self, rid: str, outcome: str) -> bool:
-        if rid not in self.res:
+        r = self.res.pop(rid, None)
+        if r is None:
             return False
-        del self.res[rid]
         self.ended[rid] = outcome
+        self.ended_node[rid] = r.node_id
+        self.ended_sandbox[rid] = r.sandbox_id
         return True
 
     def sweep(self, now: int) -> None:
@@ -346,11 +350,21 @@ class CellModel:
                 return r.rid
         return None
 
+    def charged(self, sb: str, node_id: str) -> bool:
+        b = self.bind.get(sb)
+        return b is not None and b.node_id == node_id and bool(b.rid)
+
+    def listed_on(self, sb: str, node_id: str, now: int) -> bool:
+        b = self.bind.get(sb)
+        return b is not None and b.node_id == node_id and b.listed and b.expires_ms > now
+
     def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None,
                       now: int) -> None:
         prev = self.bind.get(sb)
         if prev is not None and prev.node_id != node_id:
             self._sbx(prev.node_id).discard(sb)
+        if rid is None and prev is not None and prev.node_id == node_id:
+            rid = prev.rid
         self.bind[sb] = BindModel(node_id, self.snap[node_id].endpoint, listed, rid,
                                   now + self.policy.binding_ttl_ms)
         self._sbx(node_id).add(sb)
@@ -431,20 +445,26 @@ class CellModel:
 
     def assign(self, sb: str, node_id: str, wanted: str | None, now: int) -> str | None:
         self.sweep(now)
-        b = self.bind.get(sb)
-        already_listed = (b is not None and b.node_id == node_id and b.listed
-                          and b.expires_ms > now)
+        already_listed = self.listed_on(sb, node_id, now)
         rid = self.bound_reservation(sb, node_id)
-        if rid is None:
+        if rid is None and not self.charged(sb, node_id):
+            attached = None
             if wanted:
                 r = self.res.get(wanted)
-                if r is not None and r.state == "pending" and r.node_id == node_id:
-                    rid = wanted
+                state = r.state if r is not None else self.ended.get(wanted)
+                owner = r.node_id if r is not None else self.ended_node.get(wanted)
+                claimer = r.sandbox_id if r is not None else self.ended_sandbox.get(wanted)
+                if owner == node_id and state == "pending":
+                    attached = wanted
+                elif (owner == node_id and claimer and claimer != sb
+                      and state in ("assigned", "acked", "released")):
+                    attached = self.oldest_unclaimed(node_id)
             else:
-                rid = self.oldest_unclaimed(node_id)
-            if rid is not None:
-                self.res[rid].state = "assigned"
-                self.res[rid].sandbox_id = sb
+                attached = self.oldest_unclaimed(node_id)
+            if attached is not None:
+                self.res[attached].state = "assigned"
+                self.res[attached].sandbox_id = sb
+                rid = attached
         if rid is not None and already_listed:
             self.end(rid, "released")
         self.write_binding(sb, node_id, already_listed, rid, now)
@@ -459,14 +479,16 @@ class CellModel:
                     self.end(rid, "released")
                 self.drop_binding(sb, node_id)
                 continue
-            if rid is None and kind in ("CREATE", "FORK"):
+            creation = kind in ("CREATE", "FORK")
+            if rid is None and creation and not self.charged(sb, node_id):
                 rid = self.oldest_unclaimed(node_id)
                 if rid is not None:
                     self.res[rid].sandbox_id = sb
-            if rid is not None and kind in ("CREATE", "FORK"):
+            listed = self.listed_on(sb, node_id, now)
+            if rid is not None and creation and listed:
+                self.end(rid, "released")
+            elif rid is not None and creation:
                 self.res[rid].state = "acked"
-            b = self.bind.get(sb)
-            listed = b is not None and b.node_id == node_id and b.listed
             self.write_binding(sb, node_id, listed, rid, now)
 
     def cancel(self, rid: str, now: int) -> str:

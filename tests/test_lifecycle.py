@@ -114,6 +114,19 @@ def test_create_event_acknowledges_and_the_next_heartbeat_releases(make_schedule
     assert r.released == 1 and pending(s)[0] == 0
 
 
+def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 0))
+    second = s.schedule(Request.cold(1, 0))
+    s.assign("short-lived", "n1", EP, first.reservation_id)
+    s.events("n1", [SandboxEvent(sandbox_id="short-lived", event_type="DELETE")])
+    assert pending(s)[0] == 2  # the counter has not moved yet
+    r = s.heartbeat(hb("n1", create_successes=1))
+    assert r.released == 1 and pending(s)[0] == 1
+    assert s.reservation(second.reservation_id or "").state == "pending"
+
+
 def test_roster_mode_delete_releases_what_will_never_be_listed(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))

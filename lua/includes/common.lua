@@ -311,11 +311,13 @@ end
 
 -- Write (or refresh) sandbox -> node.  `listed` is "1" once a roster of that
 -- node has listed the sandbox; the expiry field is authoritative (Redis time),
--- the key TTL only collects garbage.
+-- the key TTL only collects garbage.  `rid` nil keeps the reservation already
+-- charged to the sandbox on this node (a sandbox is charged at most once).
 local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
   local bkey = bind_key(sb)
-  local prev = redis.call('HGET', bkey, 'node_id')
-  if prev and prev ~= node_id then redis.call('SREM', node_sbx_key(prev), sb) end
+  local prev = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  if prev[1] and prev[1] ~= node_id then redis.call('SREM', node_sbx_key(prev[1]), sb) end
+  if rid == nil and prev[1] == node_id then rid = prev[2] end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
     'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
@@ -335,6 +337,19 @@ local function bound_reservation(sb, node_id)
   local r = redis.call('HMGET', res_key(b[2]), 'state', 'node_id')
   if LIVE[r[1]] and r[2] == node_id then return b[2] end
   return nil
+end
+
+-- Has a reservation (live or ended) already been charged to sandbox `sb` on
+-- this node?  Then no other reservation may be charged to it.
+local function charged(sb, node_id)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
+  return b[1] == node_id and b[2] and b[2] ~= ''
+end
+
+-- Is `sb` bound to `node_id` and listed by one of its rosters (unexpired)?
+local function listed_on(sb, node_id, now)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
+  return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
 end
 
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.

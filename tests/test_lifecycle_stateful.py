@@ -1,0 +1,254 @@
+"""Hypothesis stateful test: schedules, creations, assignments, heartbeats
+(with and without roster), events, cancels and expiries interleaved at
+random, on Redis (real and fake) and in the reference model (CellModel).
+
+After every step:
+- the stored node records (snapshot + pending aggregates) equal the model's;
+- the live reservations, their states and claimed sandboxes equal the model's;
+- every binding lookup agrees with the model;
+- no sandbox is counted twice: no live reservation is charged to a sandbox
+  that its node's last ingested roster already lists;
+- nothing is dropped early: until an expiry has happened, each node's
+  pending count is at least the number of its placements that are neither
+  cancelled nor yet in the node's own numbers.
+
+The clock is frozen (a drill clock in the cell's policy) so the model knows
+the exact instant of every script call; expiry is driven by advancing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from scheduler import (
+    FailedPrecondition,
+    Heartbeat,
+    Limits,
+    NodeSnapshot,
+    NoNodesAvailable,
+    NotFound,
+    Policy,
+    Request,
+    SandboxEvent,
+    Scheduler,
+)
+from scheduler.model import CellModel, NodeState
+from tests.helpers import GIB, node_states
+
+MIB = 1024 * 1024
+ROSTER_NODES = ("r0",)
+COUNTER_NODES = ("c0",)
+NODES = ROSTER_NODES + COUNTER_NODES
+POLICY = Policy(limits=Limits(max_sandbox_count=5), reservation_ttl_ms=20_000,
+                binding_ttl_ms=30_000, report_ttl_ms=10**9)
+
+
+def ep(node_id: str) -> str:
+    return f"{node_id}.local:5000"
+
+
+@dataclass
+class Placement:
+    rid: str
+    node_id: str
+    cpu: int
+    mem: int
+    sandbox: str
+    created: bool = False
+    created_index: int = 0
+    assigned: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class World:
+    """What really runs on the simulated nodes."""
+
+    running: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    created_total: dict[str, int] = field(default_factory=dict)
+    ingested_roster: dict[str, set[str]] = field(default_factory=dict)
+    ingested_cs: dict[str, int] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+
+
+class Lifecycle(RuleBasedStateMachine):
+    client: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client.flushall()
+        self.s = Scheduler(self.client, cell="life")
+        self.s.sync_policy(POLICY, overwrite=True)
+        self.s.sync_nodes([(n, ep(n)) for n in NODES])
+        self.s.advance_clock(0, "freeze")
+        self.m = CellModel(POLICY)
+        self.w = World()
+        self.placements: dict[str, Placement] = {}
+        self.seen_sandboxes: set[str] = set()
+        self.n = 0
+        for node_id in NODES:
+            self.m.add_node(node_id, ep(node_id))
+            self.w.running[node_id] = {}
+            self.w.created_total[node_id] = 0
+            self.heartbeat(node_id)
+
+    def now(self) -> int:
+        return int(self.client.hget(self.s.keys.policy, "frozen_now_ms"))
+
+    # -- rules ---------------------------------------------------------------
+    @rule(cpu=st.sampled_from([1, 2, 4]), mem_mb=st.sampled_from([512, 2048, 8192]))
+    def schedule(self, cpu: int, mem_mb: int) -> None:
+        self.n += 1
+        rid = f"res{self.n}"
+        req = Request.cold(cpu, mem_mb)
+        want = self.m.schedule(req, rid, self.now(), 0.0)
+        try:
+            p = self.s.schedule(req, reservation_id=rid)
+        except NoNodesAvailable as e:
+            assert want.chosen is None and str(e) == want.refusal
+            return
+        assert p.node_id == want.chosen and p.reservation_id == rid
+        self.placements[rid] = Placement(rid, p.node_id, cpu, mem_mb * MIB, f"sb-{rid}")
+
+    @rule(data=st.data())
+    def node_creates(self, data: st.DataObject) -> None:
+        todo = [p for p in self.placements.values() if not p.created and not p.cancelled]
+        if not todo:
+            return
+        p = data.draw(st.sampled_from(todo))
+        p.created = True
+        self.w.created_total[p.node_id] += 1
+        p.created_index = self.w.created_total[p.node_id]
+        self.w.running[p.node_id][p.sandbox] = (p.cpu, p.mem)
+        self.seen_sandboxes.add(p.sandbox)
+
+    @rule(data=st.data(), with_rid=st.booleans())
+    def gateway_assigns(self, data: st.DataObject, with_rid: bool) -> None:
+        todo = [p for p in self.placements.values() if p.created and not p.assigned]
+        if not todo:
+            return
+        p = data.draw(st.sampled_from(todo))
+        p.assigned = True
+        wanted = p.rid if with_rid else None
+        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
+
+    @rule(node_id=st.sampled_from(NODES))
+    def heartbeat(self, node_id: str) -> None:
+        running = self.w.running[node_id]
+        cpu = sum(c for c, _ in running.values())
+        mem = sum(m for _, m in running.values())
+        roster = sorted(running) if node_id in ROSTER_NODES else []
+        cs = self.w.created_total[node_id]
+        snap = NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=cpu,
+                            allocated_memory_bytes=mem, sandbox_count=len(running),
+                            create_successes=cs)
+        r = self.s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="boot",
+                                       snapshot=snap, sandbox_ids=roster))
+        state = NodeState(node_id=node_id, reported_status="READY", cpu_count=16,
+                          memory_total_bytes=64 * GIB, allocated_cpu=cpu,
+                          allocated_memory_bytes=mem, sandbox_count=len(running))
+        assert r.released == self.m.heartbeat(node_id, "boot", state, cs, roster, r.now_ms)
+        self.w.ingested_roster[node_id] = set(roster)
+        self.w.ingested_cs[node_id] = cs
+
+    @rule(data=st.data(), kind=st.sampled_from(["CREATE", "PAUSE"]))
+    def node_reports_event(self, data: st.DataObject, kind: str) -> None:
+        live = [(n, sb) for n in NODES for sb in self.w.running[n]]
+        if not live:
+            return
+        node_id, sb = data.draw(st.sampled_from(live))
+        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)])  # type: ignore[arg-type]
+        self.m.events(node_id, [(sb, kind)], self.now())
+
+    @rule(data=st.data())
+    def node_deletes(self, data: st.DataObject) -> None:
+        live = [(n, sb) for n in NODES for sb in self.w.running[n]]
+        if not live:
+            return
+        node_id, sb = data.draw(st.sampled_from(live))
+        del self.w.running[node_id][sb]
+        self.w.deleted.add(sb)
+        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")])
+        self.m.events(node_id, [(sb, "DELETE")], self.now())
+
+    @rule(data=st.data())
+    def gateway_cancels(self, data: st.DataObject) -> None:
+        """The create failed: only placements whose sandbox never came up."""
+        todo = [p for p in self.placements.values() if not p.created]
+        if not todo:
+            return
+        p = data.draw(st.sampled_from(todo))
+        want = self.m.cancel(p.rid, self.now())
+        try:
+            self.s.cancel(p.rid)
+            got = "cancelled"
+        except FailedPrecondition as e:
+            got = str(e).replace(f"reservation {p.rid} ", "")
+        except NotFound:
+            got = "not found"
+        assert got == want
+        p.cancelled = True
+
+    @rule(ms=st.sampled_from([500, 5_000, 19_000]))
+    def time_passes(self, ms: int) -> None:
+        self.s.advance_clock(ms)
+
+    # -- invariants ------------------------------------------------------------
+    @invariant()
+    def same_state_as_the_model(self) -> None:
+        assert node_states(self.s) == self.m.states()
+        live = {x.decode() for x in self.client.zrange(self.s.keys.expiry, 0, -1)}
+        assert live == set(self.m.res)
+        for r in self.s.reservations():
+            mr = self.m.res[r.reservation_id]
+            assert (r.state, r.sandbox_id, r.node_id) == (mr.state, mr.sandbox_id, mr.node_id)
+        expired = sum(o == "expired" for o in self.m.ended.values())
+        assert self.s.stats().expired_total == expired
+
+    @invariant()
+    def bindings_agree(self) -> None:
+        now = self.now()
+        for sb in self.seen_sandboxes:
+            want = self.m.lookup(sb, now)
+            try:
+                got: str | None = self.s.lookup(sb).node_id
+            except NotFound:
+                got = None
+            assert got == want, sb
+
+    @invariant()
+    def never_counted_twice(self) -> None:
+        for r in self.s.reservations():
+            assert r.sandbox_id not in self.w.ingested_roster.get(r.node_id, set()), r
+
+    @invariant()
+    def never_dropped_early(self) -> None:
+        if self.s.stats().expired_total:
+            return  # expiry is the fourth way out; its timing is checked by the model
+        views = {v.node_id: v.pending_reservations for v in self.s.nodes()}
+        for node_id in NODES:
+            outstanding = 0
+            for p in self.placements.values():
+                if p.node_id != node_id or p.cancelled:
+                    continue
+                if node_id in ROSTER_NODES:
+                    accounted = (p.sandbox in self.w.ingested_roster.get(node_id, set())
+                                 or p.sandbox in self.w.deleted)
+                else:
+                    accounted = p.created and p.created_index <= self.w.ingested_cs[node_id]
+                outstanding += not accounted
+            assert views[node_id] >= outstanding, node_id
+
+
+def test_lifecycle_against_the_model(redis_client: Any) -> None:
+    Lifecycle.client = redis_client
+    run_state_machine_as_test(
+        Lifecycle, settings=settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                            HealthCheck.too_slow]))
