@@ -136,7 +136,13 @@ def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
                 history.append([n.observe() for n in nodes])
                 past = history[max(0, len(history) - 1 - p.lag)]
                 send_heartbeats(s, [n.heartbeat(seen) for n, seen in zip(nodes, past, strict=True)])
-        return _row("ours", replicas, paced, placed, refused, nodes, p.limit)
+        row = _row("ours", replicas, paced, placed, refused, nodes, p.limit)
+        st = s.stats()
+        # how the reservations were accounted for: the lagging rosters released some
+        row["_detail"] = {"replicas": replicas, "paced": paced, "reserved": st.reserved_total,
+                          "released_by_heartbeats": st.released_total, "pending_at_end": st.pending,
+                          "refused": st.refused_total}
+        return row
     finally:
         s.close()
         target.drop_cell(cell)
@@ -150,6 +156,7 @@ def run(target: Target, p: Params | None = None) -> Result:
             for replicas in p.replicas:
                 rows.append(run_ours(p, target, pool, replicas, paced))
                 rows.append(run_reference(p, replicas, paced))
+    detail = [r.pop("_detail") for r in rows if "_detail" in r]
     notes = [
         f"{p.nodes} nodes x {p.node_cpu} CPU / {p.node_memory_gib} GiB, max_sandbox_count "
         f"{p.limit}, {p.creates} creations of {p.cpu} CPU / {p.memory_mb} MB, least_loaded, "
@@ -159,5 +166,6 @@ def run(target: Target, p: Params | None = None) -> Result:
         "ours: real replica processes on one redis-server; reference-model: "
         "bench/reference_model.py (per-replica memory, nodes pinned to one replica each)",
     ]
-    return Result("ceiling", COLUMNS, rows, params=asdict(p), machine=machine(target),
-                  notes=notes)
+    params = asdict(p)
+    params["ours"] = detail
+    return Result("ceiling", COLUMNS, rows, params=params, machine=machine(target), notes=notes)

@@ -66,6 +66,10 @@ def test_ceiling_rows_and_our_ceiling_holds(ceiling_result: Result) -> None:
             assert row["max_node_sandboxes"] == p.limit
             assert row["nodes_over_limit"] == 0
             assert row["placed"] == p.nodes * p.limit
+    for d in ceiling_result.params["ours"]:
+        # every reservation is accounted for; lagging rosters did release some when paced
+        assert d["released_by_heartbeats"] + d["pending_at_end"] == d["reserved"]
+        assert (d["released_by_heartbeats"] > 0) == d["paced"]
     # The reference design's failure shows with several replicas.
     for row in ceiling_result.rows:
         if row["system"] == "reference-model" and row["replicas"] > 1:
