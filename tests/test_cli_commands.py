@@ -372,3 +372,48 @@ def test_policy_set_bad_arguments_change_nothing(fleet: Fleet, args: list[str], 
     assert result.exit_code == 2
     assert message in result.stderr
     assert fleet.dump() == before
+
+
+# Node "x": 8 cpu, 16 GiB; 2 running + 1 paused + 1 starting (reported), 4 cpu / 8 GiB
+# allocated, 2 cpu / 2 GiB paused, 70 % cpu and 12 GiB memory used; plus one pending
+# reservation of 1 cpu / 1 GiB.  The request is 1 cpu / 1 GiB again.
+@pytest.mark.parametrize("name, limit, parts, percent, text", [
+    ("max_sandbox_starting_count", 2, (1, 1, 1, 3), None,
+     "max_sandbox_starting_count: 1 current + 1 pending + 1 requested = 3 > 2"),
+    ("max_sandbox_count_including_paused", 4, (3, 1, 1, 5), None,
+     "max_sandbox_count_including_paused: 3 current + 1 pending + 1 requested = 5 > 4"),
+    ("max_allocated_cpu_including_paused", 7, (6, 1, 1, 8), None,
+     "max_allocated_cpu_including_paused: 6 current + 1 pending + 1 requested = 8 > 7"),
+    ("max_allocated_memory_bytes_including_paused", 11 * GIB,
+     (10 * GIB, GIB, GIB, 12 * GIB), None,
+     "max_allocated_memory_bytes_including_paused: 10 GiB current + 1 GiB pending + "
+     "1 GiB requested = 12 GiB > 11 GiB"),
+    ("max_memory_allocated_percent", 60, (8 * GIB, GIB, GIB, 10 * GIB), 62.5,
+     "max_memory_allocated_percent: 8 current + 1 pending + 1 requested = 10 of 16 GiB = "
+     "62.5% > 60%"),
+    ("max_cpu_used_percent", 50, (70, 0, 0, 70), 70.0,
+     "max_cpu_used_percent: observed 70% > 50% (latest snapshot)"),
+    ("max_memory_used_percent", 50, (12 * GIB, 0, 0, 12 * GIB), 75.0,
+     "max_memory_used_percent: observed 75% > 50% (latest snapshot)"),
+])
+def test_explain_breaks_every_kind_of_ceiling_down(
+        real_url: str, name: str, limit: int, parts: tuple[int, int, int, int],
+        percent: float | None, text: str) -> None:
+    s = Scheduler.connect(real_url, cell="ceil")
+    s.sync_policy(Policy())
+    s.heartbeat(hb("x", cpu=8, mem_gib=16, sandbox_count=2, sandbox_starting_count=1,
+                   paused_sandbox_count=1, allocated_cpu=4, allocated_memory_bytes=8 * GIB,
+                   paused_allocated_cpu=2, paused_allocated_memory_bytes=2 * GIB,
+                   cpu_percent=70, memory_used_bytes=12 * GIB))
+    s.schedule(REQUEST)
+    s.sync_policy(Policy(limits=Limits(**{name: limit})), overwrite=True)
+    result = CliRunner().invoke(main, ["explain", "--redis", real_url, "--cell", "ceil",
+                                       "--cpu", "1", "--memory-mb", "1024", "--json"])
+    assert result.exit_code == 0, result.output
+    (x,) = json.loads(result.stdout)["verdicts"]
+    assert x["reason"] == f"at {name} ({limit})"
+    c = x["ceiling"]
+    assert (c["name"], c["limit"], c["percent"]) == (name, limit, percent)
+    assert (c["current"], c["pending"], c["request"], c["total"]) == parts
+    assert x["detail"] == text
+    s.close()
