@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 import msgspec
+import redis
 
 from scheduler.client import AsyncScheduler, Call
 from scheduler.cpuconfig import CpuConfigOps, exchange
@@ -51,6 +52,11 @@ T = TypeVar("T")
 RESERVATION_METADATA = "x-reservation-id"
 ENDPOINT_METADATA = "x-node-endpoint"
 NO_POLICY_PREFIX = "cell policy is not initialised"
+#: Error replies by which Redis says it cannot serve right now (not a bug of ours).
+TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
+                    redis.exceptions.TryAgainError)
+TRANSIENT_REPLIES = ("NOREPLICAS", "BUSY ")
 MAX_DISKS = 256
 MAX_EVENTS = 10_000
 
@@ -248,6 +254,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             except StoreUnavailable:
                 self.metrics.redis_errors.inc()
                 raise
+            except redis.exceptions.ResponseError as e:
+                if not isinstance(e, TRANSIENT_ERRORS) and \
+                        not str(e).startswith(TRANSIENT_REPLIES):
+                    raise
+                self.metrics.redis_errors.inc()
+                raise StoreUnavailable(f"Redis at {self.sched.target} cannot serve: {e}") from None
             except FailedPrecondition as e:
                 if attempt == 2 or self.restore_cell is None or \
                         not e.message.startswith(NO_POLICY_PREFIX):

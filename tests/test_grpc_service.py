@@ -404,3 +404,19 @@ def test_health_serving_and_metrics(make_replica: Make, sched: Scheduler) -> Non
     r.call(r.replica.refresh_cell_metrics())
     assert value("sched_reservations_ended_total", outcome="cancelled") == 1
     assert value("sched_reservations_pending") == 0
+
+
+@pytest.mark.real_only
+def test_redis_refusing_writes_is_unavailable_naming_redis(make_replica: Make,
+                                                           redis_client: Any) -> None:
+    r = make_replica()
+    register(r, "n1")
+    redis_client.config_set("maxmemory", "1")
+    try:
+        code, details = code_of(lambda: r.stub.Schedule(cold()))
+    finally:
+        redis_client.config_set("maxmemory", "0")
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert details.startswith("Redis at ")
+    assert "cannot serve: command not allowed when used memory" in details
+    assert r.stub.Schedule(cold()).node.node_id == "n1"
