@@ -112,6 +112,7 @@ def run_one(p: Params, target: Target, pool: ReplicaPool, strategy: str,
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
+    facts = machine(target)  # before the run: its load average is the one that matters
     rows = []
     with ReplicaPool(target.url, max(p.replicas)) as pool:
         for replicas in p.replicas:
@@ -126,4 +127,4 @@ def run(target: Target, p: Params | None = None) -> Result:
     ]
     params = asdict(p)
     params["exact"] = exact
-    return Result("balance", COLUMNS, rows, params=params, machine=machine(target), notes=notes)
+    return Result("balance", COLUMNS, rows, params=params, machine=facts, notes=notes)

@@ -150,6 +150,7 @@ def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
+    facts = machine(target)  # before the run: its load average is the one that matters
     rows: list[dict[str, object]] = []
     with ReplicaPool(target.url, max(p.replicas)) as pool:
         for paced in (False, True):
@@ -168,4 +169,4 @@ def run(target: Target, p: Params | None = None) -> Result:
     ]
     params = asdict(p)
     params["ours"] = detail
-    return Result("ceiling", COLUMNS, rows, params=params, machine=machine(target), notes=notes)
+    return Result("ceiling", COLUMNS, rows, params=params, machine=facts, notes=notes)

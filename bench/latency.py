@@ -198,6 +198,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
+    facts = machine(target)  # before the run: its load average is the one that matters
     rows, details = [], []
     for n in p.nodes:
         row, detail = run_size(target, n, p)
@@ -224,4 +225,4 @@ def run(target: Target, p: Params | None = None) -> Result:
                      f"{d['heartbeats']} heartbeats in {d['measured_seconds']} s, "
                      f"{d['pending_at_end']} reservations pending at the end, "
                      f"{d['refused']} refused")
-    return Result("latency", COLUMNS, rows, params=params, machine=machine(target), notes=notes)
+    return Result("latency", COLUMNS, rows, params=params, machine=facts, notes=notes)

@@ -147,7 +147,7 @@ def machine(target: Target) -> dict[str, Any]:
         "redis_version": target.version(),
         "redis": "started by the benchmark" if target.owned else "given with --redis",
         "python": platform.python_version(),
-        # other work on the machine moves timings: say how busy it was at the start
+        # other work on the machine moves timings: say how busy it was (at the start)
         "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

@@ -94,6 +94,7 @@ def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
+    facts = machine(target)  # before the run: its load average is the one that matters
     rows: list[dict[str, Any]] = []
     notes = [f"{p.nodes}-node mixed fleet, 30-60 % allocated; {p.cpu} CPU / {p.memory_mb} MB "
              f"creations back to back for {p.seconds} s per row; redis_cpu_share: redis-server "
@@ -112,5 +113,5 @@ def run(target: Target, p: Params | None = None) -> Result:
                 rows.append(run_grpc(target, p, replicas))
         if missing:
             notes.append(f"grpc rows not measured: {missing}")
-    return Result("throughput", COLUMNS, rows, params=asdict(p), machine=machine(target),
+    return Result("throughput", COLUMNS, rows, params=asdict(p), machine=facts,
                   notes=notes)
