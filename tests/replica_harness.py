@@ -168,6 +168,7 @@ class ServeProcess:
             [sys.executable, "-c", "from scheduler.cli.main import main; main()", "serve", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.address = f"127.0.0.1:{self.port}"
+        self._signalled = False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -189,9 +190,15 @@ class ServeProcess:
                     raise RuntimeError(f"replica did not become SERVING:\n{self.log()}")
                 time.sleep(0.05)
 
+    def signal_stop(self) -> None:
+        """One SIGTERM (a second one, after the drain, would kill it outright)."""
+        if self.proc.poll() is None and not self._signalled:
+            self._signalled = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def terminate(self, timeout: float = 15) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.signal_stop()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

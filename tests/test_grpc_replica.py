@@ -101,7 +101,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_0(processes: list[ServeProcess
         paused_at = time.monotonic()
         calls = [stub.Schedule.future(cold(1, 16), timeout=10) for _ in range(20)]
         time.sleep(0.3)  # the calls are in flight, blocked on Redis
-        p.proc.send_signal(__import__("signal").SIGTERM)
+        p.signal_stop()
         placed = [c.result().node.node_id for c in calls]
         assert p.proc.wait(15) == 0
         exited_after = time.monotonic() - paused_at
