@@ -113,5 +113,11 @@ def run(target: Target, p: Params | None = None) -> Result:
                 rows.append(run_grpc(target, p, replicas))
         if missing:
             notes.append(f"grpc rows not measured: {missing}")
+    per_core = [f"{r['path']} {r['replicas']}: {r['schedules_per_s'] / r['redis_cpu_share']:,.1f}"
+                for r in rows if r["schedules_per_s"] and r["redis_cpu_share"]]
+    if per_core:
+        # less sensitive to other work on the machine than the rate itself
+        notes.append("schedules per Redis CPU-second (schedules_per_s / redis_cpu_share): "
+                     + ", ".join(per_core))
     return Result("throughput", COLUMNS, rows, params=asdict(p), machine=facts,
                   notes=notes)
