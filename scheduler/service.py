@@ -274,21 +274,25 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     async def _serve(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any],
                      work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
-        code = grpc.StatusCode.OK
         try:
-            return await work()
+            result = await work()
         except SchedulerError as e:
-            code = status_of(e)
+            code, message = status_of(e), e.message
             if code is grpc.StatusCode.INTERNAL:
-                log.error("%s failed: %s", rpc, e.message)
-            await context.abort(code, e.message)
+                log.error("%s failed: %s", rpc, message)
         except Exception:
-            code = grpc.StatusCode.INTERNAL
+            code, message = grpc.StatusCode.INTERNAL, f"{rpc} failed; see the replica's log"
             log.exception("%s failed", rpc)
-            await context.abort(code, f"{rpc} failed unexpectedly; see the replica's log")
-        finally:
-            self.metrics.rpc_duration.labels(rpc, code.name).observe(time.perf_counter() - start)
+        else:
+            self._observe(rpc, grpc.StatusCode.OK, start)
+            return result
+        # recorded before abort() sends the status, so a caller never sees it first
+        self._observe(rpc, code, start)
+        await context.abort(code, message)
         raise AssertionError("unreachable")  # abort() always raises
+
+    def _observe(self, rpc: str, code: grpc.StatusCode, start: float) -> None:
+        self.metrics.rpc_duration.labels(rpc, code.name).observe(time.perf_counter() - start)
 
     # -- placement ---------------------------------------------------------
     async def Schedule(self, request: pb.ScheduleRequest,
