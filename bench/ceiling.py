@@ -120,6 +120,7 @@ def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
         history = [[n.observe() for n in nodes]]
         send_heartbeats(s, [n.heartbeat() for n in nodes])
         placed = refused = 0
+        refusals: set[str] = set()
         for batch in _batches(p, paced):
             jobs = [Creates(cell, [(f"sb{j}", p.cpu, p.memory_mb) for j in batch
                                    if j % replicas == r]) for r in range(replicas)]
@@ -129,6 +130,7 @@ def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
                     assert isinstance(o, Outcome)
                     if o.node_id is None:
                         refused += 1
+                        refusals.add(o.refusal or "")
                     else:
                         by_id[o.node_id].create(o.sandbox_id, p.cpu, p.memory_mb * MIB)
                         placed += 1
@@ -141,7 +143,7 @@ def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
         # how the reservations were accounted for: the lagging rosters released some
         row["_detail"] = {"replicas": replicas, "paced": paced, "reserved": st.reserved_total,
                           "released_by_heartbeats": st.released_total, "pending_at_end": st.pending,
-                          "refused": st.refused_total}
+                          "refused": st.refused_total, "refusal_messages": sorted(refusals)}
         return row
     finally:
         s.close()

@@ -70,6 +70,9 @@ def test_ceiling_rows_and_our_ceiling_holds(ceiling_result: Result) -> None:
         # every reservation is accounted for; lagging rosters did release some when paced
         assert d["released_by_heartbeats"] + d["pending_at_end"] == d["reserved"]
         assert (d["released_by_heartbeats"] > 0) == d["paced"]
+        assert d["refusal_messages"] == [
+            f"no nodes available: 0/{p.nodes} nodes available: {p.nodes} at max_sandbox_count "
+            f"({p.limit})"]
     # The reference design's failure shows with several replicas.
     for row in ceiling_result.rows:
         if row["system"] == "reference-model" and row["replicas"] > 1:
