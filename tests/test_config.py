@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from scheduler.cli.main import main
 
 from scheduler import Limits, Policy, Scheduler
-from scheduler.cli.main import main
 from scheduler.config import ConfigError, Overrides, load, parse_duration_ms
 
 
