@@ -50,7 +50,6 @@ def parser() -> argparse.ArgumentParser:
                         help="also print the table as markdown (for the README)")
     common.add_argument("--quick", action="store_true",
                         help="tiny sizes: checks the scenario works, measures nothing useful")
-    common.add_argument("--seed", type=int, default=1, help="seed of the simulated workload")
 
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
@@ -70,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
     lat = sub.add_parser("latency", parents=[common], help="Schedule latency and Redis CPU per "
                          "call by fleet size")
     lat.add_argument("--nodes", type=_ints, help="fleet sizes (default 100,1000,10000)")
-    lat.add_argument("--seconds", type=float, help="measuring time per fleet size (default 8)")
+    lat.add_argument("--seconds", type=float, help="measuring time per fleet size (default 10)")
+    lat.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet and stream")
     lat.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
     t = sub.add_parser("throughput", parents=[common], help="schedules per second by replica "
@@ -79,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", type=int, help="fleet size (default 1000)")
     t.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
     t.add_argument("--paths", type=_paths, help="library,grpc (default both)")
+    t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
     return p
 
 
