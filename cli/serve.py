@@ -15,7 +15,7 @@ from scheduler import embedded
 from scheduler.client import AsyncScheduler, async_client, describe_target
 from scheduler.config import ConfigError, Overrides, Settings, load, summary
 from scheduler.errors import PolicyConflict, SchedulerError
-from scheduler.replica import Replica, StaticNodesConflict
+from scheduler.replica import ListenError, Replica, StaticNodesConflict
 
 log = logging.getLogger("scheduler.serve")
 
@@ -65,8 +65,9 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
                  "one", "overwritten": "overwrote the stored one"}.get(outcome, outcome))
         try:
             await replica.start()
-        except (OSError, RuntimeError) as e:
-            raise StartupError(f"cannot listen on {settings.grpc_listen}: {e}") from None
+        except ListenError as e:
+            await replica.stop(grace_s=0)
+            raise StartupError(str(e)) from None
         log.info("serving scheduler.v1.Scheduler on port %d%s", replica.port,
                  f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "")
         stop = asyncio.Event()

@@ -35,6 +35,10 @@ class StaticNodesConflict(SchedulerError):
     """The cell's stored static node list differs from this replica's config."""
 
 
+class ListenError(Exception):
+    """An address this replica should listen on is not available."""
+
+
 class Replica:
     def __init__(self, settings: Settings, sched: AsyncScheduler, *,
                  overwrite_policy: bool = False, monitor_interval_s: float = 1.0,
@@ -90,11 +94,18 @@ class Replica:
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(self.settings.grpc_listen)
+        try:
+            self.port = self.server.add_insecure_port(self.settings.grpc_listen)
+        except RuntimeError as e:
+            raise ListenError(f"gRPC cannot listen on {self.settings.grpc_listen}: {e}") from None
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.settings.grpc_listen}")
+            raise ListenError(f"gRPC cannot listen on {self.settings.grpc_listen}")
         if self.settings.metrics_listen:
-            self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+            try:
+                self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+            except OSError as e:
+                raise ListenError(f"/metrics cannot listen on {self.settings.metrics_listen}: "
+                                  f"{e.strerror or e}") from None
         await self.server.start()
         await self._set_serving(True)
         self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")

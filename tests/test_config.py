@@ -173,3 +173,19 @@ def test_serve_fails_fast_when_redis_is_unreachable(tmp_path: Path) -> None:
                                        "127.0.0.1:0"])
     assert result.exit_code == 1
     assert "Redis at" in result.output and "unreachable" in result.output
+
+
+@pytest.mark.parametrize("which", ["--grpc-listen", "--metrics-listen"])
+def test_serve_refuses_an_address_in_use(tmp_path: Path, which: str) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        args = {"--grpc-listen": "127.0.0.1:0", "--metrics-listen": "127.0.0.1:0", which: taken}
+        result = CliRunner().invoke(main, ["serve", "--config", str(write(tmp_path, {})),
+                                           *[x for kv in args.items() for x in kv]])
+    assert result.exit_code == 1
+    label = "gRPC" if which == "--grpc-listen" else "/metrics"
+    assert f"{label} cannot listen on {taken}" in result.output
