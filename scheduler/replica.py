@@ -123,10 +123,6 @@ class Replica:
             await self.server.stop(self.settings.drain_timeout_s if grace_s is None else grace_s)
         self.metrics.close()
 
-    async def wait_closed(self) -> None:
-        if self.server is not None:
-            await self.server.wait_for_termination()
-
     # -- monitoring ----------------------------------------------------------
     async def _set_serving(self, ok: bool) -> None:
         if self._stopping:
@@ -152,7 +148,7 @@ class Replica:
                 await self._check_redis(refresh_stats=due)
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except (StoreUnavailable, TimeoutError):
+            except (StoreUnavailable, asyncio.TimeoutError):
                 await self._set_serving(False)
             except SchedulerError as e:
                 log.warning("monitor: %s", e.message)

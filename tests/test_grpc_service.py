@@ -420,3 +420,15 @@ def test_redis_refusing_writes_is_unavailable_naming_redis(make_replica: Make,
     assert details.startswith("Redis at ")
     assert "cannot serve: command not allowed when used memory" in details
     assert r.stub.Schedule(cold()).node.node_id == "n1"
+
+
+def test_a_cell_lost_by_redis_is_restored_by_the_next_call(make_replica: Make,
+                                                           redis_client: Any,
+                                                           sched: Scheduler) -> None:
+    policy = Policy(limits=Limits(max_sandbox_count=7))
+    r = make_replica(policy)
+    register(r, "n1")
+    redis_client.flushall()  # e.g. a Redis without persistence restarted
+    register(r, "n1")  # no FAILED_PRECONDITION: the replica puts its policy back
+    assert sched.policy() == policy
+    assert r.stub.Schedule(cold()).node.node_id == "n1"
