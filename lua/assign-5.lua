@@ -19,7 +19,7 @@
   Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
 ]]
--- @include common
+-- @include bindings
 local sb = ARGV[1]
 local node_id = ARGV[2]
 local endpoint = ARGV[3]
@@ -34,7 +34,7 @@ end
 local now = now_ms(P)
 sweep_expired(now)
 
-local already_listed = listed_on(sb, node_id, now)
+local already_listed = listed_on(sb, node_id, now, P)
 
 -- A sandbox is charged one reservation, once: a repeated assignment keeps the
 -- one it has (live or already released).
@@ -64,4 +64,5 @@ end
 local released = 0
 if rid and already_listed and end_reservation(rid, 'released', now) then released = 1 end
 write_binding(sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
+reindex_touched(P, now)
 return { rid or '', released, fmt(now) }

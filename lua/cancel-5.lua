@@ -9,7 +9,7 @@
           PRECONDITION reservation <id> already <released|cancelled|expired>
   Writes: res:<id> (state cancelled), node-res:<node>, node:<node> pending_*, expiry, stats
 ]]
--- @include common
+-- @include index
 local rid = ARGV[1]
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
@@ -19,4 +19,5 @@ if not LIVE[r[1]] then return fail('PRECONDITION', 'reservation ' .. rid .. ' al
 local now = now_ms(P)
 end_reservation(rid, 'cancelled', now)
 sweep_expired(now)
+reindex_touched(P, now)
 return { r[2], fmt(now) }

@@ -19,7 +19,7 @@
   Errors: UNKNOWN_NODE, BADARG type ..., PRECONDITION (no policy)
   Writes: res:<id> (state acked), node:<node> acked_count, bind:*, node-sbx:<node>
 ]]
--- @include common
+-- @include bindings
 local node_id = ARGV[1]
 local TYPES = { CREATE = true, DELETE = true, PAUSE = true, RESUME = true, FORK = true }
 
@@ -52,7 +52,7 @@ for i = 2, #ARGV, 2 do
       rid = oldest_unclaimed(node_id)
       if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
     end
-    local listed = listed_on(sb, node_id, now)
+    local listed = listed_on(sb, node_id, now, P)
     if rid and creation and listed then
       -- a roster already listed it: the node's numbers include it now
       if end_reservation(rid, 'released', now) then released = released + 1 end
@@ -64,4 +64,5 @@ for i = 2, #ARGV, 2 do
     write_binding(sb, node_id, endpoint, listed and '1' or '0', rid, now, P)
   end
 end
+reindex_touched(P, now)
 return { acked, released, fmt(now) }

@@ -13,14 +13,16 @@
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ..., PRECONDITION (no policy)
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
-          roster_mode), nodes (registration), bind:*, node-sbx:<id>, and
+          roster_mode), nodes (registration), bind:* and node-sbx:<id> /
+          node-roster:<id> for sandboxes that joined or left the roster, the
+          node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed;
           - counter mode: as many of the oldest as create_successes rose;
           - either mode: reservations acknowledged by a CREATE/FORK event.
 ]]
--- @include common
+-- @include bindings
 local SNAPSHOT_FIELDS = {
   cluster_id = true, version = true, commit = true, status = true,
   allocated_cpu = true, allocated_memory_bytes = true, cpu_percent = true, cpu_count = true,
@@ -54,43 +56,13 @@ end
 local now = now_ms(P)
 sweep_expired(now)
 local nkey = node_key(node_id)
-local prev = redis.call('HMGET', nkey, 'service_instance_id', 'create_successes', 'roster_mode',
-  'acked_count', 'static', 'cluster_id')
+local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
+  'cluster_id', 'p2p_address', 'generation', 'endpoint' }
+local prev = redis.call('HMGET', nkey, unpack(PREV))
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 
--- Stage "record": the snapshot, stamped with Redis time.
-local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now) }
-for name, value in pairs(values) do
-  if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = fmt(now) end
-  if not (name == 'cpu_config_json' and value == '') then
-    hset[#hset + 1] = name
-    hset[#hset + 1] = value
-  end
-end
-if endpoint ~= '' and prev[5] ~= '1' then
-  hset[#hset + 1] = 'endpoint'
-  hset[#hset + 1] = endpoint
-end
-if not registered then
-  redis.call('ZADD', NODES_KEY, 0, node_id)
-  hset[#hset + 1] = 'first_seen_ms'
-  hset[#hset + 1] = fmt(now)
-end
-redis.call('HSET', nkey, unpack(hset))
-local generation = redis.call('HINCRBY', nkey, 'generation', 1)
-if restarted then
-  redis.call('HINCRBY', nkey, 'restarts', 1)
-  redis.call('HSET', nkey, 'restarted_at_ms', fmt(now))
-end
-local cluster = values.cluster_id or ''
-if prev[6] and prev[6] ~= cluster then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
-if (values.p2p_address or '') ~= '' then
-  redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id)
-else
-  redis.call('SREM', BASE .. 'p2p:' .. cluster, node_id)
-end
-
--- Stage "roster": bindings follow the node's own list.
+-- Stage "roster": bindings follow the node's own list; only what changed
+-- since its previous roster costs work (includes/bindings.lua).
 local roster = {}
 local listed = {}
 for i = 5 + 2 * nfields, #ARGV do
@@ -101,22 +73,72 @@ for i = 5 + 2 * nfields, #ARGV do
   end
 end
 local roster_mode = (prev[3] == '1' and not restarted) or #roster > 0
-local node_endpoint = redis.call('HGET', nkey, 'endpoint') or ''
+
+-- Stage "record": the snapshot, stamped with Redis time, in one write.
+local generation = (tonumber(prev[8]) or 0) + 1
+local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
+  'generation', generation, 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0' }
+for name, value in pairs(values) do
+  if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = fmt(now) end
+  if not (name == 'cpu_config_json' and value == '') then
+    hset[#hset + 1] = name
+    hset[#hset + 1] = value
+  end
+end
+local node_endpoint = prev[9] or ''
+if endpoint ~= '' and prev[5] ~= '1' then
+  hset[#hset + 1] = 'endpoint'
+  hset[#hset + 1] = endpoint
+  node_endpoint = endpoint
+end
+if not registered then
+  redis.call('ZADD', NODES_KEY, 0, node_id)
+  hset[#hset + 1] = 'first_seen_ms'
+  hset[#hset + 1] = fmt(now)
+end
+if restarted then
+  hset[#hset + 1] = 'restarted_at_ms'
+  hset[#hset + 1] = fmt(now)
+  redis.call('HINCRBY', nkey, 'restarts', 1)
+end
+redis.call('HSET', nkey, unpack(hset))
+local cluster = values.cluster_id or ''
+local p2p = values.p2p_address or ''
+if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
+  if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
+  if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
+end
+
 local released = 0
+local roster_key = node_roster_key(node_id)
+local before = {}
+for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+local added, gone = {}, {}
 for _, sb in ipairs(roster) do
+  if not before[sb] then added[#added + 1] = sb end
+end
+for sb, _ in pairs(before) do
+  if not listed[sb] then gone[#gone + 1] = sb end
+end
+for _, sb in ipairs(added) do
   local rid = bound_reservation(sb, node_id)
   if rid and end_reservation(rid, 'released', now) then released = released + 1 end
   write_binding(sb, node_id, node_endpoint, '1', rid, now, P)
 end
-local sbx = node_sbx_key(node_id)
-for _, sb in ipairs(redis.call('SMEMBERS', sbx)) do
-  if not listed[sb] then
-    local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
-    if b[1] ~= node_id then
-      redis.call('SREM', sbx, sb)
-    elseif b[2] == '1' then
-      drop_binding(sb, node_id)
-    end
+for _, sb in ipairs(gone) do
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
+  if b[1] == node_id and b[2] == '1' then
+    drop_binding(sb, node_id)
+  else
+    redis.call('SREM', roster_key, sb)
+  end
+end
+if #added > 0 then redis.call('SADD', roster_key, unpack(added)) end
+-- Forget bindings that expired by themselves (assignments never listed):
+-- bounded work per heartbeat.
+for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), 2)) do
+  if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
+    redis.call('SREM', node_sbx_key(node_id), sb)
   end
 end
 
@@ -145,5 +167,6 @@ if not roster_mode then
     end
   end
 end
-redis.call('HSET', nkey, 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0')
+touch(node_id)
+reindex_touched(P, now)
 return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now) }

@@ -14,7 +14,8 @@ if not P then return fail('PRECONDITION', NO_POLICY) end
 local b = redis.call('HMGET', bind_key(sb), 'node_id', 'endpoint', 'expires_ms', 'reservation_id',
   'listed')
 local now = now_ms(P)
-if not b[1] or (tonumber(b[3]) or 0) <= now then
+local expires = binding_expires({ b[1], b[5], b[3] }, P)
+if not b[1] or expires <= now then
   return fail('NOT_FOUND', 'sandbox assignment not found')
 end
-return { b[1], b[2] or '', b[3], b[4] or '', b[5] or '0', fmt(now) }
+return { b[1], b[2] or '', fmt(expires), b[4] or '', b[5] or '0', fmt(now) }

@@ -13,7 +13,7 @@
   pending) and "limit:<name>".
   Errors: PRECONDITION (no policy)
 ]]
--- @include common
+-- @include stages
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 local now = now_ms(P)

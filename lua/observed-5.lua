@@ -13,7 +13,7 @@
   CONTRACT.md rules)
   Errors: PRECONDITION (no policy)
 ]]
--- @include common
+-- @include stages
 local one = ARGV[1]
 local cluster = ARGV[2]
 local with_unseen = ARGV[3] == '1'

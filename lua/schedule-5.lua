@@ -26,7 +26,7 @@
   Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no policy)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr
 ]]
--- @include common
+-- @include index
 local RR_KEY = KEYS[6]
 local kind = ARGV[1]
 local dry_run = ARGV[2] == '1'
@@ -68,10 +68,30 @@ if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
 end
 
 local now = now_ms(P)
-if not dry_run then sweep_expired(now) end
+local rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
+local chosen = nil
+if not dry_run then
+  sweep_expired(now)
+  reindex_touched(P, now)
+  -- Stage "index": least_loaded looks at few nodes; the full scan below
+  -- decides whenever the index cannot (see includes/index.lua).
+  if strategy == 'least_loaded' and sweep_stale(P, now) then
+    local picked, pressure = pick_indexed(P, req, rr_next)
+    if picked then
+      local n = evaluate(picked, P, req, now)
+      if n.reason == nil and n.pressure == pressure then
+        chosen = n
+      else
+        redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
+        rebuild_index(P, now)
+      end
+    end
+  end
+end
 
 -- Stage "filter": evaluate every node (byte order by id).
-local ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+local ids = {}
+if chosen == nil then ids = redis.call('ZRANGE', NODES_KEY, 0, -1) end
 local evaluated = {}
 local known, unknown = {}, {}
 local counts = {}
@@ -90,10 +110,10 @@ end
 -- Stage "pick": nodes of known capacity first, never-heard-from ones as fallback.
 local group = known
 if #group == 0 then group = unknown end
-local rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
-local chosen = nil
 local refusal = ''
-if #group == 0 then
+if chosen ~= nil then
+  -- decided through the index
+elseif #group == 0 then
   refusal = summarize_reasons(counts, #ids)
 elseif strategy == 'least_loaded' then
   local best = {}
@@ -124,6 +144,7 @@ end
 
 if chosen == nil then
   redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
+  reindex_touched(P, now)
   return fail('NO_NODES', refusal)
 end
 redis.call('INCR', RR_KEY)
@@ -138,12 +159,19 @@ if req.create then
     'created_ms', fmt(now), 'expires_ms', fmt(expires), 'pressure', fmt(chosen.pressure))
   redis.call('ZADD', node_res_key(chosen.id), seq, rid)
   redis.call('ZADD', EXPIRY_KEY, fmt(expires), rid)
-  local nkey = node_key(chosen.id)
-  redis.call('HINCRBY', nkey, 'pending_count', 1)
-  redis.call('HINCRBY', nkey, 'pending_cpu', fmt(req.cpu))
-  redis.call('HINCRBY', nkey, 'pending_memory_bytes', fmt(req.mem))
+  -- the node's new pending load and index entry, in one write
+  local n = chosen
+  n.pend_count = n.pend_count + 1
+  n.pend_cpu = n.pend_cpu + req.cpu
+  n.pend_mem = n.pend_mem + req.mem
+  local want = ''
+  if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
+  move_index(n, want)
+  redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
+    fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
   redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
   out_rid = rid
 end
+reindex_touched(P, now)
 return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), fmt(req.cpu), fmt(req.mem),
   chosen.status, fmt(now) }

@@ -7,13 +7,16 @@
 
   Returns {previous value "1"/"0"}
   Errors: UNKNOWN_NODE node is not in scheduler node list
-  Writes: node:<id> lingering
+  Writes: node:<id> lingering, and its index entry
 ]]
--- @include common
+-- @include index
 local node_id = ARGV[1]
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
   return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
 end
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
 local prev = redis.call('HGET', node_key(node_id), 'lingering') or '0'
 redis.call('HSET', node_key(node_id), 'lingering', ARGV[2] == '1' and '1' or '0')
+reindex(node_id, P, now_ms(P))
 return { prev }

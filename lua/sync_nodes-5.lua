@@ -12,7 +12,7 @@
   Errors: PRECONDITION (no policy)
   Writes: nodes, node:<id> (node_id, endpoint, static), and removals
 ]]
--- @include common
+-- @include bindings
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 local now = now_ms(P)
@@ -25,6 +25,7 @@ for i = 1, #ARGV, 2 do
   if cur[1] ~= endpoint or cur[2] ~= '1' or not redis.call('ZSCORE', NODES_KEY, id) then
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1')
+    touch(id)
     changed = changed + 1
   end
 end
@@ -38,4 +39,5 @@ for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
     end
   end
 end
+reindex_touched(P, now)
 return { changed, removed, fmt(now) }

@@ -11,9 +11,9 @@
   ARGV[2..]   field, value pairs of the wanted policy
 
   Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
-  Writes: policy (unless "same" or "conflict")
+  Writes: policy (unless "same" or "conflict"), and rebuilds the placement index
 ]]
--- @include common
+-- @include index
 local overwrite = ARGV[1] == '1'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
@@ -49,6 +49,9 @@ if outcome == 'created' or outcome == 'overwritten' then
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
   if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
   if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
+  -- indexability depends on policy (observed ceilings, report TTL)
+  local P = load_policy()
+  if P then rebuild_index(P, now_ms(P)) end
 end
 local out = { outcome }
 for i = 1, #stored do out[#out + 1] = stored[i] end

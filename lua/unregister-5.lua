@@ -9,7 +9,7 @@
   Errors: PRECONDITION service instance mismatch, PRECONDITION (no policy)
   Writes: see remove_node in includes/common.lua
 ]]
--- @include common
+-- @include bindings
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local P = load_policy()
@@ -22,4 +22,5 @@ if current and current ~= '' and current ~= sid then
 end
 remove_node(node_id, now)
 sweep_expired(now)
+reindex_touched(P, now)
 return { 1, fmt(now) }

@@ -1,7 +1,8 @@
 """Lua scripts as package data, in an explicit registry per client.
 
 Each ``lua/<name>-<nkeys>.lua`` may say ``-- @include <file>``; the line is
-replaced by ``lua/includes/<file>.lua`` (BullMQ's convention).  Scripts run by
+replaced by ``lua/includes/<file>.lua`` (BullMQ's convention).  Includes may
+include others; each file is inlined once per script, dependencies first.  Scripts run by
 EVALSHA through redis-py's ``Script``, which computes the SHA client-side and
 reloads the source on NOSCRIPT (after a ``SCRIPT FLUSH`` or a fresh server).
 """
@@ -27,9 +28,16 @@ def sources() -> dict[str, tuple[int, str]]:
         m = _NAME.match(entry.name)
         if not m:
             continue
-        text = entry.read_text()
-        text = _INCLUDE.sub(lambda mm: (includes / f"{mm.group(1)}.lua").read_text(), text)
-        out[m.group("name")] = (int(m.group("nkeys")), text)
+        seen: set[str] = set()
+
+        def inline(mm: re.Match[str]) -> str:
+            name = mm.group(1)
+            if name in seen:
+                return ""
+            seen.add(name)
+            return _INCLUDE.sub(inline, (includes / f"{name}.lua").read_text())
+
+        out[m.group("name")] = (int(m.group("nkeys")), _INCLUDE.sub(inline, entry.read_text()))
     return out
 
 

@@ -1,6 +1,6 @@
 --[[
   includes/common.lua: shared by every script; the loader inlines it where a
-  script says `-- @include common`.
+  script (or another include) says `-- @include common`, once per script.
 
   Key convention (scheduler/keys.py has the full layout):
     KEYS[1] base    "<prefix>:{<cell>}:"  typed keys are derived from it
@@ -22,6 +22,7 @@ local SWEEP_BATCH = 64 -- expired reservations released per script call, at most
 local function node_key(id) return BASE .. 'node:' .. id end
 local function node_res_key(id) return BASE .. 'node-res:' .. id end
 local function node_sbx_key(id) return BASE .. 'node-sbx:' .. id end
+local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
 local function res_key(id) return BASE .. 'res:' .. id end
 local function bind_key(id) return BASE .. 'bind:' .. id end
 
@@ -81,10 +82,25 @@ local function now_ms(P)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
 end
 
+-- When does binding {node_id, listed, expires_ms} expire?
+local function binding_expires(b, P)
+  local expires = tonumber(b[3]) or 0
+  if b[2] == '1' and b[1] then
+    local seen = tonumber(redis.call('HGET', node_key(b[1]), 'last_seen_ms'))
+    if seen and seen + P.binding_ttl_ms > expires then expires = seen + P.binding_ttl_ms end
+  end
+  return expires
+end
+
 ---------------------------------------------------------------------------
 -- Reservations
 ---------------------------------------------------------------------------
 local LIVE = { pending = true, assigned = true, acked = true }
+
+-- Nodes whose load changed in this call; reindex_touched() (includes/index)
+-- brings their index entries up to date before the script returns.
+local TOUCHED = {}
+local function touch(node_id) TOUCHED[node_id] = true end
 
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- Returns true when this call ended it.
@@ -102,6 +118,7 @@ local function end_reservation(rid, outcome, now)
     redis.call('HINCRBY', nkey, 'pending_cpu', fmt(-tonumber(r[3])))
     redis.call('HINCRBY', nkey, 'pending_memory_bytes', fmt(-tonumber(r[4])))
     if r[1] == 'acked' then redis.call('HINCRBY', nkey, 'acked_count', -1) end
+    touch(node_id)
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
@@ -118,273 +135,3 @@ local function sweep_expired(now)
   return #due
 end
 
----------------------------------------------------------------------------
--- Node state and the decision stages (same names as scheduler/model.py)
----------------------------------------------------------------------------
-local NODE_FIELDS = {
-  'endpoint', 'lingering', 'last_seen_ms', 'status', 'cpu_count', 'memory_total_bytes',
-  'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
-  'paused_allocated_memory_bytes', 'sandbox_count', 'sandbox_starting_count',
-  'paused_sandbox_count', 'cpu_percent', 'memory_used_bytes', 'pending_count', 'pending_cpu',
-  'pending_memory_bytes',
-}
-
-local function read_node(id)
-  local v = redis.call('HMGET', node_key(id), unpack(NODE_FIELDS))
-  return {
-    id = id,
-    endpoint = v[1] or '',
-    lingering = v[2] == '1',
-    last_seen = tonumber(v[3]),
-    reported = v[4] or '',
-    cpu_cap = tonumber(v[5]) or 0,
-    mem_cap = tonumber(v[6]) or 0,
-    alloc_cpu = tonumber(v[7]) or 0,
-    alloc_mem = tonumber(v[8]) or 0,
-    paused_cpu = tonumber(v[9]) or 0,
-    paused_mem = tonumber(v[10]) or 0,
-    running = tonumber(v[11]) or 0,
-    starting_reported = tonumber(v[12]) or 0,
-    paused = tonumber(v[13]) or 0,
-    cpu_percent = tonumber(v[14]) or 0,
-    mem_used = tonumber(v[15]) or 0,
-    pend_count = tonumber(v[16]) or 0,
-    pend_cpu = tonumber(v[17]) or 0,
-    pend_mem = tonumber(v[18]) or 0,
-  }
-end
-
--- Status derived at read time, first match wins (CONTRACT.md).
-local function derive_status(n, P, now)
-  if n.last_seen == nil then
-    if n.lingering then return 'LINGERING' end
-    return 'CONNECTING'
-  end
-  if now - n.last_seen > P.report_ttl_ms then return 'UNHEALTHY' end
-  if n.lingering or n.reported == 'LINGERING' then return 'LINGERING' end
-  if n.reported == '' or n.reported == 'UNSPECIFIED' then return 'CONNECTING' end
-  return n.reported
-end
-
--- Stage "project": projected load and pressure with the request placed.
-local function project(n, req)
-  n.known = n.cpu_cap > 0 or n.mem_cap > 0
-  n.proj_cpu = n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
-  n.proj_mem = n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
-  local p = 0
-  if n.cpu_cap > 0 then p = n.proj_cpu / n.cpu_cap end
-  if n.mem_cap > 0 then
-    local pm = n.proj_mem / n.mem_cap
-    if pm > p then p = pm end
-  end
-  n.pressure = p
-  n.starting = n.starting_reported + n.pend_count
-end
-
--- Stage "status": schedulable at all?
-local function check_status(n)
-  if n.status == 'LINGERING' then return 'lingering' end
-  if n.status == 'UNHEALTHY' then
-    if n.stale then return 'stale heartbeat' end
-    return 'unhealthy'
-  end
-  if n.status ~= 'READY' and n.status ~= 'CONNECTING' then return 'not ready' end
-  if n.endpoint == '' then return 'no endpoint' end
-  return nil
-end
-
--- Used amount (current + pending + this request) per ceiling; nil when the
--- ceiling cannot apply (capacity unknown).  Percent ceilings are compared as
--- used * 100 <= limit * capacity to stay in exact integer arithmetic.
-local function ceiling_use(n, name, req)
-  if name == 'max_sandbox_count' then return n.running + n.pend_count + req.count end
-  if name == 'max_sandbox_starting_count' then
-    return n.starting_reported + n.pend_count + req.count
-  end
-  if name == 'max_sandbox_count_including_paused' then
-    return n.running + n.paused + n.pend_count + req.count
-  end
-  if name == 'max_allocated_cpu_including_paused' then
-    return n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_allocated_memory_bytes_including_paused' then
-    return n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_allocated_percent' then
-    if n.cpu_cap <= 0 then return nil end
-    return n.alloc_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_memory_allocated_percent' then
-    if n.mem_cap <= 0 then return nil end
-    return n.alloc_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_used_percent' then return n.cpu_percent end
-  if name == 'max_memory_used_percent' then
-    if n.mem_cap <= 0 then return nil end
-    return n.mem_used
-  end
-  return nil
-end
-
-local function ceiling_holds(n, name, limit, used)
-  if name == 'max_cpu_allocated_percent' then return used * 100 <= limit * n.cpu_cap end
-  if name == 'max_memory_allocated_percent' then return used * 100 <= limit * n.mem_cap end
-  if name == 'max_memory_used_percent' then return used * 100 <= limit * n.mem_cap end
-  return used <= limit
-end
-
--- Stage "ceilings": every configured limit must hold after the placement.
-local function check_ceilings(n, P, req)
-  for _, name in ipairs(LIMIT_NAMES) do
-    local limit = P.limits[name]
-    if limit then
-      local used = ceiling_use(n, name, req)
-      if used ~= nil and not ceiling_holds(n, name, limit, used) then
-        return 'at ' .. name .. ' (' .. fmt(limit) .. ')'
-      end
-    end
-  end
-  return nil
-end
-
--- Stage "capacity": projected <= capacity * overcommit per known dimension.
-local function check_capacity(n, P, req)
-  if not req.create then return nil end
-  if n.cpu_cap > 0 and n.proj_cpu > n.cpu_cap * P.overcommit_cpu then return 'insufficient cpu' end
-  if n.mem_cap > 0 and n.proj_mem > n.mem_cap * P.overcommit_memory then
-    return 'insufficient memory'
-  end
-  return nil
-end
-
--- All stages for one node; returns the node table with .status and .reason
--- (nil reason = eligible).
-local function evaluate(id, P, req, now)
-  local n = read_node(id)
-  n.status = derive_status(n, P, now)
-  n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
-  project(n, req)
-  n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
-  return n
-end
-
--- Ranking for least_loaded: true when a ranks strictly before b.  Equal nodes
--- (false both ways) are rotated by the cell's round-robin counter.
-local function ranks_before(a, b)
-  if a.known ~= b.known then return a.known end
-  if a.pressure ~= b.pressure then return a.pressure < b.pressure end
-  if a.starting ~= b.starting then return a.starting < b.starting end
-  if a.running ~= b.running then return a.running < b.running end
-  if a.paused ~= b.paused then return a.paused < b.paused end
-  return false
-end
-
--- Byte-wise a < b.  Lua's own string `<` follows the server's collation
--- locale, which must not decide anything here.
-local function bytes_lt(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-
--- "no nodes available" with the reasons counted: most frequent first, then by name.
-local function summarize_reasons(counts, total)
-  local names = {}
-  for name, _ in pairs(counts) do names[#names + 1] = name end
-  table.sort(names, function(a, b)
-    if counts[a] ~= counts[b] then return counts[a] > counts[b] end
-    return bytes_lt(a, b)
-  end)
-  local parts = {}
-  for _, name in ipairs(names) do parts[#parts + 1] = counts[name] .. ' ' .. name end
-  local msg = 'no nodes available: 0/' .. total .. ' nodes available'
-  if #parts > 0 then msg = msg .. ': ' .. table.concat(parts, ', ') end
-  return msg
-end
-
----------------------------------------------------------------------------
--- Bindings and node removal
----------------------------------------------------------------------------
-
--- Write (or refresh) sandbox -> node.  `listed` is "1" once a roster of that
--- node has listed the sandbox; the expiry field is authoritative (Redis time),
--- the key TTL only collects garbage.  `rid` nil keeps the reservation already
--- charged to the sandbox on this node (a sandbox is charged at most once).
-local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
-  local bkey = bind_key(sb)
-  local prev = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
-  if prev[1] and prev[1] ~= node_id then redis.call('SREM', node_sbx_key(prev[1]), sb) end
-  if rid == nil and prev[1] == node_id then rid = prev[2] end
-  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
-    'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms))
-  redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
-  redis.call('SADD', node_sbx_key(node_id), sb)
-end
-
-local function drop_binding(sb, node_id)
-  local bkey = bind_key(sb)
-  if redis.call('HGET', bkey, 'node_id') == node_id then redis.call('DEL', bkey) end
-  redis.call('SREM', node_sbx_key(node_id), sb)
-end
-
--- A live reservation of `node_id` attached to binding `sb`, or nil.
-local function bound_reservation(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
-  if b[1] ~= node_id or not b[2] or b[2] == '' then return nil end
-  local r = redis.call('HMGET', res_key(b[2]), 'state', 'node_id')
-  if LIVE[r[1]] and r[2] == node_id then return b[2] end
-  return nil
-end
-
--- Has a reservation (live or ended) already been charged to sandbox `sb` on
--- this node?  Then no other reservation may be charged to it.
-local function charged(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
-  return b[1] == node_id and b[2] and b[2] ~= ''
-end
-
--- Is `sb` bound to `node_id` and listed by one of its rosters (unexpired)?
-local function listed_on(sb, node_id, now)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
-  return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
-end
-
--- The node's oldest reservation that no sandbox has claimed yet, or nil.
-local function oldest_unclaimed(node_id)
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
-    if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
-  end
-  return nil
-end
-
--- The node leaves: its bindings, reservations (cancelled), P2P presence and
--- artifacts go.  A node of the static list keeps a bare record (id,
--- endpoint, lingering) so it can come back; any other node is forgotten.
-local function remove_node(node_id, now)
-  local nkey = node_key(node_id)
-  for _, sb in ipairs(redis.call('SMEMBERS', node_sbx_key(node_id))) do
-    drop_binding(sb, node_id)
-  end
-  redis.call('DEL', node_sbx_key(node_id))
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
-    end_reservation(rid, 'cancelled', now)
-  end
-  redis.call('DEL', node_res_key(node_id))
-  local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering')
-  if n[1] then redis.call('SREM', BASE .. 'p2p:' .. n[1], node_id) end
-  local arts = BASE .. 'node-art:' .. node_id
-  for _, digest in ipairs(redis.call('SMEMBERS', arts)) do
-    redis.call('SREM', BASE .. 'art:' .. digest, node_id)
-  end
-  redis.call('DEL', arts)
-  redis.call('DEL', nkey)
-  if n[2] == '1' then
-    redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[3], 'static', '1',
-      'lingering', n[4] or '0', 'unregistered_ms', fmt(now))
-  else
-    redis.call('ZREM', NODES_KEY, node_id)
-  end
-end

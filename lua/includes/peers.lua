@@ -1,11 +1,12 @@
 --[[
   includes/peers.lua: the P2P peer filter shared by peer_list and
-  artifact_lookup (needs `-- @include common` first).
+  artifact_lookup.
 
   A peer is a node that is READY (status derived with Redis time), advertises
   a non-empty P2P address, and matches the cluster / backend filters when
   they are given ("" = any).
 ]]
+-- @include stages
 
 -- {node_id, backend, address} when `id` passes the filter, else nil.
 local function peer_row(id, P, now, cluster, backend, exclude)

@@ -1,0 +1,102 @@
+--[[
+  includes/bindings.lua: sandbox -> node bindings, and node removal.
+]]
+-- @include index
+---------------------------------------------------------------------------
+-- Bindings and node removal
+---------------------------------------------------------------------------
+
+-- Bindings.  A binding recorded by an assignment or event (listed "0")
+-- expires at its expires_ms field.  A binding listed by its node's roster
+-- (listed "1") lives as long as the roster keeps listing it: every heartbeat
+-- refreshes it, so it expires binding_ttl after the node's last heartbeat.
+-- Heartbeats therefore only touch bindings whose roster membership changed
+-- (node-roster:<node> holds the last roster).  Key TTLs only collect garbage.
+
+-- Write (or refresh) sandbox -> node.  `rid` nil keeps the reservation
+-- already charged to the sandbox on this node (a sandbox is charged at most
+-- once).  Taking a sandbox from another node removes it from that node's sets.
+local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
+  local bkey = bind_key(sb)
+  local prev = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  if prev[1] and prev[1] ~= node_id then
+    redis.call('SREM', node_sbx_key(prev[1]), sb)
+    redis.call('SREM', node_roster_key(prev[1]), sb)
+  end
+  if rid == nil and prev[1] == node_id then rid = prev[2] end
+  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
+    'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms))
+  if listed == '1' then
+    redis.call('PERSIST', bkey)
+  else
+    redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
+  end
+  redis.call('SADD', node_sbx_key(node_id), sb)
+end
+
+local function drop_binding(sb, node_id)
+  local bkey = bind_key(sb)
+  if redis.call('HGET', bkey, 'node_id') == node_id then redis.call('DEL', bkey) end
+  redis.call('SREM', node_sbx_key(node_id), sb)
+  redis.call('SREM', node_roster_key(node_id), sb)
+end
+
+-- A live reservation of `node_id` attached to binding `sb`, or nil.
+local function bound_reservation(sb, node_id)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
+  if b[1] ~= node_id or not b[2] or b[2] == '' then return nil end
+  local r = redis.call('HMGET', res_key(b[2]), 'state', 'node_id')
+  if LIVE[r[1]] and r[2] == node_id then return b[2] end
+  return nil
+end
+
+-- Has a reservation (live or ended) already been charged to sandbox `sb` on
+-- this node?  Then no other reservation may be charged to it.
+local function charged(sb, node_id)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
+  return b[1] == node_id and b[2] and b[2] ~= ''
+end
+
+-- Is `sb` bound to `node_id` and listed by one of its rosters (unexpired)?
+local function listed_on(sb, node_id, now, P)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
+  return b[1] == node_id and b[2] == '1' and binding_expires(b, P) > now
+end
+
+-- The node's oldest reservation that no sandbox has claimed yet, or nil.
+local function oldest_unclaimed(node_id)
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
+    if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
+  end
+  return nil
+end
+
+-- The node leaves: its bindings, reservations (cancelled), P2P presence and
+-- artifacts go.  A node of the static list keeps a bare record (id,
+-- endpoint, lingering) so it can come back; any other node is forgotten.
+local function remove_node(node_id, now)
+  local nkey = node_key(node_id)
+  for _, sb in ipairs(redis.call('SMEMBERS', node_sbx_key(node_id))) do
+    drop_binding(sb, node_id)
+  end
+  redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
+    end_reservation(rid, 'cancelled', now)
+  end
+  redis.call('DEL', node_res_key(node_id))
+  local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering')
+  if n[1] then redis.call('SREM', BASE .. 'p2p:' .. n[1], node_id) end
+  local arts = BASE .. 'node-art:' .. node_id
+  for _, digest in ipairs(redis.call('SMEMBERS', arts)) do
+    redis.call('SREM', BASE .. 'art:' .. digest, node_id)
+  end
+  redis.call('DEL', arts)
+  unindex(node_id)
+  redis.call('DEL', nkey)
+  if n[2] == '1' then
+    redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[3], 'static', '1',
+      'lingering', n[4] or '0', 'unregistered_ms', fmt(now))
+  else
+    redis.call('ZREM', NODES_KEY, node_id)
+  end
+end

@@ -1,0 +1,241 @@
+--[[
+  includes/index.lua: the least-loaded index, so a decision looks at few nodes.
+
+  Nodes whose every decision input is identical are interchangeable: same
+  shape (cpu, memory capacity), same allocated / paused / pending load, same
+  running / starting / paused / pending counts.  Such nodes form a bucket:
+
+    <base>idx-bucket:<bucket>  zset  node ids, all scored 0 (byte order = rotation order)
+    <base>idx-cpu:<C>:<M>      zset  bucket ids of shape C:M by CPU fraction Lc / C
+    <base>idx-mem:<C>:<M>      zset  the same buckets by memory fraction Lm / M
+    <base>idx-shapes           set   shapes that have buckets
+    <base>idx-seen             zset  indexed node -> last heartbeat (ms), for the stale sweep
+
+  The bucket id spells its inputs ("C:M:Lc:Lm:acpu:rcpu:amem:rmem:run:start:
+  paused:pending", Lc and Lm being allocated + paused + pending), so a bucket
+  is evaluated by the same stages as a node without reading any node, and
+  its projected pressure is screened from the first four numbers alone.  Only nodes that are schedulable whatever
+  the request (status READY or CONNECTING, an endpoint, observed-utilisation
+  ceilings met) are indexed; the node record's `idx` field names its bucket.
+
+  The scan (pick_indexed) walks all shapes at once, least lower bound first,
+  while a bucket could still match the best found.  Per shape it follows the
+  dimension where the request weighs more (share = requested / capacity):
+  projected pressure >= that dimension's fraction + share, exactly, so the
+  walk stops as soon as no later bucket can match.  Any
+  doubt (stale nodes left after a bounded sweep, nothing eligible, an entry
+  that does not check out) falls back to the full scan, which is the truth.
+]]
+-- @include stages
+
+local IDX_SHAPES = BASE .. 'idx-shapes'
+local IDX_SEEN = BASE .. 'idx-seen'
+local IDX_TMP = BASE .. 'idx-tmp'
+local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
+local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
+local EPSILON = 1e-9 -- slack for the lower bound's rounding; the stages decide exactly
+
+local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
+local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
+
+local function bucket_of(n)
+  return table.concat({ fmt(n.cpu_cap), fmt(n.mem_cap),
+    fmt(n.alloc_cpu + n.paused_cpu + n.pend_cpu), fmt(n.alloc_mem + n.paused_mem + n.pend_mem),
+    fmt(n.alloc_cpu), fmt(n.pend_cpu), fmt(n.alloc_mem), fmt(n.pend_mem), fmt(n.running),
+    fmt(n.starting_reported), fmt(n.paused), fmt(n.pend_count) }, ':')
+end
+
+-- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
+local BUCKET_RE = '^' .. string.rep('([^:]+):', 11) .. '([^:]+)$'
+local function node_of_bucket(bucket)
+  local c, m, lc, lm, ac, rc, am, rm, run, start, paused, pend = string.match(bucket, BUCKET_RE)
+  ac, rc, am, rm = tonumber(ac), tonumber(rc), tonumber(am), tonumber(rm)
+  return {
+    bucket = bucket, cpu_cap = tonumber(c), mem_cap = tonumber(m), alloc_cpu = ac, pend_cpu = rc,
+    paused_cpu = tonumber(lc) - ac - rc, alloc_mem = am, pend_mem = rm,
+    paused_mem = tonumber(lm) - am - rm, running = tonumber(run),
+    starting_reported = tonumber(start), paused = tonumber(paused), pend_count = tonumber(pend),
+    cpu_percent = 0, mem_used = 0,
+  }
+end
+
+-- Projected pressure of a bucket from its first four numbers, exactly as
+-- project() computes it (integer sums, the same divisions).
+local function bucket_pressure(bucket, req)
+  local c, m, lc, lm = string.match(bucket, '^([^:]+):([^:]+):([^:]+):([^:]+):')
+  c, m = tonumber(c), tonumber(m)
+  local p = 0
+  if c > 0 then p = (tonumber(lc) + req.cpu) / c end
+  if m > 0 then
+    local pm = (tonumber(lm) + req.mem) / m
+    if pm > p then p = pm end
+  end
+  return p
+end
+
+local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
+local OBSERVED = { max_cpu_used_percent = true, max_memory_used_percent = true }
+
+-- Schedulable whatever the request?  (status stage + observed-utilisation ceilings)
+local function indexable(n, P)
+  if check_status(n) then return false end
+  for name, _ in pairs(OBSERVED) do
+    local limit = P.limits[name]
+    if limit then
+      local used = ceiling_use(n, name, ZERO)
+      if used ~= nil and not ceiling_holds(n, name, limit, used) then return false end
+    end
+  end
+  return true
+end
+
+local function idx_remove(node_id, bucket)
+  local bk = bucket_key(bucket)
+  redis.call('ZREM', bk, node_id)
+  if redis.call('EXISTS', bk) == 0 then
+    local c, m = string.match(bucket, '^([^:]+):([^:]+)')
+    local shape = c .. ':' .. m
+    redis.call('ZREM', dim_key('cpu', shape), bucket)
+    redis.call('ZREM', dim_key('mem', shape), bucket)
+    if redis.call('EXISTS', dim_key('cpu', shape)) == 0 then redis.call('SREM', IDX_SHAPES, shape) end
+  end
+end
+
+local function idx_add(node_id, bucket, n)
+  local bk = bucket_key(bucket)
+  redis.call('ZADD', bk, 0, node_id)
+  if redis.call('ZCARD', bk) == 1 then
+    local shape = fmt(n.cpu_cap) .. ':' .. fmt(n.mem_cap)
+    local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
+    local lm = n.alloc_mem + n.paused_mem + n.pend_mem
+    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc / n.cpu_cap) or 0, bucket)
+    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm / n.mem_cap) or 0, bucket)
+    redis.call('SADD', IDX_SHAPES, shape)
+  end
+end
+
+-- Move node `n` (a read_node table) from bucket n.idx to bucket `want`
+-- ("" = out of the index).  The caller stores `want` in the record's idx.
+local function move_index(n, want)
+  if want == n.idx then return end
+  if n.idx ~= '' then idx_remove(n.id, n.idx) end
+  if want ~= '' then idx_add(n.id, want, n) end
+  n.idx = want
+end
+
+-- Bring one node's index entry up to date with its record.
+local function reindex(node_id, P, now)
+  if not redis.call('ZSCORE', NODES_KEY, node_id) then return end
+  local n = read_node(node_id)
+  n.status = derive_status(n, P, now)
+  n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
+  local want = ''
+  if indexable(n, P) then want = bucket_of(n) end
+  if want ~= n.idx then
+    move_index(n, want)
+    redis.call('HSET', node_key(node_id), 'idx', want)
+  end
+  if want ~= '' and n.last_seen then
+    redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
+  else
+    redis.call('ZREM', IDX_SEEN, node_id)
+  end
+end
+
+local function unindex(node_id)
+  local cur = redis.call('HGET', node_key(node_id), 'idx')
+  if cur and cur ~= '' then idx_remove(node_id, cur) end
+  redis.call('ZREM', IDX_SEEN, node_id)
+end
+
+local function reindex_touched(P, now)
+  for node_id, _ in pairs(TOUCHED) do reindex(node_id, P, now) end
+  TOUCHED = {}
+end
+
+-- Take nodes whose heartbeat went stale out of the index.  True when none is
+-- left behind (the index then holds no stale node).
+local function sweep_stale(P, now)
+  local cutoff = '(' .. fmt(now - P.report_ttl_ms)
+  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', 0, STALE_BATCH)
+  for _, node_id in ipairs(stale) do reindex(node_id, P, now) end
+  return #stale < STALE_BATCH
+end
+
+-- Rebuild every entry (after a policy change: observed ceilings, report TTL).
+local function rebuild_index(P, now)
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do reindex(node_id, P, now) end
+end
+
+-- Least-loaded choice through the index: the chosen node id and its
+-- pressure, or nil when the full scan must decide.
+local function pick_indexed(P, req, rr_next)
+  local best, equals = nil, {}
+  local streams = {}
+  local unknown = false
+  local function open(shape, first)
+    local c, m = string.match(shape, '^([^:]+):(.+)$')
+    c, m = tonumber(c), tonumber(m)
+    local key, inc = dim_key('cpu', shape), 0
+    if c > 0 then inc = req.cpu / c end
+    if m > 0 and (c <= 0 or req.mem / m > inc) then key, inc = dim_key('mem', shape), req.mem / m end
+    local batch = redis.call('ZRANGEBYSCORE', key, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, first)
+    return { key = key, inc = inc, batch = batch, pos = 1, offset = first, size = first }
+  end
+  local function consider(bucket)
+    if best and bucket_pressure(bucket, req) > best.pressure then return end
+    local n = node_of_bucket(bucket)
+    project(n, req)
+    if check_ceilings(n, P, req) or check_capacity(n, P, req) then return end
+    if best == nil or ranks_before(n, best) then
+      best, equals = n, { bucket }
+    elseif not ranks_before(best, n) then
+      equals[#equals + 1] = bucket
+    end
+  end
+  -- every shape's cheapest buckets, then always the stream with the least lower bound
+  local function run()
+    while true do
+      local pick, lb = nil, nil
+      for _, st in ipairs(streams) do
+        if st.batch[st.pos] then
+          local b = tonumber(st.batch[st.pos + 1]) + st.inc
+          if lb == nil or b < lb then pick, lb = st, b end
+        end
+      end
+      if pick == nil or (best and lb - EPSILON > best.pressure) then return end
+      consider(pick.batch[pick.pos])
+      pick.pos = pick.pos + 2
+      if pick.batch[pick.pos] == nil and #pick.batch == 2 * pick.size then
+        local size = math.min(2 * pick.size, SCAN_BATCH)
+        pick.batch = redis.call('ZRANGEBYSCORE', pick.key, '-inf', '+inf', 'WITHSCORES',
+          'LIMIT', pick.offset, size)
+        pick.pos, pick.offset, pick.size = 1, pick.offset + size, size
+      end
+    end
+  end
+  for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
+    if shape == '0:0' then unknown = true else streams[#streams + 1] = open(shape, 1) end
+  end
+  run()
+  if best == nil and unknown then
+    streams = { open('0:0', 1) }
+    run()
+  end
+  if best == nil then return nil end
+  -- rotate among all equal nodes, in node-id byte order
+  local total = 0
+  for _, bucket in ipairs(equals) do total = total + redis.call('ZCARD', bucket_key(bucket)) end
+  local k = (rr_next - 1) % total
+  local picked
+  if #equals == 1 then
+    picked = redis.call('ZRANGE', bucket_key(equals[1]), k, k)[1]
+  else
+    local keys = {}
+    for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
+    redis.call('ZUNIONSTORE', IDX_TMP, #keys, unpack(keys))
+    picked = redis.call('ZRANGE', IDX_TMP, k, k)[1]
+    redis.call('DEL', IDX_TMP)
+  end
+  return picked, best.pressure
+end
