@@ -35,6 +35,24 @@ local now = now_ms(P)
 sweep_expired(now)
 
 local already_listed = listed_on(sb, node_id, now, P)
+if buried_on(sb, node_id, now) then
+  -- The node already reported this sandbox deleted.  In roster mode no roster
+  -- will list it again: its reservation ends now.  In counter mode the
+  -- creation already moved create_successes: the counter releases one.
+  local rid = nil
+  if redis.call('HGET', node_key(node_id), 'roster_mode') == '1' then
+    if wanted ~= '' then
+      local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
+      if r[2] == node_id and r[1] == 'pending' then rid = wanted end
+    else
+      rid = oldest_unclaimed(node_id)
+    end
+  end
+  local released = 0
+  if rid and end_reservation(rid, 'released', now) then released = 1 end
+  reindex_touched(P, now)
+  return { rid or '', released, fmt(now) }
+end
 
 -- A sandbox is charged one reservation, once: a repeated assignment keeps the
 -- one it has (live or already released).

@@ -5,7 +5,7 @@
     binding names, or else, if none was ever charged to it, the node's oldest
     unclaimed one) is marked acked, and the node's next heartbeat releases it
     (at once if a roster already listed the sandbox).  The binding is written.
-  DELETE: the binding goes.  For a node in roster mode a reservation still
+  DELETE: the binding goes (a tombstone stays for binding_ttl).  For a node in roster mode a reservation still
     attached is released (the sandbox will never show in its roster).  In
     counter mode it is not: the creation already moved create_successes, and
     the next heartbeat releases one reservation for it, exactly once.
@@ -44,7 +44,7 @@ for i = 2, #ARGV, 2 do
     if rid and roster_mode and end_reservation(rid, 'released', now) then
       released = released + 1
     end
-    drop_binding(sb, node_id)
+    bury_binding(sb, node_id, now, P)
   else
     local creation = kind == 'CREATE' or kind == 'FORK'
     local rid = bound_reservation(sb, node_id)

@@ -19,8 +19,8 @@
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed;
-          - counter mode: as many of the oldest as create_successes rose;
-          - either mode: reservations acknowledged by a CREATE/FORK event.
+          - counter mode: as many as create_successes rose, those
+            acknowledged by a CREATE/FORK event first, then the oldest.
 ]]
 -- @include bindings
 local SNAPSHOT_FIELDS = {
@@ -142,28 +142,29 @@ for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), 2)) do
   end
 end
 
--- Stage "release": acknowledged creations are in this snapshot.
-local acked_released = 0
-if (tonumber(prev[4]) or 0) > 0 then
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
-    if redis.call('HGET', res_key(rid), 'state') == 'acked' then
-      end_reservation(rid, 'released', now)
-      acked_released = acked_released + 1
-    end
-  end
-end
-released = released + acked_released
+-- Stage "release", counter mode: as many reservations as create_successes
+-- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
+-- heartbeat whose snapshot predates a creation has not counted it yet, so an
+-- acknowledgement alone never releases (in roster mode the roster does).
 if not roster_mode then
   -- The first heartbeat we ever see gives no baseline: release nothing.
   local successes = tonumber(values.create_successes) or 0
   local baseline = tonumber(prev[2])
   if restarted then baseline = 0 end
-  if baseline then
-    local k = successes - baseline - acked_released
-    if k > 0 then
-      for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, k - 1)) do
-        if end_reservation(rid, 'released', now) then released = released + 1 end
+  local k = baseline and successes - baseline or 0
+  if k > 0 then
+    local ids = redis.call('ZRANGE', node_res_key(node_id), 0, -1)
+    if (tonumber(prev[4]) or 0) > 0 then
+      for _, rid in ipairs(ids) do
+        if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
+            and end_reservation(rid, 'released', now) then
+          released, k = released + 1, k - 1
+        end
       end
+    end
+    for _, rid in ipairs(ids) do
+      if k <= 0 then break end
+      if end_reservation(rid, 'released', now) then released, k = released + 1, k - 1 end
     end
   end
 end

@@ -278,6 +278,7 @@ class BindModel:
     listed: bool
     rid: str | None
     expires_ms: int
+    deleted: bool = False
 
 
 @dataclass
@@ -363,7 +364,7 @@ class CellModel:
         prev = self.bind.get(sb)
         if prev is not None and prev.node_id != node_id:
             self._sbx(prev.node_id).discard(sb)
-        if rid is None and prev is not None and prev.node_id == node_id:
+        if rid is None and prev is not None and prev.node_id == node_id and not prev.deleted:
             rid = prev.rid
         self.bind[sb] = BindModel(node_id, self.snap[node_id].endpoint, listed, rid,
                                   now + self.policy.binding_ttl_ms)
@@ -392,7 +393,6 @@ class CellModel:
         meta = self.meta[node_id]
         restarted = bool(meta.sid) and meta.sid != sid
         prev_cs, prev_mode = meta.create_successes, meta.roster_mode
-        acked_before = any(r.state == "acked" for r in self.live_of(node_id))
         self.snap[node_id] = replace(state, node_id=node_id, endpoint=self.snap[node_id].endpoint,
                                      last_seen_ms=now, pending_count=0, pending_cpu=0,
                                      pending_memory_bytes=0)
@@ -413,20 +413,17 @@ class CellModel:
                 self._sbx(node_id).discard(sb)
             elif b.listed:
                 self.drop_binding(sb, node_id)
-        acked_released = 0
-        if acked_before:
-            for r in self.live_of(node_id):
-                if r.state == "acked":
-                    self.end(r.rid, "released")
-                    acked_released += 1
-        released += acked_released
         if not roster_mode:
             baseline = 0 if restarted else prev_cs
-            if baseline is not None:
-                k = create_successes - baseline - acked_released
-                for r in self.live_of(node_id)[:max(k, 0)]:
-                    if self.end(r.rid, "released"):
-                        released += 1
+            k = create_successes - baseline if baseline is not None else 0
+            live = self.live_of(node_id)
+            for r in [r for r in live if r.state == "acked"] + [r for r in live
+                                                              if r.state != "acked"]:
+                if k <= 0:
+                    break
+                if self.end(r.rid, "released"):
+                    released += 1
+                    k -= 1
         meta.roster_mode = roster_mode
         return released
 
@@ -446,6 +443,19 @@ class CellModel:
     def assign(self, sb: str, node_id: str, wanted: str | None, now: int) -> str | None:
         self.sweep(now)
         already_listed = self.listed_on(sb, node_id, now)
+        b = self.bind.get(sb)
+        if b is not None and b.deleted and b.node_id == node_id and b.expires_ms > now:
+            buried = None
+            if self.meta[node_id].roster_mode:
+                r = self.res.get(wanted) if wanted else None
+                if wanted:
+                    buried = wanted if r is not None and r.node_id == node_id and \
+                        r.state == "pending" else None
+                else:
+                    buried = self.oldest_unclaimed(node_id)
+            if buried is not None:
+                self.end(buried, "released")
+            return buried
         rid = self.bound_reservation(sb, node_id)
         if rid is None and not self.charged(sb, node_id):
             attached = None
@@ -478,6 +488,8 @@ class CellModel:
                 if rid and self.meta[node_id].roster_mode:
                     self.end(rid, "released")
                 self.drop_binding(sb, node_id)
+                self.bind[sb] = BindModel(node_id, "", False, None,
+                                          now + self.policy.binding_ttl_ms, deleted=True)
                 continue
             creation = kind in ("CREATE", "FORK")
             if rid is None and creation and not self.charged(sb, node_id):
@@ -501,4 +513,6 @@ class CellModel:
 
     def lookup(self, sb: str, now: int) -> str | None:
         b = self.bind.get(sb)
-        return b.node_id if b is not None and b.expires_ms > now else None
+        if b is None or b.deleted:
+            return None
+        return b.node_id if b.expires_ms > now else None

@@ -127,6 +127,42 @@ def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Mak
     assert s.reservation(second.reservation_id or "").state == "pending"
 
 
+def test_an_ack_alone_never_releases_before_the_node_counts_it(make_scheduler: Make) -> None:
+    """Heartbeats and events race: a heartbeat whose snapshot predates the
+    creation must not release the acknowledged reservation."""
+    s = make_scheduler()
+    s.heartbeat(hb("roster", roster=["old"], sandbox_count=1))
+    assert s.schedule(Request.cold(1, 0)).node_id == "roster"
+    s.heartbeat(hb("counter", create_successes=3))
+    s.set_lingering("roster", True)
+    assert s.schedule(Request.cold(1, 0)).node_id == "counter"
+    s.set_lingering("roster", False)
+    s.events("roster", [SandboxEvent(sandbox_id="r-new", event_type="CREATE")])
+    s.events("counter", [SandboxEvent(sandbox_id="c-new", event_type="CREATE")])
+    # snapshots taken before the creations: nothing is released
+    assert s.heartbeat(hb("roster", roster=["old"], sandbox_count=1)).released == 0
+    assert s.heartbeat(hb("counter", create_successes=3)).released == 0
+    assert pending(s, "roster")[0] == 1 and pending(s, "counter")[0] == 1
+    # the snapshots that include them release them
+    assert s.heartbeat(hb("roster", roster=["old", "r-new"], sandbox_count=2)).released == 1
+    assert s.heartbeat(hb("counter", create_successes=4, sandbox_count=1)).released == 1
+    assert s.stats().pending == 0
+
+
+def test_assignment_after_the_node_reported_the_delete(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 0))
+    s.heartbeat(hb("n1", roster=["old", "brief"], sandbox_count=2))
+    s.events("n1", [SandboxEvent(sandbox_id="brief", event_type="DELETE")])
+    # the gateway's RecordAssignment arrives last: nothing may stay charged
+    a = s.assign("brief", "n1", EP, p.reservation_id)
+    assert a.reservation_id == p.reservation_id and a.released
+    assert pending(s)[0] == 0
+    with pytest.raises(NotFound, match="sandbox assignment not found"):
+        s.lookup("brief")
+
+
 def test_roster_mode_delete_releases_what_will_never_be_listed(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))

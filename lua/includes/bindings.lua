@@ -25,7 +25,8 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
   end
   if rid == nil and prev[1] == node_id then rid = prev[2] end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
-    'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms))
+    'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms),
+    'deleted', '0')
   if listed == '1' then
     redis.call('PERSIST', bkey)
   else
@@ -39,6 +40,23 @@ local function drop_binding(sb, node_id)
   if redis.call('HGET', bkey, 'node_id') == node_id then redis.call('DEL', bkey) end
   redis.call('SREM', node_sbx_key(node_id), sb)
   redis.call('SREM', node_roster_key(node_id), sb)
+end
+
+-- The node reported the sandbox deleted: the binding goes, and a tombstone
+-- remembers the deletion for binding_ttl, so that an assignment arriving
+-- after it cannot charge a reservation no roster would ever release.
+local function bury_binding(sb, node_id, now, P)
+  drop_binding(sb, node_id)
+  local bkey = bind_key(sb)
+  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
+    'expires_ms', fmt(now + P.binding_ttl_ms))
+  redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
+end
+
+-- Did `node_id` report `sb` deleted within binding_ttl?
+local function buried_on(sb, node_id, now)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'deleted', 'expires_ms')
+  return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
 end
 
 -- A live reservation of `node_id` attached to binding `sb`, or nil.
