@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .explain import explain
+from .linger import linger
 from .nodes import nodes
 from .policy import policy
 from .reservations import bindings, reservations
@@ -23,5 +24,6 @@ main.add_command(bindings)
 main.add_command(explain)
 main.add_command(policy)
 main.add_command(simulate)
+main.add_command(linger)
 
 main.add_command(serve)

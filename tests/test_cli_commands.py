@@ -417,3 +417,17 @@ def test_explain_breaks_every_kind_of_ceiling_down(
     assert (c["current"], c["pending"], c["request"], c["total"]) == parts
     assert x["detail"] == text
     s.close()
+
+
+def test_linger_drains_a_node_and_off_undoes_it(fleet: Fleet) -> None:
+    done = fleet.json("linger", "idle")
+    assert done == {"node_id": "idle", "lingering": True, "was_lingering": False}
+    by_id = {n["node_id"]: n for n in fleet.json("nodes")}
+    assert by_id["idle"]["status"] == "LINGERING"
+    verdicts = {v["node_id"]: v for v in fleet.json("explain", "--cpu", "1", "--memory-mb", "1024")
+                ["verdicts"]}
+    assert verdicts["idle"]["reason"] == "lingering"
+    assert fleet.json("linger", "idle", "--off")["was_lingering"] is True
+    assert {n["node_id"]: n for n in fleet.json("nodes")}["idle"]["status"] == "READY"
+    missing = fleet.run("linger", "ghost")
+    assert missing.exit_code == 1 and "node is not in scheduler node list" in missing.stderr
