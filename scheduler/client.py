@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import msgspec.json
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
@@ -25,6 +26,7 @@ from redis.retry import Retry
 from scheduler import embedded
 from scheduler.errors import (
     InvalidArgument,
+    NotFound,
     PolicyConflict,
     SchedulerError,
     StoreUnavailable,
@@ -97,7 +99,7 @@ def _s(v: Any) -> str:
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
     it = iter(flat)
-    return {_s(k): _s(v) for k, v in zip(it, it)}
+    return {_s(k): _s(v) for k, v in zip(it, it, strict=False)}
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,6 @@ class Ops:
         if snap.status not in ("UNSPECIFIED", "READY", "CONNECTING", "UNHEALTHY", "LINGERING"):
             raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
         cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
-        import msgspec.json
-
         mi = hb.machine_info
         fields += [
             "status", snap.status,
@@ -305,12 +305,12 @@ def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> s
 def parse_explanation(r: list[Any]) -> Explanation:
     verdicts = []
     for row in r[7:]:
-        v = [_s(x) for x in row]
+        f = [_s(x) for x in row]
         verdicts.append(Verdict(
-            node_id=v[0], status=v[1], reason=v[2] or None, pressure=float(v[3]),
-            known_capacity=v[4] == "1", starting=int(v[5]), running=int(v[6]), paused=int(v[7]),
-            projected_cpu=int(v[8]), projected_memory_bytes=int(v[9]), cpu_capacity=int(v[10]),
-            memory_capacity_bytes=int(v[11]), endpoint=v[12]))
+            node_id=f[0], status=f[1], reason=f[2] or None, pressure=float(f[3]),
+            known_capacity=f[4] == "1", starting=int(f[5]), running=int(f[6]), paused=int(f[7]),
+            projected_cpu=int(f[8]), projected_memory_bytes=int(f[9]), cpu_capacity=int(f[10]),
+            memory_capacity_bytes=int(f[11]), endpoint=f[12]))
     chosen = _s(r[2]) or None
     eligible = sorted((v for v in verdicts if v.reason is None), key=lambda v: (
         rank_key(v.known_capacity, v.pressure, v.starting, v.running, v.paused), v.node_id))
@@ -339,13 +339,13 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
     for row in r[1:]:
         f = _pairs(row)
 
-        def i(name: str) -> int:
+        def i(name: str, f: dict[str, str] = f) -> int:
             return int(f.get(name) or 0)
 
         ceilings: list[CeilingUse] = []
         last_seen = _opt_int(f.get("last_seen_ms"))
         views.append(NodeView(
-            node_id=f["node_id"] if "node_id" in f else "", endpoint=f.get("endpoint", ""),
+            node_id=f["node_id"], endpoint=f.get("endpoint", ""),
             status=f["derived_status"], reason=f.get("reason") or None,
             pressure=float(f["pressure"]), known_capacity=f["known"] == "1",
             cpu_capacity=i("cpu_count"), cpu_allocated=i("allocated_cpu"),
@@ -528,8 +528,6 @@ class Scheduler(_Base):
     def reservation(self, reservation_id: str) -> Reservation:
         found = self.run(self.ops.reservations(None, reservation_id))
         if not found:
-            from scheduler.errors import NotFound
-
             raise NotFound(f"reservation {reservation_id} not found")
         return found[0]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import fakeredis
-
-_server: fakeredis.FakeServer | None = None
+# fakeredis takes most of a second to import: load it only when the embedded
+# store is really used, not by every command that merely names it.
+_server: Any = None
 
 WARNING = (
     "no redis_addr configured: using the embedded in-process store (fakeredis). "
@@ -16,16 +16,22 @@ WARNING = (
 )
 
 
-def server() -> fakeredis.FakeServer:
+def server() -> Any:
     global _server
     if _server is None:
+        import fakeredis
+
         _server = fakeredis.FakeServer()
     return _server
 
 
 def sync_client() -> Any:
+    import fakeredis
+
     return fakeredis.FakeRedis(server=server())
 
 
 def async_client() -> Any:
+    import fakeredis
+
     return fakeredis.FakeAsyncRedis(server=server())

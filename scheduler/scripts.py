@@ -30,7 +30,7 @@ def sources() -> dict[str, tuple[int, str]]:
             continue
         seen: set[str] = set()
 
-        def inline(mm: re.Match[str]) -> str:
+        def inline(mm: re.Match[str], seen: set[str] = seen) -> str:
             name = mm.group(1)
             if name in seen:
                 return ""

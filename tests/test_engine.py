@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -303,7 +304,8 @@ def test_scripts_reload_after_script_flush(make_scheduler: Make) -> None:
 def test_unreachable_redis_is_one_clear_error() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     s = Scheduler(redis.Redis.from_url(url, socket_connect_timeout=0.5), url=url)
-    with pytest.raises(StoreUnavailable, match=r"Redis at redis://127\.0\.0\.1:\d+/0 is unreachable"):
+    unreachable = r"Redis at redis://127\.0\.0\.1:\d+/0 is unreachable"
+    with pytest.raises(StoreUnavailable, match=unreachable):
         s.schedule(Request.cold(1, 1))
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -179,7 +180,8 @@ def test_cancel(make_scheduler: Make) -> None:
     assert s.cancel(p.reservation_id or "") == "n1"
     assert pending(s) == (0, 0, 0)
     s.schedule(Request.cold(2, 1024))  # the room is free again
-    with pytest.raises(FailedPrecondition, match=f"reservation {p.reservation_id} already cancelled"):
+    again = f"reservation {p.reservation_id} already cancelled"
+    with pytest.raises(FailedPrecondition, match=again):
         s.cancel(p.reservation_id or "")
     with pytest.raises(NotFound, match="reservation nope not found"):
         s.cancel("nope")

@@ -162,7 +162,8 @@ def check_stream(s: Scheduler, policy: Policy, stream: list[Request]) -> None:
         assert node_states(s) == expected
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fleet=fleets(), policy=policies, stream=st.lists(requests, min_size=1, max_size=12))
 def test_lua_and_model_agree(redis_client: Any, fleet: list[dict[str, Any]], policy: Policy,
                              stream: list[Request]) -> None:
@@ -175,7 +176,8 @@ ties = st.lists(st.sampled_from([(16, 64), (16, 64), (32, 128), (8, 32)]), min_s
                 max_size=8)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes_=ties, n=st.integers(5, 30))
 def test_ties_rotate_like_the_model_on_empty_fleets(redis_client: Any,
                                                     shapes_: list[tuple[int, int]],

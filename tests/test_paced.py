@@ -9,8 +9,16 @@ from collections import Counter
 
 import pytest
 
-from scheduler import Heartbeat, Limits, NodeSnapshot, NoNodesAvailable, Overcommit, Policy, \
-    Request, Scheduler
+from scheduler import (
+    Heartbeat,
+    Limits,
+    NodeSnapshot,
+    NoNodesAvailable,
+    Overcommit,
+    Policy,
+    Request,
+    Scheduler,
+)
 from tests.helpers import GIB
 from tests.workers import paced_gateway, schedule_then_die
 

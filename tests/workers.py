@@ -26,8 +26,8 @@ def schedule_many(url: str, cell: str, count: int, cpu: int, memory_mb: int,
     return out
 
 
-def paced_gateway(url: str, cell: str, count: int, pause: float, created: list[tuple[str, str, float]],
-                  start: Event) -> int:
+def paced_gateway(url: str, cell: str, count: int, pause: float,
+                  created: list[tuple[str, str, float]], start: Event) -> int:
     """A gateway that creates one sandbox per batch: schedule, create on the
     node (recorded in ``created`` with its time), record the assignment."""
     import os
