@@ -14,8 +14,14 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>node:<node>         hash    node record: identity, latest snapshot, pending aggregates
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
     <base>node-sbx:<node>     set     sandbox ids bound to the node
+    <base>node-roster:<node>  set     the node's last heartbeat roster
     <base>res:<reservation>   hash    reservation record (kept 1h as a tombstone once ended)
     <base>bind:<sandbox>      hash    sandbox -> node binding (expires with binding_ttl)
+    <base>idx-shapes          set     node shapes ("C:M") present in the placement index
+    <base>idx-cpu:<C>:<M>     zset    index buckets of one shape by CPU fraction
+    <base>idx-mem:<C>:<M>     zset    the same buckets by memory fraction
+    <base>idx-bucket:<bucket> zset    interchangeable nodes of one bucket, scored 0
+    <base>idx-seen            zset    indexed node -> last heartbeat (ms), for the stale sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact
@@ -125,6 +131,9 @@ class CellKeys:
 
     def art(self, digest: str) -> str:
         return f"{self.base}art:{digest}"
+
+    def node_roster(self, node_id: str) -> str:
+        return f"{self.base}node-roster:{node_id}"
 
     def node_art(self, node_id: str) -> str:
         return f"{self.base}node-art:{node_id}"
