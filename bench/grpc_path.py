@@ -26,6 +26,8 @@ from typing import Any
 
 from scheduler import Policy
 
+from .replicas import expect
+
 SCHEDCTL = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
 
 
@@ -163,11 +165,11 @@ class Replicas:
                 conns.append(parent)
                 procs.append(p)
             for c in conns:
-                _expect(c, "ready")
+                expect(c, "ready", "gRPC load", 180)
             m0 = meter()
             start = time.perf_counter()
             go.set()
-            results = [_expect(c, "done") for c in conns]
+            results = [expect(c, "done", "gRPC load", 180) for c in conns]
             wall = time.perf_counter() - start
             metered = meter() - m0
         finally:
@@ -199,12 +201,3 @@ class Replicas:
         self.close()
 
 
-def _expect(conn: Connection, kind: str) -> Any:
-    if not conn.poll(180):
-        raise RuntimeError("a gRPC load process did not answer within 180 s")
-    got, payload = conn.recv()
-    if got == "error":
-        raise RuntimeError(f"gRPC load process failed: {payload}")
-    if got != kind:
-        raise RuntimeError(f"load protocol: expected {kind}, got {got}")
-    return payload

@@ -23,6 +23,18 @@ from scheduler import NoNodesAvailable, Request, Scheduler
 from scheduler.client import sync_client
 
 
+def expect(conn: Connection, kind: str, who: str, timeout: float) -> Any:
+    """The next message of a worker process, which must be ``kind``."""
+    if not conn.poll(timeout):
+        raise RuntimeError(f"a {who} process did not answer within {timeout:g} s")
+    got, payload = conn.recv()
+    if got == "error":
+        raise RuntimeError(f"{who} process failed: {payload}")
+    if got != kind:
+        raise RuntimeError(f"{who} protocol: expected {kind}, got {got}")
+    return payload
+
+
 @dataclass(frozen=True)
 class Creates:
     """Place each (sandbox id, cpu, memory MiB) and, when placed, record the
@@ -133,21 +145,11 @@ class ReplicaPool:
             self.conns.append(parent)
             self.procs.append(p)
         for c in self.conns:
-            self._expect(c, "up")
+            expect(c, "up", "replica", 120)
 
     @property
     def size(self) -> int:
         return len(self.procs)
-
-    def _expect(self, conn: Connection, kind: str) -> Any:
-        if not conn.poll(120):
-            raise RuntimeError("a replica process did not answer within 120 s")
-        got, payload = conn.recv()
-        if got == "error":
-            raise RuntimeError(f"replica failed: {payload}")
-        if got != kind:
-            raise RuntimeError(f"replica protocol: expected {kind}, got {got}")
-        return payload
 
     def run(self, jobs: Sequence[Job]) -> tuple[list[Any], float]:
         """Run ``jobs[i]`` on replica ``i``, all starting together.  Returns the
@@ -158,11 +160,11 @@ class ReplicaPool:
         for conn, job in zip(conns, jobs, strict=True):
             conn.send(job)
         for conn in conns:
-            self._expect(conn, "ready")
+            expect(conn, "ready", "replica", 120)
         start = time.perf_counter()
         self.go.set()
         try:
-            results = [self._expect(conn, "done") for conn in conns]
+            results = [expect(conn, "done", "replica", 120) for conn in conns]
         finally:
             self.go.clear()
         return results, time.perf_counter() - start

@@ -409,29 +409,26 @@ def describe_target(url: str | None) -> str:
 
 
 def normalise_url(url: str) -> str:
+    """A redis://, rediss:// or unix:// URL; the reference's host:port form
+    becomes redis://host:port.  Anything else is an error naming redis_addr."""
     if "://" not in url:
-        return f"redis://{url}"  # the reference's host:port form
+        url = f"redis://{url}"
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
+                              f"unix:// URL, not {url!r}")
     return url
 
 
 def sync_client(url: str | None) -> Any:
     if not url:
         return embedded.sync_client()
-    url = normalise_url(url)
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
-                              f"unix:// URL, not {url!r}")
-    return redis.Redis.from_url(url, **_options())
+    return redis.Redis.from_url(normalise_url(url), **_options())
 
 
 def async_client(url: str | None) -> Any:
     if not url:
         return embedded.async_client()
-    url = normalise_url(url)
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
-                              f"unix:// URL, not {url!r}")
-    return redis.asyncio.Redis.from_url(url, **_options())
+    return redis.asyncio.Redis.from_url(normalise_url(url), **_options())
 
 
 @contextmanager
