@@ -36,4 +36,5 @@ if P.frozen_now_ms then
 else
   redis.call('HINCRBY', POLICY_KEY, 'time_offset_ms', add)
 end
+repack_policy()
 return fmt(now + add)

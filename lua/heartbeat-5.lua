@@ -1,21 +1,30 @@
 --[[
   heartbeat-5.lua: ingest a node's heartbeat: snapshot, identity, roster.
 
+  A heartbeat is sent in full, or as a delta against the record a replica
+  last wrote (same generation): only changed fields, and the roster only
+  when its digest changed.  A delta that meets any other record writes
+  nothing and answers RESYNC; the replica then sends it in full.
+
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id
   ARGV[2]     service_instance_id (a new one = the node restarted)
   ARGV[3]     endpoint ("" = keep; ignored for nodes of the static list)
-  ARGV[4]     F, the number of field/value pairs that follow
-  ARGV[5..4+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
-  ARGV[5+2F..]   roster: every sandbox id the node runs (may be empty)
+  ARGV[4]     generation this delta is based on ("" = a full heartbeat)
+  ARGV[5]     roster digest (of the sorted roster; computed by the client)
+  ARGV[6]     "1" the roster follows, "0" unchanged since the base
+  ARGV[7]     F, the number of field/value pairs that follow
+  ARGV[8..7+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
+  ARGV[8+2F..]   roster: every sandbox id the node runs (may be empty)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms}
+          or {"RESYNC"} (a delta whose base is gone; nothing written)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ..., PRECONDITION (no policy)
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
-          roster_mode), nodes (registration), bind:* and node-sbx:<id> /
-          node-roster:<id> for sandboxes that joined or left the roster, the
-          node's index entry, and
+          roster_mode, roster_digest), nodes (registration), bind:* and
+          node-sbx:<id> / node-roster:<id> for sandboxes that joined or left
+          the roster, the node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed;
@@ -33,10 +42,18 @@ local SNAPSHOT_FIELDS = {
   cpu_model_name = true, cpu_architecture = true, cpu_config_json = true,
   p2p_backend = true, p2p_address = true,
 }
+-- fields that can move a node in the placement index (or in or out of it)
+local INDEX_FIELDS = { 'status', 'allocated_cpu', 'allocated_memory_bytes', 'cpu_percent',
+  'cpu_count', 'memory_used_bytes', 'memory_total_bytes', 'sandbox_count',
+  'sandbox_starting_count', 'paused_sandbox_count', 'paused_allocated_cpu',
+  'paused_allocated_memory_bytes' }
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local endpoint = ARGV[3]
-local nfields = tonumber(ARGV[4])
+local base_generation = ARGV[4]
+local digest = ARGV[5]
+local roster_sent = ARGV[6] == '1'
+local nfields = tonumber(ARGV[7])
 
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
@@ -48,24 +65,28 @@ if not registered and P.static_nodes then
 end
 local values = {}
 for i = 0, nfields - 1 do
-  local name = ARGV[5 + 2 * i]
+  local name = ARGV[8 + 2 * i]
   if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
-  values[name] = ARGV[6 + 2 * i]
+  values[name] = ARGV[9 + 2 * i]
 end
 
-local now = now_ms(P)
-sweep_expired(now)
 local nkey = node_key(node_id)
 local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
-  'cluster_id', 'p2p_address', 'generation', 'endpoint' }
+  'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx' }
 local prev = redis.call('HMGET', nkey, unpack(PREV))
+if base_generation ~= '' and (prev[8] ~= base_generation or prev[1] ~= sid
+    or (not roster_sent and prev[10] ~= digest)) then
+  return { 'RESYNC' }
+end
+local now = now_ms(P)
+sweep_expired(now)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 
 -- Stage "roster": bindings follow the node's own list; only what changed
 -- since its previous roster costs work (includes/bindings.lua).
 local roster = {}
 local listed = {}
-for i = 5 + 2 * nfields, #ARGV do
+for i = 8 + 2 * nfields, #ARGV do
   local sb = ARGV[i]
   if sb ~= '' and not listed[sb] then
     listed[sb] = true
@@ -73,11 +94,16 @@ for i = 5 + 2 * nfields, #ARGV do
   end
 end
 local roster_mode = (prev[3] == '1' and not restarted) or #roster > 0
+if not roster_sent then roster_mode = prev[3] == '1' end
 
 -- Stage "record": the snapshot, stamped with Redis time, in one write.
 local generation = (tonumber(prev[8]) or 0) + 1
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
-  'generation', generation, 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0' }
+  'generation', generation }
+if roster_sent then
+  for _, x in ipairs({ 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0',
+    'roster_digest', digest }) do hset[#hset + 1] = x end
+end
 for name, value in pairs(values) do
   if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = fmt(now) end
   if not (name == 'cpu_config_json' and value == '') then
@@ -86,10 +112,11 @@ for name, value in pairs(values) do
   end
 end
 local node_endpoint = prev[9] or ''
-if endpoint ~= '' and prev[5] ~= '1' then
+if endpoint ~= '' and prev[5] ~= '1' and endpoint ~= node_endpoint then
   hset[#hset + 1] = 'endpoint'
   hset[#hset + 1] = endpoint
   node_endpoint = endpoint
+  touch(node_id)
 end
 if not registered then
   redis.call('ZADD', NODES_KEY, 0, node_id)
@@ -102,8 +129,8 @@ if restarted then
   redis.call('HINCRBY', nkey, 'restarts', 1)
 end
 redis.call('HSET', nkey, unpack(hset))
-local cluster = values.cluster_id or ''
-local p2p = values.p2p_address or ''
+local cluster = values.cluster_id or prev[6] or ''
+local p2p = values.p2p_address or prev[7] or ''
 if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
   if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
   if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
@@ -112,7 +139,9 @@ end
 local released = 0
 local roster_key = node_roster_key(node_id)
 local before = {}
-for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+if roster_sent then
+  for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+end
 local added, gone = {}, {}
 for _, sb in ipairs(roster) do
   if not before[sb] then added[#added + 1] = sb end
@@ -148,7 +177,7 @@ end
 -- acknowledgement alone never releases (in roster mode the roster does).
 if not roster_mode then
   -- The first heartbeat we ever see gives no baseline: release nothing.
-  local successes = tonumber(values.create_successes) or 0
+  local successes = tonumber(values.create_successes or prev[2]) or 0
   local baseline = tonumber(prev[2])
   if restarted then baseline = 0 end
   local k = baseline and successes - baseline or 0
@@ -168,6 +197,11 @@ if not roster_mode then
     end
   end
 end
-touch(node_id)
+-- Stage "index": only a change of what places the node moves it.
+if not registered or restarted or (prev[11] or '') == '' then touch(node_id) end
+for _, name in ipairs(INDEX_FIELDS) do
+  if values[name] then touch(node_id) end
+end
+if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 reindex_touched(P, now)
 return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now) }

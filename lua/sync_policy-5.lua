@@ -4,7 +4,8 @@
   Every replica must decide under the same policy.  An empty cell takes the
   given one; a cell with a different one refuses (the caller shows both)
   unless told to overwrite.  The drill clock fields (time_offset_ms,
-  frozen_now_ms) are not part of the comparison and survive an overwrite.
+  frozen_now_ms) are not part of the comparison and survive an overwrite;
+  `packed` (the same policy in one string, for the scripts) is rebuilt.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     "1" overwrite, "0" check
@@ -18,7 +19,7 @@ local overwrite = ARGV[1] == '1'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do
-  if stored[i] ~= 'time_offset_ms' and stored[i] ~= 'frozen_now_ms' then
+  if stored[i] ~= 'time_offset_ms' and stored[i] ~= 'frozen_now_ms' and stored[i] ~= 'packed' then
     have[stored[i]] = stored[i + 1]
   end
 end
@@ -49,6 +50,7 @@ if outcome == 'created' or outcome == 'overwritten' then
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
   if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
   if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
+  repack_policy()
   -- indexability depends on policy (observed ceilings, report TTL)
   local P = load_policy()
   if P then rebuild_index(P, now_ms(P)) end

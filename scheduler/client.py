@@ -10,6 +10,7 @@ become :class:`~scheduler.errors.StoreUnavailable` naming Redis.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
@@ -102,6 +103,25 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in zip(it, it, strict=False)}
 
 
+class Resync(Exception):
+    """A delta heartbeat met a record it was not based on: send it in full."""
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a replica last wrote for a node: the base of its next delta."""
+
+    generation: int
+    service_instance_id: str
+    endpoint: str
+    fields: dict[str, str]
+    roster_digest: str
+
+
+def roster_digest(roster: list[str]) -> str:
+    return hashlib.blake2b("\n".join(sorted(roster)).encode(), digest_size=12).hexdigest()
+
+
 @dataclass(frozen=True)
 class Call(Generic[T]):
     script: str
@@ -121,7 +141,14 @@ class Ops:
         return Call(script, [*self.k.fixed(), *extra_keys], args, parse)
 
     # -- heartbeat ---------------------------------------------------------
-    def heartbeat(self, hb: Heartbeat) -> Call[HeartbeatResult]:
+    def heartbeat(self, hb: Heartbeat, memo: dict[str, Beat] | None = None,
+                  ) -> Call[HeartbeatResult]:
+        """The heartbeat in full, or, given the ``memo`` of what this replica
+        last wrote, as a delta: only changed fields, the roster only if its
+        digest changed.  The script applies a delta only to the record it was
+        based on (same generation); otherwise the parser raises Resync and
+        the caller sends it again in full.  Either way the memo learns the
+        result."""
         node_id = validate_id("node_id", hb.node_id)
         sid = validate_id("service_instance_id", hb.service_instance_id)
         snap = hb.snapshot
@@ -156,11 +183,33 @@ class Ops:
                 seen.add(sb)
                 roster.append(sb)
         endpoint = _text("endpoint", hb.endpoint.strip())
-        args = [node_id, sid, endpoint, str(len(fields) // 2), *fields, *roster]
+        values = dict(zip(fields[::2], fields[1::2], strict=True))
+        digest = roster_digest(roster)
+        base = memo.get(node_id) if memo is not None else None
+        if base is not None and (base.service_instance_id, base.endpoint) == (sid, endpoint):
+            # reported_at 0 is stamped with the receive time: always send it
+            changed = [x for k, v in values.items()
+                       if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
+                       for x in (k, v)]
+            same_roster = base.roster_digest == digest
+            args = [node_id, sid, endpoint, str(base.generation), digest,
+                    "0" if same_roster else "1", str(len(changed) // 2), *changed,
+                    *([] if same_roster else roster)]
+        else:
+            args = [node_id, sid, endpoint, "", digest, "1", str(len(fields) // 2), *fields,
+                    *roster]
 
         def parse(r: list[Any]) -> HeartbeatResult:
-            return HeartbeatResult(generation=int(r[0]), restarted=r[1] == 1,
-                                   released=int(r[2]), roster_mode=r[3] == 1, now_ms=int(r[4]))
+            if _s(r[0]) == "RESYNC":
+                if memo is not None:
+                    memo.pop(node_id, None)
+                raise Resync(node_id)
+            result = HeartbeatResult(generation=int(r[0]), restarted=r[1] == 1,
+                                     released=int(r[2]), roster_mode=r[3] == 1,
+                                     now_ms=int(r[4]))
+            if memo is not None:
+                memo[node_id] = Beat(result.generation, sid, endpoint, values, digest)
+            return result
 
         return self._call("heartbeat", args, parse)
 
@@ -255,6 +304,7 @@ class Ops:
                 stored = _pairs(r[1:])
                 stored.pop("time_offset_ms", None)
                 stored.pop("frozen_now_ms", None)
+                stored.pop("packed", None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             return outcome
 
@@ -452,6 +502,8 @@ class _Base:
         self.scripts = ScriptRegistry(client)
         self.url = url
         self.target = describe_target(url)
+        #: what this client last wrote per node (bases of delta heartbeats)
+        self.beats: dict[str, Beat] = {}
 
 
 class Scheduler(_Base):
@@ -482,7 +534,10 @@ class Scheduler(_Base):
             self.client.ping()
 
     def heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
-        return self.run(self.ops.heartbeat(hb))
+        try:
+            return self.run(self.ops.heartbeat(hb, self.beats))
+        except Resync:
+            return self.run(self.ops.heartbeat(hb, self.beats))
 
     def schedule(self, req: Request, strategy: str | None = None,
                  reservation_id: str | None = None) -> Placement:
@@ -567,8 +622,11 @@ class AsyncScheduler(_Base):
         with _translated(self.target):
             await self.client.ping()
 
-    def heartbeat(self, hb: Heartbeat) -> Awaitable[HeartbeatResult]:
-        return self.run(self.ops.heartbeat(hb))
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+        try:
+            return await self.run(self.ops.heartbeat(hb, self.beats))
+        except Resync:
+            return await self.run(self.ops.heartbeat(hb, self.beats))
 
     def schedule(self, req: Request, strategy: str | None = None,
                  reservation_id: str | None = None) -> Awaitable[Placement]:

@@ -18,7 +18,7 @@ import grpc
 import msgspec
 import redis
 
-from scheduler.client import AsyncScheduler, Call
+from scheduler.client import AsyncScheduler, Call, Resync
 from scheduler.cpuconfig import CpuConfigOps, exchange
 from scheduler.errors import (
     FailedPrecondition,
@@ -341,7 +341,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.HeartbeatResponse:
         async def work() -> pb.HeartbeatResponse:
             hb = heartbeat_of(request, _metadata(context, ENDPOINT_METADATA))
-            result = await self.run(self.sched.ops.heartbeat(hb))
+            try:
+                result = await self.run(self.sched.ops.heartbeat(hb, self.sched.beats))
+            except Resync:  # another writer came between: this one goes in full
+                result = await self.run(self.sched.ops.heartbeat(hb, self.sched.beats))
             cluster = hb.cluster_id.strip()
             node_id = hb.node_id.strip()
             config = await exchange(self.run, self.cpu, node_id, cluster,

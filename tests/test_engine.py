@@ -19,6 +19,7 @@ from scheduler import (
     MachineInfo,
     NodeSnapshot,
     NoNodesAvailable,
+    NotFound,
     Overcommit,
     Policy,
     PolicyConflict,
@@ -27,6 +28,7 @@ from scheduler import (
     StoreUnavailable,
     UnknownNode,
 )
+from scheduler.client import Resync
 from scheduler.keys import CellKeys, validate_id
 from scheduler.records import DiskMetric
 from scheduler.scripts import sources
@@ -334,3 +336,35 @@ def test_async_client_mirrors_the_sync_one(redis_client: Any, backend: str) -> N
             await a.close()
 
     assert sorted(asyncio.run(go())) == ["n0", "n1"]
+
+
+def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -> None:
+    """Each replica sends only what changed since its own last write; a
+    delta based on a record another replica has since replaced writes
+    nothing and goes again in full."""
+    a = Scheduler(redis_client, cell="delta")
+    a.sync_policy(Policy())
+    b = Scheduler(redis_client, cell="delta")
+    a.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2))
+    before = a.client.hgetall(a.keys.node("n1"))
+    # unchanged: a sends no fields and no roster, only the instant moves
+    delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
+    assert delta.args[3] == "1" and delta.args[5] == "0" and delta.args[6] == "1"
+    assert delta.args[7:9] == ["reported_at_unix_ms", "0"] and len(delta.args) == 9
+    a.run(delta)
+    after = a.client.hgetall(a.keys.node("n1"))
+    assert {k for k in after if after[k] != before.get(k)} == {
+        b"generation", b"last_seen_ms", b"reported_at_unix_ms"}
+    # b writes in between: a's next delta is refused and resent in full
+    b.heartbeat(hb("n1", roster=["s1", "s2"], sandbox_count=2, allocated_cpu=4))
+    stale = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
+    with pytest.raises(Resync):
+        a.run(stale)
+    assert a.client.hget(a.keys.node("n1"), "sandbox_count") == b"2"  # nothing written
+    r = a.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2))
+    assert r.generation == 4
+    view = a.nodes()[0]
+    assert (view.sandbox_count, view.cpu_allocated) == (1, 2)
+    with pytest.raises(NotFound):
+        a.lookup("s2")
+    assert a.lookup("s1").node_id == "n1"
