@@ -42,11 +42,11 @@ local SNAPSHOT_FIELDS = {
   cpu_model_name = true, cpu_architecture = true, cpu_config_json = true,
   p2p_backend = true, p2p_address = true,
 }
--- fields that can move a node in the placement index (or in or out of it)
-local INDEX_FIELDS = { 'status', 'allocated_cpu', 'allocated_memory_bytes', 'cpu_percent',
-  'cpu_count', 'memory_used_bytes', 'memory_total_bytes', 'sandbox_count',
-  'sandbox_starting_count', 'paused_sandbox_count', 'paused_allocated_cpu',
-  'paused_allocated_memory_bytes' }
+-- fields that can move a node in the placement index (or in or out of it);
+-- observed utilisation only matters when a ceiling on it is configured
+local INDEX_FIELDS = { 'status', 'allocated_cpu', 'allocated_memory_bytes', 'cpu_count',
+  'memory_total_bytes', 'sandbox_count', 'sandbox_starting_count', 'paused_sandbox_count',
+  'paused_allocated_cpu', 'paused_allocated_memory_bytes' }
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local endpoint = ARGV[3]
@@ -201,6 +201,10 @@ end
 if not registered or restarted or (prev[11] or '') == '' then touch(node_id) end
 for _, name in ipairs(INDEX_FIELDS) do
   if values[name] then touch(node_id) end
+end
+if (values.cpu_percent and P.limits.max_cpu_used_percent)
+    or (values.memory_used_bytes and P.limits.max_memory_used_percent) then
+  touch(node_id)
 end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 reindex_touched(P, now)
