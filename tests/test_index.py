@@ -1,0 +1,171 @@
+"""The placement index against the reference model, aimed where it can go wrong.
+
+Every Schedule below goes through the index (least_loaded creations); the
+dry run and the model use full scans.  check_stream (shared with
+test_model_equivalence) requires the same choice, pressure and refusal, and
+index_is_consistent requires every node to sit in exactly the bucket its
+record implies, after every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler import Heartbeat, Limits, NodeSnapshot, Overcommit, Policy, Request, Scheduler
+from scheduler.model import Demand, NodeState, derive_status, evaluate
+from tests.helpers import GIB, node_states
+from tests.test_model_equivalence import check_stream
+
+
+def expected_bucket(n: NodeState, policy: Policy, now: int) -> str:
+    """What lua/includes/index.lua must file the node under ('' = not indexed)."""
+    bare = Policy(report_ttl_ms=policy.report_ttl_ms)
+    route = evaluate(n, bare, Demand.of(Request.route(), bare), now)
+    if route.reason is not None:  # status, endpoint
+        return ""
+    limits = policy.limits.active()
+    if "max_cpu_used_percent" in limits and n.cpu_percent > limits["max_cpu_used_percent"]:
+        return ""
+    if ("max_memory_used_percent" in limits and n.memory_total_bytes > 0
+            and n.memory_used_bytes * 100 > limits["max_memory_used_percent"]
+            * n.memory_total_bytes):
+        return ""
+    assert derive_status(n, policy, now) in ("READY", "CONNECTING")
+    parts = [n.cpu_count, n.memory_total_bytes,
+             n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu,
+             n.allocated_memory_bytes + n.paused_allocated_memory_bytes + n.pending_memory_bytes,
+             n.allocated_cpu, n.pending_cpu, n.allocated_memory_bytes, n.pending_memory_bytes,
+             n.sandbox_count, n.sandbox_starting_count, n.paused_sandbox_count, n.pending_count]
+    return ":".join(str(p) for p in parts)
+
+
+def index_is_consistent(s: Scheduler, policy: Policy, now: int) -> None:
+    c = s.client
+    base = s.keys.base
+    members: dict[str, str] = {}
+    for shape in (x.decode() for x in c.smembers(base + "idx-shapes")):
+        by_cpu = {b.decode() for b in c.zrange(base + "idx-cpu:" + shape, 0, -1)}
+        by_mem = {b.decode() for b in c.zrange(base + "idx-mem:" + shape, 0, -1)}
+        assert by_cpu == by_mem and by_cpu, shape
+        for bucket in by_cpu:
+            assert bucket.startswith(shape + ":")
+            nodes = [x.decode() for x in c.zrange(base + "idx-bucket:" + bucket, 0, -1)]
+            assert nodes, bucket
+            for node_id in nodes:
+                assert node_id not in members, node_id
+                members[node_id] = bucket
+    stale_cut = now - policy.report_ttl_ms
+    for n in node_states(s):
+        raw = {k.decode(): v.decode() for k, v in c.hgetall(s.keys.node(n.node_id)).items()}
+        want = expected_bucket(n, policy, now)
+        if n.last_seen_ms is not None and n.last_seen_ms < stale_cut:
+            # stale nodes leave lazily: by the next schedule's sweep at the latest
+            want = raw.get("idx", "")
+        assert raw.get("idx", "") == want, n.node_id
+        assert members.get(n.node_id, "") == want, n.node_id
+
+
+SHAPES = [(16, 64), (16, 64), (32, 128), (64, 256), (8, 32), (8, 0), (0, 16)]
+
+
+@st.composite
+def fleets(draw: Any) -> list[tuple[str, NodeSnapshot]]:
+    out = []
+    for i in range(draw(st.integers(2, 12))):
+        cpu, mem_gib = draw(st.sampled_from(SHAPES))
+        used = draw(st.integers(0, max(cpu, 1)))
+        out.append((f"ix-{i:02d}", NodeSnapshot(
+            cpu_count=cpu, memory_total_bytes=mem_gib * GIB, allocated_cpu=used,
+            allocated_memory_bytes=draw(st.sampled_from([0, used * 2 * GIB, used * 4 * GIB])),
+            sandbox_count=draw(st.integers(0, 9)), sandbox_starting_count=draw(st.integers(0, 2)),
+            paused_sandbox_count=draw(st.integers(0, 2)), cpu_percent=draw(st.integers(0, 100)),
+            memory_used_bytes=draw(st.integers(0, mem_gib * GIB)))))
+    return out
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("schedule"), st.sampled_from([0, 1, 2, 4, 8]),
+              st.sampled_from([0, 512, 4096, 16384])),
+    st.tuples(st.just("route"), st.just(0), st.just(0)),
+    st.tuples(st.just("advance"), st.sampled_from([5_000, 20_000]), st.just(0)),
+    st.tuples(st.just("beat"), st.integers(0, 11), st.just(0)),
+    st.tuples(st.just("linger"), st.integers(0, 11), st.just(0)),
+), min_size=1, max_size=25)
+
+policies = st.builds(
+    Policy,
+    report_ttl_ms=st.just(30_000),
+    limits=st.builds(Limits, max_sandbox_count=st.sampled_from([0, 6, 10]),
+                     max_cpu_used_percent=st.sampled_from([0, 80]),
+                     max_memory_allocated_percent=st.sampled_from([0, 90]),
+                     max_sandbox_starting_count=st.sampled_from([0, 3])),
+    overcommit=st.builds(Overcommit, cpu=st.sampled_from([1.0, 2.0, 4.0]),
+                         memory=st.sampled_from([1.0, 1.5])),
+)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fleet=fleets(), policy=policies, script=steps)
+def test_index_decides_like_the_model_while_the_fleet_changes(
+        redis_client: Any, fleet: list[tuple[str, NodeSnapshot]], policy: Policy,
+        script: list[tuple[str, int, int]]) -> None:
+    """Nodes go stale and come back, linger, fill up to ceilings that bind
+    before pressure does, under overcommit; shapes tie."""
+    s = Scheduler(redis_client, cell="index")
+    s.client.flushall()
+    s.sync_policy(policy, overwrite=True)
+    now = s.advance_clock(0, "freeze")
+    snaps = dict(fleet)
+    ids = list(snaps)
+    for node_id, snap in fleet:
+        s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
+                              endpoint=f"{node_id}:1", snapshot=snap))
+    for kind, a, b in script:
+        if kind == "schedule":
+            check_stream(s, policy, [Request.cold(a, b)])
+        elif kind == "route":
+            check_stream(s, policy, [Request.route()])
+        elif kind == "advance":
+            now = s.advance_clock(a)
+        elif kind == "beat":
+            node_id = ids[a % len(ids)]
+            s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
+                                  snapshot=snaps[node_id]))
+        else:
+            node_id = ids[a % len(ids)]
+            s.set_lingering(node_id, not any(
+                v.lingering for v in s.nodes() if v.node_id == node_id))
+        index_is_consistent(s, policy, now)
+
+
+def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client: Any) -> None:
+    """More nodes go stale at once than one sweep takes (128): the decision
+    that cannot trust the index scans fully, and later calls finish the sweep."""
+    policy = Policy(report_ttl_ms=30_000)
+    s = Scheduler(redis_client, cell="mass")
+    s.sync_policy(policy, overwrite=True)
+    s.advance_clock(0, "freeze")
+    pipe = s.client.pipeline(transaction=False)
+    for i in range(300):
+        call = s.ops.heartbeat(Heartbeat(
+            node_id=f"m{i:03d}", service_instance_id="b", endpoint=f"m{i}:1",
+            snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB)))
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    pipe.execute()
+    now = s.advance_clock(31_000)
+    survivors = ["m150", "m299"]
+    for node_id in survivors:
+        s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
+                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
+                                                    allocated_cpu=4)))
+    for _ in range(4):  # 298 stale nodes: two sweeps of 128 cannot finish, the third does
+        check_stream(s, policy, [Request.cold(2, 1024)])
+    assert {v.node_id: v.pending_reservations for v in s.nodes()
+            if v.pending_reservations} == {"m150": 2, "m299": 2}
+    seen = s.client.zrange(s.keys.base + "idx-seen", 0, -1)
+    assert sorted(x.decode() for x in seen) == survivors
+    index_is_consistent(s, policy, now)
