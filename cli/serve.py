@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -14,7 +15,7 @@ import msgspec
 from scheduler import embedded
 from scheduler.client import AsyncScheduler, async_client, describe_target
 from scheduler.config import ConfigError, Overrides, Settings, load, summary
-from scheduler.errors import PolicyConflict, SchedulerError
+from scheduler.errors import PolicyConflict, SchedulerError, StoreUnavailable
 from scheduler.replica import ListenError, Replica, StaticNodesConflict
 
 log = logging.getLogger("scheduler.serve")
@@ -54,13 +55,31 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
     sched = AsyncScheduler(async_client(settings.redis_url), settings.cell, settings.prefix,
                            settings.redis_url)
     replica = Replica(settings, sched, overwrite_policy=overwrite_policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        try:
-            outcome = await replica.prepare_cell()
-        except (PolicyConflict, StaticNodesConflict) as e:
-            raise StartupError(e.message) from None
-        except SchedulerError as e:
-            raise StartupError(f"cannot prepare cell {settings.cell!r}: {e.message}") from None
+        # Redis down at start is waited out, not a crash: serving begins once
+        # the cell's policy could be checked (nothing is ever served unchecked).
+        delay = 0.5
+        while True:
+            try:
+                outcome = await replica.prepare_cell()
+                break
+            except (PolicyConflict, StaticNodesConflict) as e:
+                raise StartupError(e.message) from None
+            except StoreUnavailable as e:
+                log.warning("%s; retrying in %.1fs (serving starts once the cell's policy "
+                            "is checked)", e.message, delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    log.info("stopped before Redis could be reached")
+                    return
+                delay = min(2 * delay, 5.0)
+            except SchedulerError as e:
+                raise StartupError(f"cannot prepare cell {settings.cell!r}: {e.message}") from None
         log.info("cell policy: %s", {"created": "stored (new cell)", "same": "matches the stored "
                  "one", "overwritten": "overwrote the stored one"}.get(outcome, outcome))
         try:
@@ -70,10 +89,6 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
             raise StartupError(str(e)) from None
         log.info("serving scheduler.v1.Scheduler on port %d%s", replica.port,
                  f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("stopping: draining in-flight calls (up to %.1fs)", settings.drain_timeout_s)
         await replica.stop()

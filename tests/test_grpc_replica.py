@@ -218,3 +218,41 @@ def test_redis_outage_fails_fast_and_recovers_under_load(processes: list[ServePr
         assert p.terminate() == 0
     finally:
         rs.close()
+
+
+@pytest.mark.real_only
+def test_a_replica_started_before_redis_waits_and_then_serves(
+        processes: list[ServeProcess]) -> None:
+    server = RedisServer()  # its port is chosen, nothing listens there yet
+    try:
+        p = ServeProcess({"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}},
+                         server.url, cell="late")
+        processes.append(p)
+        deadline = time.monotonic() + 10
+        while "retrying in" not in p.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "retrying in" in p.log() and f"Redis at {server.url}" in p.log()
+        assert p.proc.poll() is None  # still running, not serving anything unchecked
+        server.start()
+        p.wait_serving(timeout=20)
+        with grpc.insecure_channel(p.address) as ch:
+            stub = pb_grpc.SchedulerStub(ch)
+            stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
+            assert stub.Schedule(cold()).node.node_id == "n1"
+        policy = Scheduler.connect(server.url, cell="late").policy()
+        assert policy is not None and policy.limits.max_sandbox_count == 2
+        assert p.terminate() == 0
+    finally:
+        server.close()
+
+
+def test_sigterm_while_waiting_for_redis_exits_0(processes: list[ServeProcess]) -> None:
+    from tests.redis_server import free_port
+
+    p = ServeProcess({"scheduler": {}}, f"redis://127.0.0.1:{free_port()}/0", cell="never")
+    processes.append(p)
+    deadline = time.monotonic() + 10
+    while "retrying in" not in p.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert p.terminate() == 0
+    assert "stopped before Redis could be reached" in p.log()
