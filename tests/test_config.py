@@ -164,17 +164,6 @@ def test_serve_refuses_a_static_node_list_that_differs(tmp_path: Path, real_url:
     assert [v.node_id for v in s.nodes()] == ["n1"]
 
 
-def test_serve_fails_fast_when_redis_is_unreachable(tmp_path: Path) -> None:
-    from tests.redis_server import free_port
-
-    path = write(tmp_path, {"scheduler": {"metrics_listen_addr": ""}})
-    result = CliRunner().invoke(main, ["serve", "--config", str(path), "--redis",
-                                       f"127.0.0.1:{free_port()}", "--grpc-listen",
-                                       "127.0.0.1:0"])
-    assert result.exit_code == 1
-    assert "Redis at" in result.output and "unreachable" in result.output
-
-
 @pytest.mark.parametrize("which", ["--grpc-listen", "--metrics-listen"])
 def test_serve_refuses_an_address_in_use(tmp_path: Path, which: str) -> None:
     import socket
