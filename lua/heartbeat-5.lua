@@ -10,15 +10,17 @@
   ARGV[1]     node_id
   ARGV[2]     service_instance_id (a new one = the node restarted)
   ARGV[3]     endpoint ("" = keep; ignored for nodes of the static list)
-  ARGV[4]     generation this delta is based on ("" = a full heartbeat)
+  ARGV[4]     "<incarnation>:<generation>" this delta is based on ("" = a full
+              heartbeat); a record gets a cell-unique incarnation when created,
+              so a delta can never apply to a record deleted and made again
   ARGV[5]     roster digest (of the sorted roster; computed by the client)
   ARGV[6]     "1" the roster follows, "0" unchanged since the base
   ARGV[7]     F, the number of field/value pairs that follow
   ARGV[8..7+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
   ARGV[8+2F..]   roster: every sandbox id the node runs (may be empty)
 
-  Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms}
-          or {"RESYNC"} (a delta whose base is gone; nothing written)
+  Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
+          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ..., PRECONDITION (no policy)
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
@@ -72,10 +74,10 @@ end
 
 local nkey = node_key(node_id)
 local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
-  'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx' }
+  'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation' }
 local prev = redis.call('HMGET', nkey, unpack(PREV))
-if base_generation ~= '' and (prev[8] ~= base_generation or prev[1] ~= sid
-    or (not roster_sent and prev[10] ~= digest)) then
+if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
+    or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)) then
   return { 'RESYNC' }
 end
 local now = now_ms(P)
@@ -98,8 +100,10 @@ if not roster_sent then roster_mode = prev[3] == '1' end
 
 -- Stage "record": the snapshot, stamped with Redis time, in one write.
 local generation = (tonumber(prev[8]) or 0) + 1
+local incarnation = prev[12]
+if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', 1)) end
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
-  'generation', generation }
+  'generation', generation, 'incarnation', incarnation }
 if roster_sent then
   for _, x in ipairs({ 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0',
     'roster_digest', digest }) do hset[#hset + 1] = x end
@@ -208,4 +212,5 @@ if (values.cpu_percent and P.limits.max_cpu_used_percent)
 end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 reindex_touched(P, now)
-return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now) }
+return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now),
+  incarnation }

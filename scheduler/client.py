@@ -111,7 +111,7 @@ class Resync(Exception):
 class Beat:
     """What a replica last wrote for a node: the base of its next delta."""
 
-    generation: int
+    base: str  # "<incarnation>:<generation>" of the record this replica wrote
     service_instance_id: str
     endpoint: str
     fields: dict[str, str]
@@ -192,7 +192,7 @@ class Ops:
                        if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
                        for x in (k, v)]
             same_roster = base.roster_digest == digest
-            args = [node_id, sid, endpoint, str(base.generation), digest,
+            args = [node_id, sid, endpoint, base.base, digest,
                     "0" if same_roster else "1", str(len(changed) // 2), *changed,
                     *([] if same_roster else roster)]
         else:
@@ -208,7 +208,8 @@ class Ops:
                                      released=int(r[2]), roster_mode=r[3] == 1,
                                      now_ms=int(r[4]))
             if memo is not None:
-                memo[node_id] = Beat(result.generation, sid, endpoint, values, digest)
+                memo[node_id] = Beat(f"{_s(r[5])}:{result.generation}", sid, endpoint, values,
+                                     digest)
             return result
 
         return self._call("heartbeat", args, parse)

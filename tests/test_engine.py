@@ -349,7 +349,7 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     before = a.client.hgetall(a.keys.node("n1"))
     # unchanged: a sends no fields and no roster, only the instant moves
     delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
-    assert delta.args[3] == "1" and delta.args[5] == "0" and delta.args[6] == "1"
+    assert delta.args[3].endswith(":1") and delta.args[5] == "0" and delta.args[6] == "1"
     assert delta.args[7:9] == ["reported_at_unix_ms", "0"] and len(delta.args) == 9
     a.run(delta)
     after = a.client.hgetall(a.keys.node("n1"))
@@ -368,3 +368,22 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     with pytest.raises(NotFound):
         a.lookup("s2")
     assert a.lookup("s1").node_id == "n1"
+
+
+def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None:
+    """Unregistered and registered again through another replica, a node's
+    record restarts at generation 1: a delta based on the old record's
+    generation 1 must still be refused."""
+    a = Scheduler(redis_client, cell="again")
+    a.sync_policy(Policy())
+    b = Scheduler(redis_client, cell="again")
+    a.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
+    a.unregister("n1", "boot-1")
+    b.heartbeat(hb("n1", allocated_cpu=6, sandbox_count=3))  # generation 1 again
+    stale = a.ops.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1), a.beats)
+    assert stale.args[3] != ""  # a delta, against a's memory of the old record
+    with pytest.raises(Resync):
+        a.run(stale)
+    a.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
+    view = a.nodes()[0]
+    assert (view.cpu_allocated, view.sandbox_count) == (2, 1)
