@@ -54,7 +54,8 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
   'overcommit_cpu', 'overcommit_memory', 'default_cpu', 'default_memory_bytes', 'static_nodes',
   'time_offset_ms', 'frozen_now_ms' }
 for _, name in ipairs(LIMIT_NAMES) do PACKED[#PACKED + 1] = name end
-local PACKED_RE = '^' .. string.rep('([^\t]*)\t', #PACKED - 1) .. '([^\t]*)$'
+-- 20 tab-separated captures, one per PACKED name (a literal: built once, at load)
+local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
 local function raw_policy()
   local packed = redis.call('HGET', POLICY_KEY, 'packed')

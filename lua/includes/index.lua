@@ -46,7 +46,8 @@ local function bucket_of(n)
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
-local BUCKET_RE = '^' .. string.rep('([^:]+):', 11) .. '([^:]+)$'
+-- 12 colon-separated captures (a literal: built once, at load)
+local BUCKET_RE = '^([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local function node_of_bucket(bucket)
   local c, m, lc, lm, ac, rc, am, rm, run, start, paused, pend = string.match(bucket, BUCKET_RE)
   ac, rc, am, rm = tonumber(ac), tonumber(rc), tonumber(am), tonumber(rm)
