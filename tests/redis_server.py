@@ -23,13 +23,14 @@ class RedisServer:
     """One redis-server process on 127.0.0.1.  ``stop()`` / ``start()`` may be
     called repeatedly (same port, same dir) to test outages."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, unix_socket: bool = False) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.exe = exe
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="sched-redis-"))
+        self.socket = self.dir / "redis.sock" if unix_socket else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -40,7 +41,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.dir), "--protected-mode", "no",
-             "--loglevel", "warning", "--logfile", str(self.dir / "redis.log")],
+             "--loglevel", "warning", "--logfile", str(self.dir / "redis.log"),
+             *(["--unixsocket", str(self.socket)] if self.socket else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10

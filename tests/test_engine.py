@@ -387,3 +387,20 @@ def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None
     a.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
     view = a.nodes()[0]
     assert (view.cpu_allocated, view.sandbox_count) == (2, 1)
+
+
+@pytest.mark.real_only
+def test_connects_by_unix_socket(backend: str) -> None:
+    from tests.redis_server import RedisServer
+
+    with RedisServer(unix_socket=True) as server:
+        url = f"unix://{server.socket}"
+        s = Scheduler.connect(url, cell="unix", policy=Policy())
+        try:
+            s.heartbeat(hb("n1"))
+            assert s.schedule(Request.cold(1, 1)).node_id == "n1"
+            assert s.target == url
+        finally:
+            s.close()
+    with pytest.raises(InvalidArgument, match="redis_addr"):
+        Scheduler.connect("http://example.invalid:6379")
