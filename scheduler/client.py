@@ -186,12 +186,16 @@ class Ops:
         values = dict(zip(fields[::2], fields[1::2], strict=True))
         digest = roster_digest(roster)
         base = memo.get(node_id) if memo is not None else None
-        if base is not None and (base.service_instance_id, base.endpoint) == (sid, endpoint):
+        if memo is not None and base is not None and \
+                (base.service_instance_id, base.endpoint) == (sid, endpoint):
             # reported_at 0 is stamped with the receive time: always send it
             changed = [x for k, v in values.items()
                        if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
                        for x in (k, v)]
             same_roster = base.roster_digest == digest
+            if same_roster and set(changed[::2]) <= {"reported_at_unix_ms"}:
+                return self._steady_heartbeat(node_id, sid, endpoint, base, values,
+                                              changed[1] if changed else "", memo)
             args = [node_id, sid, endpoint, base.base, digest,
                     "0" if same_roster else "1", str(len(changed) // 2), *changed,
                     *([] if same_roster else roster)]
@@ -213,6 +217,23 @@ class Ops:
             return result
 
         return self._call("heartbeat", args, parse)
+
+    def _steady_heartbeat(self, node_id: str, sid: str, endpoint: str, base: Beat,
+                          values: dict[str, str], reported: str, memo: dict[str, Beat],
+                          ) -> Call[HeartbeatResult]:
+        """Nothing changed since this replica's last write: only the clock moves
+        (lua/heartbeat_steady-5.lua), or RESYNC sends it in full."""
+        def parse(r: list[Any]) -> HeartbeatResult:
+            if _s(r[0]) == "RESYNC":
+                memo.pop(node_id, None)
+                raise Resync(node_id)
+            result = HeartbeatResult(generation=int(r[0]), restarted=False, released=0,
+                                     roster_mode=r[1] == 1, now_ms=int(r[2]))
+            memo[node_id] = Beat(f"{_s(r[3])}:{result.generation}", sid, endpoint, values,
+                                 base.roster_digest)
+            return result
+
+        return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
 
     # -- schedule / explain ------------------------------------------------
     def _request_args(self, req: Request, strategy: str | None) -> list[str]:

@@ -347,14 +347,21 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     b = Scheduler(redis_client, cell="delta")
     a.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2))
     before = a.client.hgetall(a.keys.node("n1"))
-    # unchanged: a sends no fields and no roster, only the instant moves
-    delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
-    assert delta.args[3].endswith(":1") and delta.args[5] == "0" and delta.args[6] == "1"
-    assert delta.args[7:9] == ["reported_at_unix_ms", "0"] and len(delta.args) == 9
-    a.run(delta)
+    # unchanged: the steady script, no fields and no roster; only the instant moves
+    steady = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
+    assert steady.script == "heartbeat_steady"
+    assert steady.args[2].endswith(":1") and steady.args[3] == "0" and len(steady.args) == 4
+    a.run(steady)
     after = a.client.hgetall(a.keys.node("n1"))
     assert {k for k in after if after[k] != before.get(k)} == {
         b"generation", b"last_seen_ms", b"reported_at_unix_ms"}
+    # one field changed: a delta with just that field, no roster
+    delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=3), a.beats)
+    assert delta.script == "heartbeat" and delta.args[3].endswith(":2")
+    assert delta.args[5] == "0" and sorted(delta.args[7:11:2]) == ["allocated_cpu",
+                                                                    "reported_at_unix_ms"]
+    a.run(delta)
+    assert a.nodes()[0].cpu_allocated == 3
     # b writes in between: a's next delta is refused and resent in full
     b.heartbeat(hb("n1", roster=["s1", "s2"], sandbox_count=2, allocated_cpu=4))
     stale = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
@@ -362,7 +369,7 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
         a.run(stale)
     assert a.client.hget(a.keys.node("n1"), "sandbox_count") == b"2"  # nothing written
     r = a.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2))
-    assert r.generation == 4
+    assert r.generation == 5
     view = a.nodes()[0]
     assert (view.sandbox_count, view.cpu_allocated) == (1, 2)
     with pytest.raises(NotFound):

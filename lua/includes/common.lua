@@ -1,42 +1,11 @@
 --[[
-  includes/common.lua: shared by every script; the loader inlines it where a
-  script (or another include) says `-- @include common`, once per script.
-
-  Key convention (scheduler/keys.py has the full layout):
-    KEYS[1] base    "<prefix>:{<cell>}:"  typed keys are derived from it
-    KEYS[2] policy  hash
-    KEYS[3] nodes   zset of node ids, all scored 0 so ZRANGE is byte order by id
-    KEYS[4] stats   hash of counters
-    KEYS[5] expiry  zset reservation id -> expiry ms
-  Error replies are "<CODE> <message>", codes from scheduler/errors.py.
+  includes/common.lua: policy, reservations and their sweep, shared by every
+  script that decides or writes state (the loader inlines includes once per
+  script, dependencies first).
 ]]
-local BASE = KEYS[1]
-local POLICY_KEY = KEYS[2]
-local NODES_KEY = KEYS[3]
-local STATS_KEY = KEYS[4]
-local EXPIRY_KEY = KEYS[5]
-
+-- @include base
 local TOMBSTONE_MS = 3600000 -- ended reservations stay readable for an hour
 local SWEEP_BATCH = 64 -- expired reservations released per script call, at most
-
-local function node_key(id) return BASE .. 'node:' .. id end
-local function node_res_key(id) return BASE .. 'node-res:' .. id end
-local function node_sbx_key(id) return BASE .. 'node-sbx:' .. id end
-local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
-local function res_key(id) return BASE .. 'res:' .. id end
-local function bind_key(id) return BASE .. 'bind:' .. id end
-
-local function fail(code, message)
-  return redis.error_reply(code .. ' ' .. message)
-end
-
--- A number as a string that round-trips exactly (tostring keeps 14 digits only).
-local function fmt(x)
-  if x == math.floor(x) and math.abs(x) < 1e15 then
-    return string.format('%d', x)
-  end
-  return string.format('%.17g', x)
-end
 
 -- The cell's shared policy; nil when no replica has written one yet.
 local LIMIT_NAMES = {
@@ -106,15 +75,6 @@ local function load_policy()
   return P
 end
 
-local NO_POLICY = 'cell policy is not initialised: start a replica or run `schedctl policy set`'
-
--- Redis server time in ms, plus the cell's drill offset (0 outside drills and
--- tests), or the drill's frozen instant when one is set.
-local function now_ms(P)
-  if P.frozen_now_ms then return P.frozen_now_ms end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
-end
 
 -- When does binding {node_id, listed, expires_ms} expire?
 local function binding_expires(b, P)

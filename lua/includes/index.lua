@@ -29,7 +29,6 @@
 -- @include stages
 
 local IDX_SHAPES = BASE .. 'idx-shapes'
-local IDX_SEEN = BASE .. 'idx-seen'
 local IDX_TMP = BASE .. 'idx-tmp'
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
