@@ -7,7 +7,7 @@
 local TOMBSTONE_MS = 3600000 -- ended reservations stay readable for an hour
 local SWEEP_BATCH = 64 -- expired reservations released per script call, at most
 
--- The cell's shared policy; nil when no replica has written one yet.
+-- The ceilings of node_resource_limit, in the order the stages check them.
 local LIMIT_NAMES = {
   'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
   'max_cpu_allocated_percent', 'max_memory_allocated_percent',
@@ -51,6 +51,7 @@ local function repack_policy()
   redis.call('HSET', POLICY_KEY, 'packed', table.concat(v, '\t'))
 end
 
+-- The cell's shared policy, typed; nil when no replica has written one yet.
 local function load_policy()
   local raw = raw_policy()
   if raw == nil then return nil end

@@ -14,17 +14,18 @@
   The bucket id spells its inputs ("C:M:Lc:Lm:acpu:rcpu:amem:rmem:run:start:
   paused:pending", Lc and Lm being allocated + paused + pending), so a bucket
   is evaluated by the same stages as a node without reading any node, and
-  its projected pressure is screened from the first four numbers alone.  Only nodes that are schedulable whatever
-  the request (status READY or CONNECTING, an endpoint, observed-utilisation
-  ceilings met) are indexed; the node record's `idx` field names its bucket.
+  its projected pressure is screened from the first four numbers alone.
+  Only nodes that are schedulable whatever the request (status READY or
+  CONNECTING, an endpoint, observed-utilisation ceilings met) are indexed;
+  the node record's `idx` field names its bucket.
 
   The scan (pick_indexed) walks all shapes at once, least lower bound first,
   while a bucket could still match the best found.  Per shape it follows the
   dimension where the request weighs more (share = requested / capacity):
   projected pressure >= that dimension's fraction + share, exactly, so the
-  walk stops as soon as no later bucket can match.  Any
-  doubt (stale nodes left after a bounded sweep, nothing eligible, an entry
-  that does not check out) falls back to the full scan, which is the truth.
+  walk stops as soon as no later bucket can match.  Any doubt (stale nodes
+  left after a bounded sweep, nothing eligible, an entry that does not check
+  out) falls back to the full scan, which is the truth.
 ]]
 -- @include stages
 
