@@ -36,11 +36,14 @@ sweep_expired(now)
 
 local already_listed = listed_on(sb, node_id, now, P)
 if buried_on(sb, node_id, now) then
-  -- The node already reported this sandbox deleted.  In roster mode no roster
-  -- will list it again: its reservation ends now.  In counter mode the
-  -- creation already moved create_successes: the counter releases one.
+  -- The node already reported this sandbox deleted.  If a reservation was
+  -- charged to it before, that was its one: nothing more.  Otherwise, in
+  -- roster mode no roster will list it again: its reservation ends now; in
+  -- counter mode the creation already moved create_successes: the counter
+  -- releases one.
   local rid = nil
-  if redis.call('HGET', node_key(node_id), 'roster_mode') == '1' then
+  local charged_before = redis.call('HGET', bind_key(sb), 'reservation_id') or ''
+  if charged_before == '' and redis.call('HGET', node_key(node_id), 'roster_mode') == '1' then
     if wanted ~= '' then
       local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
       if r[2] == node_id and r[1] == 'pending' then rid = wanted end

@@ -446,7 +446,7 @@ class CellModel:
         b = self.bind.get(sb)
         if b is not None and b.deleted and b.node_id == node_id and b.expires_ms > now:
             buried = None
-            if self.meta[node_id].roster_mode:
+            if not b.rid and self.meta[node_id].roster_mode:
                 r = self.res.get(wanted) if wanted else None
                 if wanted:
                     buried = wanted if r is not None and r.node_id == node_id and \
@@ -487,8 +487,10 @@ class CellModel:
             if kind == "DELETE":
                 if rid and self.meta[node_id].roster_mode:
                     self.end(rid, "released")
+                prev = self.bind.get(sb)
+                charged = prev.rid if prev is not None and prev.node_id == node_id else None
                 self.drop_binding(sb, node_id)
-                self.bind[sb] = BindModel(node_id, "", False, None,
+                self.bind[sb] = BindModel(node_id, "", False, charged,
                                           now + self.policy.binding_ttl_ms, deleted=True)
                 continue
             creation = kind in ("CREATE", "FORK")

@@ -164,6 +164,25 @@ def test_assignment_after_the_node_reported_the_delete(make_scheduler: Make) -> 
         s.lookup("brief")
 
 
+def test_a_late_assignment_never_charges_a_deleted_sandbox_twice(make_scheduler: Make) -> None:
+    """CREATE claimed a reservation for the sandbox and a roster released it;
+    the node deleted the sandbox; the gateway's RecordAssignment comes last.
+    The sandbox was charged once already: the other placement's reservation
+    must stay (found by the stateful test)."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))
+    first = s.schedule(Request.cold(1, 0))
+    second = s.schedule(Request.cold(1, 0))
+    s.heartbeat(hb("n1", roster=["old", "sb"], sandbox_count=2))
+    ev = s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="CREATE")])
+    assert ev.released == 1 and s.reservation(first.reservation_id or "").state == "released"
+    s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="DELETE")])
+    late = s.assign("sb", "n1", EP)
+    assert late.reservation_id is None and not late.released
+    assert s.reservation(second.reservation_id or "").state == "pending"
+    assert pending(s)[0] == 1
+
+
 def test_roster_mode_delete_releases_what_will_never_be_listed(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -113,6 +113,7 @@ class Lifecycle(RuleBasedStateMachine):
             assert want.chosen is None and str(e) == want.refusal
             return
         assert p.node_id == want.chosen and p.reservation_id == rid
+        note(f"{rid} placed on {p.node_id}")
         self.placements[rid] = Placement(rid, p.node_id, cpu, mem_mb * MIB, f"sb-{rid}")
 
     @rule(data=st.data())
@@ -121,6 +122,7 @@ class Lifecycle(RuleBasedStateMachine):
         if not todo:
             return
         p = data.draw(st.sampled_from(todo))
+        note(f"{p.node_id} creates {p.sandbox} for {p.rid}")
         p.created = True
         self.w.created_total[p.node_id] += 1
         p.created_index = self.w.created_total[p.node_id]
@@ -135,6 +137,7 @@ class Lifecycle(RuleBasedStateMachine):
         p = data.draw(st.sampled_from(todo))
         p.assigned = True
         wanted = p.rid if with_rid else None
+        note(f"gateway assigns {p.sandbox} to {p.node_id} naming {wanted}")
         got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
         assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
 
@@ -163,6 +166,7 @@ class Lifecycle(RuleBasedStateMachine):
         if not live:
             return
         node_id, sb = data.draw(st.sampled_from(live))
+        note(f"{node_id} reports {kind} {sb}")
         self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)])  # type: ignore[arg-type]
         self.m.events(node_id, [(sb, kind)], self.now())
 
@@ -172,6 +176,7 @@ class Lifecycle(RuleBasedStateMachine):
         if not live:
             return
         node_id, sb = data.draw(st.sampled_from(live))
+        note(f"{node_id} deletes {sb}")
         del self.w.running[node_id][sb]
         self.w.deleted.add(sb)
         self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")])
@@ -184,6 +189,7 @@ class Lifecycle(RuleBasedStateMachine):
         if not todo:
             return
         p = data.draw(st.sampled_from(todo))
+        note(f"gateway cancels {p.rid}")
         want = self.m.cancel(p.rid, self.now())
         try:
             self.s.cancel(p.rid)

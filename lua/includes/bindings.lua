@@ -43,13 +43,18 @@ local function drop_binding(sb, node_id)
 end
 
 -- The node reported the sandbox deleted: the binding goes, and a tombstone
--- remembers the deletion for binding_ttl, so that an assignment arriving
--- after it cannot charge a reservation no roster would ever release.
+-- remembers the deletion (and the reservation already charged to the
+-- sandbox, if any) for binding_ttl, so that an assignment arriving after it
+-- cannot charge a reservation no roster would ever release, nor charge the
+-- sandbox twice.
 local function bury_binding(sb, node_id, now, P)
-  drop_binding(sb, node_id)
   local bkey = bind_key(sb)
+  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  local charged_rid = ''
+  if b[1] == node_id then charged_rid = b[2] or '' end
+  drop_binding(sb, node_id)
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
-    'expires_ms', fmt(now + P.binding_ttl_ms))
+    'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
 end
 
