@@ -116,10 +116,6 @@ def derive_status(n: NodeState, policy: Policy, now_ms: int) -> str:
     return n.reported_status
 
 
-def _fmt_limit(v: int) -> str:
-    return str(v)
-
-
 def ceiling_use(n: NodeState, name: str, d: Demand) -> int | None:
     if name == "max_sandbox_count":
         return n.sandbox_count + n.pending_count + d.count
@@ -183,7 +179,7 @@ def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int) -> ModelVerdi
             if name in limits:
                 used = ceiling_use(n, name, d)
                 if used is not None and not ceiling_holds(n, name, limits[name], used):
-                    reason = f"at {name} ({_fmt_limit(limits[name])})"
+                    reason = f"at {name} ({limits[name]})"
                     break
     # stage "capacity"
     if reason is None and d.create:
@@ -300,9 +296,8 @@ class CellModel:
         self.snap: dict[str, NodeState] = {}
         self.meta: dict[str, NodeMeta] = {}
         self.res: dict[str, ResModel] = {}
-        self.ended: dict[str, str] = {}
-        self.ended_node: dict[str, str] = {}
-        self.ended_sandbox: dict[str, str | None] = {}
+        #: ended reservations, their state set to the outcome
+        self.ended: dict[str, ResModel] = {}
         self.bind: dict[str, BindModel] = {}
         self.seq = 0
         self.rr = 0
@@ -327,9 +322,8 @@ class CellModel:
         r = self.res.pop(rid, None)
         if r is None:
             return False
-        self.ended[rid] = outcome
-        self.ended_node[rid] = r.node_id
-        self.ended_sandbox[rid] = r.sandbox_id
+        r.state = outcome
+        self.ended[rid] = r
         return True
 
     def sweep(self, now: int) -> None:
@@ -460,14 +454,11 @@ class CellModel:
         if rid is None and not self.charged(sb, node_id):
             attached = None
             if wanted:
-                r = self.res.get(wanted)
-                state = r.state if r is not None else self.ended.get(wanted)
-                owner = r.node_id if r is not None else self.ended_node.get(wanted)
-                claimer = r.sandbox_id if r is not None else self.ended_sandbox.get(wanted)
-                if owner == node_id and state == "pending":
+                r = self.res.get(wanted) or self.ended.get(wanted)
+                if r is not None and r.node_id == node_id and r.state == "pending":
                     attached = wanted
-                elif (owner == node_id and claimer and claimer != sb
-                      and state in ("assigned", "acked", "released")):
+                elif (r is not None and r.node_id == node_id and r.sandbox_id
+                      and r.sandbox_id != sb and r.state in ("assigned", "acked", "released")):
                     attached = self.oldest_unclaimed(node_id)
             else:
                 attached = self.oldest_unclaimed(node_id)
@@ -508,7 +499,7 @@ class CellModel:
     def cancel(self, rid: str, now: int) -> str:
         """Returns "cancelled", "not found" or "already <outcome>"."""
         if rid not in self.res:
-            return f"already {self.ended[rid]}" if rid in self.ended else "not found"
+            return f"already {self.ended[rid].state}" if rid in self.ended else "not found"
         self.end(rid, "cancelled")
         self.sweep(now)
         return "cancelled"

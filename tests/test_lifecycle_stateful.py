@@ -214,7 +214,7 @@ class Lifecycle(RuleBasedStateMachine):
         for r in self.s.reservations():
             mr = self.m.res[r.reservation_id]
             assert (r.state, r.sandbox_id, r.node_id) == (mr.state, mr.sandbox_id, mr.node_id)
-        expired = sum(o == "expired" for o in self.m.ended.values())
+        expired = sum(r.state == "expired" for r in self.m.ended.values())
         assert self.s.stats().expired_total == expired
 
     @invariant()

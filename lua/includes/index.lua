@@ -128,8 +128,7 @@ end
 local function reindex(node_id, P, now)
   if not redis.call('ZSCORE', NODES_KEY, node_id) then return end
   local n = read_node(node_id)
-  n.status = derive_status(n, P, now)
-  n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
+  read_status(n, P, now)
   local want = ''
   if indexable(n, P) then want = bucket_of(n) end
   if want ~= n.idx then

@@ -53,6 +53,12 @@ local function derive_status(n, P, now)
   return n.reported
 end
 
+-- A node's status (and whether its heartbeat went stale) at instant `now`.
+local function read_status(n, P, now)
+  n.status = derive_status(n, P, now)
+  n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
+end
+
 -- Stage "project": projected load and pressure with the request placed.
 local function project(n, req)
   n.known = n.cpu_cap > 0 or n.mem_cap > 0
@@ -148,8 +154,7 @@ end
 -- (nil reason = eligible).
 local function evaluate(id, P, req, now)
   local n = read_node(id)
-  n.status = derive_status(n, P, now)
-  n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
+  read_status(n, P, now)
   project(n, req)
   n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
   return n
