@@ -15,7 +15,7 @@ steady stream, in blocks:
    their full roster, releasing the reservations of the sandboxes listed,
    so that about the same number stay pending.
 
-Redis CPU per call comes from ``INFO commandstats`` (``cmdstat_evalsha``
+Redis CPU per call comes from ``INFO commandstats`` (``cmdstat_fcall``
 usec / calls), read before and after every block and summed per kind of
 block, so each figure is per call of that one script.  Statistics are reset
 (``CONFIG RESETSTAT``) before each fleet size when the server is ours.
@@ -144,7 +144,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
                 len(sched_ns) < p.min_schedules or time.perf_counter() - start < p.seconds):
             # 1. schedule block
             placed: list[tuple[Any, int, int]] = []
-            c0, u0 = target.evalsha_stats()
+            c0, u0 = target.script_stats()
             for _ in range(p.block):
                 cpu, mem = rng.choice(SIZES)
                 req = Request.cold(cpu, mem)
@@ -160,7 +160,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
                 ping_ns.append(time.perf_counter_ns() - t)
                 if placement is not None:
                     placed.append((placement, cpu, mem))
-            c1, u1 = target.evalsha_stats()
+            c1, u1 = target.script_stats()
             sched_calls += c1 - c0
             sched_usec += u1 - u0
             # 2. gateway: assignments and deletions
@@ -172,9 +172,9 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
             stream.delete_random(len(placed))
             # 3. heartbeat block
             due = stream.due_heartbeats(keep_pending)
-            c0, u0 = target.evalsha_stats()
+            c0, u0 = target.script_stats()
             hb_calls += send_heartbeats(s, [node.heartbeat() for node in due])
-            c1, u1 = target.evalsha_stats()
+            c1, u1 = target.script_stats()
             hb_usec += u1 - u0
         elapsed = time.perf_counter() - start
         pending = s.stats().pending
@@ -212,7 +212,7 @@ def run(target: Target, p: Params | None = None) -> Result:
         "reservation per 50 nodes",
         "schedule_*: client-side, one Scheduler.schedule through the library; ping_p50_us: "
         "Redis PING on the same connection, same run; redis_us_*: INFO commandstats "
-        "evalsha usec per call",
+        "fcall usec per call (evalsha on a server without functions)",
     ]
     for row, d in zip(rows, details, strict=True):
         ratio = row["schedule_p50_us"] / row["ping_p50_us"] if row["ping_p50_us"] else 0.0

@@ -84,10 +84,16 @@ class Target:
         if self.owned:
             self.client.config_resetstat()
 
-    def evalsha_stats(self) -> tuple[int, int]:
-        """(calls, usec) of EVALSHA so far: every script of ours runs by EVALSHA."""
-        s = self.client.info("commandstats").get("cmdstat_evalsha") or {}
-        return int(s.get("calls", 0)), int(s.get("usec", 0))
+    def script_stats(self) -> tuple[int, int]:
+        """(calls, usec) of FCALL and EVALSHA so far: every script of ours runs
+        by one of them (FCALL where the server has functions)."""
+        stats = self.client.info("commandstats")
+        calls = usec = 0
+        for name in ("cmdstat_fcall", "cmdstat_evalsha"):
+            s = stats.get(name) or {}
+            calls += int(s.get("calls", 0))
+            usec += int(s.get("usec", 0))
+        return calls, usec
 
     def cpu_seconds(self) -> float:
         """CPU time the redis-server process has used (user + system)."""

@@ -26,9 +26,9 @@ def atomically(s: Scheduler, a: Call[A], b: Call[B], /) -> tuple[A, B]: ...
 def atomically(s: Scheduler, a: Call[A], b: Call[B], c: Call[C], /) -> tuple[A, B, C]: ...
 def atomically(s: Scheduler, *calls: Call[Any]) -> tuple[Any, ...]:
     pipe = s.client.pipeline(transaction=True)
-    for call in calls:
-        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
     try:
+        for call in calls:  # may load the function library first
+            s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
         replies = pipe.execute(raise_on_error=False)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
         raise StoreUnavailable(f"Redis at {s.target} is unreachable: {e}") from None

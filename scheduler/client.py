@@ -55,7 +55,7 @@ from scheduler.records import (
     Stats,
     Verdict,
 )
-from scheduler.scripts import ScriptRegistry
+from scheduler.scripts import AsyncScriptRegistry, ScriptRegistry
 
 T = TypeVar("T")
 
@@ -517,11 +517,12 @@ def _translated(target: str) -> Iterator[None]:
 
 
 class _Base:
+    scripts: Any
+
     def __init__(self, client: Any, cell: str, prefix: str, url: str | None) -> None:
         self.client = client
         self.keys = CellKeys(cell, prefix)
         self.ops = Ops(self.keys)
-        self.scripts = ScriptRegistry(client)
         self.url = url
         self.target = describe_target(url)
         #: what this client last wrote per node (bases of delta heartbeats)
@@ -543,6 +544,7 @@ class Scheduler(_Base):
     def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
                  url: str | None = None) -> None:
         super().__init__(client, cell, prefix, url)
+        self.scripts = ScriptRegistry(client)
 
     def run(self, call: Call[T]) -> T:
         with _translated(self.target):
@@ -630,6 +632,7 @@ class AsyncScheduler(_Base):
     def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
                  url: str | None = None) -> None:
         super().__init__(client, cell, prefix, url)
+        self.scripts = AsyncScriptRegistry(client)
 
     async def run(self, call: Call[T]) -> T:
         with _translated(self.target):

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -23,7 +24,8 @@ class RedisServer:
     """One redis-server process on 127.0.0.1.  ``stop()`` / ``start()`` may be
     called repeatedly (same port, same dir) to test outages."""
 
-    def __init__(self, port: int | None = None, unix_socket: bool = False) -> None:
+    def __init__(self, port: int | None = None, unix_socket: bool = False,
+                 extra_args: Sequence[str] = ()) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -31,6 +33,7 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="sched-redis-"))
         self.socket = self.dir / "redis.sock" if unix_socket else None
+        self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,7 +45,7 @@ class RedisServer:
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.dir), "--protected-mode", "no",
              "--loglevel", "warning", "--logfile", str(self.dir / "redis.log"),
-             *(["--unixsocket", str(self.socket)] if self.socket else [])],
+             *(["--unixsocket", str(self.socket)] if self.socket else []), *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10

@@ -11,17 +11,25 @@
     KEYS[5] expiry  zset reservation id -> expiry ms
   Error replies are "<CODE> <message>", codes from scheduler/errors.py.
 ]]
-local BASE = KEYS[1]
-local POLICY_KEY = KEYS[2]
-local NODES_KEY = KEYS[3]
-local STATS_KEY = KEYS[4]
-local EXPIRY_KEY = KEYS[5]
+-- This call's keys and arguments.  The library is defined once per server
+-- (Redis Functions) and these are bound on entry to every function, so no
+-- include may read them at load time (scheduler/scripts.py).
+local KEYS, ARGV
+local BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY, IDX_SEEN
+-- Per-call resets registered by the includes (library state must not leak
+-- from one call into the next).
+local ON_CALL = {}
+local function bind_call(keys, args)
+  KEYS, ARGV = keys, args
+  BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY = keys[1], keys[2], keys[3], keys[4], keys[5]
+  IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
+  for i = 1, #ON_CALL do ON_CALL[i]() end
+end
 
 local function node_key(id) return BASE .. 'node:' .. id end
 local function node_res_key(id) return BASE .. 'node-res:' .. id end
 local function node_sbx_key(id) return BASE .. 'node-sbx:' .. id end
 local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
-local IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
 local function res_key(id) return BASE .. 'res:' .. id end
 local function bind_key(id) return BASE .. 'bind:' .. id end
 

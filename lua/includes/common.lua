@@ -19,10 +19,14 @@ local LIMIT_NAMES = {
 -- in PACKED order: reading one value and one match costs a fraction of
 -- HGETALL.  The named fields stay the truth; repack_policy() rebuilds the
 -- packed copy after every write (scripts only: sync_policy, advance_clock).
+-- (Spelled out: a library's load-time code may not call functions, ipairs included.)
 local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl_ms',
   'overcommit_cpu', 'overcommit_memory', 'default_cpu', 'default_memory_bytes', 'static_nodes',
-  'time_offset_ms', 'frozen_now_ms' }
-for _, name in ipairs(LIMIT_NAMES) do PACKED[#PACKED + 1] = name end
+  'time_offset_ms', 'frozen_now_ms',
+  'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
+  'max_cpu_allocated_percent', 'max_memory_allocated_percent',
+  'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
+  'max_cpu_used_percent', 'max_memory_used_percent' }
 -- 20 tab-separated captures, one per PACKED name (a literal: built once, at load)
 local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
@@ -95,6 +99,7 @@ local LIVE = { pending = true, assigned = true, acked = true }
 -- Nodes whose load changed in this call; reindex_touched() (includes/index)
 -- brings their index entries up to date before the script returns.
 local TOUCHED = {}
+ON_CALL[#ON_CALL + 1] = function() TOUCHED = {} end
 local function touch(node_id) TOUCHED[node_id] = true end
 
 -- End a live reservation exactly once; outcome is released|cancelled|expired.

@@ -29,8 +29,10 @@
 ]]
 -- @include stages
 
-local IDX_SHAPES = BASE .. 'idx-shapes'
-local IDX_TMP = BASE .. 'idx-tmp'
+local IDX_SHAPES, IDX_TMP
+ON_CALL[#ON_CALL + 1] = function()
+  IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
+end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
 local EPSILON = 1e-9 -- slack for the lower bound's rounding; the stages decide exactly
