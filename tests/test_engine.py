@@ -68,7 +68,7 @@ def test_every_script_has_a_contract_header_and_declared_key_count() -> None:
         assert text.lstrip().startswith("--[["), name
         assert "KEYS[1..5]" in text, name
         assert nkeys >= 5, name
-    for name, (nkeys, text) in sources().items():
+    for name, (_, text) in sources().items():
         assert "\n-- @include" not in text, f"{name}: include not inlined"
     assert "\n-- @include" not in library().text
 
