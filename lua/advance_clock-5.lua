@@ -21,18 +21,19 @@ if not P then return fail('PRECONDITION', NO_POLICY) end
 local add = tonumber(ARGV[1])
 local mode = ARGV[2]
 local now = now_ms(P)
+local frozen = P.frozen_now_ms -- (P is shared and read-only: load_policy caches it)
 if mode == 'freeze' then
   redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(now))
-  P.frozen_now_ms = now
-elseif mode == 'thaw' and P.frozen_now_ms then
+  frozen = now
+elseif mode == 'thaw' and frozen then
   local t = redis.call('TIME')
   local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HDEL', POLICY_KEY, 'frozen_now_ms')
-  redis.call('HSET', POLICY_KEY, 'time_offset_ms', fmt(P.frozen_now_ms - real))
-  P.frozen_now_ms = nil
+  redis.call('HSET', POLICY_KEY, 'time_offset_ms', fmt(frozen - real))
+  frozen = nil
 end
-if P.frozen_now_ms then
-  redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(P.frozen_now_ms + add))
+if frozen then
+  redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(frozen + add))
 else
   redis.call('HINCRBY', POLICY_KEY, 'time_offset_ms', add)
 end

@@ -76,12 +76,21 @@ if not dry_run then
   -- Stage "index": least_loaded looks at few nodes; the full scan below
   -- decides whenever the index cannot (see includes/index.lua).
   if strategy == 'least_loaded' and sweep_stale(P, now) then
-    local picked, pressure = pick_indexed(P, req, rr_next)
+    local picked, among = pick_indexed(P, req, rr_next)
     if picked then
-      local n = evaluate(picked, P, req, now)
-      if n.reason == nil and n.pressure == pressure then
-        chosen = n
-      else
+      -- The record must sit in one of the buckets it was chosen among; its
+      -- bucket then holds every decision input, so nothing else is read.
+      local v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
+        'lingering', 'status')
+      if v[1] and among[v[1]] then
+        local n = node_of_bucket(v[1])
+        n.id, n.idx, n.endpoint = picked, v[1], v[2] or ''
+        n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+        read_status(n, P, now)
+        project(n, req)
+        if not check_status(n) then chosen = n end
+      end
+      if chosen == nil then
         redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
         rebuild_index(P, now)
       end

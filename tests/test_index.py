@@ -34,12 +34,15 @@ def expected_bucket(n: NodeState, policy: Policy, now: int) -> str:
             * n.memory_total_bytes):
         return ""
     assert derive_status(n, policy, now) in ("READY", "CONNECTING")
+    # the ranking counts first, 9 digits each, so byte order is rank order
+    counts = (f"{n.sandbox_starting_count + n.pending_count:09d}{n.sandbox_count:09d}"
+              f"{n.paused_sandbox_count:09d}")
     parts = [n.cpu_count, n.memory_total_bytes,
              n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu,
              n.allocated_memory_bytes + n.paused_allocated_memory_bytes + n.pending_memory_bytes,
              n.allocated_cpu, n.pending_cpu, n.allocated_memory_bytes, n.pending_memory_bytes,
-             n.sandbox_count, n.sandbox_starting_count, n.paused_sandbox_count, n.pending_count]
-    return ":".join(str(p) for p in parts)
+             n.sandbox_starting_count, n.pending_count]
+    return counts + ":" + ":".join(str(p) for p in parts)
 
 
 def index_is_consistent(s: Scheduler, policy: Policy, now: int) -> None:
@@ -47,11 +50,19 @@ def index_is_consistent(s: Scheduler, policy: Policy, now: int) -> None:
     base = s.keys.base
     members: dict[str, str] = {}
     for shape in (x.decode() for x in c.smembers(base + "idx-shapes")):
-        by_cpu = {b.decode() for b in c.zrange(base + "idx-cpu:" + shape, 0, -1)}
-        by_mem = {b.decode() for b in c.zrange(base + "idx-mem:" + shape, 0, -1)}
-        assert by_cpu == by_mem and by_cpu, shape
+        cpu_scores = {b.decode(): sc for b, sc in
+                      c.zrange(base + "idx-cpu:" + shape, 0, -1, withscores=True)}
+        mem_scores = {b.decode(): sc for b, sc in
+                      c.zrange(base + "idx-mem:" + shape, 0, -1, withscores=True)}
+        by_cpu = set(cpu_scores)
+        assert by_cpu == set(mem_scores) and by_cpu, shape
+        cap_cpu, cap_mem = (int(x) for x in shape.split(":"))
         for bucket in by_cpu:
-            assert bucket.startswith(shape + ":")
+            fields = bucket.split(":")
+            assert ":".join(fields[1:3]) == shape, bucket
+            # scored by load in the dimension, 0 where the capacity is unknown
+            assert cpu_scores[bucket] == (int(fields[3]) if cap_cpu > 0 else 0), bucket
+            assert mem_scores[bucket] == (int(fields[4]) if cap_mem > 0 else 0), bucket
             nodes = [x.decode() for x in c.zrange(base + "idx-bucket:" + bucket, 0, -1)]
             assert nodes, bucket
             for node_id in nodes:

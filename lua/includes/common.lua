@@ -30,8 +30,7 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
 -- 20 tab-separated captures, one per PACKED name (a literal: built once, at load)
 local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
-local function raw_policy()
-  local packed = redis.call('HGET', POLICY_KEY, 'packed')
+local function raw_policy(packed)
   local raw = {}
   if packed then
     local v = { string.match(packed, PACKED_RE) }
@@ -55,9 +54,18 @@ local function repack_policy()
   redis.call('HSET', POLICY_KEY, 'packed', table.concat(v, '\t'))
 end
 
--- The cell's shared policy, typed; nil when no replica has written one yet.
+-- Typed policies by packed string.  Library state (Redis Functions keep it
+-- between calls): the string is the key, so a changed policy is a new entry
+-- and nothing can go stale; the table is bounded for servers with many cells.
+local POLICIES, NPOLICIES = {}, 0
+local POLICIES_MAX = 64
+
+-- The cell's shared policy, typed and read-only (it may be shared with other
+-- calls); nil when no replica has written one yet.
 local function load_policy()
-  local raw = raw_policy()
+  local packed = redis.call('HGET', POLICY_KEY, 'packed')
+  if packed and POLICIES[packed] then return POLICIES[packed] end
+  local raw = raw_policy(packed)
   if raw == nil then return nil end
   local P = {
     strategy = raw.strategy or 'least_loaded',
@@ -76,6 +84,10 @@ local function load_policy()
   for _, name in ipairs(LIMIT_NAMES) do
     local v = tonumber(raw[name])
     if v and v > 0 then P.limits[name] = v end
+  end
+  if packed then
+    if NPOLICIES >= POLICIES_MAX then POLICIES, NPOLICIES = {}, 0 end
+    POLICIES[packed], NPOLICIES = P, NPOLICIES + 1
   end
   return P
 end

@@ -35,23 +35,27 @@ ON_CALL[#ON_CALL + 1] = function()
 end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
-local EPSILON = 1e-9 -- slack for the lower bound's rounding; the stages decide exactly
 
 local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
 local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 
+-- The bucket id: the ranking counts first, zero-padded to 9 digits each, so a
+-- zset's byte order among equal scores is rank order (starting, running,
+-- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
+local PREFIX = 27 -- length of the counts prefix
 local function bucket_of(n)
-  return table.concat({ fmt(n.cpu_cap), fmt(n.mem_cap),
+  return string.format('%09d%09d%09d:', n.starting_reported + n.pend_count, n.running, n.paused)
+    .. table.concat({ fmt(n.cpu_cap), fmt(n.mem_cap),
     fmt(n.alloc_cpu + n.paused_cpu + n.pend_cpu), fmt(n.alloc_mem + n.paused_mem + n.pend_mem),
-    fmt(n.alloc_cpu), fmt(n.pend_cpu), fmt(n.alloc_mem), fmt(n.pend_mem), fmt(n.running),
-    fmt(n.starting_reported), fmt(n.paused), fmt(n.pend_count) }, ':')
+    fmt(n.alloc_cpu), fmt(n.pend_cpu), fmt(n.alloc_mem), fmt(n.pend_mem),
+    fmt(n.starting_reported), fmt(n.pend_count) }, ':')
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
--- 12 colon-separated captures (a literal: built once, at load)
-local BUCKET_RE = '^([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
+-- 12 captures (a literal: built once, at load)
+local BUCKET_RE = '^%d%d%d%d%d%d%d%d%d(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local function node_of_bucket(bucket)
-  local c, m, lc, lm, ac, rc, am, rm, run, start, paused, pend = string.match(bucket, BUCKET_RE)
+  local run, paused, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
   ac, rc, am, rm = tonumber(ac), tonumber(rc), tonumber(am), tonumber(rm)
   return {
     bucket = bucket, cpu_cap = tonumber(c), mem_cap = tonumber(m), alloc_cpu = ac, pend_cpu = rc,
@@ -62,18 +66,18 @@ local function node_of_bucket(bucket)
   }
 end
 
--- Projected pressure of a bucket from its first four numbers, exactly as
--- project() computes it (integer sums, the same divisions).
-local function bucket_pressure(bucket, req)
-  local c, m, lc, lm = string.match(bucket, '^([^:]+):([^:]+):([^:]+):([^:]+):')
-  c, m = tonumber(c), tonumber(m)
-  local p = 0
-  if c > 0 then p = (tonumber(lc) + req.cpu) / c end
-  if m > 0 then
-    local pm = (tonumber(lm) + req.mem) / m
-    if pm > p then p = pm end
+-- The shape "C:M" of a bucket id.
+local function shape_of(bucket)
+  return string.match(bucket, '^%d+:([^:]+:[^:]+):')
+end
+
+-- Does bucket a's counts prefix rank strictly before bucket b's?
+local function counts_before(a, b)
+  for i = 1, PREFIX, 9 do
+    local x, y = tonumber(string.sub(a, i, i + 8)), tonumber(string.sub(b, i, i + 8))
+    if x ~= y then return x < y end
   end
-  return p
+  return false
 end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
@@ -96,8 +100,7 @@ local function idx_remove(node_id, bucket)
   local bk = bucket_key(bucket)
   redis.call('ZREM', bk, node_id)
   if redis.call('EXISTS', bk) == 0 then
-    local c, m = string.match(bucket, '^([^:]+):([^:]+)')
-    local shape = c .. ':' .. m
+    local shape = shape_of(bucket)
     redis.call('ZREM', dim_key('cpu', shape), bucket)
     redis.call('ZREM', dim_key('mem', shape), bucket)
     if redis.call('EXISTS', dim_key('cpu', shape)) == 0 then redis.call('SREM', IDX_SHAPES, shape) end
@@ -111,8 +114,9 @@ local function idx_add(node_id, bucket, n)
     local shape = fmt(n.cpu_cap) .. ':' .. fmt(n.mem_cap)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
     local lm = n.alloc_mem + n.paused_mem + n.pend_mem
-    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc / n.cpu_cap) or 0, bucket)
-    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm / n.mem_cap) or 0, bucket)
+    -- scored by load (an integer: exact), 0 where the capacity is unknown
+    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or 0, bucket)
+    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or 0, bucket)
     redis.call('SADD', IDX_SHAPES, shape)
   end
 end
@@ -169,61 +173,77 @@ local function rebuild_index(P, now)
   for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do reindex(node_id, P, now) end
 end
 
--- Least-loaded choice through the index: the chosen node id and its
--- pressure, or nil when the full scan must decide.
+-- Least-loaded choice through the index: the chosen node id and the set of
+-- buckets it was chosen among (equal rank), or nil when the full scan must decide.
+--
+-- One stream per shape, along the dimension where the request weighs more:
+-- a bucket's load L in that dimension gives (L + requested) / capacity, which
+-- is exactly that dimension's projected share, so the bucket's pressure is
+-- never below it (lb).  Streams are walked least lb first; a stream ends when
+-- its lb passes the best pressure found, or when at the best pressure its
+-- counts rank after the best's (the rest of that stream does too, being in
+-- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
+-- known bucket is eligible.
 local function pick_indexed(P, req, rr_next)
   local best, equals = nil, {}
-  local streams = {}
-  local unknown = false
-  local function open(shape, first)
-    local c, m = string.match(shape, '^([^:]+):(.+)$')
-    c, m = tonumber(c), tonumber(m)
-    local key, inc = dim_key('cpu', shape), 0
-    if c > 0 then inc = req.cpu / c end
-    if m > 0 and (c <= 0 or req.mem / m > inc) then key, inc = dim_key('mem', shape), req.mem / m end
-    local batch = redis.call('ZRANGEBYSCORE', key, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, first)
-    return { key = key, inc = inc, batch = batch, pos = 1, offset = first, size = first }
-  end
   local function consider(bucket)
-    if best and bucket_pressure(bucket, req) > best.pressure then return end
     local n = node_of_bucket(bucket)
     project(n, req)
     if check_ceilings(n, P, req) or check_capacity(n, P, req) then return end
     if best == nil or ranks_before(n, best) then
       best, equals = n, { bucket }
+      n.counts = string.sub(bucket, 1, PREFIX)
     elseif not ranks_before(best, n) then
       equals[#equals + 1] = bucket
     end
   end
-  -- every shape's cheapest buckets, then always the stream with the least lower bound
-  local function run()
+  local function fetch(st)
+    local batch = redis.call('ZRANGE', st.key, st.rank, st.rank + st.size - 1, 'WITHSCORES')
+    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == 2 * st.size
+    st.size = math.min(2 * st.size, SCAN_BATCH)
+    st.lb = nil
+    if batch[1] then st.lb = st.cap > 0 and (tonumber(batch[2]) + st.add) / st.cap or 0 end
+  end
+  local function stream(shape)
+    local c, m = string.match(shape, '^([^:]+):(.+)$')
+    c, m = tonumber(c), tonumber(m)
+    local st = { key = dim_key('cpu', shape), cap = c, add = req.cpu, rank = 0, size = 2 }
+    if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
+      st.key, st.cap, st.add = dim_key('mem', shape), m, req.mem
+    end
+    fetch(st)
+    return st
+  end
+  local function run(streams)
     while true do
-      local pick, lb = nil, nil
-      for _, st in ipairs(streams) do
-        if st.batch[st.pos] then
-          local b = tonumber(st.batch[st.pos + 1]) + st.inc
-          if lb == nil or b < lb then pick, lb = st, b end
-        end
+      local st = nil
+      for _, x in ipairs(streams) do
+        if x.lb and (st == nil or x.lb < st.lb) then st = x end
       end
-      if pick == nil or (best and lb - EPSILON > best.pressure) then return end
-      consider(pick.batch[pick.pos])
-      pick.pos = pick.pos + 2
-      if pick.batch[pick.pos] == nil and #pick.batch == 2 * pick.size then
-        local size = math.min(2 * pick.size, SCAN_BATCH)
-        pick.batch = redis.call('ZRANGEBYSCORE', pick.key, '-inf', '+inf', 'WITHSCORES',
-          'LIMIT', pick.offset, size)
-        pick.pos, pick.offset, pick.size = 1, pick.offset + size, size
+      if st == nil or (best and st.lb > best.pressure) then return end
+      local bucket = st.batch[st.pos]
+      if bucket == nil then
+        fetch(st) -- the batch ran out; st.lb was the last one's, a floor
+      elseif best and st.lb == best.pressure and string.sub(bucket, 1, PREFIX) ~= best.counts
+          and not counts_before(bucket, best.bucket) then
+        st.lb = nil -- ranks after the best, and so does the rest of the stream
+      else
+        consider(bucket)
+        st.pos = st.pos + 2
+        if st.batch[st.pos] then
+          st.lb = st.cap > 0 and (tonumber(st.batch[st.pos + 1]) + st.add) / st.cap or 0
+        elseif not st.full then
+          st.lb = nil
+        end
       end
     end
   end
+  local streams, unknown = {}, false
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
-    if shape == '0:0' then unknown = true else streams[#streams + 1] = open(shape, 1) end
+    if shape == '0:0' then unknown = true else streams[#streams + 1] = stream(shape) end
   end
-  run()
-  if best == nil and unknown then
-    streams = { open('0:0', 1) }
-    run()
-  end
+  run(streams)
+  if best == nil and unknown then run({ stream('0:0') }) end
   if best == nil then return nil end
   -- rotate among all equal nodes, in node-id byte order
   local total = 0
@@ -239,5 +259,7 @@ local function pick_indexed(P, req, rr_next)
     picked = redis.call('ZRANGE', IDX_TMP, k, k)[1]
     redis.call('DEL', IDX_TMP)
   end
-  return picked, best.pressure
+  local set = {}
+  for _, bucket in ipairs(equals) do set[bucket] = true end
+  return picked, set
 end
