@@ -68,7 +68,13 @@ if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
 end
 
 local now = now_ms(P)
-local rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
+-- The rotation counter moves once per decision: taken now, given back on a refusal.
+local rr_next
+if dry_run then
+  rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
+else
+  rr_next = redis.call('INCR', RR_KEY)
+end
 local chosen = nil
 if not dry_run then
   sweep_expired(now)
@@ -152,22 +158,23 @@ if dry_run then
 end
 
 if chosen == nil then
+  redis.call('DECR', RR_KEY)
   redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
   reindex_touched(P, now)
   return fail('NO_NODES', refusal)
 end
-redis.call('INCR', RR_KEY)
 
 -- Stage "reserve": the placement counts in every projection from now on.
 local out_rid = ''
 if req.create then
   local seq = redis.call('HINCRBY', STATS_KEY, 'res_seq', 1)
   local expires = now + P.reservation_ttl_ms
+  -- (numbers go to redis.call as they are: Redis prints them exactly, as fmt() does)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-    'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
-    'created_ms', fmt(now), 'expires_ms', fmt(expires), 'pressure', fmt(chosen.pressure))
+    'cpu', req.cpu, 'memory_bytes', req.mem, 'state', 'pending', 'seq', seq,
+    'created_ms', now, 'expires_ms', expires, 'pressure', chosen.pressure)
   redis.call('ZADD', node_res_key(chosen.id), seq, rid)
-  redis.call('ZADD', EXPIRY_KEY, fmt(expires), rid)
+  redis.call('ZADD', EXPIRY_KEY, expires, rid)
   -- the node's new pending load and index entry, in one write
   local n = chosen
   n.pend_count = n.pend_count + 1
@@ -176,11 +183,12 @@ if req.create then
   local want = ''
   if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
   move_index(n, want)
-  redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
-    fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
+  redis.call('HSET', node_key(n.id), 'pending_count', n.pend_count, 'pending_cpu', n.pend_cpu,
+    'pending_memory_bytes', n.pend_mem, 'idx', want)
   redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
   out_rid = rid
 end
 reindex_touched(P, now)
-return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), fmt(req.cpu), fmt(req.mem),
-  chosen.status, fmt(now) }
+-- (whole numbers travel as integer replies; the pressure as exact text)
+return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), req.cpu, req.mem,
+  chosen.status, now }

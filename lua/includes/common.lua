@@ -81,9 +81,13 @@ local function load_policy()
     frozen_now_ms = tonumber(raw.frozen_now_ms),
     limits = {},
   }
+  P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}
   for _, name in ipairs(LIMIT_NAMES) do
     local v = tonumber(raw[name])
-    if v and v > 0 then P.limits[name] = v end
+    if v and v > 0 then
+      P.limits[name] = v
+      P.active[#P.active + 1] = { name, v }
+    end
   end
   if packed then
     if NPOLICIES >= POLICIES_MAX then POLICIES, NPOLICIES = {}, 0 end

@@ -44,11 +44,12 @@ local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 -- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
 local PREFIX = 27 -- length of the counts prefix
 local function bucket_of(n)
-  return string.format('%09d%09d%09d:', n.starting_reported + n.pend_count, n.running, n.paused)
-    .. table.concat({ fmt(n.cpu_cap), fmt(n.mem_cap),
-    fmt(n.alloc_cpu + n.paused_cpu + n.pend_cpu), fmt(n.alloc_mem + n.paused_mem + n.pend_mem),
-    fmt(n.alloc_cpu), fmt(n.pend_cpu), fmt(n.alloc_mem), fmt(n.pend_mem),
-    fmt(n.starting_reported), fmt(n.pend_count) }, ':')
+  -- one format call: %.17g prints what fmt() prints, for integers and fractions alike
+  return string.format(
+    '%09d%09d%09d:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g',
+    n.starting_reported + n.pend_count, n.running, n.paused, n.cpu_cap, n.mem_cap,
+    n.alloc_cpu + n.paused_cpu + n.pend_cpu, n.alloc_mem + n.paused_mem + n.pend_mem,
+    n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem, n.starting_reported, n.pend_count)
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
@@ -65,6 +66,9 @@ local function node_of_bucket(bucket)
     cpu_percent = 0, mem_used = 0,
   }
 end
+
+-- A bucket's capacity and load: C, M, Lc, Lm (4 captures).
+local LOAD_RE = '^%d+:([^:]+):([^:]+):([^:]+):([^:]+):'
 
 -- The shape "C:M" of a bucket id.
 local function shape_of(bucket)
@@ -103,7 +107,7 @@ local function idx_remove(node_id, bucket)
     local shape = shape_of(bucket)
     redis.call('ZREM', dim_key('cpu', shape), bucket)
     redis.call('ZREM', dim_key('mem', shape), bucket)
-    if redis.call('EXISTS', dim_key('cpu', shape)) == 0 then redis.call('SREM', IDX_SHAPES, shape) end
+    -- a shape left empty stays in idx-shapes until a pick finds it so
   end
 end
 
@@ -111,12 +115,13 @@ local function idx_add(node_id, bucket, n)
   local bk = bucket_key(bucket)
   redis.call('ZADD', bk, 0, node_id)
   if redis.call('ZCARD', bk) == 1 then
-    local shape = fmt(n.cpu_cap) .. ':' .. fmt(n.mem_cap)
+    local shape = shape_of(bucket)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
     local lm = n.alloc_mem + n.paused_mem + n.pend_mem
     -- scored by load (an integer: exact), 0 where the capacity is unknown
-    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or 0, bucket)
-    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or 0, bucket)
+    -- (numbers go to redis.call as they are: Redis prints them as fmt() does)
+    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and lc or 0, bucket)
+    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and lm or 0, bucket)
     redis.call('SADD', IDX_SHAPES, shape)
   end
 end
@@ -186,10 +191,28 @@ end
 -- known bucket is eligible.
 local function pick_indexed(P, req, rr_next)
   local best, equals = nil, {}
+  -- The stages on one bucket, reading only what each needs: the pressure and
+  -- capacity from its first numbers, the rest only when ceilings are set.
   local function consider(bucket)
-    local n = node_of_bucket(bucket)
-    project(n, req)
-    if check_ceilings(n, P, req) or check_capacity(n, P, req) then return end
+    local c, m, lc, lm = string.match(bucket, LOAD_RE)
+    c, m = tonumber(c), tonumber(m)
+    local pc, pm = tonumber(lc) + req.cpu, tonumber(lm) + req.mem
+    local p = 0
+    if c > 0 then p = pc / c end
+    if m > 0 and pm / m > p then p = pm / m end
+    if best and p > best.pressure then return end
+    if req.create and ((c > 0 and pc > c * P.overcommit_cpu)
+        or (m > 0 and pm > m * P.overcommit_memory)) then
+      return
+    end
+    if #P.active > 0 then
+      local full = node_of_bucket(bucket)
+      project(full, req)
+      if check_ceilings(full, P, req) then return end
+    end
+    local n = { bucket = bucket, pressure = p, known = c > 0 or m > 0,
+      starting = tonumber(string.sub(bucket, 1, 9)), running = tonumber(string.sub(bucket, 10, 18)),
+      paused = tonumber(string.sub(bucket, 19, 27)) }
     if best == nil or ranks_before(n, best) then
       best, equals = n, { bucket }
       n.counts = string.sub(bucket, 1, PREFIX)
@@ -240,19 +263,34 @@ local function pick_indexed(P, req, rr_next)
   end
   local streams, unknown = {}, false
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
-    if shape == '0:0' then unknown = true else streams[#streams + 1] = stream(shape) end
+    if shape == '0:0' then
+      unknown = true
+    else
+      local st = stream(shape)
+      if st.lb then streams[#streams + 1] = st else redis.call('SREM', IDX_SHAPES, shape) end
+    end
   end
   run(streams)
-  if best == nil and unknown then run({ stream('0:0') }) end
+  if best == nil and unknown then
+    local st = stream('0:0')
+    if st.lb then run({ st }) else redis.call('SREM', IDX_SHAPES, '0:0') end
+  end
   if best == nil then return nil end
   -- rotate among all equal nodes, in node-id byte order
-  local total = 0
-  for _, bucket in ipairs(equals) do total = total + redis.call('ZCARD', bucket_key(bucket)) end
-  local k = (rr_next - 1) % total
   local picked
   if #equals == 1 then
-    picked = redis.call('ZRANGE', bucket_key(equals[1]), k, k)[1]
+    -- most buckets hold one node: then the first read is the answer
+    local bk = bucket_key(equals[1])
+    local two = redis.call('ZRANGE', bk, 0, 1)
+    picked = two[1]
+    if two[2] then
+      local k = (rr_next - 1) % redis.call('ZCARD', bk)
+      picked = redis.call('ZRANGE', bk, k, k)[1]
+    end
   else
+    local total = 0
+    for _, bucket in ipairs(equals) do total = total + redis.call('ZCARD', bucket_key(bucket)) end
+    local k = (rr_next - 1) % total
     local keys = {}
     for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
     redis.call('ZUNIONSTORE', IDX_TMP, #keys, unpack(keys))

@@ -128,13 +128,11 @@ end
 
 -- Stage "ceilings": every configured limit must hold after the placement.
 local function check_ceilings(n, P, req)
-  for _, name in ipairs(LIMIT_NAMES) do
-    local limit = P.limits[name]
-    if limit then
-      local used = ceiling_use(n, name, req)
-      if used ~= nil and not ceiling_holds(n, name, limit, used) then
-        return 'at ' .. name .. ' (' .. fmt(limit) .. ')'
-      end
+  for i = 1, #P.active do
+    local name, limit = P.active[i][1], P.active[i][2]
+    local used = ceiling_use(n, name, req)
+    if used ~= nil and not ceiling_holds(n, name, limit, used) then
+      return 'at ' .. name .. ' (' .. fmt(limit) .. ')'
     end
   end
   return nil
