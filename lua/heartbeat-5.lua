@@ -34,21 +34,7 @@
             acknowledged by a CREATE/FORK event first, then the oldest.
 ]]
 -- @include bindings
-local SNAPSHOT_FIELDS = {
-  cluster_id = true, version = true, commit = true, status = true,
-  allocated_cpu = true, allocated_memory_bytes = true, cpu_percent = true, cpu_count = true,
-  memory_used_bytes = true, memory_total_bytes = true, disks = true, sandbox_count = true,
-  sandbox_starting_count = true, create_successes = true, create_fails = true,
-  reported_at_unix_ms = true, paused_sandbox_count = true, paused_allocated_cpu = true,
-  paused_allocated_memory_bytes = true, cpu_family = true, cpu_model = true,
-  cpu_model_name = true, cpu_architecture = true, cpu_config_json = true,
-  p2p_backend = true, p2p_address = true,
-}
--- fields that can move a node in the placement index (or in or out of it);
--- observed utilisation only matters when a ceiling on it is configured
-local INDEX_FIELDS = { 'status', 'allocated_cpu', 'allocated_memory_bytes', 'cpu_count',
-  'memory_total_bytes', 'sandbox_count', 'sandbox_starting_count', 'paused_sandbox_count',
-  'paused_allocated_cpu', 'paused_allocated_memory_bytes' }
+-- @include snapshot
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local endpoint = ARGV[3]
@@ -69,12 +55,16 @@ local values = {}
 for i = 0, nfields - 1 do
   local name = ARGV[8 + 2 * i]
   if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
-  values[name] = ARGV[9 + 2 * i]
+  local value = ARGV[9 + 2 * i]
+  -- the placement index spells these as whole numbers (the client checks
+  -- their ranges; this keeps any other writer from slipping a fraction in)
+  if WHOLE_FIELDS[name] and not string.find(value, '^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') then
+    return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+  end
+  values[name] = value
 end
 
 local nkey = node_key(node_id)
-local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
-  'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation' }
 local prev = redis.call('HMGET', nkey, unpack(PREV))
 if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
     or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)) then

@@ -169,12 +169,14 @@ local out_rid = ''
 if req.create then
   local seq = redis.call('HINCRBY', STATS_KEY, 'res_seq', 1)
   local expires = now + P.reservation_ttl_ms
-  -- (numbers go to redis.call as they are: Redis prints them exactly, as fmt() does)
+  -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
+  -- far slower than fmt's integer conversion)
+  local s_expires = fmt(expires)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-    'cpu', req.cpu, 'memory_bytes', req.mem, 'state', 'pending', 'seq', seq,
-    'created_ms', now, 'expires_ms', expires, 'pressure', chosen.pressure)
+    'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
+    'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', fmt(chosen.pressure))
   redis.call('ZADD', node_res_key(chosen.id), seq, rid)
-  redis.call('ZADD', EXPIRY_KEY, expires, rid)
+  redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
   -- the node's new pending load and index entry, in one write
   local n = chosen
   n.pend_count = n.pend_count + 1
@@ -183,8 +185,8 @@ if req.create then
   local want = ''
   if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
   move_index(n, want)
-  redis.call('HSET', node_key(n.id), 'pending_count', n.pend_count, 'pending_cpu', n.pend_cpu,
-    'pending_memory_bytes', n.pend_mem, 'idx', want)
+  redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
+    fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
   redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
   out_rid = rid
 end

@@ -16,7 +16,8 @@ MIB = 1024 * 1024
 #: low enough that Lua's doubles stay exact (< 2**53).
 MAX_CPU = 1 << 20
 MAX_BYTES = 1 << 50
-MAX_COUNT = 1 << 31
+#: Sandbox counts: the placement index spells counts in 9 digits (lua/includes/index.lua).
+MAX_COUNT = 100_000_000
 
 
 class DiskMetric(msgspec.Struct, kw_only=True):

@@ -157,3 +157,17 @@ def test_script_errors_keep_their_code(make_scheduler: Any) -> None:
     with pytest.raises(redis.exceptions.ResponseError, match="BADARG"):
         s.scripts["schedule"](keys=s.ops.schedule(Request.cold(1, 1)).keys,
                               args=["bogus", "0", "", "1", "1", "r", "0.5"])
+
+
+def test_a_fractional_count_from_another_writer_is_refused(make_scheduler: Any) -> None:
+    """The client checks snapshot numbers; the script checks again the ones the
+    placement index spells as whole numbers, for any other writer."""
+    s = make_scheduler(POLICY)
+    call = s.ops.heartbeat(hb("raw", allocated_cpu=2))
+    args = list(call.args)
+    args[args.index("allocated_cpu") + 1] = "1.5"
+    with pytest.raises(redis.exceptions.ResponseError,
+                       match="BADARG snapshot.allocated_cpu must be a whole number"):
+        s.scripts["heartbeat"](keys=call.keys, args=args)
+    assert not s.client.exists(s.keys.node("raw"))
+    assert s.nodes() == []

@@ -44,9 +44,10 @@ local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 -- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
 local PREFIX = 27 -- length of the counts prefix
 local function bucket_of(n)
-  -- one format call: %.17g prints what fmt() prints, for integers and fractions alike
-  return string.format(
-    '%09d%09d%09d:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g:%.17g',
+  -- one format call, all integers (the heartbeat admits whole numbers only):
+  -- %d is a plain integer conversion, %.17g goes through the C library's
+  -- arbitrary-precision float printer
+  return string.format('%09d%09d%09d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d',
     n.starting_reported + n.pend_count, n.running, n.paused, n.cpu_cap, n.mem_cap,
     n.alloc_cpu + n.paused_cpu + n.pend_cpu, n.alloc_mem + n.paused_mem + n.pend_mem,
     n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem, n.starting_reported, n.pend_count)
@@ -119,9 +120,8 @@ local function idx_add(node_id, bucket, n)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
     local lm = n.alloc_mem + n.paused_mem + n.pend_mem
     -- scored by load (an integer: exact), 0 where the capacity is unknown
-    -- (numbers go to redis.call as they are: Redis prints them as fmt() does)
-    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and lc or 0, bucket)
-    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and lm or 0, bucket)
+    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or '0', bucket)
+    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or '0', bucket)
     redis.call('SADD', IDX_SHAPES, shape)
   end
 end
