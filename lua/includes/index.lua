@@ -68,8 +68,10 @@ local function node_of_bucket(bucket)
   }
 end
 
--- A bucket's capacity and load: C, M, Lc, Lm (4 captures).
+-- A bucket's capacity and load: C, M, Lc, Lm (4 captures); Lc or Lm alone.
 local LOAD_RE = '^%d+:([^:]+):([^:]+):([^:]+):([^:]+):'
+local LC_RE = '^%d+:[^:]+:[^:]+:([^:]+):'
+local LM_RE = '^%d+:[^:]+:[^:]+:[^:]+:([^:]+):'
 
 -- The shape "C:M" of a bucket id.
 local function shape_of(bucket)
@@ -220,19 +222,26 @@ local function pick_indexed(P, req, rr_next)
       equals[#equals + 1] = bucket
     end
   end
+  local function lb_of(st, bucket)
+    if st.cap <= 0 then return 0 end
+    return (tonumber(string.match(bucket, st.load_re)) + st.add) / st.cap
+  end
   local function fetch(st)
-    local batch = redis.call('ZRANGE', st.key, st.rank, st.rank + st.size - 1, 'WITHSCORES')
-    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == 2 * st.size
+    -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
+    -- a %.17g print and Lua a strtod)
+    local batch = redis.call('ZRANGE', st.key, st.rank, st.rank + st.size - 1)
+    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
     st.size = math.min(2 * st.size, SCAN_BATCH)
     st.lb = nil
-    if batch[1] then st.lb = st.cap > 0 and (tonumber(batch[2]) + st.add) / st.cap or 0 end
+    if batch[1] then st.lb = lb_of(st, batch[1]) end
   end
   local function stream(shape)
     local c, m = string.match(shape, '^([^:]+):(.+)$')
     c, m = tonumber(c), tonumber(m)
-    local st = { key = dim_key('cpu', shape), cap = c, add = req.cpu, rank = 0, size = 2 }
+    local st = { key = dim_key('cpu', shape), cap = c, add = req.cpu, rank = 0, size = 2,
+      load_re = LC_RE }
     if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-      st.key, st.cap, st.add = dim_key('mem', shape), m, req.mem
+      st.key, st.cap, st.add, st.load_re = dim_key('mem', shape), m, req.mem, LM_RE
     end
     fetch(st)
     return st
@@ -252,9 +261,9 @@ local function pick_indexed(P, req, rr_next)
         st.lb = nil -- ranks after the best, and so does the rest of the stream
       else
         consider(bucket)
-        st.pos = st.pos + 2
+        st.pos = st.pos + 1
         if st.batch[st.pos] then
-          st.lb = st.cap > 0 and (tonumber(st.batch[st.pos + 1]) + st.add) / st.cap or 0
+          st.lb = lb_of(st, st.batch[st.pos])
         elseif not st.full then
           st.lb = nil
         end
