@@ -101,8 +101,11 @@ def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500) ->
     return out
 
 
-def send_heartbeats(s: Scheduler, heartbeats: Iterable[Heartbeat], batch: int = 500) -> int:
-    calls = [s.ops.heartbeat(hb) for hb in heartbeats]
+def send_heartbeats(s: Scheduler, heartbeats: Iterable[Heartbeat], batch: int = 500,
+                    memo: dict[str, Any] | None = None) -> int:
+    """Full heartbeats, pipelined; with ``memo`` (``Scheduler.beats``) the
+    client remembers them, so its later heartbeats go as deltas."""
+    calls = [s.ops.heartbeat(hb, memo) for hb in heartbeats]
     run_pipelined(s, calls, batch)
     return len(calls)
 

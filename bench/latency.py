@@ -1,4 +1,4 @@
-"""Scenario ``latency``: what one Schedule costs as the fleet grows.
+"""Scenario ``latency``: what one Schedule and one Heartbeat cost as the fleet grows.
 
 For each fleet size: a mixed fleet (16 to 96 CPU nodes) already running
 sandboxes that fill 30-70 % of each node's CPU, set up with pipelined
@@ -11,14 +11,30 @@ steady stream, in blocks:
    a timed Redis ``PING`` on the same connection, for a same-run baseline;
 2. **gateway** (not measured): each placement is assigned, and one random
    running sandbox per placement is deleted, so the load stays put;
-3. **heartbeat** (measured): the nodes that changed and are due report
-   their full roster, releasing the reservations of the sandboxes listed,
-   so that about the same number stay pending.
+3. **heartbeat** (measured): the nodes that changed and are due report,
+   one RPC at a time as a replica sends them (``Scheduler.heartbeat``: a
+   delta against the replica's previous write, with the roster when it
+   changed), releasing the reservations of the sandboxes listed, so that
+   about the same number stay pending;
+4. **steady heartbeat** (measured): a few nodes that did not change report
+   again (the common heartbeat of a healthy fleet: only the clock moves).
+
+Then, on the same fleet, **busy** figures: bursts of creations (and of
+steady heartbeats) sent pipelined, so Redis runs them back to back as it
+does when many replicas share it; each burst's reservations are cancelled
+afterwards.  A single client that waits for every answer leaves Redis idle
+between calls and its caches cold, which on a small shared machine costs a
+large share of every call; the busy figure is the cost per decision when
+Redis is the bottleneck.  ``redis_us_floor_busy`` is a reference, not our
+code: a function that makes only the writes every reservation must make
+(reservation hash, expiry and per-node zsets, the node's pending load,
+counters; no decision, no index), measured the same way in the same run.
 
 Redis CPU per call comes from ``INFO commandstats`` (``cmdstat_fcall``
-usec / calls), read before and after every block and summed per kind of
-block, so each figure is per call of that one script.  Statistics are reset
-(``CONFIG RESETSTAT``) before each fleet size when the server is ours.
+usec / calls; ``cmdstat_evalsha`` on a server without functions), read
+before and after every block and summed per kind of block, so each figure is
+per call of that one script.  Statistics are reset (``CONFIG RESETSTAT``)
+before each fleet size when the server is ours.
 
 Re-run one size to compare before / after a change to the Lua selection:
 ``python -m bench latency --nodes 10000 --json before.json``.
@@ -35,13 +51,44 @@ from typing import Any
 from bench.fleet import SIZES, SimNode, mixed_fleet, send_heartbeats
 from bench.runner import Result, Target, machine, percentile
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
+from scheduler.client import Call
 from scheduler.records import MIB
+from scheduler.scripts import FUNCTION
 
 #: Nodes registered before the pending reservations are made (see run_size).
 SEED_NODES = 200
 
 COLUMNS = ["nodes", "ping_p50_us", "schedule_p50_us", "schedule_p99_us", "redis_us_per_schedule",
-           "redis_us_per_heartbeat"]
+           "redis_us_per_heartbeat", "redis_us_per_steady_heartbeat", "redis_us_per_schedule_busy",
+           "redis_us_per_steady_heartbeat_busy", "redis_us_floor_busy"]
+
+#: The writes every reservation must make, and nothing else (no decision, no
+#: index): a reference for the busy figures, loaded as its own small library.
+FLOOR_LIBRARY = """#!lua name=sched_bench_floor
+redis.register_function('sched_bench_floor', function(keys, args)
+  local base, rid = keys[1], args[1]
+  local packed = redis.call('HGET', keys[2], 'packed')
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZRANGEBYSCORE', keys[5], '-inf', now, 'LIMIT', 0, 64)
+  local rr = redis.call('INCR', base .. 'floor-rr')
+  local node = args[2]
+  local v = redis.call('HMGET', base .. 'node:' .. node, 'endpoint', 'pending_count')
+  local expires = string.format('%d', now + 600000)
+  redis.call('HSET', base .. 'floor-res:' .. rid, 'reservation_id', rid, 'node_id', node,
+    'cpu', '2', 'memory_bytes', '4294967296', 'state', 'pending', 'seq', rr,
+    'created_ms', string.format('%d', now), 'expires_ms', expires, 'pressure', '0.5')
+  redis.call('ZADD', base .. 'floor-node-res:' .. node, rr, rid)
+  redis.call('ZADD', base .. 'floor-expiry', expires, rid)
+  redis.call('HSET', base .. 'floor-node:' .. node, 'pending_count', '1', 'pending_cpu', '2',
+    'pending_memory_bytes', '4294967296')
+  redis.call('HINCRBY', keys[4], 'floor_total', 1)
+  return { node, v[1] or '', rid, '0.5', 2, 4294967296, 'READY', now }
+end)
+"""
+#: Creations per pipelined burst, and bursts per fleet size, for the busy figures.
+BURST = 200
+BURSTS = 5
 
 
 @dataclass(frozen=True)
@@ -118,6 +165,68 @@ class _Stream:
         return due
 
 
+def _window(target: Target, calls0: tuple[int, int]) -> tuple[int, int]:
+    c1, u1 = target.script_stats()
+    return c1 - calls0[0], u1 - calls0[1]
+
+
+def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
+          ) -> tuple[float | None, float | None, float | None]:
+    """Redis CPU per call with Redis busy: pipelined bursts of creations (then
+    cancelled), of steady heartbeats, and of the reference writes."""
+    sched_calls = sched_usec = 0
+    for b in range(BURSTS):
+        calls = [s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
+                 for i in range(BURST)]
+        w = target.script_stats()
+        replies = _pipelined(s, calls)
+        n, u = _window(target, w)
+        sched_calls, sched_usec = sched_calls + n, sched_usec + u
+        _pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
+                       if not isinstance(r, Exception)])
+    clean = [n for n in stream.by_id.values()
+             if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
+             and n.node_id in s.beats]
+    steady_calls = steady_usec = 0
+    for _ in range(BURSTS):
+        sample = rng.sample(clean, min(BURST, len(clean)))
+        w = target.script_stats()
+        _pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample])
+        n, u = _window(target, w)
+        steady_calls, steady_usec = steady_calls + n, steady_usec + u
+    floor = None
+    if s.scripts.mode == FUNCTION:
+        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+        ids = list(stream.by_id)
+        keys = s.ops.schedule(Request.cold(1, 1)).keys
+        calls_n = usec_n = 0
+        for b in range(BURSTS):
+            pipe = s.client.pipeline(transaction=False)
+            for i in range(BURST):
+                pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
+                                     f"floor{b}-{i}", rng.choice(ids))
+            w = target.script_stats()
+            pipe.execute()
+            n, u = _window(target, w)
+            calls_n, usec_n = calls_n + n, usec_n + u
+        s.client.execute_command("FUNCTION", "DELETE", "sched_bench_floor")
+        floor = usec_n / max(1, calls_n)
+    return (sched_usec / max(1, sched_calls), steady_usec / max(1, steady_calls), floor)
+
+
+def _pipelined(s: Scheduler, calls: list[Call[Any]]) -> list[Any]:
+    pipe = s.client.pipeline(transaction=False)
+    for c in calls:
+        s.scripts[c.script](keys=c.keys, args=c.args, client=pipe)
+    out: list[Any] = []
+    for c, r in zip(calls, pipe.execute(raise_on_error=False), strict=True):
+        try:
+            out.append(r if isinstance(r, Exception) else c.parse(r))
+        except Exception as e:  # noqa: BLE001 - a RESYNC or a refusal is an answer here
+            out.append(e)
+    return out
+
+
 def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[str, Any]]:
     rng = random.Random(p.seed * 1_000_003 + n)
     cell = target.new_cell("latency")
@@ -130,21 +239,22 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         t0 = time.perf_counter()
         # The pending reservations are made while only the first nodes are
         # registered, where a Schedule is cheap; then the rest of the fleet joins.
-        send_heartbeats(s, [node.heartbeat() for node in nodes[:SEED_NODES]])
+        # The client remembers what it sent, so later heartbeats go as deltas.
+        send_heartbeats(s, [node.heartbeat() for node in nodes[:SEED_NODES]], memo=s.beats)
         stream.place(keep_pending)
-        send_heartbeats(s, [node.heartbeat() for node in nodes[SEED_NODES:]])
+        send_heartbeats(s, [node.heartbeat() for node in nodes[SEED_NODES:]], memo=s.beats)
         setup_s = time.perf_counter() - t0
 
         target.reset_stats()
         sched_ns: list[int] = []
         ping_ns: list[int] = []
-        sched_calls = sched_usec = hb_calls = hb_usec = 0
+        sched_calls = sched_usec = hb_calls = hb_usec = steady_calls = steady_usec = 0
         start = time.perf_counter()
         while len(sched_ns) < p.max_schedules and (
                 len(sched_ns) < p.min_schedules or time.perf_counter() - start < p.seconds):
             # 1. schedule block
             placed: list[tuple[Any, int, int]] = []
-            c0, u0 = target.script_stats()
+            w = target.script_stats()
             for _ in range(p.block):
                 cpu, mem = rng.choice(SIZES)
                 req = Request.cold(cpu, mem)
@@ -160,9 +270,8 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
                 ping_ns.append(time.perf_counter_ns() - t)
                 if placement is not None:
                     placed.append((placement, cpu, mem))
-            c1, u1 = target.script_stats()
-            sched_calls += c1 - c0
-            sched_usec += u1 - u0
+            k, u = _window(target, w)
+            sched_calls, sched_usec = sched_calls + k, sched_usec + u
             # 2. gateway: assignments and deletions
             for placement, cpu, mem in placed:
                 stream.seq += 1
@@ -170,13 +279,23 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
                 s.assign(sb, placement.node_id, placement.endpoint, placement.reservation_id)
                 stream.created(placement.node_id, cpu, mem, sb)
             stream.delete_random(len(placed))
-            # 3. heartbeat block
+            # 3. heartbeat block: one RPC at a time, as a replica sends them
             due = stream.due_heartbeats(keep_pending)
-            c0, u0 = target.script_stats()
-            hb_calls += send_heartbeats(s, [node.heartbeat() for node in due])
-            c1, u1 = target.script_stats()
-            hb_usec += u1 - u0
+            w = target.script_stats()
+            for node in due:
+                s.heartbeat(node.heartbeat())
+            k, u = _window(target, w)
+            hb_calls, hb_usec = hb_calls + k, hb_usec + u
+            # 4. steady heartbeats: nodes that did not change report again
+            clean = [stream.by_id[x] for x in rng.sample(list(stream.by_id), min(p.block, n))]
+            clean = [x for x in clean if x.node_id not in stream.unlisted]
+            w = target.script_stats()
+            for node in clean:
+                s.heartbeat(node.heartbeat())
+            k, u = _window(target, w)
+            steady_calls, steady_usec = steady_calls + k, steady_usec + u
         elapsed = time.perf_counter() - start
+        busy_sched, busy_steady, floor = _busy(target, s, stream, rng)
         pending = s.stats().pending
     finally:
         s.close()
@@ -188,8 +307,13 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         "schedule_p99_us": round(percentile(sched_ns, 99) / 1000, 1),
         "redis_us_per_schedule": round(sched_usec / max(1, sched_calls), 1),
         "redis_us_per_heartbeat": round(hb_usec / max(1, hb_calls), 1),
+        "redis_us_per_steady_heartbeat": round(steady_usec / max(1, steady_calls), 1),
+        "redis_us_per_schedule_busy": round(busy_sched, 1) if busy_sched else None,
+        "redis_us_per_steady_heartbeat_busy": round(busy_steady, 1) if busy_steady else None,
+        "redis_us_floor_busy": round(floor, 1) if floor is not None else None,
     }
     detail = {"nodes": n, "schedules": len(sched_ns), "heartbeats": hb_calls,
+              "steady_heartbeats": steady_calls,
               "refused": stream.refused, "pending_at_end": pending,
               "sandboxes": sum(len(x.sandboxes) for x in nodes),
               "setup_seconds": round(setup_s, 2), "measured_seconds": round(elapsed, 2)}
@@ -213,16 +337,26 @@ def run(target: Target, p: Params | None = None) -> Result:
         "schedule_*: client-side, one Scheduler.schedule through the library; ping_p50_us: "
         "Redis PING on the same connection, same run; redis_us_*: INFO commandstats "
         "fcall usec per call (evalsha on a server without functions)",
+        "redis_us_per_heartbeat: nodes that changed, one Scheduler.heartbeat at a time (a "
+        "delta with the roster); *_steady_heartbeat: nodes that did not change",
+        f"*_busy: pipelined bursts of {BURST} (Redis busy, as under many replicas); "
+        "redis_us_floor_busy: only the writes every reservation must make, same bursts "
+        "(a reference, not our code)",
     ]
     for row, d in zip(rows, details, strict=True):
         ratio = row["schedule_p50_us"] / row["ping_p50_us"] if row["ping_p50_us"] else 0.0
         hb_share = row["redis_us_per_heartbeat"] / max(1e-9, row["redis_us_per_schedule"])
-        notes.append(f"{d['nodes']} nodes: schedule p50 = {ratio:,.1f} x PING p50; Redis CPU "
-                     f"per heartbeat = {hb_share:.3f} x per schedule")
+        line = (f"{d['nodes']} nodes: schedule p50 = {ratio:,.1f} x PING p50; Redis CPU "
+                f"per heartbeat = {hb_share:.3f} x per schedule")
+        busy, floor = row["redis_us_per_schedule_busy"], row["redis_us_floor_busy"]
+        if busy and floor:
+            line += f"; busy schedule = {busy / floor:.1f} x the floor"
+        notes.append(line)
     for d in details:
         notes.append(f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "
-                     f"{d['setup_seconds']} s, {d['schedules']} schedules and "
-                     f"{d['heartbeats']} heartbeats in {d['measured_seconds']} s, "
+                     f"{d['setup_seconds']} s, {d['schedules']} schedules, "
+                     f"{d['heartbeats']} heartbeats and {d['steady_heartbeats']} steady ones "
+                     f"in {d['measured_seconds']} s, "
                      f"{d['pending_at_end']} reservations pending at the end, "
                      f"{d['refused']} refused")
     return Result("latency", COLUMNS, rows, params=params, machine=facts, notes=notes)

@@ -28,7 +28,8 @@ from bench.replicas import ReplicaPool, Stream, StreamResult
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Scheduler
 
-COLUMNS = ["path", "replicas", "schedules_per_s", "redis_cpu_share", "note"]
+COLUMNS = ["path", "replicas", "schedules_per_s", "redis_cpu_share", "redis_us_per_schedule",
+           "note"]
 PATHS = ("library", "grpc")
 
 
@@ -59,37 +60,47 @@ def _fleet(target: Target, p: Params, seed: int) -> tuple[str, Scheduler]:
 
 
 def _row(path: str, replicas: int, schedules: int, wall: float, cpu: float,
-         note: str = "") -> dict[str, Any]:
+         stats: tuple[int, int], note: str = "") -> dict[str, Any]:
+    calls, usec = stats
     return {"path": path, "replicas": replicas,
             "schedules_per_s": round(schedules / wall, 1) if wall > 0 else 0.0,
-            "redis_cpu_share": round(cpu / wall, 3) if wall > 0 else 0.0, "note": note}
+            "redis_cpu_share": round(cpu / wall, 3) if wall > 0 else 0.0,
+            "redis_us_per_schedule": round(usec / calls, 1) if calls else None, "note": note}
+
+
+def _since(target: Target, before: tuple[int, int]) -> tuple[int, int]:
+    calls, usec = target.script_stats()
+    return calls - before[0], usec - before[1]
 
 
 def run_library(target: Target, p: Params, pool: ReplicaPool, replicas: int) -> dict[str, Any]:
     cell, s = _fleet(target, p, p.seed + replicas)
     try:
-        cpu0 = target.cpu_seconds()
+        cpu0, stats0 = target.cpu_seconds(), target.script_stats()
         results, wall = pool.run([Stream(cell, p.seconds, p.cpu, p.memory_mb)] * replicas)
-        cpu = target.cpu_seconds() - cpu0
+        cpu, stats = target.cpu_seconds() - cpu0, _since(target, stats0)
     finally:
         s.close()
         target.drop_cell(cell)
     done = [r for r in results if isinstance(r, StreamResult)]
     refused = sum(r.refused for r in done)
     note = f"{refused} refused" if refused else ""
-    return _row("library", replicas, sum(r.schedules for r in done), wall, cpu, note)
+    return _row("library", replicas, sum(r.schedules for r in done), wall, cpu, stats, note)
 
 
 def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
     cell, s = _fleet(target, p, p.seed + replicas)
     try:
         with grpc_path.Replicas(target.url, cell, POLICY, replicas) as servers:
+            stats0 = target.script_stats()
             schedules, refused, wall, cpu = servers.load(p.seconds, p.cpu, p.memory_mb,
                                                          target.cpu_seconds)
+            stats = _since(target, stats0)
     finally:
         s.close()
         target.drop_cell(cell)
-    return _row("grpc", replicas, schedules, wall, cpu, f"{refused} refused" if refused else "")
+    return _row("grpc", replicas, schedules, wall, cpu, stats,
+                f"{refused} refused" if refused else "")
 
 
 def run(target: Target, p: Params | None = None) -> Result:
@@ -98,7 +109,8 @@ def run(target: Target, p: Params | None = None) -> Result:
     rows: list[dict[str, Any]] = []
     notes = [f"{p.nodes}-node mixed fleet, 30-60 % allocated; {p.cpu} CPU / {p.memory_mb} MB "
              f"creations back to back for {p.seconds} s per row; redis_cpu_share: redis-server "
-             "CPU seconds per wall second"]
+             "CPU seconds per wall second; redis_us_per_schedule: INFO commandstats usec per "
+             "script call during the row (only Schedule runs then)"]
     if "library" in p.paths:
         with ReplicaPool(target.url, max(p.replicas)) as pool:
             for replicas in p.replicas:
@@ -108,7 +120,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         for replicas in p.replicas:
             if missing:
                 rows.append({"path": "grpc", "replicas": replicas, "schedules_per_s": None,
-                             "redis_cpu_share": None, "note": "not available"})
+                             "redis_cpu_share": None, "redis_us_per_schedule": None,
+                             "note": "not available"})
             else:
                 rows.append(run_grpc(target, p, replicas))
         if missing:

@@ -145,6 +145,11 @@ def test_latency_rows(latency_result: Result) -> None:
         assert 0 < row["schedule_p50_us"] <= row["schedule_p99_us"]
         assert row["redis_us_per_schedule"] > 0
         assert row["redis_us_per_heartbeat"] > 0
+        assert row["redis_us_per_steady_heartbeat"] > 0
+        assert row["redis_us_per_schedule_busy"] > 0
+        assert row["redis_us_per_steady_heartbeat_busy"] > 0
+        assert row["redis_us_floor_busy"] > 0  # the reference library loads and runs
+        assert detail["steady_heartbeats"] > 0
         assert detail["schedules"] >= p.min_schedules
         assert detail["heartbeats"] > 0
         assert detail["refused"] == 0
@@ -161,7 +166,7 @@ def test_percentile_nearest_rank() -> None:
 # -- throughput ----------------------------------------------------------------
 @pytest.mark.parametrize(("path", "replicas"), [("library", (1, 2)), ("grpc", (1,))])
 def test_throughput_rows(target: Target, path: str, replicas: tuple[int, ...]) -> None:
-    p = throughput.Params(replicas=replicas, nodes=30, seconds=0.3, paths=(path,))
+    p = throughput.Params(replicas=replicas, nodes=120, seconds=0.3, paths=(path,))
     result = throughput.run(target, p)
     _keys(result)
     assert [(r["path"], r["replicas"]) for r in result.rows] == [(path, n) for n in replicas]
