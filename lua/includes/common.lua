@@ -129,11 +129,18 @@ local function end_reservation(rid, outcome, now)
   end
   local node_id = r[2]
   local nkey = node_key(node_id)
-  if redis.call('EXISTS', nkey) == 1 then
-    redis.call('HINCRBY', nkey, 'pending_count', -1)
-    redis.call('HINCRBY', nkey, 'pending_cpu', fmt(-tonumber(r[3])))
-    redis.call('HINCRBY', nkey, 'pending_memory_bytes', fmt(-tonumber(r[4])))
-    if r[1] == 'acked' then redis.call('HINCRBY', nkey, 'acked_count', -1) end
+  -- the node's pending load, less this reservation, in one read and one write
+  -- (no pending_count: the record is gone, or is a static node's bare record)
+  local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
+    'acked_count')
+  if n[1] then
+    local hset = { 'pending_count', fmt(tonumber(n[1]) - 1),
+      'pending_cpu', fmt((tonumber(n[2]) or 0) - tonumber(r[3])),
+      'pending_memory_bytes', fmt((tonumber(n[3]) or 0) - tonumber(r[4])) }
+    if r[1] == 'acked' then
+      hset[7], hset[8] = 'acked_count', fmt((tonumber(n[4]) or 0) - 1)
+    end
+    redis.call('HSET', nkey, unpack(hset))
     touch(node_id)
   end
   redis.call('ZREM', node_res_key(node_id), rid)
