@@ -81,7 +81,7 @@ if not dry_run then
   reindex_touched(P, now)
   -- Stage "index": least_loaded looks at few nodes; the full scan below
   -- decides whenever the index cannot (see includes/index.lua).
-  if strategy == 'least_loaded' and sweep_stale(P, now) then
+  if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and sweep_stale(P, now) then
     local picked, among = pick_indexed(P, req, rr_next)
     if picked then
       -- The record must sit in one of the buckets it was chosen among; its

@@ -12,15 +12,19 @@
   ARGV[2..]   field, value pairs of the wanted policy
 
   Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
-  Writes: policy (unless "same" or "conflict"), and rebuilds the placement index
+  Writes: policy (unless "same" or "conflict"), and rebuilds the placement index;
+          an index built by another version (policy field index_format) is
+          dropped and built anew, even when the policy is the same
 ]]
 -- @include index
 local overwrite = ARGV[1] == '1'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do
-  if stored[i] ~= 'time_offset_ms' and stored[i] ~= 'frozen_now_ms' and stored[i] ~= 'packed' then
-    have[stored[i]] = stored[i + 1]
+  local name = stored[i]
+  if name ~= 'time_offset_ms' and name ~= 'frozen_now_ms' and name ~= 'packed'
+      and name ~= 'index_format' then
+    have[name] = stored[i + 1]
   end
 end
 local want = {}
@@ -44,16 +48,26 @@ elseif overwrite then
 else
   outcome = 'conflict'
 end
+local format = redis.call('HGET', POLICY_KEY, 'index_format')
 if outcome == 'created' or outcome == 'overwritten' then
   local clock = redis.call('HMGET', POLICY_KEY, 'time_offset_ms', 'frozen_now_ms')
   redis.call('DEL', POLICY_KEY)
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
   if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
   if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
+  if format then redis.call('HSET', POLICY_KEY, 'index_format', format) end
   repack_policy()
-  -- indexability depends on policy (observed ceilings, report TTL)
+end
+if outcome ~= 'conflict' then
   local P = load_policy()
-  if P then rebuild_index(P, now_ms(P)) end
+  if format ~= INDEX_FORMAT then
+    -- an index built by another version (or none yet): built anew
+    upgrade_index(P, now_ms(P))
+    repack_policy()
+  elseif outcome ~= 'same' then
+    -- indexability depends on policy (observed ceilings, report TTL)
+    rebuild_index(P, now_ms(P))
+  end
 end
 local out = { outcome }
 for i = 1, #stored do out[#out + 1] = stored[i] end

@@ -327,6 +327,7 @@ class Ops:
                 stored.pop("time_offset_ms", None)
                 stored.pop("frozen_now_ms", None)
                 stored.pop("packed", None)
+                stored.pop("index_format", None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             return outcome
 

@@ -181,3 +181,44 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
     seen = s.client.zrange(s.keys.base + "idx-seen", 0, -1)
     assert sorted(x.decode() for x in seen) == survivors
     index_is_consistent(s, policy, now)
+
+
+def test_an_index_of_an_earlier_layout_is_never_read_and_is_rebuilt(redis_client: Any) -> None:
+    """A cell whose index an earlier version built (its bucket ids and scores
+    mean something else) is decided by the full scan until a replica syncs
+    the policy, which drops every index key and builds this layout."""
+    policy = Policy(report_ttl_ms=3_600_000)
+    s = Scheduler(redis_client, cell="upgrade")
+    s.sync_policy(policy, overwrite=True)
+    now = s.advance_clock(0, "freeze")
+    for i, used in enumerate([12, 2, 8]):
+        s.heartbeat(Heartbeat(node_id=f"u{i}", service_instance_id="b", endpoint=f"u{i}:1",
+                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
+                                                    allocated_cpu=used)))
+    c, base = s.client, s.keys.base
+    # What an earlier version left: its own bucket ids (shape first, fractions as
+    # scores), a packed policy of 20 fields and no index_format.  Its lowest
+    # entry names the fullest node, u0.
+    for key in [k.decode() for k in c.keys(base + "idx-*")]:
+        c.delete(key)
+    old = "16:68719476736:0:0:0:0:0:0:0:0:0:0"
+    c.zadd(base + "idx-bucket:" + old, {"u0": 0})
+    c.zadd(base + "idx-cpu:16:68719476736", {old: 0.0})
+    c.zadd(base + "idx-mem:16:68719476736", {old: 0.0})
+    c.sadd(base + "idx-shapes", "16:68719476736")
+    for i in range(3):
+        c.hset(s.keys.node(f"u{i}"), "idx", old if i == 0 else "")
+    c.hdel(s.keys.policy, "index_format")
+    packed = c.hget(s.keys.policy, "packed").decode()
+    c.hset(s.keys.policy, "packed", packed.rsplit("\t", 1)[0])
+    # the full scan decides (the index would have said u0)
+    check_stream(s, policy, [Request.cold(1, 1024), Request.cold(1, 1024)])
+    assert s.stats().reserved_total == 2
+    assert {v.node_id for v in s.nodes() if v.pending_reservations} == {"u1"}
+    # a replica starts: same policy, and the index is built anew
+    assert s.sync_policy(policy) == "same"
+    assert c.hget(s.keys.policy, "index_format") == b"2"
+    assert not c.exists(base + "idx-bucket:" + old)
+    index_is_consistent(s, policy, now)
+    check_stream(s, policy, [Request.cold(1, 1024)] * 6)
+    index_is_consistent(s, policy, now)

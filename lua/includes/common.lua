@@ -26,19 +26,20 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
   'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
   'max_cpu_allocated_percent', 'max_memory_allocated_percent',
   'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent' }
--- 20 tab-separated captures, one per PACKED name (a literal: built once, at load)
-local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
+  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format' }
+-- 21 tab-separated captures, one per PACKED name (a literal: built once, at load)
+local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
 local function raw_policy(packed)
   local raw = {}
-  if packed then
-    local v = { string.match(packed, PACKED_RE) }
+  local v = packed and { string.match(packed, PACKED_RE) }
+  if v and v[1] then
     for i, name in ipairs(PACKED) do
-      if v[i] and v[i] ~= '' then raw[name] = v[i] end
+      if v[i] ~= '' then raw[name] = v[i] end
     end
     return raw
   end
+  -- no packed copy, or one packed by an earlier version: the named fields
   local flat = redis.call('HGETALL', POLICY_KEY)
   if #flat == 0 then return nil end
   for i = 1, #flat, 2 do raw[flat[i]] = flat[i + 1] end
@@ -79,6 +80,7 @@ local function load_policy()
     static_nodes = raw.static_nodes == '1',
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
     frozen_now_ms = tonumber(raw.frozen_now_ms),
+    index_format = raw.index_format, -- of the placement index (includes/index.lua)
     limits = {},
   }
   P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}

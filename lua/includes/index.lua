@@ -180,6 +180,29 @@ local function rebuild_index(P, now)
   for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do reindex(node_id, P, now) end
 end
 
+-- The layout of the index keys and bucket ids; the policy hash records the
+-- one its index was built with (index_format), and a Schedule uses the index
+-- only when that is this one.  2: counts-first bucket ids, loads as scores.
+local INDEX_FORMAT = '2'
+
+-- Drop every index key and entry, whatever layout wrote them, then build
+-- this layout (sync_policy, when the stored index_format is not this one).
+local function upgrade_index(P, now)
+  for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
+    redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
+  end
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
+    local cur = redis.call('HGET', node_key(node_id), 'idx')
+    if cur and cur ~= '' then
+      redis.call('DEL', bucket_key(cur))
+      redis.call('HSET', node_key(node_id), 'idx', '')
+    end
+  end
+  redis.call('DEL', IDX_SHAPES, IDX_SEEN)
+  rebuild_index(P, now)
+  redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
+end
+
 -- Least-loaded choice through the index: the chosen node id and the set of
 -- buckets it was chosen among (equal rank), or nil when the full scan must decide.
 --
