@@ -167,7 +167,8 @@ end
 -- Stage "reserve": the placement counts in every projection from now on.
 local out_rid = ''
 if req.create then
-  local seq = redis.call('HINCRBY', STATS_KEY, 'res_seq', 1)
+  -- the cell's count of reservations made, this one included, orders a node's reservations
+  local seq = redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
   local expires = now + P.reservation_ttl_ms
   -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
   -- far slower than fmt's integer conversion)
@@ -187,7 +188,6 @@ if req.create then
   move_index(n, want)
   redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
     fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
-  redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
   out_rid = rid
 end
 reindex_touched(P, now)
