@@ -42,9 +42,14 @@ def _latency(result: Result, path: str | Path) -> None:
     for key, label, style in (
             ("schedule_p99_us", "Schedule p99 (client)", "o-"),
             ("schedule_p50_us", "Schedule p50 (client)", "o-"),
-            ("redis_us_per_schedule", "Redis CPU per Schedule", "s--"),
-            ("redis_us_per_heartbeat", "Redis CPU per Heartbeat", "s--"),
+            ("redis_us_per_schedule", "Redis CPU per Schedule (one client)", "s--"),
+            ("redis_us_per_schedule_busy", "Redis CPU per Schedule (Redis busy)", "s-."),
+            ("redis_us_floor_busy", "bare reservation writes (Redis busy)", "x:"),
+            ("redis_us_per_heartbeat", "Redis CPU per changed Heartbeat", "d--"),
+            ("redis_us_per_steady_heartbeat", "Redis CPU per steady Heartbeat", "d-."),
             ("ping_p50_us", "PING p50 (client, same run)", "^:")):
+        if any(r.get(key) is None for r in rows):
+            continue  # e.g. no floor on a server without functions
         ax.plot(x, [r[key] for r in rows], style, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
