@@ -18,8 +18,8 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>res:<reservation>   hash    reservation record (kept 1h as a tombstone once ended)
     <base>bind:<sandbox>      hash    sandbox -> node binding (expires with binding_ttl)
     <base>idx-shapes          set     node shapes ("C:M") present in the placement index
-    <base>idx-cpu:<C>:<M>     zset    index buckets of one shape by CPU load (allocated + paused + pending)
-    <base>idx-mem:<C>:<M>     zset    the same buckets by memory load
+    <base>idx-cpu:<C>:<M>     zset    index buckets of one shape, scored by CPU load
+    <base>idx-mem:<C>:<M>     zset    the same buckets, scored by memory load
     <base>idx-bucket:<bucket> zset    interchangeable nodes of one bucket, scored 0
     <base>idx-seen            zset    indexed node -> last heartbeat (ms), for the stale sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping

@@ -20,7 +20,8 @@ Includes therefore never read ``KEYS`` / ``ARGV`` at load time: ``bind_call``
 (includes/base.lua) binds them on entry, and per-call state registers its
 reset in ``ON_CALL``.  The registry picks the form on its first call
 (``FCALL``; on "Function not found" it loads the library, and a server that
-knows no ``FCALL`` / ``FUNCTION`` gets the scripts), and loads the library
+knows no ``FCALL`` / ``FUNCTION``, or a user whose ACL denies them, gets the
+scripts), and loads the library
 again whenever the server lost it (``FUNCTION FLUSH``, a restart without
 persistence).
 """
@@ -115,7 +116,11 @@ def library() -> Library:
 
 
 def _no_functions(e: redis.exceptions.ResponseError) -> bool:
-    return any(s in str(e).lower() for s in _NO_FUNCTIONS)
+    """The server has no functions, or this user may not use them (ACL)."""
+    text = str(e).lower()
+    if isinstance(e, redis.exceptions.NoPermissionError):
+        return "'fcall'" in text or "'function" in text
+    return any(s in text for s in _NO_FUNCTIONS)
 
 
 def _missing(e: redis.exceptions.ResponseError) -> bool:

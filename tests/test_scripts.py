@@ -76,6 +76,24 @@ def test_a_server_without_functions_gets_the_scripts(no_functions_server: RedisS
         s.close()
 
 
+@pytest.mark.real_only
+def test_a_user_denied_functions_gets_the_scripts(redis_server: RedisServer) -> None:
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "nofn", "on", ">pw", "~*", "+@all", "-function",
+                          "-fcall", "-fcall_ro")
+    url = f"redis://nofn:pw@127.0.0.1:{redis_server.port}/0"
+    s = Scheduler.connect(url, cell="acl", policy=POLICY, overwrite_policy=True)
+    try:
+        fleet(s, 2)
+        assert s.schedule(Request.cold(1, 1)).node_id in ("n0", "n1")
+        assert s.scripts.mode == EVAL
+    finally:
+        s.close()
+        admin.execute_command("ACL", "DELUSER", "nofn")
+        admin.flushdb()
+        admin.close()
+
+
 def _workload(s: Scheduler, seed: int) -> list[Any]:
     """A random mix of every kind of call; returns what each one answered."""
     rng = random.Random(seed)
