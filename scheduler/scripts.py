@@ -127,8 +127,14 @@ def _missing(e: redis.exceptions.ResponseError) -> bool:
     return "function not found" in str(e).lower()
 
 
-def _exists(e: redis.exceptions.ResponseError) -> bool:
-    return "already exists" in str(e).lower()
+def _after_load_error(e: redis.exceptions.ResponseError) -> str:
+    """The mode a failed FUNCTION LOAD leaves: loaded by someone else, or no
+    functions here; anything else is raised."""
+    if "already exists" in str(e).lower():
+        return FUNCTION
+    if _no_functions(e):
+        return EVAL
+    raise e
 
 
 class _Registry:
@@ -155,12 +161,7 @@ class ScriptRegistry(_Registry):
             self.client.execute_command("FUNCTION", "LOAD", self.library.text)
             self.mode = FUNCTION
         except redis.exceptions.ResponseError as e:
-            if _exists(e):
-                self.mode = FUNCTION
-            elif _no_functions(e):
-                self.mode = EVAL
-            else:
-                raise
+            self.mode = _after_load_error(e)
 
     def call(self, name: str, keys: Sequence[Any], args: Sequence[Any],
              client: Any = None) -> Any:
@@ -199,12 +200,7 @@ class AsyncScriptRegistry(_Registry):
             await self.client.execute_command("FUNCTION", "LOAD", self.library.text)
             self.mode = FUNCTION
         except redis.exceptions.ResponseError as e:
-            if _exists(e):
-                self.mode = FUNCTION
-            elif _no_functions(e):
-                self.mode = EVAL
-            else:
-                raise
+            self.mode = _after_load_error(e)
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self.mode == EVAL:
