@@ -119,7 +119,10 @@ local function idx_remove(node_id, bucket)
   end
 end
 
-local function idx_add(node_id, bucket, n)
+-- `from`: the bucket the node leaves ('' = none).  Within one shape the shape
+-- is listed already (a pick drops only shapes it finds empty, and the node's
+-- old bucket kept this one from being empty), so it is not added again.
+local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
   redis.call('ZADD', bk, 0, node_id)
   if redis.call('ZCARD', bk) == 1 then
@@ -129,7 +132,7 @@ local function idx_add(node_id, bucket, n)
     -- scored by load (an integer: exact), 0 where the capacity is unknown
     redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or '0', bucket)
     redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or '0', bucket)
-    redis.call('SADD', IDX_SHAPES, shape)
+    if from == '' or shape_of(from) ~= shape then redis.call('SADD', IDX_SHAPES, shape) end
   end
 end
 
@@ -138,7 +141,7 @@ end
 local function move_index(n, want)
   if want == n.idx then return end
   if n.idx ~= '' then idx_remove(n.id, n.idx) end
-  if want ~= '' then idx_add(n.id, want, n) end
+  if want ~= '' then idx_add(n.id, want, n, n.idx) end
   n.idx = want
 end
 
