@@ -17,15 +17,14 @@
           dropped and built anew, even when the policy is the same
 ]]
 -- @include index
+-- kept beside the policy, not part of it (scheduler/client.py NOT_POLICY)
+local NOT_POLICY = { time_offset_ms = true, frozen_now_ms = true, packed = true,
+  index_format = true }
 local overwrite = ARGV[1] == '1'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do
-  local name = stored[i]
-  if name ~= 'time_offset_ms' and name ~= 'frozen_now_ms' and name ~= 'packed'
-      and name ~= 'index_format' then
-    have[name] = stored[i + 1]
-  end
+  if not NOT_POLICY[stored[i]] then have[stored[i]] = stored[i + 1] end
 end
 local want = {}
 local same = true

@@ -59,6 +59,10 @@ from scheduler.scripts import AsyncScriptRegistry, ScriptRegistry
 
 T = TypeVar("T")
 
+#: Fields the policy hash keeps beside the policy (drill clock, packed copy,
+#: index layout); lua/sync_policy-5.lua leaves them out of the comparison too.
+NOT_POLICY = ("time_offset_ms", "frozen_now_ms", "packed", "index_format")
+
 SNAPSHOT_INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("allocated_cpu", MAX_CPU),
     ("allocated_memory_bytes", MAX_BYTES),
@@ -324,10 +328,8 @@ class Ops:
             outcome = _s(r[0])
             if outcome == "conflict":
                 stored = _pairs(r[1:])
-                stored.pop("time_offset_ms", None)
-                stored.pop("frozen_now_ms", None)
-                stored.pop("packed", None)
-                stored.pop("index_format", None)
+                for name in NOT_POLICY:
+                    stored.pop(name, None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             return outcome
 

@@ -228,22 +228,18 @@ local function pick_indexed(P, req, rr_next)
   -- capacity from its first numbers, the rest only when ceilings are set.
   local function consider(bucket)
     local c, m, lc, lm = string.match(bucket, LOAD_RE)
-    c, m = tonumber(c), tonumber(m)
-    local pc, pm = tonumber(lc) + req.cpu, tonumber(lm) + req.mem
-    local p = 0
-    if c > 0 then p = pc / c end
-    if m > 0 and pm / m > p then p = pm / m end
+    -- the projected load alone, judged by the same stages as a whole node
+    local load = { cpu_cap = tonumber(c), mem_cap = tonumber(m),
+      proj_cpu = tonumber(lc) + req.cpu, proj_mem = tonumber(lm) + req.mem }
+    local p = pressure_of(load)
     if best and p > best.pressure then return end
-    if req.create and ((c > 0 and pc > c * P.overcommit_cpu)
-        or (m > 0 and pm > m * P.overcommit_memory)) then
-      return
-    end
+    if check_capacity(load, P, req) then return end
     if #P.active > 0 then
       local full = node_of_bucket(bucket)
       project(full, req)
       if check_ceilings(full, P, req) then return end
     end
-    local n = { bucket = bucket, pressure = p, known = c > 0 or m > 0,
+    local n = { bucket = bucket, pressure = p, known = load.cpu_cap > 0 or load.mem_cap > 0,
       starting = tonumber(string.sub(bucket, 1, 9)), running = tonumber(string.sub(bucket, 10, 18)),
       paused = tonumber(string.sub(bucket, 19, 27)) }
     if best == nil or ranks_before(n, best) then

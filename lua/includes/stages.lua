@@ -60,17 +60,22 @@ local function read_status(n, P, now)
 end
 
 -- Stage "project": projected load and pressure with the request placed.
-local function project(n, req)
-  n.known = n.cpu_cap > 0 or n.mem_cap > 0
-  n.proj_cpu = n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
-  n.proj_mem = n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
+-- Pressure of a projected load: the larger share over the known capacities.
+local function pressure_of(n)
   local p = 0
   if n.cpu_cap > 0 then p = n.proj_cpu / n.cpu_cap end
   if n.mem_cap > 0 then
     local pm = n.proj_mem / n.mem_cap
     if pm > p then p = pm end
   end
-  n.pressure = p
+  return p
+end
+
+local function project(n, req)
+  n.known = n.cpu_cap > 0 or n.mem_cap > 0
+  n.proj_cpu = n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
+  n.proj_mem = n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
+  n.pressure = pressure_of(n)
   n.starting = n.starting_reported + n.pend_count
 end
 
