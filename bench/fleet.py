@@ -85,11 +85,13 @@ class SimNode:
             sandbox_ids=list(o.sandboxes) if roster else [])
 
 
-def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500) -> list[Any]:
+def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500,
+                  errors: bool = False) -> list[Any]:
     """Run library operations in pipelines of ``batch`` (one round trip each).
 
-    Each call is exactly the EVALSHA the library would send on its own; the
-    pipeline only saves round trips (redis-py loads missing scripts first).
+    Each call is exactly the FCALL (or EVALSHA) the library would send on its
+    own; the pipeline only saves round trips.  With ``errors`` an error reply
+    (a refusal, a RESYNC) is returned in its place instead of raised.
     """
     out: list[Any] = []
     for i in range(0, len(calls), batch):
@@ -97,7 +99,16 @@ def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500) ->
         pipe = s.client.pipeline(transaction=False)
         for c in chunk:
             s.scripts[c.script](keys=c.keys, args=c.args, client=pipe)
-        out += [c.parse(r) for c, r in zip(chunk, pipe.execute(), strict=True)]
+        for c, r in zip(chunk, pipe.execute(raise_on_error=not errors), strict=True):
+            if isinstance(r, Exception):
+                out.append(r)
+                continue
+            try:
+                out.append(c.parse(r))
+            except Exception as e:
+                if not errors:
+                    raise
+                out.append(e)
     return out
 
 

@@ -48,10 +48,9 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.fleet import SIZES, SimNode, mixed_fleet, send_heartbeats
+from bench.fleet import SIZES, SimNode, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine, percentile
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.client import Call
 from scheduler.records import MIB
 from scheduler.scripts import FUNCTION
 
@@ -165,11 +164,6 @@ class _Stream:
         return due
 
 
-def _window(target: Target, calls0: tuple[int, int]) -> tuple[int, int]:
-    c1, u1 = target.script_stats()
-    return c1 - calls0[0], u1 - calls0[1]
-
-
 def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
           ) -> tuple[float | None, float | None, float | None]:
     """Redis CPU per call with Redis busy: pipelined bursts of creations (then
@@ -179,11 +173,11 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
         calls = [s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
                  for i in range(BURST)]
         w = target.script_stats()
-        replies = _pipelined(s, calls)
-        n, u = _window(target, w)
+        replies = run_pipelined(s, calls, errors=True)
+        n, u = target.script_stats_since(w)
         sched_calls, sched_usec = sched_calls + n, sched_usec + u
-        _pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
-                       if not isinstance(r, Exception)])
+        run_pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
+                          if not isinstance(r, Exception)], errors=True)
     clean = [n for n in stream.by_id.values()
              if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
              and n.node_id in s.beats]
@@ -191,8 +185,8 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
     for _ in range(BURSTS):
         sample = rng.sample(clean, min(BURST, len(clean)))
         w = target.script_stats()
-        _pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample])
-        n, u = _window(target, w)
+        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample], errors=True)
+        n, u = target.script_stats_since(w)
         steady_calls, steady_usec = steady_calls + n, steady_usec + u
     floor = None
     if s.scripts.mode == FUNCTION:
@@ -207,24 +201,11 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
                                      f"floor{b}-{i}", rng.choice(ids))
             w = target.script_stats()
             pipe.execute()
-            n, u = _window(target, w)
+            n, u = target.script_stats_since(w)
             calls_n, usec_n = calls_n + n, usec_n + u
         s.client.execute_command("FUNCTION", "DELETE", "sched_bench_floor")
         floor = usec_n / max(1, calls_n)
     return (sched_usec / max(1, sched_calls), steady_usec / max(1, steady_calls), floor)
-
-
-def _pipelined(s: Scheduler, calls: list[Call[Any]]) -> list[Any]:
-    pipe = s.client.pipeline(transaction=False)
-    for c in calls:
-        s.scripts[c.script](keys=c.keys, args=c.args, client=pipe)
-    out: list[Any] = []
-    for c, r in zip(calls, pipe.execute(raise_on_error=False), strict=True):
-        try:
-            out.append(r if isinstance(r, Exception) else c.parse(r))
-        except Exception as e:  # noqa: BLE001 - a RESYNC or a refusal is an answer here
-            out.append(e)
-    return out
 
 
 def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -270,7 +251,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
                 ping_ns.append(time.perf_counter_ns() - t)
                 if placement is not None:
                     placed.append((placement, cpu, mem))
-            k, u = _window(target, w)
+            k, u = target.script_stats_since(w)
             sched_calls, sched_usec = sched_calls + k, sched_usec + u
             # 2. gateway: assignments and deletions
             for placement, cpu, mem in placed:
@@ -284,7 +265,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
             w = target.script_stats()
             for node in due:
                 s.heartbeat(node.heartbeat())
-            k, u = _window(target, w)
+            k, u = target.script_stats_since(w)
             hb_calls, hb_usec = hb_calls + k, hb_usec + u
             # 4. steady heartbeats: nodes that did not change report again
             clean = [stream.by_id[x] for x in rng.sample(list(stream.by_id), min(p.block, n))]
@@ -292,7 +273,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
             w = target.script_stats()
             for node in clean:
                 s.heartbeat(node.heartbeat())
-            k, u = _window(target, w)
+            k, u = target.script_stats_since(w)
             steady_calls, steady_usec = steady_calls + k, steady_usec + u
         elapsed = time.perf_counter() - start
         busy_sched, busy_steady, floor = _busy(target, s, stream, rng)

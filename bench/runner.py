@@ -95,6 +95,11 @@ class Target:
             usec += int(s.get("usec", 0))
         return calls, usec
 
+    def script_stats_since(self, before: tuple[int, int]) -> tuple[int, int]:
+        """(calls, usec) of script calls since ``before`` (a script_stats())."""
+        calls, usec = self.script_stats()
+        return calls - before[0], usec - before[1]
+
     def cpu_seconds(self) -> float:
         """CPU time the redis-server process has used (user + system)."""
         info = self.client.info("cpu")

@@ -68,17 +68,13 @@ def _row(path: str, replicas: int, schedules: int, wall: float, cpu: float,
             "redis_us_per_schedule": round(usec / calls, 1) if calls else None, "note": note}
 
 
-def _since(target: Target, before: tuple[int, int]) -> tuple[int, int]:
-    calls, usec = target.script_stats()
-    return calls - before[0], usec - before[1]
-
 
 def run_library(target: Target, p: Params, pool: ReplicaPool, replicas: int) -> dict[str, Any]:
     cell, s = _fleet(target, p, p.seed + replicas)
     try:
         cpu0, stats0 = target.cpu_seconds(), target.script_stats()
         results, wall = pool.run([Stream(cell, p.seconds, p.cpu, p.memory_mb)] * replicas)
-        cpu, stats = target.cpu_seconds() - cpu0, _since(target, stats0)
+        cpu, stats = target.cpu_seconds() - cpu0, target.script_stats_since(stats0)
     finally:
         s.close()
         target.drop_cell(cell)
@@ -95,7 +91,7 @@ def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
             stats0 = target.script_stats()
             schedules, refused, wall, cpu = servers.load(p.seconds, p.cpu, p.memory_mb,
                                                          target.cpu_seconds)
-            stats = _since(target, stats0)
+            stats = target.script_stats_since(stats0)
     finally:
         s.close()
         target.drop_cell(cell)
