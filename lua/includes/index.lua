@@ -47,7 +47,6 @@ local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 -- The bucket id: the ranking counts first, zero-padded to 9 digits each, so a
 -- zset's byte order among equal scores is rank order (starting, running,
 -- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
-local PREFIX = 27 -- length of the counts prefix
 local function bucket_of(n)
   -- one format call, all integers (the heartbeat admits whole numbers only):
   -- %d is a plain integer conversion, %.17g goes through the C library's
@@ -58,38 +57,50 @@ local function bucket_of(n)
     n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem, n.starting_reported, n.pend_count)
 end
 
+-- A bucket id's numbers.  The id spells its whole content, so its parse never
+-- goes stale: parses are kept from call to call (Redis Functions keep the
+-- library's state; under EVAL every call starts empty), at most PARSED_MAX,
+-- all dropped when full.  Nobody may change a parse.
+-- 13 captures (a literal: built once, at load)
+local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
+local PARSED, PARSED_N = {}, 0
+local PARSED_MAX = 4096
+local function parse_bucket(bucket)
+  local b = PARSED[bucket]
+  if b then return b end
+  local s, r, p, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
+  b = { starting = tonumber(s), running = tonumber(r), paused = tonumber(p),
+    cpu_cap = tonumber(c), mem_cap = tonumber(m), lc = tonumber(lc), lm = tonumber(lm),
+    alloc_cpu = tonumber(ac), pend_cpu = tonumber(rc), alloc_mem = tonumber(am),
+    pend_mem = tonumber(rm), starting_reported = tonumber(start), pend_count = tonumber(pend) }
+  b.known = b.cpu_cap > 0 or b.mem_cap > 0
+  if PARSED_N >= PARSED_MAX then PARSED, PARSED_N = {}, 0 end
+  PARSED[bucket], PARSED_N = b, PARSED_N + 1
+  return b
+end
+
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
--- 12 captures (a literal: built once, at load)
-local BUCKET_RE = '^%d%d%d%d%d%d%d%d%d(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local function node_of_bucket(bucket)
-  local run, paused, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
-  ac, rc, am, rm = tonumber(ac), tonumber(rc), tonumber(am), tonumber(rm)
+  local b = parse_bucket(bucket)
   return {
-    bucket = bucket, cpu_cap = tonumber(c), mem_cap = tonumber(m), alloc_cpu = ac, pend_cpu = rc,
-    paused_cpu = tonumber(lc) - ac - rc, alloc_mem = am, pend_mem = rm,
-    paused_mem = tonumber(lm) - am - rm, running = tonumber(run),
-    starting_reported = tonumber(start), paused = tonumber(paused), pend_count = tonumber(pend),
+    bucket = bucket, cpu_cap = b.cpu_cap, mem_cap = b.mem_cap, alloc_cpu = b.alloc_cpu,
+    pend_cpu = b.pend_cpu, paused_cpu = b.lc - b.alloc_cpu - b.pend_cpu, alloc_mem = b.alloc_mem,
+    pend_mem = b.pend_mem, paused_mem = b.lm - b.alloc_mem - b.pend_mem, running = b.running,
+    starting_reported = b.starting_reported, paused = b.paused, pend_count = b.pend_count,
     cpu_percent = 0, mem_used = 0,
   }
 end
-
--- A bucket's capacity and load: C, M, Lc, Lm (4 captures); Lc or Lm alone.
-local LOAD_RE = '^%d+:([^:]+):([^:]+):([^:]+):([^:]+):'
-local LC_RE = '^%d+:[^:]+:[^:]+:([^:]+):'
-local LM_RE = '^%d+:[^:]+:[^:]+:[^:]+:([^:]+):'
 
 -- The shape "C:M" of a bucket id.
 local function shape_of(bucket)
   return string.match(bucket, '^%d+:([^:]+:[^:]+):')
 end
 
--- Does bucket a's counts prefix rank strictly before bucket b's?
+-- Do parsed bucket a's counts (starting, running, paused) rank strictly before b's?
 local function counts_before(a, b)
-  for i = 1, PREFIX, 9 do
-    local x, y = tonumber(string.sub(a, i, i + 8)), tonumber(string.sub(b, i, i + 8))
-    if x ~= y then return x < y end
-  end
-  return false
+  if a.starting ~= b.starting then return a.starting < b.starting end
+  if a.running ~= b.running then return a.running < b.running end
+  return a.paused < b.paused
 end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
@@ -226,11 +237,13 @@ local function pick_indexed(P, req, rr_next)
   local best, equals = nil, {}
   -- The stages on one bucket, reading only what each needs: the pressure and
   -- capacity from its first numbers, the rest only when ceilings are set.
+  -- (one stand-in table for the projected load, refilled per bucket)
+  local load = {}
   local function consider(bucket)
-    local c, m, lc, lm = string.match(bucket, LOAD_RE)
+    local b = parse_bucket(bucket)
     -- the projected load alone, judged by the same stages as a whole node
-    local load = { cpu_cap = tonumber(c), mem_cap = tonumber(m),
-      proj_cpu = tonumber(lc) + req.cpu, proj_mem = tonumber(lm) + req.mem }
+    load.cpu_cap, load.mem_cap = b.cpu_cap, b.mem_cap
+    load.proj_cpu, load.proj_mem = b.lc + req.cpu, b.lm + req.mem
     local p = pressure_of(load)
     if best and p > best.pressure then return end
     if check_capacity(load, P, req) then return end
@@ -239,19 +252,19 @@ local function pick_indexed(P, req, rr_next)
       project(full, req)
       if check_ceilings(full, P, req) then return end
     end
-    local n = { bucket = bucket, pressure = p, known = load.cpu_cap > 0 or load.mem_cap > 0,
-      starting = tonumber(string.sub(bucket, 1, 9)), running = tonumber(string.sub(bucket, 10, 18)),
-      paused = tonumber(string.sub(bucket, 19, 27)) }
+    local n = { bucket = bucket, parsed = b, pressure = p, known = b.known,
+      starting = b.starting, running = b.running, paused = b.paused }
     if best == nil or ranks_before(n, best) then
       best, equals = n, { bucket }
-      n.counts = string.sub(bucket, 1, PREFIX)
     elseif not ranks_before(best, n) then
       equals[#equals + 1] = bucket
     end
   end
   local function lb_of(st, bucket)
     if st.cap <= 0 then return 0 end
-    return (tonumber(string.match(bucket, st.load_re)) + st.add) / st.cap
+    local b = parse_bucket(bucket)
+    if st.mem then return (b.lm + st.add) / st.cap end
+    return (b.lc + st.add) / st.cap
   end
   local function fetch(st)
     -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
@@ -266,9 +279,9 @@ local function pick_indexed(P, req, rr_next)
     local c, m = string.match(shape, '^([^:]+):(.+)$')
     c, m = tonumber(c), tonumber(m)
     local st = { key = dim_key('cpu', shape), cap = c, add = req.cpu, rank = 0, size = 2,
-      load_re = LC_RE }
+      mem = false }
     if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-      st.key, st.cap, st.add, st.load_re = dim_key('mem', shape), m, req.mem, LM_RE
+      st.key, st.cap, st.add, st.mem = dim_key('mem', shape), m, req.mem, true
     end
     fetch(st)
     return st
@@ -283,8 +296,7 @@ local function pick_indexed(P, req, rr_next)
       local bucket = st.batch[st.pos]
       if bucket == nil then
         fetch(st) -- the batch ran out; st.lb was the last one's, a floor
-      elseif best and st.lb == best.pressure and string.sub(bucket, 1, PREFIX) ~= best.counts
-          and not counts_before(bucket, best.bucket) then
+      elseif best and st.lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
         st.lb = nil -- ranks after the best, and so does the rest of the stream
       else
         consider(bucket)
