@@ -144,14 +144,14 @@ for sb, _ in pairs(before) do
   if not listed[sb] then gone[#gone + 1] = sb end
 end
 for _, sb in ipairs(added) do
-  local rid = bound_reservation(sb, node_id)
-  if rid and end_reservation(rid, 'released', now) then released = released + 1 end
-  write_binding(sb, node_id, node_endpoint, '1', rid, now, P)
+  local rid, b, r = bound_reservation(sb, node_id)
+  if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
+  write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b)
 end
 for _, sb in ipairs(gone) do
   local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
   if b[1] == node_id and b[2] == '1' then
-    drop_binding(sb, node_id)
+    drop_binding(sb, node_id, true)
   else
     redis.call('SREM', roster_key, sb)
   end

@@ -265,6 +265,26 @@ def test_bindings_follow_rosters(make_scheduler: Make) -> None:
     assert s.lookup("c").node_id == "n2"
 
 
+def test_listed_bindings_carry_no_key_expiry(make_scheduler: Make, redis_client: Any) -> None:
+    """A binding's key TTL only collects garbage: an assignment not yet listed
+    has one, a roster lifts it (else Redis would drop a live binding), and a
+    sandbox a roster lists first never gets one."""
+    s = make_scheduler(Policy(binding_ttl_ms=60_000))
+    s.heartbeat(hb("n1"))
+    p = s.schedule(Request.cold(1, 0))
+    s.assign("assigned", "n1", EP, p.reservation_id)
+    assert 0 < redis_client.pttl(s.keys.bind("assigned")) <= 60_000
+    r = s.heartbeat(hb("n1", roster=["assigned", "direct"], sandbox_count=2))
+    assert r.released == 1
+    assert redis_client.pttl(s.keys.bind("assigned")) == -1
+    assert redis_client.pttl(s.keys.bind("direct")) == -1
+    assert [s.lookup(x).node_id for x in ("assigned", "direct")] == ["n1", "n1"]
+    # once a roster drops it, a reported delete leaves a tombstone that expires
+    s.heartbeat(hb("n1", roster=["assigned"], sandbox_count=1))
+    s.events("n1", [SandboxEvent(sandbox_id="direct", event_type="DELETE")])
+    assert 0 < redis_client.pttl(s.keys.bind("direct")) <= 60_000
+
+
 def test_assignment_to_an_unknown_node_writes_nothing(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1"))

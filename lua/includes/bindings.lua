@@ -16,9 +16,10 @@
 -- Write (or refresh) sandbox -> node.  `rid` nil keeps the reservation
 -- already charged to the sandbox on this node (a sandbox is charged at most
 -- once).  Taking a sandbox from another node removes it from that node's sets.
-local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
+-- `prev`: the binding's {node_id, reservation_id} if the caller just read them.
+local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev)
   local bkey = bind_key(sb)
-  local prev = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id')
   if prev[1] and prev[1] ~= node_id then
     redis.call('SREM', node_sbx_key(prev[1]), sb)
     redis.call('SREM', node_roster_key(prev[1]), sb)
@@ -28,16 +29,20 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P)
     'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms),
     'deleted', '0')
   if listed == '1' then
-    redis.call('PERSIST', bkey)
+    -- (a binding made just now has no expiry to lift)
+    if prev[1] then redis.call('PERSIST', bkey) end
   else
     redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
   end
   redis.call('SADD', node_sbx_key(node_id), sb)
 end
 
-local function drop_binding(sb, node_id)
+-- `owned`: whether the binding names node_id, if the caller read it in this
+-- call (nil: read it here).
+local function drop_binding(sb, node_id, owned)
   local bkey = bind_key(sb)
-  if redis.call('HGET', bkey, 'node_id') == node_id then redis.call('DEL', bkey) end
+  if owned == nil then owned = redis.call('HGET', bkey, 'node_id') == node_id end
+  if owned then redis.call('DEL', bkey) end
   redis.call('SREM', node_sbx_key(node_id), sb)
   redis.call('SREM', node_roster_key(node_id), sb)
 end
@@ -52,7 +57,7 @@ local function bury_binding(sb, node_id, now, P)
   local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
   local charged_rid = ''
   if b[1] == node_id then charged_rid = b[2] or '' end
-  drop_binding(sb, node_id)
+  drop_binding(sb, node_id, b[1] == node_id)
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
     'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
@@ -64,13 +69,16 @@ local function buried_on(sb, node_id, now)
   return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
 end
 
--- A live reservation of `node_id` attached to binding `sb`, or nil.
+-- A live reservation of `node_id` attached to binding `sb`, or nil; then what
+-- was read, for the caller's next step: the binding's {node_id,
+-- reservation_id} (for write_binding) and the reservation's RES_READ fields
+-- (for end_reservation).
 local function bound_reservation(sb, node_id)
   local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
-  if b[1] ~= node_id or not b[2] or b[2] == '' then return nil end
-  local r = redis.call('HMGET', res_key(b[2]), 'state', 'node_id')
-  if LIVE[r[1]] and r[2] == node_id then return b[2] end
-  return nil
+  if b[1] ~= node_id or not b[2] or b[2] == '' then return nil, b end
+  local r = redis.call('HMGET', res_key(b[2]), unpack(RES_READ))
+  if LIVE[r[1]] and r[2] == node_id then return b[2], b, r end
+  return nil, b
 end
 
 -- Has a reservation (live or ended) already been charged to sandbox `sb` on

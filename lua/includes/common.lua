@@ -120,11 +120,15 @@ local TOUCHED = {}
 ON_CALL[#ON_CALL + 1] = function() TOUCHED = {} end
 local function touch(node_id) TOUCHED[node_id] = true end
 
+-- What ending a reservation reads of it.
+local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
--- Returns true when this call ended it.
-local function end_reservation(rid, outcome, now)
+-- `r`: its RES_READ fields if the caller read them in this call and nothing
+-- wrote the reservation since.  Returns true when this call ended it.
+local function end_reservation(rid, outcome, now, r)
   local rkey = res_key(rid)
-  local r = redis.call('HMGET', rkey, 'state', 'node_id', 'cpu', 'memory_bytes')
+  r = r or redis.call('HMGET', rkey, unpack(RES_READ))
   if not LIVE[r[1]] then
     redis.call('ZREM', EXPIRY_KEY, rid)
     return false
