@@ -93,9 +93,9 @@ local generation = (tonumber(prev[8]) or 0) + 1
 local incarnation = prev[12]
 if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', 1)) end
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
-  'generation', generation, 'incarnation', incarnation }
+  'generation', fmt(generation), 'incarnation', incarnation }
 if roster_sent then
-  for _, x in ipairs({ 'roster_size', #roster, 'roster_mode', roster_mode and '1' or '0',
+  for _, x in ipairs({ 'roster_size', fmt(#roster), 'roster_mode', roster_mode and '1' or '0',
     'roster_digest', digest }) do hset[#hset + 1] = x end
 end
 for name, value in pairs(values) do

@@ -38,12 +38,13 @@ if #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', now, 'LIMIT', 0, 1) > 0 then
   return { 'RESYNC' } -- the full heartbeat sweeps and reindexes
 end
 local generation = tonumber(v[3]) + 1
-local hset = { 'last_seen_ms', fmt(now), 'generation', generation }
-if reported == '0' then reported = fmt(now) end
+local s_now = fmt(now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
+if reported == '0' then reported = s_now end
 if reported ~= '' then
   hset[#hset + 1] = 'reported_at_unix_ms'
   hset[#hset + 1] = reported
 end
 redis.call('HSET', nkey, unpack(hset))
-redis.call('ZADD', IDX_SEEN, fmt(now), node_id)
-return { generation, v[5] == '1' and 1 or 0, fmt(now), v[2] }
+redis.call('ZADD', IDX_SEEN, s_now, node_id)
+return { generation, v[5] == '1' and 1 or 0, s_now, v[2] }

@@ -168,7 +168,7 @@ end
 local out_rid = ''
 if req.create then
   -- the cell's count of reservations made, this one included, orders a node's reservations
-  local seq = redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)
+  local seq = fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1))
   local expires = now + P.reservation_ttl_ms
   -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
   -- far slower than fmt's integer conversion)

@@ -91,6 +91,18 @@ local function node_of_bucket(bucket)
   }
 end
 
+-- A shape "C:M" as numbers {C, M}, kept from call to call like the parses above.
+local CAPS, CAPS_N = {}, 0
+local function shape_caps(shape)
+  local x = CAPS[shape]
+  if x then return x end
+  local c, m = string.match(shape, '^([^:]+):(.+)$')
+  x = { tonumber(c), tonumber(m) }
+  if CAPS_N >= PARSED_MAX then CAPS, CAPS_N = {}, 0 end
+  CAPS[shape], CAPS_N = x, CAPS_N + 1
+  return x
+end
+
 -- The shape "C:M" of a bucket id.
 local function shape_of(bucket)
   return string.match(bucket, '^%d+:([^:]+:[^:]+):')
@@ -276,13 +288,13 @@ local function pick_indexed(P, req, rr_next)
     if batch[1] then st.lb = lb_of(st, batch[1]) end
   end
   local function stream(shape)
-    local c, m = string.match(shape, '^([^:]+):(.+)$')
-    c, m = tonumber(c), tonumber(m)
-    local st = { key = dim_key('cpu', shape), cap = c, add = req.cpu, rank = 0, size = 2,
-      mem = false }
+    local caps = shape_caps(shape)
+    local c, m = caps[1], caps[2]
+    local st = { cap = c, add = req.cpu, rank = 0, size = 2, mem = false }
     if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-      st.key, st.cap, st.add, st.mem = dim_key('mem', shape), m, req.mem, true
+      st.cap, st.add, st.mem = m, req.mem, true
     end
+    st.key = dim_key(st.mem and 'mem' or 'cpu', shape)
     fetch(st)
     return st
   end
