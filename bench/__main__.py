@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench import balance, ceiling, latency, throughput
+from bench import balance, ceiling, latency, throughput, versus
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
 PLOTTABLE = ("ceiling", "latency")
@@ -80,6 +80,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
     t.add_argument("--paths", type=_paths, help="library,grpc (default both)")
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
+    v = sub.add_parser("versus", parents=[common], help="Redis CPU per call of another "
+                       "revision's scripts against this tree's, as ratios in one run")
+    v.add_argument("--base", default="HEAD", metavar="REV",
+                   help="git revision to compare with (default HEAD: the last commit)")
+    v.add_argument("--nodes", type=int, help="fleet size (default 1000)")
+    v.add_argument("--rounds", type=int, help="rounds of bursts per library (default 12)")
+    v.add_argument("--burst", type=int, help="calls per burst (default 200)")
+    v.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
     return p
 
 
@@ -104,6 +113,11 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
                      {"nodes": "nodes", "seconds": "seconds"})
         lp = replace(lp, seed=args.seed)
         return lambda t: latency.run(t, lp)
+    if name == "versus":
+        vp = _params(args, versus.Params.quick() if args.quick else versus.Params(),
+                     {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        vp = replace(vp, base=args.base, seed=args.seed)
+        return lambda t: versus.run(t, vp)
     tp = _params(args, throughput.Params.quick() if args.quick else throughput.Params(),
                  {"replicas": "replicas", "nodes": "nodes", "seconds": "seconds",
                   "paths": "paths"})

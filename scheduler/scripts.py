@@ -39,7 +39,7 @@ from typing import Any
 import redis
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
-_NAME = re.compile(r"^(?P<name>[a-z_]+)-(?P<nkeys>\d+)\.lua$")
+SCRIPT_NAME = re.compile(r"^(?P<name>[a-z_]+)-(?P<nkeys>\d+)\.lua$")
 #: Errors that mean "this server has no functions": fall back to EVALSHA.
 _NO_FUNCTIONS = ("unknown command", "unknown subcommand")
 
@@ -63,7 +63,7 @@ def _files() -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
                 if f.name.endswith(".lua")}
     scripts: dict[str, tuple[int, str]] = {}
     for entry in root.iterdir():
-        m = _NAME.match(entry.name)
+        m = SCRIPT_NAME.match(entry.name)
         if m:
             scripts[m.group("name")] = (int(m.group("nkeys")), entry.read_text())
     return includes, scripts
@@ -99,9 +99,14 @@ def sources() -> dict[str, tuple[int, str]]:
 @cache
 def library() -> Library:
     """Every script as one function library (see the module docstring)."""
-    includes, scripts = _files()
+    return build_library(*_files())
+
+
+def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]]) -> Library:
+    """The function library of these files (include name -> text, script name
+    -> (number of KEYS, text)); ``bench versus`` builds another revision's."""
     needed: list[str] = []
-    for _, text in scripts.values():
+    for _, (_, text) in sorted(scripts.items()):
         _order(text, includes, needed)
     body = "".join(_strip(includes[inc]) for inc in needed)
     bodies = {name: _strip(text) for name, (_, text) in sorted(scripts.items())}

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import balance, ceiling, grpc_path, latency, throughput
+from bench import balance, ceiling, grpc_path, latency, throughput, versus
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
+from scheduler.scripts import _files, build_library, library
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only
@@ -178,6 +179,34 @@ def test_throughput_rows(target: Target, path: str, replicas: tuple[int, ...]) -
         assert row["schedules_per_s"] > 0
         assert row["redis_cpu_share"] > 0
         assert row["note"] == ""  # nothing refused: the fleet has room
+
+
+# -- versus --------------------------------------------------------------------
+def test_versus_rows_and_the_base_library_is_removed(target: Target) -> None:
+    result = versus.run(target, versus.Params.quick())
+    _keys(result)
+    assert [r["operation"] for r in result.rows] == list(versus.OPERATIONS)
+    for row in result.rows:
+        assert row["base_us"] > 0 and row["ours_us"] > 0 and row["rounds"] == 2
+        assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    base = versus.library_at("HEAD")
+    assert result.params["base_library"] == base.name
+    assert result.params["our_library"] == library().name
+    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+              for lib in target.client.function_list()}
+    assert library().name in loaded
+    assert base.name not in loaded or base.name == library().name
+
+
+def test_versus_names_a_revision_git_does_not_know() -> None:
+    with pytest.raises(SystemExit, match="no-such-revision"):
+        versus.library_at("no-such-revision")
+
+
+def test_library_name_does_not_depend_on_the_order_files_are_listed() -> None:
+    includes, scripts = _files()
+    flipped = build_library(dict(reversed(includes.items())), dict(reversed(scripts.items())))
+    assert flipped == build_library(includes, scripts) == library()
 
 
 # -- CLI and charts --------------------------------------------------------------
