@@ -64,7 +64,7 @@ end
 -- 13 captures (a literal: built once, at load)
 local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local PARSED, PARSED_N = {}, 0
-local PARSED_MAX = 4096
+local PARSED_MAX = 1024 -- (4,096 parses measured 3.5 MB of Lua memory)
 local function parse_bucket(bucket)
   local b = PARSED[bucket]
   if b then return b end
