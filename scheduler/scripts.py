@@ -157,6 +157,14 @@ class _Registry:
     def _fcall(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         return ["FCALL", self.library.functions[name], len(keys), *keys, *args]
 
+    def _answered(self, e: redis.exceptions.ResponseError) -> bool:
+        """Did the function itself answer error `e`?  False when it says the
+        server lacks the library (load it, retry once) or functions altogether."""
+        if _missing(e) or _no_functions(e):
+            return False
+        self.mode = FUNCTION  # the function ran and answered an error
+        return True
+
 
 class ScriptRegistry(_Registry):
     """The scripts of one synchronous client."""
@@ -180,8 +188,7 @@ class ScriptRegistry(_Registry):
         try:
             reply = self.client.execute_command(*self._fcall(name, keys, args))
         except redis.exceptions.ResponseError as e:
-            if not (_missing(e) or _no_functions(e)):
-                self.mode = FUNCTION  # the function ran and answered an error
+            if self._answered(e):
                 raise
         else:
             self.mode = FUNCTION
@@ -213,8 +220,7 @@ class AsyncScriptRegistry(_Registry):
         try:
             reply = await self.client.execute_command(*self._fcall(name, keys, args))
         except redis.exceptions.ResponseError as e:
-            if not (_missing(e) or _no_functions(e)):
-                self.mode = FUNCTION  # the function ran and answered an error
+            if self._answered(e):
                 raise
         else:
             self.mode = FUNCTION
