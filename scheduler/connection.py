@@ -176,8 +176,19 @@ def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = 
 # ---------------------------------------------------------------------------
 # Clients
 # ---------------------------------------------------------------------------
+#: A pooled connection idle this long is PINGed before it carries a call: the
+#: pool hands out sockets the server closed (a restart) as if they were alive.
+HEALTH_CHECK_S = 1
+
+
 def _common(timeout_s: float) -> dict[str, Any]:
-    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s}
+    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s,
+            "health_check_interval": HEALTH_CHECK_S}
+
+
+def _sentinel_common(timeout_s: float) -> dict[str, Any]:
+    # a sentinel that does not answer is skipped quickly: the next one may
+    return {"socket_connect_timeout": min(timeout_s, 0.5), "socket_timeout": min(timeout_s, 1.0)}
 
 
 def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -187,7 +198,8 @@ def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
         return embedded.sync_client()
     if addr.kind == "sentinel":
         sentinel = _SyncSentinel(
-            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
+                                                   **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
                                    **addr.options)
     return redis.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
@@ -202,7 +214,8 @@ def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
         return embedded.async_client()
     if addr.kind == "sentinel":
         sentinel = _AsyncSentinel(
-            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
+                                                   **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
                                    **addr.options)
     return redis.asyncio.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))

@@ -219,7 +219,8 @@ def test_a_caller_that_cancels_leaves_no_reservation() -> None:
 def test_min_replicas_acked_answers_only_replicated_placements() -> None:
     with SentinelTopology(replicas=1, sentinels=0) as topo:
         replica = topo.replicas[0]
-        durable = Durability(replicas=1, timeout_ms=300)
+        # (generous while the replica is up: a busy machine may be slow to ack)
+        durable = Durability(replicas=1, timeout_ms=10_000)
 
         async def scenario() -> None:
             a = await AsyncScheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
@@ -230,6 +231,7 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                 on_replica = replica.client().hget(f"sched:{{acked}}:res:{p.reservation_id}",
                                                    "state")
                 assert on_replica == b"pending"  # it was there before the answer
+                a.durability = Durability(replicas=1, timeout_ms=300)
                 replica.pause()
                 try:
                     with pytest.raises(NotReplicated, match="reached 0 of the 1 replica"):
@@ -238,6 +240,7 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                         await a.probe()
                 finally:
                     replica.resume()
+                a.durability = Durability(replicas=1, timeout_ms=10_000)
                 await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
                                         "the unreplicated placement cancelled")
                 st = await a.stats()
@@ -252,17 +255,19 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
 def test_sync_client_waits_too() -> None:
     with SentinelTopology(replicas=1, sentinels=0) as topo:
         s = Scheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
-                              durability=Durability(replicas=1, timeout_ms=300))
+                              durability=Durability(replicas=1, timeout_ms=10_000))
         try:
             s.heartbeat(hb("n1"))
             p = s.schedule(REQ)
             assert topo.replicas[0].client().exists(f"sched:{{acked}}:res:{p.reservation_id}")
+            s.durability = Durability(replicas=1, timeout_ms=300)
             topo.replicas[0].pause()
             try:
                 with pytest.raises(NotReplicated):
                     s.schedule(REQ)
             finally:
                 topo.replicas[0].resume()
+            s.durability = Durability(replicas=1, timeout_ms=10_000)
             s.probe()  # the next call first cancels the placement that was not replicated
             assert s.stats().pending == 1 and not s.forgotten
         finally:
