@@ -74,7 +74,7 @@ READ_ONLY_SCRIPTS = frozenset({"lookup", "nodes_view", "observed", "peer_list", 
 
 #: Fields the policy hash keeps beside the policy (drill clock, packed copy,
 #: index layout); lua/sync_policy-5.lua leaves them out of the comparison too.
-NOT_POLICY = ("time_offset_ms", "frozen_now_ms", "packed", "index_format")
+NOT_POLICY = ("time_offset_ms", "frozen_now_ms", "packed", "index_format", "settle_ms")
 
 SNAPSHOT_INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("allocated_cpu", MAX_CPU),
@@ -353,7 +353,10 @@ class Ops:
         args = [validate_id("node_id", node_id), "1" if lingering else "0"]
         return self._call("set_lingering", args, lambda r: _s(r[0]) == "1")
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Call[str]:
+    def sync_policy(self, policy: Policy, overwrite: bool = False,
+                    restore: bool = False) -> Call[str]:
+        """Store or check the policy.  ``restore``: a replica puts back a policy
+        Redis lost; the cell then settles in the same step (see settle)."""
         wanted = policy.validate().to_fields()
         flat = [x for kv in wanted.items() for x in kv]
 
@@ -366,7 +369,13 @@ class Ops:
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             return outcome
 
-        return self._call("sync_policy", ["1" if overwrite else "0", *flat], parse)
+        mode = "1" if overwrite else "r" if restore else "0"
+        return self._call("sync_policy", [mode, *flat], parse)
+
+    def settle(self) -> Call[int]:
+        """Redis may have lost placements just made (a failover): nodes not heard
+        from since must heartbeat again before placements go to them."""
+        return self._call("settle", [], int)
 
     def nodes(self) -> Call[tuple[int, list[NodeView]]]:
         return self._call("nodes_view", [], parse_nodes_view)
@@ -680,8 +689,11 @@ class Scheduler(_Base):
     def set_lingering(self, node_id: str, lingering: bool) -> bool:
         return self.run(self.ops.set_lingering(node_id, lingering))
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> str:
-        return self.run(self.ops.sync_policy(policy, overwrite))
+    def sync_policy(self, policy: Policy, overwrite: bool = False, restore: bool = False) -> str:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def settle(self) -> int:
+        return self.run(self.ops.settle())
 
     def nodes(self) -> list[NodeView]:
         return self.run(self.ops.nodes())[1]
@@ -831,8 +843,12 @@ class AsyncScheduler(_Base):
     def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
         return self.run(self.ops.set_lingering(node_id, lingering))
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Awaitable[str]:
-        return self.run(self.ops.sync_policy(policy, overwrite))
+    def sync_policy(self, policy: Policy, overwrite: bool = False,
+                    restore: bool = False) -> Awaitable[str]:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def settle(self) -> Awaitable[int]:
+        return self.run(self.ops.settle())
 
     async def nodes(self) -> list[NodeView]:
         return (await self.run(self.ops.nodes()))[1]

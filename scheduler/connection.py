@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -233,7 +234,9 @@ class SentinelWatch:
     change, idle connections close at once and busy ones when they are
     released, so no call keeps writing to a primary that was replaced."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any,
+                 on_switch: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.on_switch = on_switch
         self.pool: Any = client.connection_pool
         self.manager: Any = self.pool.sentinel_manager
         self.service: str = self.pool.service_name
@@ -267,8 +270,9 @@ class SentinelWatch:
                     async for message in pubsub.listen():
                         data = message.get("data")
                         if isinstance(data, bytes) and \
-                                data.split(b" ", 1)[0].decode() == self.service:
-                            await self.check()
+                                data.split(b" ", 1)[0].decode() == self.service and \
+                                await self.check() and self.on_switch is not None:
+                            await self.on_switch()
                 finally:
                     await pubsub.aclose()
             except asyncio.CancelledError:

@@ -26,9 +26,9 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
   'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
   'max_cpu_allocated_percent', 'max_memory_allocated_percent',
   'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format' }
--- 21 tab-separated captures, one per PACKED name (a literal: built once, at load)
-local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
+  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format', 'settle_ms' }
+-- 22 tab-separated captures, one per PACKED name (a literal: built once, at load)
+local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
 local function raw_policy(packed)
   local raw = {}
@@ -81,6 +81,10 @@ local function load_policy()
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
     frozen_now_ms = tonumber(raw.frozen_now_ms),
     index_format = raw.index_format, -- of the placement index (includes/index.lua)
+    -- Nodes last heard from at or before this instant are not placed on until
+    -- they heartbeat again (for one report TTL): Redis may have lost placements
+    -- made just before (a failover, a restart without data); see settle-5.lua.
+    settle_ms = tonumber(raw.settle_ms),
     limits = {},
   }
   P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}
