@@ -28,6 +28,7 @@ import redis
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
+    Fence,
     async_client,
     describe_target,
     sync_client,
@@ -569,6 +570,13 @@ class _Base:
         self.beats: dict[str, Beat] = {}
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.forgotten: dict[str, float] = {}
+        #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
+        self.fence = Fence()
+
+    def _fenced(self, call: Call[Any]) -> None:
+        why = self.fence.held() if call.acked else ""
+        if why:
+            raise StoreUnavailable(f"Redis at {self.target}: {why}")
 
     def _waits(self, call: Call[Any]) -> bool:
         return self.durability.replicas > 0 and call.acked
@@ -611,6 +619,7 @@ class Scheduler(_Base):
         self.scripts = ScriptRegistry(client)
 
     def run(self, call: Call[T]) -> T:
+        self._fenced(call)
         if self.forgotten:
             self._cancel_forgotten()
         with _translated(self.target):
@@ -741,6 +750,7 @@ class AsyncScheduler(_Base):
         """Run one call, bounded by ``timeout`` (a caller's deadline) and the
         client's own timeout, whichever is shorter."""
         limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
+        self._fenced(call)
         try:
             async with _deadline(limit):
                 with _translated(self.target):

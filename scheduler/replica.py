@@ -69,7 +69,7 @@ class Replica:
         self._wake = asyncio.Event()
         self._redis_ok = False
         self._stopping = False
-        self.sentinel = SentinelWatch(sched.client, self.after_failover) \
+        self.sentinel = SentinelWatch(sched.client, sched.fence, self.after_failover) \
             if is_sentinel_client(sched.client) else None
 
     # -- cell policy and node list ------------------------------------------
