@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench import balance, ceiling, faults, latency, throughput, versus
+from bench import balance, ceiling, durability, faults, latency, throughput, versus
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
 PLOTTABLE = ("ceiling", "latency")
@@ -99,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)")
     f.add_argument("--seed", type=int, default=1, help="seed of the load")
 
+    d = sub.add_parser("durability", parents=[common], help="Schedule p50/p99 at "
+                       "min_replicas_acked 0 and 1 (a primary and a replica)")
+    d.add_argument("--calls", type=int, help="Schedules per setting and concurrency "
+                   "(default 3000)")
+    d.add_argument("--nodes", type=int, help="fleet size (default 100)")
+
     v = sub.add_parser("versus", parents=[common], help="Redis CPU per call of another "
                        "revision's scripts against this tree's, as ratios in one run")
     v.add_argument("--base", default="HEAD", metavar="REV",
@@ -150,9 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    if args.scenario == "faults":
-        if args.redis:
-            parser().error("faults starts (and breaks) Redis servers of its own: no --redis")
+    if args.scenario in ("faults", "durability") and args.redis:
+        parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
+    if args.scenario == "durability":
+        dp = _params(args, durability.Params.quick() if args.quick else durability.Params(),
+                     {"calls": "calls", "nodes": "nodes"})
+        result = durability.run(dp)
+    elif args.scenario == "faults":
         fp = faults.Params.quick() if args.quick else faults.Params()
         fp = replace(fp, seed=args.seed, **({"scenarios": args.scenarios} if args.scenarios
                                              else {}))

@@ -245,3 +245,25 @@ def test_plots(ceiling_result: Result, latency_result: Result, tmp_path: Path) -
         path = tmp_path / f"{result.scenario}.png"
         plot.draw(result, path)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_durability_rows(redis_server: RedisServer, tmp_path: Path) -> None:
+    out = tmp_path / "durability.json"
+    r = subprocess.run([sys.executable, "-m", "bench", "durability", "--quick", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    rows = {(row["min_replicas_acked"], row["concurrency"]): row for row in doc["rows"]}
+    assert set(rows) == {(a, c) for a in (0, 1) for c in (1, 16)}
+    for row in rows.values():
+        assert row["calls"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+
+
+def test_faults_and_durability_start_their_own_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import main
+
+    for scenario in ("faults", "durability"):
+        with pytest.raises(SystemExit) as exc:
+            main([scenario, "--redis", "redis://localhost:1"])
+        assert exc.value.code == 2
+        assert "starts Redis servers of its own" in capsys.readouterr().err
