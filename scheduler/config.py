@@ -19,6 +19,7 @@ import msgspec
 
 from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
+from scheduler.limits import MAX_STATIC_NODES
 from scheduler.p2p import DEFAULT_STORE_CAPACITY
 from scheduler.policy import BOUNDS_DEFAULTS, DefaultRequest, Limits, Overcommit, Policy
 from scheduler.tls import TlsFiles
@@ -242,6 +243,9 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         raise ConfigError("scheduler.artifact_store_capacity: must not be negative")
     nodes: list[tuple[str, str]] = []
     seen: set[str] = set()
+    if len(sec.nodes) > MAX_STATIC_NODES:
+        raise ConfigError(f"scheduler.nodes: has {len(sec.nodes)} entries, more than "
+                          f"{MAX_STATIC_NODES}")
     try:
         CellKeys(sec.cell, sec.key_prefix)
         for i, n in enumerate(sec.nodes):
