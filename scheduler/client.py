@@ -24,7 +24,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scheduler import embedded
+from scheduler import acl, embedded
 from scheduler.errors import (
     InvalidArgument,
     NotFound,
@@ -537,7 +537,7 @@ def _translated(target: str) -> Iterator[None]:
     try:
         yield
     except redis.exceptions.ResponseError as e:
-        mapped = from_reply(str(e))
+        mapped = from_reply(str(e)) or acl.denied(e)
         if mapped is None:
             raise
         raise mapped from None
