@@ -22,6 +22,7 @@ import msgspec.json
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
+from redis.connection import parse_url
 from redis.retry import Retry
 
 from scheduler import acl, embedded
@@ -56,6 +57,7 @@ from scheduler.records import (
     Stats,
     Verdict,
 )
+from scheduler.redact import redact
 from scheduler.scripts import AsyncScriptRegistry, ScriptRegistry
 
 T = TypeVar("T")
@@ -503,10 +505,7 @@ def _options() -> dict[str, Any]:
 def describe_target(url: str | None) -> str:
     if not url:
         return "embedded in-process store (fakeredis, one replica only)"
-    if "@" in url:  # hide credentials
-        scheme, _, rest = url.partition("://")
-        return f"{scheme}://***@{rest.rpartition('@')[2]}"
-    return url
+    return redact(url)
 
 
 def normalise_url(url: str) -> str:
@@ -516,7 +515,12 @@ def normalise_url(url: str) -> str:
         url = f"redis://{url}"
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
-                              f"unix:// URL, not {url!r}")
+                              f"unix:// URL, not {redact(url)!r}")
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:  # (its message may quote a part of the URL)
+        raise InvalidArgument("redis_addr", "is not a URL whose host, port and database "
+                              f"can be read: {redact(url)!r}") from None
     return url
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 
+from scheduler.client import normalise_url
 from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
 from scheduler.limits import MAX_STATIC_NODES
@@ -275,9 +276,15 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         key = e.field if e.field.startswith("scheduler.") else f"scheduler.{e.field}"
         raise ConfigError(f"{key}: {e.message.removeprefix(e.field).strip()}") from None
     metrics = sec.metrics_listen_addr.strip()
+    redis_url = sec.redis_addr.strip() or None
+    if redis_url:
+        try:
+            normalise_url(redis_url)
+        except InvalidArgument as e:
+            raise ConfigError(f"scheduler.{e.message}") from None
     return Settings(
         policy=policy,
-        redis_url=sec.redis_addr.strip() or None,
+        redis_url=redis_url,
         grpc_listen=listen_address("scheduler.grpc_listen_addr", sec.grpc_listen_addr),
         metrics_listen=listen_address("scheduler.metrics_listen_addr", metrics) if metrics
         else None,

@@ -15,7 +15,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
     <base>node-sbx:<node>     set     sandbox ids bound to the node
     <base>node-roster:<node>  set     the node's last heartbeat roster
-    <base>res:<reservation>   hash    reservation record (then a tombstone, reservation_tombstone_ttl)
+    <base>res:<reservation>   hash    reservation record (a tombstone once ended)
     <base>bind:<sandbox>      hash    sandbox -> node binding (expires with binding_ttl)
     <base>idx-shapes          set     node shapes ("C:M") present in the placement index
     <base>idx-cpu:<C>:<M>     zset    index buckets of one shape, scored by CPU load

@@ -29,8 +29,13 @@ from scheduler.limits import (
 from scheduler.p2p import PeerOps
 from tests.helpers import hb
 from tests.redis_server import free_port
-from tests.replica_harness import ThreadedReplica, endpoint_md, hb_request, settings_for, \
-    snapshot_keys
+from tests.replica_harness import (
+    ThreadedReplica,
+    endpoint_md,
+    hb_request,
+    settings_for,
+    snapshot_keys,
+)
 
 Make = Callable[..., Scheduler]
 

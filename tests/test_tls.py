@@ -175,7 +175,8 @@ def test_bad_files_name_the_file_never_the_key(pki: Pki, tmp_path: Path) -> None
     with pytest.raises(TlsError, match=r"cannot read .*missing.crt"):
         load_config(TlsFiles(str(tmp_path / "missing.crt"), str(pki.key_file)))
     secret = tmp_path / "bad.key"
-    secret.write_text("-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n")
+    secret.write_text(
+        "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n")
     with pytest.raises(TlsError) as e:
         load_config(TlsFiles(str(pki.cert_file), str(secret)))
     assert str(secret) in str(e.value) and "TOPSECRET" not in str(e.value)
