@@ -250,3 +250,26 @@ def test_grpc_bounds_name_the_field_and_write_nothing(replica: ThreadedReplica,
     stub.Heartbeat(hb_request("n2"), metadata=endpoint_md("https://[::1]:8443"))
     assert redis_client.hget(replica.settings.prefix + ":{test}:node:n2", "endpoint") == \
         b"https://[::1]:8443"
+
+
+def test_policy_set_changes_the_bounds_every_replica_holds(real_url: str) -> None:
+    from click.testing import CliRunner
+    from scheduler.cli.main import main
+
+    s = Scheduler.connect(real_url, cell="pb", policy=Policy())
+    result = CliRunner().invoke(main, [
+        "policy", "set", "--redis", real_url, "--cell", "pb", "--max-roster-ids", "2",
+        "--node-forget-after", "0", "--reservation-tombstone-ttl", "1m",
+        "--artifact-key-max-bytes", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    stored = s.policy()
+    assert stored is not None
+    assert (stored.max_roster_ids, stored.node_forget_after_ms,
+            stored.reservation_tombstone_ttl_ms, stored.artifact_key_max_bytes) == (
+        2, 0, 60_000, 64)
+    with pytest.raises(InvalidArgument, match="3 entries, more than max_roster_ids \\(2\\)"):
+        s.heartbeat(hb("n1", roster=roster(3)))
+    shown = json.loads(CliRunner().invoke(main, ["policy", "show", "--redis", real_url,
+                                                 "--cell", "pb", "--json"]).stdout)
+    assert shown["max_roster_ids"] == 2 and shown["node_forget_after_ms"] == 0
+    s.close()
