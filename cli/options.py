@@ -97,7 +97,8 @@ def cell_options(default_cell: str = DEFAULT_CELL) -> Callable[[F], F]:
 
         options = [
             click.option("--redis", "redis_url", envvar="SCHEDULER_REDIS_ADDR", metavar="URL",
-                         help="Redis to use: host:port or redis://, rediss://, unix:// URL "
+                         help="Redis to use: host:port, a redis://, rediss://, unix:// URL or "
+                              "redis+sentinel://h:p[,h:p...]/MASTER "
                               "[env SCHEDULER_REDIS_ADDR; default: the embedded store]"),
             click.option("--cell", default=default_cell, show_default=True,
                          help="Scheduling domain (key hash tag)."),

@@ -52,8 +52,9 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
         log.warning(embedded.WARNING)
     for line in summary(settings, target):
         log.info("%s", line)
-    sched = AsyncScheduler(async_client(settings.redis_url), settings.cell, settings.prefix,
-                           settings.redis_url)
+    sched = AsyncScheduler(async_client(settings.redis_url, settings.redis_timeout_s),
+                           settings.cell, settings.prefix, settings.redis_url,
+                           settings.durability, settings.redis_timeout_s)
     replica = Replica(settings, sched, overwrite_policy=overwrite_policy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -100,7 +101,8 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
 @click.command("serve")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               envvar="SCHEDULER_CONFIG", help="JSON config file ({\"scheduler\": {...}}).")
-@click.option("--redis", help="Redis address (host:port or redis:// URL); overrides "
+@click.option("--redis", help="Redis address (host:port, redis://, rediss://, unix://, "
+              "redis+sentinel://h:p[,h:p...]/MASTER or rediss+sentinel://...); overrides "
               "scheduler.redis_addr and SCHEDULER_REDIS_ADDR.")
 @click.option("--grpc-listen", help="gRPC listen address host:port (:port = every interface).")
 @click.option("--metrics-listen", help="/metrics listen address host:port; \"\" disables it.")

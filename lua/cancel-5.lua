@@ -1,22 +1,38 @@
 --[[
-  cancel-5.lua: the client gives a reservation back (its create failed).
+  cancel-5.lua: the client gives a reservation back (its create failed, or
+  its caller gave up before the placement was answered).
 
-  KEYS[1..5]  base, policy, nodes, stats, expiry
+  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/common.lua)
   ARGV[1]     reservation id
+  ARGV[2]     "1" = forget: also for an id that does not exist (yet): a
+              cancelled tombstone then stops a Schedule with that id that is
+              still on its way (a call sent before a pause of Redis) from
+              placing; and an ended reservation is not an error
 
-  Returns {node_id, now_ms}
+  Returns {node_id or "", now_ms}
   Errors: NOT_FOUND reservation <id> not found,
           PRECONDITION reservation <id> already <released|cancelled|expired>
   Writes: res:<id> (state cancelled), node-res:<node>, node:<node> pending_*, expiry, stats
 ]]
 -- @include index
 local rid = ARGV[1]
+local forget = ARGV[2] == '1'
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 local r = redis.call('HMGET', res_key(rid), 'state', 'node_id')
-if not r[1] then return fail('NOT_FOUND', 'reservation ' .. rid .. ' not found') end
-if not LIVE[r[1]] then return fail('PRECONDITION', 'reservation ' .. rid .. ' already ' .. r[1]) end
 local now = now_ms(P)
+if not r[1] then
+  if not forget then return fail('NOT_FOUND', 'reservation ' .. rid .. ' not found') end
+  local s_now = fmt(now)
+  redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', '', 'state', 'cancelled',
+    'cpu', '0', 'memory_bytes', '0', 'created_ms', s_now, 'expires_ms', s_now, 'ended_ms', s_now)
+  redis.call('PEXPIRE', res_key(rid), math.max(P.reservation_tombstone_ttl_ms, P.reservation_ttl_ms))
+  return { '', s_now }
+end
+if not LIVE[r[1]] then
+  if forget then return { r[2], fmt(now) } end
+  return fail('PRECONDITION', 'reservation ' .. rid .. ' already ' .. r[1])
+end
 end_reservation(rid, 'cancelled', now)
 sweep_expired(now)
 reindex_touched(P, now)

@@ -13,7 +13,8 @@
   ARGV[3]     strategy override, "" = the policy's
   ARGV[4]     cpu requested (whole CPUs), "" = absent (policy default_cpu)
   ARGV[5]     memory requested (bytes), "" = absent (policy default_memory_bytes)
-  ARGV[6]     reservation id to create (kind "create", not dry run)
+  ARGV[6]     reservation id to create (kind "create", not dry run); an id that
+              exists already answers its placement again (an idempotent retry)
   ARGV[7]     uniform random number in [0, 1) for strategy "random"
 
   Returns (decision): {node_id, endpoint, reservation_id or "", pressure,
@@ -23,7 +24,8 @@
                       node = {id, status, reason or "", pressure, known 1/0,
                        starting, running, paused, projected cpu, projected
                        memory, cpu capacity, memory capacity, endpoint}
-  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no policy)
+  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no
+          policy, or the reservation id was cancelled before this call ran)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr
 ]]
 -- @include index
@@ -59,15 +61,31 @@ if req.create then
   req.mem = whole(mem_arg, P.default_memory_bytes)
   if req.mem == nil then return fail('BADARG', 'memory_bytes must be a non-negative whole number') end
   if not dry_run and (rid == nil or rid == '') then return fail('BADARG', 'reservation_id is required') end
-  if not dry_run and redis.call('EXISTS', res_key(rid)) == 1 then
-    return fail('BADARG', 'reservation_id ' .. rid .. ' is already used')
-  end
 end
 if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
   return fail('BADARG', 'random must be in [0, 1)')
 end
 
 local now = now_ms(P)
+-- Stage "replay": a retry (the same reservation id, after a connection
+-- error or a failover) gets the placement the first attempt made; an id its
+-- caller gave up on (cancelled before this call ran) places nothing.
+if req.create and not dry_run then
+  local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
+    'pressure')
+  if prior[1] then
+    if prior[1] == 'cancelled' or prior[1] == 'expired' then
+      return fail('PRECONDITION', 'reservation ' .. rid .. ' was ' .. prior[1] ..
+        ' before its placement was answered')
+    end
+    if prior[3] ~= fmt(req.cpu) or prior[4] ~= fmt(req.mem) then
+      return fail('BADARG', 'reservation_id ' .. rid .. ' is already used by another request')
+    end
+    local n = read_node(prior[2])
+    read_status(n, P, now)
+    return { prior[2], n.endpoint, rid, prior[5] or '0', req.cpu, req.mem, n.status, now }
+  end
+end
 -- The rotation counter moves once per decision: taken now, given back on a refusal.
 local rr_next
 if dry_run then

@@ -10,25 +10,33 @@ become :class:`~scheduler.errors.StoreUnavailable` naming Redis.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec.json
 import redis
-import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.connection import parse_url
-from redis.retry import Retry
 
-from scheduler import acl, embedded
+from scheduler import acl
+from scheduler.connection import (
+    DEFAULT_TIMEOUT_S,
+    Durability,
+    async_client,
+    describe_target,
+    sync_client,
+)
 from scheduler.errors import (
     InvalidArgument,
     NotFound,
+    NotReplicated,
     PolicyConflict,
     SchedulerError,
     StoreUnavailable,
@@ -57,10 +65,14 @@ from scheduler.records import (
     Stats,
     Verdict,
 )
-from scheduler.redact import redact
-from scheduler.scripts import AsyncScriptRegistry, ScriptRegistry
+from scheduler.scripts import EVAL, AsyncScriptRegistry, ScriptRegistry
 
 T = TypeVar("T")
+log = logging.getLogger("scheduler.client")
+
+#: Scripts that never write: no WAIT after them (min_replicas_acked).
+READ_ONLY_SCRIPTS = frozenset({"lookup", "nodes_view", "observed", "peer_list", "reservations",
+                               "stats"})
 
 #: Fields the policy hash keeps beside the policy (drill clock, packed copy,
 #: index layout); lua/sync_policy-5.lua leaves them out of the comparison too.
@@ -135,6 +147,13 @@ class Call(Generic[T]):
     keys: list[str]
     args: list[str]
     parse: Callable[[Any], T]
+    #: False: this call writes nothing (no WAIT after it)
+    writes: bool = True
+
+    @property
+    def acked(self) -> bool:
+        """Must Redis replicas have this call's writes before it is answered?"""
+        return self.writes and self.script not in READ_ONLY_SCRIPTS
 
 
 class Ops:
@@ -278,7 +297,8 @@ class Ops:
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
         args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
-        return self._call("schedule", args, parse_explanation, (self.k.rr,))
+        return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation,
+                    writes=False)
 
     # -- lifecycle ---------------------------------------------------------
     def assign(self, sandbox_id: str, node_id: str, endpoint: str,
@@ -294,7 +314,19 @@ class Ops:
 
     def cancel(self, reservation_id: str) -> Call[str]:
         rid = validate_id("reservation_id", reservation_id)
-        return self._call("cancel", [rid], lambda r: _s(r[0]))
+        return self._call("cancel", [rid, "0"], lambda r: _s(r[0]))
+
+    def forget(self, reservation_id: str) -> Call[str]:
+        """Cancel a placement whose caller gave up, whether or not its Schedule
+        reached Redis yet (lua/cancel-5.lua, forget mode)."""
+        rid = validate_id("reservation_id", reservation_id)
+        return self._call("cancel", [rid, "1"], lambda r: _s(r[0]))
+
+    def probe(self, write: bool = False) -> Call[bool]:
+        """A call that Redis refuses wherever it would refuse a write (health);
+        ``write`` makes it really write (needed when scripts run by EVALSHA).
+        True when the cell has its policy."""
+        return self._call("probe", ["1" if write else "0"], lambda r: _s(r[1]) == "1")
 
     def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
         nid = validate_id("node_id", node_id)
@@ -490,50 +522,13 @@ def parse_reservation(f: dict[str, str]) -> Reservation:
 
 
 # ---------------------------------------------------------------------------
-# Connections
+# Running calls
 # ---------------------------------------------------------------------------
-# One quick retry covers a pooled connection that died while Redis restarted;
-# no backoff, so a Redis that is really down fails the call fast.
-def _retry() -> Retry:
-    return Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
-
-
-def _options() -> dict[str, Any]:
-    return {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "retry": _retry()}
-
-
-def describe_target(url: str | None) -> str:
-    if not url:
-        return "embedded in-process store (fakeredis, one replica only)"
-    return redact(url)
-
-
-def normalise_url(url: str) -> str:
-    """A redis://, rediss:// or unix:// URL; the reference's host:port form
-    becomes redis://host:port.  Anything else is an error naming redis_addr."""
-    if "://" not in url:
-        url = f"redis://{url}"
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise InvalidArgument("redis_addr", "must be host:port or a redis://, rediss:// or "
-                              f"unix:// URL, not {redact(url)!r}")
-    try:
-        parse_url(url)  # type: ignore[no-untyped-call]
-    except ValueError:  # (its message may quote a part of the URL)
-        raise InvalidArgument("redis_addr", "is not a URL whose host, port and database "
-                              f"can be read: {redact(url)!r}") from None
-    return url
-
-
-def sync_client(url: str | None) -> Any:
-    if not url:
-        return embedded.sync_client()
-    return redis.Redis.from_url(normalise_url(url), **_options())
-
-
-def async_client(url: str | None) -> Any:
-    if not url:
-        return embedded.async_client()
-    return redis.asyncio.Redis.from_url(normalise_url(url), **_options())
+#: Error replies by which Redis says it cannot serve right now (not a bug of ours).
+TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
+                    redis.exceptions.TryAgainError, redis.exceptions.BusyLoadingError)
+TRANSIENT_REPLIES = ("NOREPLICAS", "BUSY ", "MASTERDOWN", "LOADING")
 
 
 @contextmanager
@@ -542,24 +537,76 @@ def _translated(target: str) -> Iterator[None]:
         yield
     except redis.exceptions.ResponseError as e:
         mapped = from_reply(str(e)) or acl.denied(e)
-        if mapped is None:
-            raise
-        raise mapped from None
+        if mapped is not None:
+            raise mapped from None
+        if isinstance(e, TRANSIENT_ERRORS) or str(e).startswith(TRANSIENT_REPLIES):
+            raise StoreUnavailable(f"Redis at {target} cannot serve: {e}") from None
+        raise
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
         raise StoreUnavailable(f"Redis at {target} is unreachable: {e}") from None
+
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+    @asynccontextmanager
+    async def _deadline(seconds: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if handle.cancelled() or asyncio.get_running_loop().time() < handle.when():
+                raise
+            raise TimeoutError from None
+        finally:
+            handle.cancel()
+
+
+#: Placements whose callers gave up are cancelled for at most this long (their
+#: reservations expire by then anyway) and at most this many are remembered.
+FORGET_FOR_S = 15 * 60
+FORGET_MAX = 10_000
 
 
 class _Base:
     scripts: Any
 
-    def __init__(self, client: Any, cell: str, prefix: str, url: str | None) -> None:
+    def __init__(self, client: Any, cell: str, prefix: str, url: str | None,
+                 durability: Durability | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.client = client
         self.keys = CellKeys(cell, prefix)
         self.ops = Ops(self.keys)
         self.url = url
         self.target = describe_target(url)
+        self.durability = durability or Durability()
+        self.timeout_s = timeout_s
         #: what this client last wrote per node (bases of delta heartbeats)
         self.beats: dict[str, Beat] = {}
+        #: reservation id -> since (monotonic): placements to cancel once Redis answers
+        self.forgotten: dict[str, float] = {}
+
+    def _waits(self, call: Call[Any]) -> bool:
+        return self.durability.replicas > 0 and call.acked
+
+    def _check_acked(self, acked: int) -> None:
+        d = self.durability
+        if acked < d.replicas:
+            raise NotReplicated(
+                f"Redis at {self.target}: the write reached {acked} of the {d.replicas} "
+                f"replica(s) min_replicas_acked asks for within {d.timeout_ms}ms")
+
+    def _remember(self, rid: str) -> None:
+        if len(self.forgotten) >= FORGET_MAX:
+            self.forgotten.pop(next(iter(self.forgotten)))
+        self.forgotten.setdefault(rid, time.monotonic())
+
+    def _stale_forgotten(self) -> None:
+        horizon = time.monotonic() - FORGET_FOR_S
+        for rid in [r for r, since in self.forgotten.items() if since < horizon]:
+            del self.forgotten[rid]
 
 
 class Scheduler(_Base):
@@ -568,20 +615,43 @@ class Scheduler(_Base):
     @classmethod
     def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
                 prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
-                overwrite_policy: bool = False) -> Scheduler:
-        s = cls(sync_client(url), cell, prefix, url)
+                overwrite_policy: bool = False, durability: Durability | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> Scheduler:
+        s = cls(sync_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
         if policy is not None:
             s.sync_policy(policy, overwrite=overwrite_policy)
         return s
 
     def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
-                 url: str | None = None) -> None:
-        super().__init__(client, cell, prefix, url)
+                 url: str | None = None, durability: Durability | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = ScriptRegistry(client)
 
     def run(self, call: Call[T]) -> T:
+        if self.forgotten:
+            self._cancel_forgotten()
         with _translated(self.target):
-            return call.parse(self.scripts[call.script](keys=call.keys, args=call.args))
+            if self._waits(call):
+                reply, acked = self.scripts.call_acked(
+                    call.script, call.keys, call.args, self.durability.replicas,
+                    self.durability.timeout_ms)
+                self._check_acked(acked)
+            else:
+                reply = self.scripts[call.script](keys=call.keys, args=call.args)
+            return call.parse(reply)
+
+    def _cancel_forgotten(self) -> None:
+        """Cancel the placements whose callers gave up, now that Redis may answer."""
+        self._stale_forgotten()
+        pending, self.forgotten = self.forgotten, {}
+        for rid, since in pending.items():
+            try:
+                self.run(self.ops.forget(rid))
+            except StoreUnavailable:
+                self.forgotten[rid] = since
+            except SchedulerError as e:
+                log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
 
     def close(self) -> None:
         self.client.close()
@@ -598,7 +668,19 @@ class Scheduler(_Base):
 
     def schedule(self, req: Request, strategy: str | None = None,
                  reservation_id: str | None = None) -> Placement:
-        return self.run(self.ops.schedule(req, strategy, reservation_id))
+        """Place (and for a creation, reserve).  When the answer is lost (Redis
+        unreachable mid-call, or the placement not replicated as asked), the
+        reservation is cancelled, now or on a later call, so none stays behind."""
+        call = self.ops.schedule(req, strategy, reservation_id)
+        try:
+            return self.run(call)
+        except StoreUnavailable:
+            if call.args[5]:
+                self._remember(call.args[5])
+            raise
+
+    def probe(self) -> bool:
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
 
     def explain(self, req: Request, strategy: str | None = None) -> Explanation:
         return self.run(self.ops.explain(req, strategy))
@@ -659,24 +741,70 @@ class AsyncScheduler(_Base):
     @classmethod
     async def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
                       prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
-                      overwrite_policy: bool = False) -> AsyncScheduler:
-        s = cls(async_client(url), cell, prefix, url)
+                      overwrite_policy: bool = False, durability: Durability | None = None,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncScheduler:
+        s = cls(async_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
         if policy is not None:
             await s.sync_policy(policy, overwrite=overwrite_policy)
         return s
 
     def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
-                 url: str | None = None) -> None:
-        super().__init__(client, cell, prefix, url)
+                 url: str | None = None, durability: Durability | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
+        self._reaper: asyncio.Task[None] | None = None
 
-    async def run(self, call: Call[T]) -> T:
-        with _translated(self.target):
-            reply = await self.scripts[call.script](keys=call.keys, args=call.args)
+    async def run(self, call: Call[T], timeout: float | None = None) -> T:
+        """Run one call, bounded by ``timeout`` (a caller's deadline) and the
+        client's own timeout, whichever is shorter."""
+        limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
+        try:
+            async with _deadline(limit):
+                with _translated(self.target):
+                    if self._waits(call):
+                        reply, acked = await self.scripts.call_acked(
+                            call.script, call.keys, call.args, self.durability.replicas,
+                            self.durability.timeout_ms)
+                        self._check_acked(acked)
+                    else:
+                        reply = await self.scripts[call.script](keys=call.keys, args=call.args)
+        except TimeoutError:
+            raise StoreUnavailable(f"Redis at {self.target} did not answer within "
+                                   f"{limit:.3g}s") from None
         with _translated(self.target):
             return call.parse(reply)
 
+    def forget(self, reservation_id: str) -> None:
+        """Cancel this placement in the background: its caller gave up, or its
+        answer was lost.  Retried until Redis answers (idempotent)."""
+        self._remember(reservation_id)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._cancel_forgotten(), name="forget")
+
+    async def _cancel_forgotten(self) -> None:
+        delay = 0.05
+        while self.forgotten:
+            self._stale_forgotten()
+            for rid, since in list(self.forgotten.items()):
+                try:
+                    await self.run(self.ops.forget(rid))
+                except StoreUnavailable:
+                    break
+                except SchedulerError as e:
+                    log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+                if self.forgotten.get(rid) == since:
+                    del self.forgotten[rid]
+            else:
+                continue
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
     async def close(self) -> None:
+        if self._reaper is not None and not self._reaper.done():
+            # a last chance for abandoned placements, then give up on them
+            await asyncio.wait([self._reaper], timeout=1.0)
+            self._reaper.cancel()
         await self.client.aclose()
 
     async def ping(self) -> None:
@@ -689,9 +817,24 @@ class AsyncScheduler(_Base):
         except Resync:
             return await self.run(self.ops.heartbeat(hb, self.beats))
 
-    def schedule(self, req: Request, strategy: str | None = None,
-                 reservation_id: str | None = None) -> Awaitable[Placement]:
-        return self.run(self.ops.schedule(req, strategy, reservation_id))
+    async def schedule(self, req: Request, strategy: str | None = None,
+                       reservation_id: str | None = None, *,
+                       timeout: float | None = None) -> Placement:
+        """Place (and for a creation, reserve), within ``timeout``.  When the
+        caller gives up (cancelled, deadline) or the answer is lost (Redis
+        unreachable mid-call, or not replicated as asked), the reservation is
+        cancelled in the background, so none stays behind."""
+        call = self.ops.schedule(req, strategy, reservation_id)
+        rid = call.args[5]
+        try:
+            return await self.run(call, timeout)
+        except (StoreUnavailable, asyncio.CancelledError):
+            if rid:
+                self.forget(rid)
+            raise
+
+    def probe(self, timeout: float | None = None) -> Awaitable[bool]:
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
 
     def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
         return self.run(self.ops.explain(req, strategy))
@@ -737,4 +880,5 @@ class AsyncScheduler(_Base):
         return self.run(self.ops.sweep())
 
 
-__all__ = ["AsyncScheduler", "Scheduler", "SchedulerError", "Ops", "Call"]
+__all__ = ["AsyncScheduler", "Call", "Ops", "Scheduler", "SchedulerError", "async_client",
+           "describe_target", "sync_client"]

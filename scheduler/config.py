@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from scheduler.client import normalise_url
+from scheduler.connection import Durability, parse_address
 from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
 from scheduler.limits import MAX_STATIC_NODES
@@ -70,6 +70,11 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     reservation_tombstone_ttl: str = "10m"
     artifact_key_max_bytes: int = BOUNDS_DEFAULTS["artifact_key_max_bytes"]
     grpc_tls: GrpcTls = msgspec.field(default_factory=GrpcTls)
+    #: > 0: a write is answered only once this many Redis replicas have it (WAIT)
+    min_replicas_acked: int = 0
+    replica_ack_timeout: str = "200ms"
+    #: the longest a replica waits for Redis on one call (a caller's deadline may cut it shorter)
+    redis_timeout: str = "2s"
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -149,6 +154,8 @@ class Settings:
     artifact_store_capacity: int
     artifact_lookup_node_limit: int
     drain_timeout_s: float
+    durability: Durability
+    redis_timeout_s: float
     log_level: str
     log_format: str
     source: str = field(default="defaults")
@@ -276,15 +283,20 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         key = e.field if e.field.startswith("scheduler.") else f"scheduler.{e.field}"
         raise ConfigError(f"{key}: {e.message.removeprefix(e.field).strip()}") from None
     metrics = sec.metrics_listen_addr.strip()
-    redis_url = sec.redis_addr.strip() or None
-    if redis_url:
-        try:
-            normalise_url(redis_url)
-        except InvalidArgument as e:
-            raise ConfigError(f"scheduler.{e.message}") from None
+    try:
+        parse_address(sec.redis_addr)
+    except InvalidArgument as e:
+        raise ConfigError(f"scheduler.redis_addr: {e.message.removeprefix(e.field).strip()}",
+                          ) from None
+    if not 0 <= sec.min_replicas_acked <= 64:
+        raise ConfigError("scheduler.min_replicas_acked: must be 0..64, not "
+                          f"{sec.min_replicas_acked}")
+    durability = Durability(
+        replicas=sec.min_replicas_acked,
+        timeout_ms=parse_duration_ms("scheduler.replica_ack_timeout", sec.replica_ack_timeout))
     return Settings(
         policy=policy,
-        redis_url=redis_url,
+        redis_url=sec.redis_addr.strip() or None,
         grpc_listen=listen_address("scheduler.grpc_listen_addr", sec.grpc_listen_addr),
         metrics_listen=listen_address("scheduler.metrics_listen_addr", metrics) if metrics
         else None,
@@ -292,6 +304,8 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         artifact_store_capacity=sec.artifact_store_capacity or DEFAULT_STORE_CAPACITY,
         artifact_lookup_node_limit=sec.artifact_lookup_node_limit,
         drain_timeout_s=parse_duration_ms("scheduler.drain_timeout", sec.drain_timeout) / 1000,
+        durability=durability,
+        redis_timeout_s=parse_duration_ms("scheduler.redis_timeout", sec.redis_timeout) / 1000,
         log_level=log_level, log_format=cfg.log_format, source=source,
         grpc_tls=_tls(sec.grpc_tls),
     )
@@ -328,6 +342,12 @@ def summary(s: Settings, target: str) -> list[str]:
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
         f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: "
         f"{s.metrics_listen or 'off'}",
+        f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; " + (
+            f"writes acknowledged once {s.durability.replicas} Redis replica(s) have them "
+            f"(min_replicas_acked; WAIT up to {s.durability.timeout_ms}ms)"
+            if s.durability.replicas else
+            "writes acknowledged by the primary alone (min_replicas_acked 0: a failover may "
+            "lose what it had not yet replicated)"),
     ]
 
 

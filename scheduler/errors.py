@@ -68,6 +68,11 @@ class StoreUnavailable(SchedulerError):
     code = "UNAVAILABLE"
 
 
+class NotReplicated(StoreUnavailable):
+    """The write reached fewer Redis replicas than ``min_replicas_acked`` asks
+    for in time: a failover could lose it, so it is not acknowledged."""
+
+
 CODES: dict[str, type[SchedulerError]] = {
     cls.code: cls
     for cls in (UnknownNode, NoNodesAvailable, NotFound, FailedPrecondition, StoreUnavailable)

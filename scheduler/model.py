@@ -117,12 +117,14 @@ def derive_status(n: NodeState, policy: Policy, now_ms: int) -> str:
 
 
 def ceiling_use(n: NodeState, name: str, d: Demand) -> int | None:
+    # a count's current is running + starting (a roster lists a sandbox still being created)
     if name == "max_sandbox_count":
-        return n.sandbox_count + n.pending_count + d.count
+        return n.sandbox_count + n.sandbox_starting_count + n.pending_count + d.count
     if name == "max_sandbox_starting_count":
         return n.sandbox_starting_count + n.pending_count + d.count
     if name == "max_sandbox_count_including_paused":
-        return n.sandbox_count + n.paused_sandbox_count + n.pending_count + d.count
+        return (n.sandbox_count + n.sandbox_starting_count + n.paused_sandbox_count
+                + n.pending_count + d.count)
     if name == "max_allocated_cpu_including_paused":
         return n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu + d.cpu
     if name == "max_allocated_memory_bytes_including_paused":

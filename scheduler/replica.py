@@ -3,14 +3,20 @@ loop that watches Redis.
 
 Start-up stores or checks the cell's shared policy (a replica whose limits
 differ from the stored ones refuses to start, unless told to overwrite) and
-the static node list.  While Redis is unreachable the health service says
-NOT_SERVING and every RPC fails fast with UNAVAILABLE; when Redis is back the
-replica restores the cell's policy if Redis lost it and serves again.
+the static node list.  Health is SERVING only while this replica can write
+to the cell: the monitor's probe is a write (and, with min_replicas_acked, is
+replicated), so a primary that became a replica, a full or paused Redis, or
+one that is down all read NOT_SERVING, and every RPC fails fast with
+UNAVAILABLE.  A call that finds Redis unable to serve wakes the monitor at
+once.  Under Sentinel the replica follows the primary the sentinels
+announce.  When Redis is back the replica restores the cell's policy if Redis
+lost it and serves again, without a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 
@@ -19,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scheduler.client import AsyncScheduler
 from scheduler.config import Settings
+from scheduler.connection import SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, PolicyConflict, SchedulerError, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
@@ -56,14 +63,16 @@ class Replica:
             sched, self.metrics, strategy=settings.policy.strategy,
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
-            restore_cell=self.restore_cell)
+            restore_cell=self.restore_cell, on_unavailable=self.check_now)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
         self._monitor: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self._redis_ok = False
         self._stopping = False
         self.tls: ReloadingCredentials | None = None
+        self.sentinel = SentinelWatch(sched.client) if is_sentinel_client(sched.client) else None
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
@@ -113,6 +122,8 @@ class Replica:
                                   f"{e.strerror or e}") from None
         await self.server.start()
         await self._set_serving(True)
+        if self.sentinel is not None:
+            self.sentinel.start()
         self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")
 
     def _add_port(self, server: grpc.aio.Server) -> int:
@@ -133,6 +144,8 @@ class Replica:
         """Stop taking calls, let in-flight ones finish (up to the grace), close."""
         self._stopping = True
         await self.health.enter_graceful_shutdown()
+        if self.sentinel is not None:
+            await self.sentinel.stop()
         if self._monitor is not None:
             self._monitor.cancel()
             # wait_for() before Python 3.12 can swallow a cancellation; the loop
@@ -143,20 +156,24 @@ class Replica:
         self.metrics.close()
 
     # -- monitoring ----------------------------------------------------------
-    async def _set_serving(self, ok: bool) -> None:
+    async def _set_serving(self, ok: bool, why: str = "") -> None:
         if self._stopping:
             return
         if ok != self._redis_ok:
             if ok:
-                log.info("Redis at %s is reachable: serving", self.sched.target)
+                log.info("Redis at %s takes writes: serving", self.sched.target)
             else:
-                log.error("Redis at %s is unreachable: NOT_SERVING until it is back",
-                          self.sched.target)
+                log.error("%s: NOT_SERVING until this replica can write again",
+                          why or f"Redis at {self.sched.target} is unreachable")
         self._redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
         status = SERVING if ok else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+
+    def check_now(self) -> None:
+        """A call found Redis unable to serve: probe at once, not at the next tick."""
+        self._wake.set()
 
     async def _watch_redis(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,24 +184,34 @@ class Replica:
                 await self._check_redis(refresh_stats=due)
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except (StoreUnavailable, asyncio.TimeoutError):
+            except StoreUnavailable as e:
+                await self._set_serving(False, e.message)
+            except asyncio.TimeoutError:
                 await self._set_serving(False)
             except SchedulerError as e:
                 log.warning("monitor: %s", e.message)
             except Exception:
                 log.exception("monitor failed; retrying")
-            await asyncio.sleep(self.monitor_interval_s)
+            self._wake.clear()
+            # (wait_for on an Event: a wake-up cuts the pause short)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.monitor_interval_s)
 
     async def _check_redis(self, refresh_stats: bool) -> None:
         was_ok = self._redis_ok
-        await asyncio.wait_for(self.sched.ping(), timeout=max(self.monitor_interval_s, 1.0))
-        if not was_ok:
+        if self.sentinel is not None:
+            try:
+                await self.sentinel.check()
+            except Exception as e:  # no sentinel answers: the probe below tells the truth
+                log.debug("sentinels: %s", e)
+        has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
+        if not was_ok or not has_policy:
             await self.restore_cell()
         if refresh_stats:
             try:
                 await self.refresh_cell_metrics()
             except FailedPrecondition:
-                await self.restore_cell()  # Redis lost the cell between two pings
+                await self.restore_cell()  # Redis lost the cell between two probes
         await self._set_serving(True)
 
     async def refresh_cell_metrics(self) -> None:

@@ -217,6 +217,26 @@ class ScriptRegistry(_Registry):
                 raise self._evalsha_refused(e) from None
         return self.client.execute_command(*self._fcall(name, keys, args))
 
+    def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int,
+                   timeout_ms: int) -> tuple[Any, int]:
+        """Run script `name`, then ``WAIT replicas timeout_ms`` on the same
+        connection: (its reply, how many Redis replicas acknowledged it)."""
+        if self.mode is None:
+            self._load()
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            self.call(name, keys, args, pipe)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.ResponseError) and attempt == 1 and \
+                    self.mode == FUNCTION and not self._answered(reply):
+                self._load()  # the server lost the library: load it, send again
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, int(acked)
+        raise AssertionError("unreachable")
+
     def __getitem__(self, name: str) -> Any:
         def run(keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
             return self.call(name, keys, args, client)
@@ -256,6 +276,29 @@ class AsyncScriptRegistry(_Registry):
         if self.mode == EVAL:
             return await self.scripts[name](keys=keys, args=args)
         return await self.client.execute_command(*self._fcall(name, keys, args))
+
+    async def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any],
+                         replicas: int, timeout_ms: int) -> tuple[Any, int]:
+        """Run script `name`, then ``WAIT replicas timeout_ms`` on the same
+        connection: (its reply, how many Redis replicas acknowledged it)."""
+        if self.mode is None:
+            await self._load()
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            if self.mode == EVAL:
+                await self.scripts[name](keys=keys, args=args, client=pipe)
+            else:
+                pipe.execute_command(*self._fcall(name, keys, args))
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.ResponseError) and attempt == 1 and \
+                    self.mode == FUNCTION and not self._answered(reply):
+                await self._load()  # the server lost the library: load it, send again
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, int(acked)
+        raise AssertionError("unreachable")
 
     def __getitem__(self, name: str) -> Any:
         def run(keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import grpc
 import msgspec
-import redis
 
 from scheduler.client import AsyncScheduler, Call, Resync
 from scheduler.cpuconfig import CpuConfigOps, exchange
@@ -51,6 +51,7 @@ from scheduler.records import (
     Heartbeat,
     MachineInfo,
     NodeSnapshot,
+    Placement,
     Request,
     SandboxEvent,
 )
@@ -61,11 +62,6 @@ T = TypeVar("T")
 RESERVATION_METADATA = "x-reservation-id"
 ENDPOINT_METADATA = "x-node-endpoint"
 NO_POLICY_PREFIX = "cell policy is not initialised"
-#: Error replies by which Redis says it cannot serve right now (not a bug of ours).
-TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
-                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
-                    redis.exceptions.TryAgainError)
-TRANSIENT_REPLIES = ("NOREPLICAS", "BUSY ")
 
 STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -93,6 +89,18 @@ SNAPSHOT_INTS = (
     "create_fails", "reported_at_unix_ms", "paused_sandbox_count", "paused_allocated_cpu",
     "paused_allocated_memory_bytes",
 )
+
+
+#: The RPC being served (its deadline bounds every Redis call made for it).
+_RPC: ContextVar[grpc.aio.ServicerContext[Any, Any] | None] = ContextVar("rpc", default=None)
+
+
+def _remaining(context: grpc.aio.ServicerContext[Any, Any] | None) -> float | None:
+    """Seconds until the caller's deadline (None: no deadline)."""
+    if context is None:
+        return None
+    left: float | None = context.time_remaining()
+    return left
 
 
 def status_of(e: SchedulerError) -> grpc.StatusCode:
@@ -206,7 +214,7 @@ def observed_call(sched: AsyncScheduler, node_id: str, cluster_id: str, with_uns
                   full: bool) -> Call[list[dict[str, str]]]:
     """Nodes as observed (lua/observed-5.lua): full records, or id + endpoint + status."""
     args = [node_id, cluster_id, "1" if with_unseen else "0", "full" if full else "brief"]
-    return Call("observed", sched.keys.fixed(), args, _rows)
+    return Call("observed", sched.keys.fixed(), args, _rows, writes=False)
 
 
 _disks = msgspec.json.Decoder(list[DiskMetric])
@@ -249,7 +257,8 @@ def _peer(p: Peer) -> pb.P2pPeer:
 class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     def __init__(self, sched: AsyncScheduler, metrics: Metrics, *, strategy: str,
                  artifact_store_capacity: int, artifact_lookup_node_limit: int,
-                 restore_cell: Callable[[], Awaitable[None]] | None = None) -> None:
+                 restore_cell: Callable[[], Awaitable[None]] | None = None,
+                 on_unavailable: Callable[[], None] = lambda: None) -> None:
         self.sched = sched
         self.metrics = metrics
         self.strategy = strategy
@@ -258,24 +267,26 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self.peers = PeerOps(sched.keys, lambda: sched.ops.bounds)
         self.cpu = CpuConfigOps(sched.keys)
         self.restore_cell = restore_cell
+        #: told of every call that found Redis unable to serve (health re-checks at once)
+        self.on_unavailable = on_unavailable
 
     # -- plumbing ----------------------------------------------------------
     async def run(self, call: Call[T]) -> T:
-        """One script call, timed; a cell whose policy vanished (Redis lost its
-        data) is restored from this replica's config and the call retried once."""
+        """One script call, bounded by the caller's deadline."""
+        return await self._guarded(call.script,
+                                   lambda: self.sched.run(call, _remaining(_RPC.get())))
+
+    async def _guarded(self, script: str, send: Callable[[], Awaitable[T]]) -> T:
+        """Send one script call, timed; a cell whose policy vanished (Redis lost
+        its data) is restored from this replica's config and the call sent again."""
         for attempt in (1, 2):
             start = time.perf_counter()
             try:
-                return await self.sched.run(call)
+                return await send()
             except StoreUnavailable:
                 self.metrics.redis_errors.inc()
+                self.on_unavailable()
                 raise
-            except redis.exceptions.ResponseError as e:
-                if not isinstance(e, TRANSIENT_ERRORS) and \
-                        not str(e).startswith(TRANSIENT_REPLIES):
-                    raise
-                self.metrics.redis_errors.inc()
-                raise StoreUnavailable(f"Redis at {self.sched.target} cannot serve: {e}") from None
             except FailedPrecondition as e:
                 if attempt == 2 or self.restore_cell is None or \
                         not e.message.startswith(NO_POLICY_PREFIX):
@@ -283,13 +294,15 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                 log.warning("the cell's policy is gone from Redis (data lost?); restoring it")
                 await self.restore_cell()
             finally:
-                self.metrics.script_duration.labels(call.script).observe(
-                    time.perf_counter() - start)
+                self.metrics.script_duration.labels(script).observe(time.perf_counter() - start)
         raise AssertionError("unreachable")
 
     async def _serve(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any],
                      work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
+        token = _RPC.set(context)
+        code: grpc.StatusCode | None = None
+        message = ""
         try:
             result = await work()
         except SchedulerError as e:
@@ -299,7 +312,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         except Exception:
             code, message = grpc.StatusCode.INTERNAL, f"{rpc} failed; see the replica's log"
             log.exception("%s failed", rpc)
-        else:
+        finally:
+            _RPC.reset(token)
+        if code is None:
             self._observe(rpc, grpc.StatusCode.OK, start)
             return result
         # recorded before abort() sends the status, so a caller never sees it first
@@ -318,7 +333,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             start = time.perf_counter()
             code = "OK"
             try:
-                placed = await self.run(self.sched.ops.schedule(req))
+                placed = await self._place(req, context)
             except SchedulerError as e:
                 code = status_of(e).name
                 raise
@@ -332,6 +347,27 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                                     endpoint=placed.endpoint))
 
         return await self._serve("Schedule", context, work)
+
+    async def _place(self, req: Request, context: grpc.aio.ServicerContext[Any, Any],
+                     ) -> Placement:
+        """Schedule within the caller's deadline.  A caller that is gone by the
+        time its reservation exists gets it cancelled (by the library when the
+        call is cut short, here when the answer can no longer be delivered)."""
+        placed = await self._guarded("schedule", lambda: self.sched.schedule(
+            req, timeout=_remaining(context)))
+        rid = placed.reservation_id
+        if rid:
+            if context.cancelled() or context.done():
+                self.sched.forget(rid)
+                raise StoreUnavailable("the caller gave up before its placement was answered; "
+                                       "its reservation is cancelled")
+            # the answer may still not reach a caller that gives up now
+            def undelivered(ctx: grpc.aio.ServicerContext[Any, Any]) -> None:
+                if ctx.cancelled():
+                    self.sched.forget(rid)
+
+            context.add_done_callback(undelivered)
+        return placed
 
     async def RecordAssignment(self, request: pb.RecordAssignmentRequest,
                                context: grpc.aio.ServicerContext[Any, Any],

@@ -1,17 +1,23 @@
-"""Start and stop a real redis-server for tests and benchmarks (free port, temp dir)."""
+"""Start and stop real redis-server processes for tests and benchmarks (free
+ports, temp dirs): one server, or a Sentinel topology (a primary, replicas and
+sentinels), with the faults an operator meets (kill -9, SIGSTOP, restart empty,
+failover)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import redis
+
+from scheduler.connection import sentinel_url
 
 
 def free_port() -> int:
@@ -63,6 +69,31 @@ class RedisServer:
         finally:
             client.close()
 
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=5,
+                           **kwargs)  # type: ignore[arg-type]
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no save."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def wipe(self) -> None:
+        """Forget what persistence kept (for a restart that comes back empty)."""
+        for f in self.dir.iterdir():
+            if f.name != "redis.log":
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -78,6 +109,134 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.05) -> float:
+    """Poll ``check`` until it is truthy; returns the seconds it took."""
+    start = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - start
+        except (redis.exceptions.RedisError, OSError):
+            pass
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{what}: not within {timeout}s")
+        time.sleep(interval)
+
+
+class SentinelTopology:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum: a
+    majority) on 127.0.0.1, free ports, temp dirs.  ``url`` is the
+    ``redis+sentinel://`` address clients use."""
+
+    def __init__(self, replicas: int = 1, sentinels: int = 3, service: str = "sched",
+                 down_after_ms: int = 1000, failover_timeout_ms: int = 4000,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.service = service
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        # a replica attaches at once (the default waits 5 s for more replicas to share a sync)
+        extra_args = ["--repl-diskless-sync-delay", "0", *extra_args]
+        self.primary = RedisServer(extra_args=extra_args)
+        self.replicas = [RedisServer(extra_args=[*extra_args, "--replicaof", "127.0.0.1",
+                                                 str(self.primary.port)])
+                         for _ in range(replicas)]
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.sentinel_dir = Path(tempfile.mkdtemp(prefix="sched-sentinel-"))
+        self.sentinel_procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.primary, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        return sentinel_url([("127.0.0.1", p) for p in self.sentinel_ports], self.service)
+
+    def start(self) -> SentinelTopology:
+        try:
+            self.primary.start()
+            for r in self.replicas:
+                r.start()
+            wait_until(lambda: all(r.client().info("replication")["master_link_status"] == "up"
+                                   for r in self.replicas), 15, "replicas in sync")
+            for i, port in enumerate(self.sentinel_ports):
+                self.sentinel_procs.append(self._start_sentinel(i, port))
+            quorum = len(self.sentinel_ports) // 2 + 1
+
+            def ready() -> bool:
+                for port in self.sentinel_ports:
+                    m = self.sentinel(port).sentinel_master(self.service)
+                    if m["num-other-sentinels"] < len(self.sentinel_ports) - 1 or \
+                            m["num-slaves"] < len(self.replicas):
+                        return False
+                return quorum > 0
+
+            wait_until(ready, 30, "sentinels see each other and the replicas", 0.1)
+            return self
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_sentinel(self, i: int, port: int) -> subprocess.Popen[bytes]:
+        conf = self.sentinel_dir / f"sentinel-{i}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\nprotected-mode no\n"
+            f"dir {self.sentinel_dir}\nlogfile {self.sentinel_dir}/sentinel-{i}.log\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.primary.port} "
+            f"{len(self.sentinel_ports) // 2 + 1}\n"
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {self.service} 1\n")
+        proc = subprocess.Popen([self.primary.exe, str(conf), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.sentinel(port).ping(), 10, f"sentinel on {port}")
+        return proc
+
+    def sentinel(self, port: int | None = None) -> redis.Redis:
+        return redis.Redis(port=port or self.sentinel_ports[0], socket_connect_timeout=1,
+                           socket_timeout=5, decode_responses=True)
+
+    def primary_port(self) -> int:
+        """The port the sentinels name as primary now."""
+        for port in self.sentinel_ports:
+            try:
+                _, p = self.sentinel(port).sentinel_get_master_addr_by_name(self.service)
+                return int(p)
+            except (redis.exceptions.RedisError, TypeError):
+                continue
+        raise RuntimeError("no sentinel answers")
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def failover(self, timeout: float = 20) -> RedisServer:
+        """SENTINEL FAILOVER: returns the new primary once it takes writes."""
+        old = self.primary_port()
+        self.sentinel().execute_command("SENTINEL", "FAILOVER", self.service)
+        wait_until(lambda: self.primary_port() != old, timeout, "a new primary named")
+        new = self.server(self.primary_port())
+        wait_until(lambda: new.client().info("replication")["role"] == "master", timeout,
+                   "the new primary promoted")
+        return new
+
+    def close(self) -> None:
+        for proc in self.sentinel_procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.sentinel_procs.clear()
+        for s in self.servers:
+            s.close()
+        shutil.rmtree(self.sentinel_dir, ignore_errors=True)
+
+    def __enter__(self) -> SentinelTopology:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -380,8 +380,11 @@ def test_policy_set_bad_arguments_change_nothing(fleet: Fleet, args: list[str], 
 @pytest.mark.parametrize("name, limit, parts, percent, text", [
     ("max_sandbox_starting_count", 2, (1, 1, 1, 3), None,
      "max_sandbox_starting_count: 1 current + 1 pending + 1 requested = 3 > 2"),
-    ("max_sandbox_count_including_paused", 4, (3, 1, 1, 5), None,
-     "max_sandbox_count_including_paused: 3 current + 1 pending + 1 requested = 5 > 4"),
+    # current = 2 running + 1 starting + 1 paused: a starting sandbox counts
+    ("max_sandbox_count_including_paused", 5, (4, 1, 1, 6), None,
+     "max_sandbox_count_including_paused: 4 current + 1 pending + 1 requested = 6 > 5"),
+    ("max_sandbox_count", 4, (3, 1, 1, 5), None,
+     "max_sandbox_count: 3 current + 1 pending + 1 requested = 5 > 4"),
     ("max_allocated_cpu_including_paused", 7, (6, 1, 1, 8), None,
      "max_allocated_cpu_including_paused: 6 current + 1 pending + 1 requested = 8 > 7"),
     ("max_allocated_memory_bytes_including_paused", 11 * GIB,

@@ -94,13 +94,19 @@ end
 -- Used amount (current + pending + this request) per ceiling; nil when the
 -- ceiling cannot apply (capacity unknown).  Percent ceilings are compared as
 -- used * 100 <= limit * capacity to stay in exact integer arithmetic.
+-- A sandbox count's current is what the node runs plus what it is still
+-- starting: a roster lists a sandbox while it is being created (and releases
+-- its reservation), and a Redis that lost the reservations still has the
+-- node's own numbers from its next heartbeat.
 local function ceiling_use(n, name, req)
-  if name == 'max_sandbox_count' then return n.running + n.pend_count + req.count end
+  if name == 'max_sandbox_count' then
+    return n.running + n.starting_reported + n.pend_count + req.count
+  end
   if name == 'max_sandbox_starting_count' then
     return n.starting_reported + n.pend_count + req.count
   end
   if name == 'max_sandbox_count_including_paused' then
-    return n.running + n.paused + n.pend_count + req.count
+    return n.running + n.starting_reported + n.paused + n.pend_count + req.count
   end
   if name == 'max_allocated_cpu_including_paused' then
     return n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu

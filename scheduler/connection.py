@@ -1,0 +1,272 @@
+"""Where Redis is, and clients that keep finding it.
+
+``redis_addr`` (config, ``SCHEDULER_REDIS_ADDR``, ``schedctl --redis``) takes:
+
+* ``host:port`` (the reference system's form), ``redis://``, ``rediss://``
+  (TLS) or ``unix://`` URLs: one Redis;
+* ``redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[?db=N]``
+  and ``rediss+sentinel://...`` (TLS to the sentinels and the primary, with
+  the ``ssl_*`` query options of ``rediss://``): the primary that the
+  sentinels name, followed through failovers.  ``user:password`` are the
+  primary's; ``sentinel_username`` / ``sentinel_password`` query options
+  authenticate to the sentinels when they need it.
+
+Every client made here retries a call once, at once, after a connection
+error (a pooled socket that died with a restart, a primary that became a
+replica): the scripts are written so that sending the same call twice cannot
+place twice (a Schedule carries its reservation id).  Timeouts are not
+retried: a Redis that does not answer fails the call within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scheduler import embedded
+from scheduler.errors import InvalidArgument
+from scheduler.redact import redact
+
+log = logging.getLogger("scheduler.connection")
+# redis-py leaves these untyped
+_parse_url: Any = redis.connection.parse_url
+_SyncSentinel: Any = redis.sentinel.Sentinel
+_AsyncSentinel: Any = redis.asyncio.sentinel.Sentinel
+
+DEFAULT_TIMEOUT_S = 2.0
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+PLAIN_SCHEMES = ("redis://", "rediss://", "unix://")
+#: query options of a sentinel address that are ours, not the primary's
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+FORMS = ("host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p...]/MASTER "
+         "or rediss+sentinel:// address")
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """A parsed ``redis_addr``.  ``text`` may hold a password: show ``display``."""
+
+    text: str
+    kind: str  # "embedded" | "url" | "sentinel"
+    url: str = ""  # kind "url": a redis://, rediss:// or unix:// URL
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""  # kind "sentinel": the monitored primary's name
+    #: kind "sentinel": keyword arguments of the primary's connections
+    options: dict[str, Any] = field(default_factory=dict)
+    #: kind "sentinel": keyword arguments of the connections to the sentinels
+    sentinel_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        return describe_target(self.text or None)
+
+
+@dataclass(frozen=True)
+class Durability:
+    """When is a write acknowledged?  ``replicas`` > 0: only once that many
+    Redis replicas have it (``WAIT replicas timeout_ms`` on the connection that
+    wrote), so a failover cannot lose it."""
+
+    replicas: int = 0
+    timeout_ms: int = 200
+
+
+def describe_target(url: str | None) -> str:
+    """The address as logs and errors show it: never its credentials."""
+    if not url:
+        return "embedded in-process store (fakeredis, one replica only)"
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return redact(url)  # host:port, or user:password@host:port
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    query = ""
+    if "?" in tail:
+        path, _, q = tail.partition("?")
+        pairs = [(k, "***" if "password" in k.lower() else v)
+                 for k, v in parse_qsl(q, keep_blank_values=True)]
+        query = "?" + urlencode(pairs, safe="*/")
+        tail = path
+    return f"{scheme}://{authority}{slash}{tail}{query}"
+
+
+def _bad(problem: str) -> InvalidArgument:
+    return InvalidArgument("redis_addr", problem)
+
+
+def parse_address(text: str | None) -> RedisAddress:
+    """Parse ``redis_addr``; an error names it and never echoes a password."""
+    if not text or not text.strip():
+        return RedisAddress(text="", kind="embedded")
+    text = text.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme in SENTINEL_SCHEMES:
+        return _parse_sentinel(text, SENTINEL_SCHEMES[scheme], rest)
+    url = text if sep else f"redis://{text}"
+    if not url.startswith(PLAIN_SCHEMES):
+        raise _bad(f"must be {FORMS}, not {describe_target(text)!r}")
+    try:
+        _parse_url(url)
+    except ValueError as e:
+        raise _bad(f"{describe_target(text)!r} is not a usable address: {e}") from None
+    return RedisAddress(text=text, kind="url", url=url)
+
+
+def _parse_sentinel(text: str, tls: bool, rest: str) -> RedisAddress:
+    authority, _, tail = rest.partition("/")
+    userinfo, _, hostlist = authority.rpartition("@")
+    service, _, query = tail.partition("?")
+    service = unquote(service)
+    if not service:
+        raise _bad(f"{describe_target(text)!r} names no primary: add /MASTER_NAME after the "
+                   "sentinels")
+    sentinels: list[tuple[str, int]] = []
+    for part in hostlist.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _bad(f"sentinel {part.strip()!r} is not host:port")
+        sentinels.append((host, int(port)))
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    sentinel_auth = {k[len("sentinel_"):]: params.pop(k) for k in _SENTINEL_AUTH if k in params}
+    db = params.pop("db", "0")
+    if not db.isdigit():
+        raise _bad(f"db must be a whole number, not {db!r}")
+    # The primary's options: what a rediss:// URL to it would say, parsed by redis-py.
+    first = f"{sentinels[0][0]}:{sentinels[0][1]}"
+    probe = (f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}{first}/{db}"
+             + (f"?{urlencode(params)}" if params else ""))
+    try:
+        options = _parse_url(probe)
+    except ValueError as e:
+        raise _bad(f"{describe_target(text)!r} is not a usable address: {e}") from None
+    for key in ("host", "port", "path"):
+        options.pop(key, None)
+    options.pop("connection_class", None)
+    sentinel_options: dict[str, Any] = {k: v for k, v in options.items()
+                                        if k.startswith("ssl")}
+    if tls:
+        options["ssl"] = True
+        sentinel_options["ssl"] = True
+    sentinel_options.update(sentinel_auth)
+    return RedisAddress(text=text, kind="sentinel", sentinels=tuple(sentinels), service=service,
+                        options=options, sentinel_options=sentinel_options)
+
+
+def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = "",
+                 password: str = "", tls: bool = False, **query: str) -> str:
+    """The ``redis+sentinel://`` address of these sentinels (tests, benchmarks, docs)."""
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinels)
+    q = f"?{urlencode(query)}" if query else ""
+    return f"{'rediss' if tls else 'redis'}+sentinel://{auth}{hosts}/{quote(service)}{q}"
+
+
+# ---------------------------------------------------------------------------
+# Clients
+# ---------------------------------------------------------------------------
+def _common(timeout_s: float) -> dict[str, Any]:
+    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s}
+
+
+def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+    addr = parse_address(text)
+    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    if addr.kind == "embedded":
+        return embedded.sync_client()
+    if addr.kind == "sentinel":
+        sentinel = _SyncSentinel(
+            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+        return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
+                                   **addr.options)
+    return redis.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
+
+
+def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+    addr = parse_address(text)
+    # The asyncio client needs the asyncio Retry: given the synchronous one it
+    # never awaits the retried call, so the "one quick retry" silently failed.
+    retry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    if addr.kind == "embedded":
+        return embedded.async_client()
+    if addr.kind == "sentinel":
+        sentinel = _AsyncSentinel(
+            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+        return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
+                                   **addr.options)
+    return redis.asyncio.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
+
+
+def is_sentinel_client(client: Any) -> bool:
+    return isinstance(getattr(client, "connection_pool", None),
+                      (redis.sentinel.SentinelConnectionPool,
+                       redis.asyncio.sentinel.SentinelConnectionPool))
+
+
+class SentinelWatch:
+    """Follows a failover as the sentinels announce it (``+switch-master``), and
+    checks the primary's address on every ``check()`` as a backstop.  On a
+    change, idle connections close at once and busy ones when they are
+    released, so no call keeps writing to a primary that was replaced."""
+
+    def __init__(self, client: Any) -> None:
+        self.pool: Any = client.connection_pool
+        self.manager: Any = self.pool.sentinel_manager
+        self.service: str = self.pool.service_name
+        self.primary: tuple[str, int] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def check(self) -> bool:
+        """Ask the sentinels where the primary is; True when it moved."""
+        address = await self.manager.discover_master(self.service)
+        address = (str(address[0]), int(address[1]))
+        moved = self.primary is not None and address != self.primary
+        self.primary = address
+        if moved:
+            log.warning("Sentinel names a new primary for %s: %s:%d; reconnecting",
+                        self.service, *address)
+            await self.pool.get_master_address()  # closes idle connections of the old one
+            await self.pool.update_active_connections_for_reconnect()
+        return moved
+
+    def start(self) -> None:
+        for sentinel in self.manager.sentinels:
+            self._tasks.append(asyncio.create_task(self._listen(sentinel),
+                                                   name="sentinel-watch"))
+
+    async def _listen(self, sentinel: Any) -> None:
+        while True:
+            try:
+                pubsub = sentinel.pubsub()
+                await pubsub.subscribe("+switch-master")
+                try:
+                    async for message in pubsub.listen():
+                        data = message.get("data")
+                        if isinstance(data, bytes) and \
+                                data.split(b" ", 1)[0].decode() == self.service:
+                            await self.check()
+                finally:
+                    await pubsub.aclose()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a sentinel down or restarting: try it again
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2)
+        self._tasks.clear()

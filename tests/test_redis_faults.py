@@ -1,0 +1,309 @@
+"""Redis faults as the library meets them: addresses, restarts under an idle
+pool, a lost reply, a pause longer than the caller's deadline, WAIT, and the
+count ceilings that hold whatever Redis remembers.  (Sentinel failovers and
+the multi-process fault suite: tests/test_sentinel.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from scheduler import (
+    FailedPrecondition,
+    InvalidArgument,
+    Limits,
+    NoNodesAvailable,
+    Policy,
+    Request,
+    Scheduler,
+    StoreUnavailable,
+)
+from scheduler.client import AsyncScheduler
+from scheduler.connection import Durability, describe_target, parse_address, sentinel_url
+from scheduler.errors import NotReplicated
+from tests.helpers import hb
+from tests.redis_server import RedisServer, SentinelTopology, wait_until
+from tests.tcp_proxy import ReplyDroppingProxy
+
+Make = Callable[..., Scheduler]
+REQ = Request.cold(1, 1024)
+
+
+# ---------------------------------------------------------------------------
+# Addresses
+# ---------------------------------------------------------------------------
+def test_sentinel_address_forms() -> None:
+    a = parse_address("redis+sentinel://app:s3cret@10.0.0.1:26379,[::1]:26380/sched?db=2")
+    assert a.kind == "sentinel" and a.service == "sched"
+    assert a.sentinels == (("10.0.0.1", 26379), ("::1", 26380))
+    assert (a.options["db"], a.options["username"], a.options["password"]) == (2, "app", "s3cret")
+    assert "ssl" not in a.options and "password" not in a.sentinel_options
+    t = parse_address("rediss+sentinel://h:1/m?ssl_cert_reqs=none&sentinel_password=p2")
+    assert t.options["ssl"] and t.sentinel_options["ssl"]
+    assert t.options["ssl_cert_reqs"] == "none" == t.sentinel_options["ssl_cert_reqs"]
+    assert t.sentinel_options["password"] == "p2" and "sentinel_password" not in t.options
+    assert parse_address("localhost:6379").url == "redis://localhost:6379"
+    assert parse_address("").kind == "embedded"
+    url = sentinel_url([("h", 1), ("g", 2)], "m", user="u", password="p w")
+    assert parse_address(url).options["password"] == "p w"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("redis+sentinel://h:1", "names no primary"),
+    ("redis+sentinel://h/m", "sentinel 'h' is not host:port"),
+    ("redis+sentinel://h:99999/m", "is not host:port"),
+    ("redis+sentinel://h:1/m?db=x", "db must be a whole number"),
+    ("memcached://h:1", "must be host:port or a redis://"),
+])
+def test_bad_addresses_name_redis_addr(text: str, problem: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        parse_address(text)
+    assert e.value.field == "redis_addr" and problem in e.value.message
+
+
+def test_addresses_are_shown_without_secrets() -> None:
+    for text in ("redis://:hunter2@h:1/0", "redis+sentinel://u:hunter2@h:1,g:2/m",
+                 "rediss+sentinel://h:1/m?sentinel_password=hunter2&db=1"):
+        shown = describe_target(text)
+        assert "hunter2" not in shown and "***" in shown
+    with pytest.raises(InvalidArgument) as e:
+        parse_address("memcached://u:hunter2@h:1")
+    assert "hunter2" not in e.value.message
+
+
+# ---------------------------------------------------------------------------
+# Connections: a restart under an idle pool, a reply lost after the call ran
+# ---------------------------------------------------------------------------
+@pytest.mark.real_only
+def test_an_idle_pool_survives_a_restart() -> None:
+    """Every pooled connection died with the restart; the next calls (sync and
+    asyncio, several at once) still succeed, with no error in between."""
+    with RedisServer() as rs:
+        s = Scheduler.connect(rs.url, cell="idle", policy=Policy())
+
+        async def scenario() -> list[bool]:
+            a = await AsyncScheduler.connect(rs.url, cell="idle")
+            try:
+                await asyncio.gather(*(a.probe() for _ in range(8)))  # 8 pooled connections
+                s.probe()
+                rs.stop()
+                rs.start()  # back empty
+                s_ok = s.probe()
+                return [s_ok, *await asyncio.gather(*(a.probe() for _ in range(8)))]
+            finally:
+                await a.close()
+
+        # (False: the cell's policy went with the data; the calls themselves succeeded)
+        assert asyncio.run(scenario()) == [False] * 9
+        s.close()
+
+
+@pytest.mark.real_only
+def test_a_lost_reply_is_retried_without_placing_twice(redis_server: RedisServer) -> None:
+    """The Schedule ran in Redis but its reply never came back: the client's one
+    retry sends the same reservation id, and the script answers it again."""
+    with ReplyDroppingProxy(redis_server.port) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        s = Scheduler.connect(url, cell="lost", policy=Policy(), overwrite_policy=True)
+        try:
+            s.heartbeat(hb("n1"))
+            s.heartbeat(hb("n2"))
+            proxy.drop_next(b"schedule")
+            p = s.schedule(REQ)
+            assert proxy.dropped == 1
+            st = s.stats()
+            assert (st.reserved_total, st.pending) == (1, 1)
+            assert [r.reservation_id for r in s.reservations()] == [p.reservation_id]
+            assert s.reservation(p.reservation_id).node_id == p.node_id
+        finally:
+            s.close()
+
+
+def test_a_retried_schedule_answers_the_same_placement(make_scheduler: Make) -> None:
+    s = make_scheduler()
+    for n in ("n1", "n2", "n3"):
+        s.heartbeat(hb(n))
+    first = s.schedule(REQ, reservation_id="retry-1")
+    again = s.schedule(REQ, reservation_id="retry-1")
+    assert (again.node_id, again.endpoint, again.reservation_id, again.pressure) == \
+        (first.node_id, first.endpoint, "retry-1", first.pressure)
+    assert (s.stats().reserved_total, s.stats().pending) == (1, 1)
+    with pytest.raises(InvalidArgument, match="already used by another request"):
+        s.schedule(Request.cold(2, 1024), reservation_id="retry-1")
+    s.cancel("retry-1")
+    with pytest.raises(FailedPrecondition, match="was cancelled"):
+        s.schedule(REQ, reservation_id="retry-1")
+    assert s.stats().pending == 0
+
+
+def test_forget_stops_a_schedule_that_is_still_on_its_way(make_scheduler: Make) -> None:
+    """The caller gave up before its Schedule reached Redis: the tombstone the
+    cancel leaves makes the late call place nothing."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    s.run(s.ops.forget("late-1"))
+    with pytest.raises(FailedPrecondition, match="late-1 was cancelled"):
+        s.schedule(REQ, reservation_id="late-1")
+    assert s.stats().pending == 0
+    assert s.reservation("late-1").state == "cancelled"
+    # forgetting again, or forgetting what ended, is not an error
+    s.run(s.ops.forget("late-1"))
+    p = s.schedule(REQ)
+    s.cancel(p.reservation_id or "")
+    s.run(s.ops.forget(p.reservation_id or ""))
+    with pytest.raises(FailedPrecondition, match="already cancelled"):
+        s.cancel(p.reservation_id or "")
+
+
+# ---------------------------------------------------------------------------
+# Deadlines: Redis paused longer than the caller waits
+# ---------------------------------------------------------------------------
+@pytest.mark.real_only
+def test_a_pause_longer_than_the_deadline_leaves_no_reservation() -> None:
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="pause", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1"))
+                rs.pause()
+                try:
+                    results = await asyncio.gather(
+                        *(a.schedule(REQ, timeout=0.3) for _ in range(5)),
+                        return_exceptions=True)
+                finally:
+                    rs.resume()
+                assert all(isinstance(r, StoreUnavailable) and "did not answer within"
+                           in r.message for r in results), results
+                # the calls still ran once Redis resumed, or were stopped by the
+                # tombstones; either way nothing stays reserved
+                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
+                                        "abandoned placements cancelled")
+                st = await a.stats()
+                assert st.pending == 0
+                assert st.reserved_total == st.cancelled_total
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.real_only
+def test_a_caller_that_cancels_leaves_no_reservation() -> None:
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="gone", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1"))
+                rs.pause()
+                task = asyncio.create_task(a.schedule(REQ))
+                await asyncio.sleep(0.2)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                rs.resume()
+                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
+                                        "abandoned placement cancelled")
+                assert (await a.stats()).pending == 0
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------
+# WAIT: acknowledged means replicated
+# ---------------------------------------------------------------------------
+@pytest.mark.real_only
+def test_min_replicas_acked_answers_only_replicated_placements() -> None:
+    with SentinelTopology(replicas=1, sentinels=0) as topo:
+        replica = topo.replicas[0]
+        durable = Durability(replicas=1, timeout_ms=300)
+
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
+                                             durability=durable)
+            try:
+                await a.heartbeat(hb("n1"))
+                p = await a.schedule(REQ)
+                on_replica = replica.client().hget(f"sched:{{acked}}:res:{p.reservation_id}",
+                                                   "state")
+                assert on_replica == b"pending"  # it was there before the answer
+                replica.pause()
+                try:
+                    with pytest.raises(NotReplicated, match="reached 0 of the 1 replica"):
+                        await a.schedule(REQ)
+                    with pytest.raises(NotReplicated):
+                        await a.probe()
+                finally:
+                    replica.resume()
+                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
+                                        "the unreplicated placement cancelled")
+                st = await a.stats()
+                assert (st.pending, st.reserved_total, st.cancelled_total) == (1, 2, 1)
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.real_only
+def test_sync_client_waits_too() -> None:
+    with SentinelTopology(replicas=1, sentinels=0) as topo:
+        s = Scheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
+                              durability=Durability(replicas=1, timeout_ms=300))
+        try:
+            s.heartbeat(hb("n1"))
+            p = s.schedule(REQ)
+            assert topo.replicas[0].client().exists(f"sched:{{acked}}:res:{p.reservation_id}")
+            topo.replicas[0].pause()
+            try:
+                with pytest.raises(NotReplicated):
+                    s.schedule(REQ)
+            finally:
+                topo.replicas[0].resume()
+            s.probe()  # the next call first cancels the placement that was not replicated
+            assert s.stats().pending == 1 and not s.forgotten
+        finally:
+            s.close()
+
+
+# ---------------------------------------------------------------------------
+# Count ceilings: running + starting + pending, whatever Redis remembers
+# ---------------------------------------------------------------------------
+def test_a_sandbox_still_starting_counts_against_the_ceiling(make_scheduler: Make) -> None:
+    """The roster lists a sandbox while it is being created (the node counts it
+    in sandbox_starting_count): its reservation is released, and the node's
+    own starting count keeps it counted."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
+    s.heartbeat(hb("n1", roster=["a"], sandbox_count=1))
+    p = s.schedule(REQ)
+    s.assign("b", "n1", "n1.local:5000", p.reservation_id)
+    r = s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=1, sandbox_starting_count=1))
+    assert r.released == 1 and s.stats().pending == 0
+    with pytest.raises(NoNodesAvailable, match=r"1 at max_sandbox_count \(2\)"):
+        s.schedule(REQ)
+
+
+@pytest.mark.real_only
+def test_a_redis_that_came_back_empty_still_counts_what_nodes_hold() -> None:
+    """Redis restarted without its data: the reservations are gone, but the
+    nodes' next heartbeats carry what they run and start, so the ceiling holds."""
+    with RedisServer() as rs:
+        policy = Policy(limits=Limits(max_sandbox_count=3))
+        s = Scheduler.connect(rs.url, cell="empty", policy=policy)
+        s.heartbeat(hb("n1"))
+        placed = [s.schedule(REQ) for _ in range(3)]
+        with pytest.raises(NoNodesAvailable):
+            s.schedule(REQ)
+        rs.stop()
+        rs.start()
+        s.sync_policy(policy)  # what a replica does when it finds the cell gone
+        # the node is creating all three
+        s.heartbeat(hb("n1", roster=[f"sb{i}" for i in range(3)], sandbox_starting_count=3))
+        with pytest.raises(NoNodesAvailable, match=r"at max_sandbox_count \(3\)"):
+            s.schedule(REQ)
+        assert len(placed) == 3
+        s.close()
+
