@@ -18,7 +18,7 @@ entries in shared keys (indexes, sets).
 - ``tombstone``: an ended reservation, kept ``reservation_tombstone_ttl``
   (the row cancels every live one: the figure is the ended record alone).
 - ``artifact (512-byte key)``: a P2P artifact at the largest default key,
-  held by one node (holder sets, LRU, name).
+  held by one node (holder sets, LRU, name); and one of a 64-byte key.
 """
 
 from __future__ import annotations
@@ -117,11 +117,12 @@ def run(target: Target, p: Params) -> Result:
 
         peers = PeerOps(k, lambda: s.ops.bounds)
         holder = fleet[0].node_id
-        records = [peers.record("eu-1", "bittorrent", f"{i:08d}".ljust(512, "k"), holder)
-                   for i in range(p.artifacts)]
-        digest = records[0].args[0]
-        row("artifact (512-byte key)", p.artifacts,
-            _measure(target, lambda: run_pipelined(s, records)), k.art(digest))
+        for size in (512, 64):
+            records = [peers.record("eu-1", "bittorrent", f"{size}-{i:08d}".ljust(size, "k"),
+                                    holder) for i in range(p.artifacts)]
+            row(f"artifact ({size}-byte key)", p.artifacts,
+                _measure(target, lambda r=records: run_pipelined(s, r)),
+                k.art(records[0].args[0]))
     finally:
         s.close()
         target.drop_cell(cell)

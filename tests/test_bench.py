@@ -271,6 +271,7 @@ def test_memory_rows(target: Target) -> None:
     result = memory.run(target, memory.Params.quick())
     _keys(result)
     assert [r["item"] for r in result.rows] == [
-        "node", "roster entry", "live reservation", "tombstone", "artifact (512-byte key)"]
+        "node", "roster entry", "live reservation", "tombstone", "artifact (512-byte key)",
+        "artifact (64-byte key)"]
     for r in result.rows:
         assert r["bytes_per_item"] > 0 and r["memory_usage_one"] > 0, r
