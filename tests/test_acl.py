@@ -189,23 +189,3 @@ def test_the_reported_acl_fails_at_start_with_one_line(admin: redis.Redis, serve
         assert r.output.startswith("Error: Redis refused the command "), r.output
         assert r.output.count("\n") == 1
 
-
-def test_a_permission_lost_at_run_time_is_one_log_line(admin: redis.Redis, server: RedisServer,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    import grpc
-
-    from scheduler.client import async_client
-    from tests.replica_harness import ThreadedReplica, endpoint_md, hb_request, settings_for
-
-    url = make_user(admin, server, COMMANDS)
-    with ThreadedReplica(settings_for(Policy(), cell="acl"), lambda: async_client(url),
-                         url) as r:
-        r.stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1.local:5000"))
-        admin.execute_command("ACL", "SETUSER", "sched-test", "-hmget")
-        with caplog.at_level("ERROR"), pytest.raises(grpc.RpcError) as e:
-            r.stub.Heartbeat(hb_request("n1", cpu=2), metadata=endpoint_md("n1.local:5000"))
-    assert e.value.code() == grpc.StatusCode.INTERNAL
-    assert e.value.details().startswith("Redis refused the command 'hmget' in a script")
-    errors = [rec for rec in caplog.records if rec.levelname == "ERROR"]
-    assert [rec.getMessage() for rec in errors] == [f"Heartbeat failed: {e.value.details()}"]
-    assert all(rec.exc_info is None for rec in errors)
