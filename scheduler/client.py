@@ -398,7 +398,7 @@ class Ops:
             return Stats(pending=int(r[0]), **{
                 name: int(f.get(name, 0)) for name in (
                     "reserved_total", "assigned_total", "released_total", "cancelled_total",
-                    "expired_total", "refused_total")})
+                    "expired_total", "refused_total", "forgotten_total")})
 
         return self._call("stats", [], parse)
 

@@ -228,3 +228,15 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
         assert kind == "cell", f"{key} ({kind}) outlived its sweep without a TTL"
         assert name in ("policy", "stats", "rr"), f"{key}: {name} still holds members"
     assert {LIFETIMES[classify(s.keys.base, k)] for k in keys_of(s)} <= {"cell", "ttl+sweep"}
+
+
+def test_a_replica_sweeps_the_cell_with_its_metrics(replica: ThreadedReplica,
+                                                   redis_client: Any) -> None:
+    """A cell whose heartbeats are all steady still forgets: every replica
+    runs the sweeps every few seconds (here called once, directly)."""
+    s = Scheduler(redis_client, cell="test")
+    replica.stub.Heartbeat(hb_request("quiet", roster=["q1"]), metadata=endpoint_md("q:5000"))
+    s.advance_clock(HOUR + 1000)
+    assert replica.replica is not None
+    replica.call(replica.replica.refresh_cell_metrics())
+    assert s.nodes() == [] and s.stats().forgotten_total == 1

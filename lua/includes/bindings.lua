@@ -235,6 +235,7 @@ local function forget_sweep(P, now)
       budget = budget - spent
       if budget > 0 then
         remove_node(node_id, now, seen)
+        redis.call('HINCRBY', STATS_KEY, 'forgotten_total', 1)
         removed = removed + 1
         budget = budget - 1
       end
