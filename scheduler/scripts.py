@@ -234,6 +234,8 @@ class ScriptRegistry(_Registry):
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(acked, Exception):  # WAIT refused (an ACL without +wait)
+                raise acked
             return reply, int(acked)
         raise AssertionError("unreachable")
 
@@ -297,6 +299,8 @@ class AsyncScriptRegistry(_Registry):
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(acked, Exception):  # WAIT refused (an ACL without +wait)
+                raise acked
             return reply, int(acked)
         raise AssertionError("unreachable")
 

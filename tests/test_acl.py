@@ -189,3 +189,19 @@ def test_the_reported_acl_fails_at_start_with_one_line(admin: redis.Redis, serve
         assert r.output.startswith("Error: Redis refused the command "), r.output
         assert r.output.count("\n") == 1
 
+
+
+def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisServer) -> None:
+    """WAIT follows each write only with min_replicas_acked > 0: the documented
+    line leaves it out, and a user without it is told so in one line."""
+    from scheduler.connection import Durability
+    from scheduler.errors import NotReplicated
+
+    acked = Durability(replicas=1, timeout_ms=50)
+    url = make_user(admin, server, COMMANDS)
+    with pytest.raises(PermissionDenied, match="Redis refused the command 'wait'"):
+        Scheduler.connect(url, cell="acl", policy=Policy(), durability=acked)
+    make_user(admin, server, (*COMMANDS, "wait"))
+    # WAIT runs now; this server has no replicas to acknowledge anything
+    with pytest.raises(NotReplicated, match="reached 0 of the 1 replica"):
+        Scheduler.connect(url, cell="acl", policy=Policy(), durability=acked)
