@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench import balance, ceiling, latency, memory, roster, throughput, versus
+from bench import balance, ceiling, faults, latency, memory, roster, throughput, versus
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
 PLOTTABLE = ("ceiling", "latency")
@@ -39,6 +39,17 @@ def _paths(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"paths are {', '.join(throughput.PATHS)}, comma-separated; not {text!r}")
     return values
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(
+                f"expected some of {', '.join(allowed)}, comma-separated; not {text!r}")
+        return values
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
                        "reservation, tombstone and artifact")
     m.add_argument("--nodes", type=int, help="nodes (default 2000)")
     m.add_argument("--reservations", type=int, help="reservations (default 20000)")
+    f = sub.add_parser("faults", parents=[common], help="Redis faults under load (kill -9, "
+                       "SIGSTOP, replica kill, Sentinel failover): ceilings, lost and phantom "
+                       "placements, health")
+    f.add_argument("--scenarios", type=_names(faults.SCENARIOS),
+                   help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)")
+    f.add_argument("--seed", type=int, default=1, help="seed of the load")
 
     v = sub.add_parser("versus", parents=[common], help="Redis CPU per call of another "
                        "revision's scripts against this tree's, as ratios in one run")
@@ -151,9 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    run = runner(args)
-    with redis_target(args.redis) as target:
-        result = run(target)
+    if args.scenario == "faults":
+        if args.redis:
+            parser().error("faults starts (and breaks) Redis servers of its own: no --redis")
+        fp = faults.Params.quick() if args.quick else faults.Params()
+        fp = replace(fp, seed=args.seed, **({"scenarios": args.scenarios} if args.scenarios
+                                             else {}))
+        result = faults.run(fp)
+    else:
+        run = runner(args)
+        with redis_target(args.redis) as target:
+            result = run(target)
     result.params["command"] = "python -m bench " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     show(result)

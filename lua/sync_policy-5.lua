@@ -8,19 +8,23 @@
   `packed` (the same policy in one string, for the scripts) is rebuilt.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     "1" overwrite, "0" check
+  ARGV[1]     "1" overwrite, "0" check, "r" restore: check, and when the cell
+              had no policy (Redis lost its data), also settle it (settle_ms =
+              now, in the same step: see settle-5.lua)
   ARGV[2..]   field, value pairs of the wanted policy
 
   Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
-  Writes: policy (unless "same" or "conflict"), and rebuilds the placement index;
+  Writes: policy (unless "same" or "conflict"; settle_ms when restoring), and
+          rebuilds the placement index;
           an index built by another version (policy field index_format) is
           dropped and built anew, even when the policy is the same
 ]]
 -- @include index
 -- kept beside the policy, not part of it (scheduler/client.py NOT_POLICY)
 local NOT_POLICY = { time_offset_ms = true, frozen_now_ms = true, packed = true,
-  index_format = true }
+  index_format = true, settle_ms = true }
 local overwrite = ARGV[1] == '1'
+local restoring = ARGV[1] == 'r'
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do
@@ -49,11 +53,17 @@ else
 end
 local format = redis.call('HGET', POLICY_KEY, 'index_format')
 if outcome == 'created' or outcome == 'overwritten' then
-  local clock = redis.call('HMGET', POLICY_KEY, 'time_offset_ms', 'frozen_now_ms')
+  local clock = redis.call('HMGET', POLICY_KEY, 'time_offset_ms', 'frozen_now_ms', 'settle_ms')
   redis.call('DEL', POLICY_KEY)
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
   if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
   if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
+  if clock[3] then redis.call('HSET', POLICY_KEY, 'settle_ms', clock[3]) end
+  if restoring and outcome == 'created' then
+    local t = redis.call('TIME')
+    redis.call('HSET', POLICY_KEY, 'settle_ms',
+      fmt(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+  end
   if format then redis.call('HSET', POLICY_KEY, 'index_format', format) end
   repack_policy()
 end

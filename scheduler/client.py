@@ -29,6 +29,7 @@ from scheduler import acl
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
+    Fence,
     async_client,
     describe_target,
     sync_client,
@@ -76,7 +77,7 @@ READ_ONLY_SCRIPTS = frozenset({"lookup", "nodes_view", "observed", "peer_list", 
 
 #: Fields the policy hash keeps beside the policy (drill clock, packed copy,
 #: index layout); lua/sync_policy-5.lua leaves them out of the comparison too.
-NOT_POLICY = ("time_offset_ms", "frozen_now_ms", "packed", "index_format")
+NOT_POLICY = ("time_offset_ms", "frozen_now_ms", "packed", "index_format", "settle_ms")
 
 SNAPSHOT_INT_FIELDS: tuple[tuple[str, int], ...] = (
     ("allocated_cpu", MAX_CPU),
@@ -366,7 +367,10 @@ class Ops:
         args = [validate_id("node_id", node_id), "1" if lingering else "0"]
         return self._call("set_lingering", args, lambda r: _s(r[0]) == "1")
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Call[str]:
+    def sync_policy(self, policy: Policy, overwrite: bool = False,
+                    restore: bool = False) -> Call[str]:
+        """Store or check the policy.  ``restore``: a replica puts back a policy
+        Redis lost; the cell then settles in the same step (see settle)."""
         wanted = policy.validate().to_fields()
         flat = [x for kv in wanted.items() for x in kv]
 
@@ -380,7 +384,13 @@ class Ops:
             self.known_policy = policy
             return outcome
 
-        return self._call("sync_policy", ["1" if overwrite else "0", *flat], parse)
+        mode = "1" if overwrite else "r" if restore else "0"
+        return self._call("sync_policy", [mode, *flat], parse)
+
+    def settle(self) -> Call[int]:
+        """Redis may have lost placements just made (a failover): nodes not heard
+        from since must heartbeat again before placements go to them."""
+        return self._call("settle", [], int)
 
     def nodes(self) -> Call[tuple[int, list[NodeView]]]:
         return self._call("nodes_view", [], parse_nodes_view)
@@ -587,6 +597,13 @@ class _Base:
         self.beats: dict[str, Beat] = {}
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.forgotten: dict[str, float] = {}
+        #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
+        self.fence = Fence()
+
+    def _fenced(self, call: Call[Any]) -> None:
+        why = self.fence.held() if call.acked else ""
+        if why:
+            raise StoreUnavailable(f"Redis at {self.target}: {why}")
 
     def _waits(self, call: Call[Any]) -> bool:
         return self.durability.replicas > 0 and call.acked
@@ -629,6 +646,7 @@ class Scheduler(_Base):
         self.scripts = ScriptRegistry(client)
 
     def run(self, call: Call[T]) -> T:
+        self._fenced(call)
         if self.forgotten:
             self._cancel_forgotten()
         with _translated(self.target):
@@ -707,8 +725,11 @@ class Scheduler(_Base):
     def set_lingering(self, node_id: str, lingering: bool) -> bool:
         return self.run(self.ops.set_lingering(node_id, lingering))
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> str:
-        return self.run(self.ops.sync_policy(policy, overwrite))
+    def sync_policy(self, policy: Policy, overwrite: bool = False, restore: bool = False) -> str:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def settle(self) -> int:
+        return self.run(self.ops.settle())
 
     def nodes(self) -> list[NodeView]:
         return self.run(self.ops.nodes())[1]
@@ -759,6 +780,7 @@ class AsyncScheduler(_Base):
         """Run one call, bounded by ``timeout`` (a caller's deadline) and the
         client's own timeout, whichever is shorter."""
         limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
+        self._fenced(call)
         try:
             async with _deadline(limit):
                 with _translated(self.target):
@@ -861,8 +883,12 @@ class AsyncScheduler(_Base):
     def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
         return self.run(self.ops.set_lingering(node_id, lingering))
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False) -> Awaitable[str]:
-        return self.run(self.ops.sync_policy(policy, overwrite))
+    def sync_policy(self, policy: Policy, overwrite: bool = False,
+                    restore: bool = False) -> Awaitable[str]:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def settle(self) -> Awaitable[int]:
+        return self.run(self.ops.settle())
 
     async def nodes(self) -> list[NodeView]:
         return (await self.run(self.ops.nodes()))[1]

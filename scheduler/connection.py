@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -177,8 +179,19 @@ def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = 
 # ---------------------------------------------------------------------------
 # Clients
 # ---------------------------------------------------------------------------
+#: A pooled connection idle this long is PINGed before it carries a call: the
+#: pool hands out sockets the server closed (a restart) as if they were alive.
+HEALTH_CHECK_S = 1
+
+
 def _common(timeout_s: float) -> dict[str, Any]:
-    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s}
+    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s,
+            "health_check_interval": HEALTH_CHECK_S}
+
+
+def _sentinel_common(timeout_s: float) -> dict[str, Any]:
+    # a sentinel that does not answer is skipped quickly: the next one may
+    return {"socket_connect_timeout": min(timeout_s, 0.5), "socket_timeout": min(timeout_s, 1.0)}
 
 
 def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -188,7 +201,8 @@ def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
         return embedded.sync_client()
     if addr.kind == "sentinel":
         sentinel = _SyncSentinel(
-            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
+                                                   **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
                                    **addr.options)
     return redis.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
@@ -203,7 +217,8 @@ def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
         return embedded.async_client()
     if addr.kind == "sentinel":
         sentinel = _AsyncSentinel(
-            list(addr.sentinels), sentinel_kwargs={**_common(timeout_s), **addr.sentinel_options})
+            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
+                                                   **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
                                    **addr.options)
     return redis.asyncio.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
@@ -215,13 +230,59 @@ def is_sentinel_client(client: Any) -> bool:
                        redis.asyncio.sentinel.SentinelConnectionPool))
 
 
-class SentinelWatch:
-    """Follows a failover as the sentinels announce it (``+switch-master``), and
-    checks the primary's address on every ``check()`` as a backstop.  On a
-    change, idle connections close at once and busy ones when they are
-    released, so no call keeps writing to a primary that was replaced."""
+class Fence:
+    """Writes held while Sentinel fails the primary over.  From the moment a
+    failover starts until the new primary is announced, the old primary still
+    takes writes that the promoted replica will never see: holding them is
+    what keeps that window to the calls already in flight."""
 
-    def __init__(self, client: Any) -> None:
+    #: longest a fence holds if its end is never announced (the monitor's own
+    #: check of the primary's address catches a missed announcement anyway)
+    MAX_S = 10.0
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.until = 0.0
+
+    def close(self, reason: str) -> None:
+        self.reason = reason
+        self.until = time.monotonic() + self.MAX_S
+
+    def open(self) -> None:
+        self.until = 0.0
+
+    def held(self) -> str:
+        """Why writes are held now ("" = they are not)."""
+        return self.reason if time.monotonic() < self.until else ""
+
+
+#: Sentinel events of a failover of one primary (channel -> what it means here)
+_FAILOVER_STARTS = ("+try-failover", "+selected-slave", "+failover-state-send-slaveof-noone")
+_FAILOVER_ENDS = ("+switch-master",)
+
+
+def _event_service(data: bytes) -> str:
+    """The primary's name in a Sentinel event: "<name> ..." (+switch-master),
+    "master <name> ..." or "slave <addr> <ip> <port> @ <name> ..."."""
+    parts = data.decode(errors="replace").split()
+    if "@" in parts and parts.index("@") + 1 < len(parts):
+        return parts[parts.index("@") + 1]
+    if len(parts) > 1 and parts[0] in ("master", "slave", "sentinel"):
+        return parts[1]
+    return parts[0] if parts else ""
+
+
+class SentinelWatch:
+    """Follows a failover as the sentinels announce it, and checks the
+    primary's address on every ``check()`` as a backstop.  When a failover
+    starts, writes are held (``fence``); when the new primary is announced,
+    idle connections close at once and busy ones when they are released, so
+    no call keeps writing to a primary that was replaced, and writes resume."""
+
+    def __init__(self, client: Any, fence: Fence | None = None,
+                 on_switch: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.fence = fence or Fence()
+        self.on_switch = on_switch
         self.pool: Any = client.connection_pool
         self.manager: Any = self.pool.sentinel_manager
         self.service: str = self.pool.service_name
@@ -239,6 +300,7 @@ class SentinelWatch:
                         self.service, *address)
             await self.pool.get_master_address()  # closes idle connections of the old one
             await self.pool.update_active_connections_for_reconnect()
+            self.fence.open()
         return moved
 
     def start(self) -> None:
@@ -246,17 +308,36 @@ class SentinelWatch:
             self._tasks.append(asyncio.create_task(self._listen(sentinel),
                                                    name="sentinel-watch"))
 
+    async def _event(self, channel: str, data: bytes) -> None:
+        if _event_service(data) != self.service:
+            return
+        if channel in _FAILOVER_STARTS:
+            if not self.fence.held():
+                log.warning("Sentinel is failing over %s (%s): writes held until the new "
+                            "primary is announced", self.service, channel)
+            self.fence.close(f"Sentinel is failing over the primary {self.service}; writes "
+                             "resume once the new primary is announced")
+        elif channel in _FAILOVER_ENDS:
+            if await self.check() and self.on_switch is not None:
+                await self.on_switch()
+            self.fence.open()
+        elif channel.startswith("-failover-abort"):
+            log.warning("Sentinel gave up failing over %s (%s): writes resume", self.service,
+                        channel)
+            self.fence.open()
+
     async def _listen(self, sentinel: Any) -> None:
         while True:
             try:
                 pubsub = sentinel.pubsub()
-                await pubsub.subscribe("+switch-master")
+                await pubsub.subscribe(*_FAILOVER_STARTS, *_FAILOVER_ENDS)
+                await pubsub.psubscribe("-failover-abort*")
                 try:
                     async for message in pubsub.listen():
                         data = message.get("data")
-                        if isinstance(data, bytes) and \
-                                data.split(b" ", 1)[0].decode() == self.service:
-                            await self.check()
+                        channel = message.get("channel")
+                        if isinstance(data, bytes) and isinstance(channel, bytes):
+                            await self._event(channel.decode(), data)
                 finally:
                     await pubsub.aclose()
             except asyncio.CancelledError:

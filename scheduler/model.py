@@ -6,7 +6,8 @@ check_ceilings, check_capacity, then pick.  Property tests drive the Lua path
 and this model with the same fleets and requests and require the same
 decisions; any optimisation of the Lua path is judged against it.
 
-    filter:  status ─► ceilings (after placement, <=) ─► capacity (<= cap * overcommit)
+    filter:  status (incl. settling) ─► ceilings (after placement, <=) ─► capacity
+             (<= cap * overcommit)
     score:   known capacity, pressure, starting (+pending), running, paused
     pick:    least_loaded: best, round-robin over exact equals
              round_robin / random: eligible known-capacity nodes (else the
@@ -151,7 +152,15 @@ def ceiling_holds(n: NodeState, name: str, limit: int, used: int) -> bool:
     return used <= limit
 
 
-def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int) -> ModelVerdict:
+def settling(n: NodeState, policy: Policy, now_ms: int, settle_ms: int | None) -> bool:
+    """Must the node heartbeat again before it takes a placement?  (Redis may
+    have lost placements made up to settle_ms; for one report TTL.)"""
+    return settle_ms is not None and now_ms < settle_ms + policy.report_ttl_ms and (
+        n.last_seen_ms is None or n.last_seen_ms <= settle_ms)
+
+
+def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int,
+             settle_ms: int | None = None) -> ModelVerdict:
     status = derive_status(n, policy, now_ms)
     stale = n.last_seen_ms is not None and now_ms - n.last_seen_ms > policy.report_ttl_ms
     # stage "project"
@@ -172,6 +181,8 @@ def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int) -> ModelVerdi
         reason = "stale heartbeat" if stale else "unhealthy"
     elif status not in ("READY", "CONNECTING"):
         reason = "not ready"
+    elif settling(n, policy, now_ms, settle_ms):
+        reason = "awaiting heartbeat"
     elif not n.endpoint:
         reason = "no endpoint"
     # stage "ceilings"
@@ -220,7 +231,8 @@ class Decision:
 
 
 def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr_next: int,
-           rand: float = 0.0, strategy: str | None = None) -> Decision:
+           rand: float = 0.0, strategy: str | None = None,
+           settle_ms: int | None = None) -> Decision:
     """One Schedule: the node chosen (or the counted refusal).
 
     ``rr_next`` is the round-robin counter value this decision uses (the
@@ -228,7 +240,7 @@ def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr
     """
     d = Demand.of(req, policy)
     ordered = sorted(nodes, key=lambda n: n.node_id.encode())
-    verdicts = [evaluate(n, policy, d, now_ms) for n in ordered]
+    verdicts = [evaluate(n, policy, d, now_ms, settle_ms) for n in ordered]
     eligible = [v for v in verdicts if v.reason is None]
     group = [v for v in eligible if v.known] or [v for v in eligible if not v.known]
     if not group:

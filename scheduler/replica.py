@@ -72,7 +72,8 @@ class Replica:
         self._redis_ok = False
         self._stopping = False
         self.tls: ReloadingCredentials | None = None
-        self.sentinel = SentinelWatch(sched.client) if is_sentinel_client(sched.client) else None
+        self.sentinel = SentinelWatch(sched.client, sched.fence, self.after_failover) \
+            if is_sentinel_client(sched.client) else None
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
@@ -83,14 +84,30 @@ class Replica:
         return outcome
 
     async def restore_cell(self) -> None:
-        """Redis came back empty: put this replica's policy and nodes back."""
+        """Redis came back empty: put this replica's policy and nodes back, and
+        let nodes place again only once they have heartbeated since (settle)."""
         try:
-            outcome = await self.sched.sync_policy(self.settings.policy, overwrite=False)
+            outcome = await self.sched.sync_policy(self.settings.policy, overwrite=False,
+                                                   restore=True)
         except PolicyConflict:
             return  # another replica restored (and changed) it first; the stored one rules
         if outcome == "created":
-            log.warning("restored the cell's policy in Redis")
+            log.warning("restored the cell's policy in Redis (its data was lost); nodes take "
+                        "placements again once they heartbeat")
             await self._sync_nodes(check=False)
+
+    async def after_failover(self) -> None:
+        """Sentinel named a new primary.  Without min_replicas_acked it may lack
+        placements the old one answered: settle the cell, so nodes must
+        heartbeat (with what they really hold) before they take more."""
+        if self.settings.durability.replicas > 0:
+            return  # every answered placement reached a replica: nothing to settle
+        try:
+            await self.sched.settle()
+            log.warning("settled the cell after the failover: nodes take placements again "
+                        "once they heartbeat to the new primary")
+        except SchedulerError as e:
+            log.warning("could not settle the cell after the failover: %s", e.message)
 
     async def _sync_nodes(self, check: bool) -> None:
         wanted = self.settings.nodes
@@ -201,9 +218,12 @@ class Replica:
         was_ok = self._redis_ok
         if self.sentinel is not None:
             try:
-                await self.sentinel.check()
+                moved = await self.sentinel.check()
             except Exception as e:  # no sentinel answers: the probe below tells the truth
                 log.debug("sentinels: %s", e)
+            else:
+                if moved:
+                    await self.after_failover()
         has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
         if not was_ok or not has_policy:
             await self.restore_cell()

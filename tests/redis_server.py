@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -172,7 +173,7 @@ class SentinelTopology:
 
             def ready() -> bool:
                 for port in self.sentinel_ports:
-                    m = self.sentinel(port).sentinel_master(self.service)
+                    m: Any = self.sentinel(port).sentinel_master(self.service)
                     if m["num-other-sentinels"] < len(self.sentinel_ports) - 1 or \
                             m["num-slaves"] < len(self.replicas):
                         return False
@@ -207,8 +208,8 @@ class SentinelTopology:
         """The port the sentinels name as primary now."""
         for port in self.sentinel_ports:
             try:
-                _, p = self.sentinel(port).sentinel_get_master_addr_by_name(self.service)
-                return int(p)
+                addr: Any = self.sentinel(port).sentinel_get_master_addr_by_name(self.service)
+                return int(addr[1])
             except (redis.exceptions.RedisError, TypeError):
                 continue
         raise RuntimeError("no sentinel answers")
@@ -219,7 +220,8 @@ class SentinelTopology:
     def failover(self, timeout: float = 20) -> RedisServer:
         """SENTINEL FAILOVER: returns the new primary once it takes writes."""
         old = self.primary_port()
-        self.sentinel().execute_command("SENTINEL", "FAILOVER", self.service)
+        sentinel: Any = self.sentinel()
+        sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
         wait_until(lambda: self.primary_port() != old, timeout, "a new primary named")
         new = self.server(self.primary_port())
         wait_until(lambda: new.client().info("replication")["role"] == "master", timeout,

@@ -219,7 +219,8 @@ def test_a_caller_that_cancels_leaves_no_reservation() -> None:
 def test_min_replicas_acked_answers_only_replicated_placements() -> None:
     with SentinelTopology(replicas=1, sentinels=0) as topo:
         replica = topo.replicas[0]
-        durable = Durability(replicas=1, timeout_ms=300)
+        # (generous while the replica is up: a busy machine may be slow to ack)
+        durable = Durability(replicas=1, timeout_ms=10_000)
 
         async def scenario() -> None:
             a = await AsyncScheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
@@ -230,6 +231,7 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                 on_replica = replica.client().hget(f"sched:{{acked}}:res:{p.reservation_id}",
                                                    "state")
                 assert on_replica == b"pending"  # it was there before the answer
+                a.durability = Durability(replicas=1, timeout_ms=300)
                 replica.pause()
                 try:
                     with pytest.raises(NotReplicated, match="reached 0 of the 1 replica"):
@@ -238,6 +240,7 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                         await a.probe()
                 finally:
                     replica.resume()
+                a.durability = Durability(replicas=1, timeout_ms=10_000)
                 await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
                                         "the unreplicated placement cancelled")
                 st = await a.stats()
@@ -252,17 +255,19 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
 def test_sync_client_waits_too() -> None:
     with SentinelTopology(replicas=1, sentinels=0) as topo:
         s = Scheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
-                              durability=Durability(replicas=1, timeout_ms=300))
+                              durability=Durability(replicas=1, timeout_ms=10_000))
         try:
             s.heartbeat(hb("n1"))
             p = s.schedule(REQ)
             assert topo.replicas[0].client().exists(f"sched:{{acked}}:res:{p.reservation_id}")
+            s.durability = Durability(replicas=1, timeout_ms=300)
             topo.replicas[0].pause()
             try:
                 with pytest.raises(NotReplicated):
                     s.schedule(REQ)
             finally:
                 topo.replicas[0].resume()
+            s.durability = Durability(replicas=1, timeout_ms=10_000)
             s.probe()  # the next call first cancels the placement that was not replicated
             assert s.stats().pending == 1 and not s.forgotten
         finally:
@@ -299,7 +304,8 @@ def test_a_redis_that_came_back_empty_still_counts_what_nodes_hold() -> None:
             s.schedule(REQ)
         rs.stop()
         rs.start()
-        s.sync_policy(policy)  # what a replica does when it finds the cell gone
+        assert s.sync_policy(policy, restore=True) == "created"  # what a replica does
+        s.advance_clock(1)
         # the node is creating all three
         s.heartbeat(hb("n1", roster=[f"sb{i}" for i in range(3)], sandbox_starting_count=3))
         with pytest.raises(NoNodesAvailable, match=r"at max_sandbox_count \(3\)"):
@@ -307,3 +313,47 @@ def test_a_redis_that_came_back_empty_still_counts_what_nodes_hold() -> None:
         assert len(placed) == 3
         s.close()
 
+
+
+def test_after_a_settle_nodes_take_placements_once_they_heartbeat(make_scheduler: Make) -> None:
+    """A failover may have lost placements made just before: no node takes a new
+    one until its next heartbeat says what it really holds (one report TTL)."""
+    s = make_scheduler(Policy(report_ttl_ms=30_000))
+    for n in ("n1", "n2", "n3"):
+        s.heartbeat(hb(n))
+    s.schedule(REQ)  # the index is in use
+    s.settle()
+    s.advance_clock(1)
+    with pytest.raises(NoNodesAvailable, match="0/3 nodes available: 3 awaiting heartbeat"):
+        s.schedule(REQ)
+    s.heartbeat(hb("n2"))
+    assert {s.schedule(REQ).node_id for _ in range(3)} == {"n2"}
+    assert [v.reason for v in s.explain(REQ).verdicts] == \
+        ["awaiting heartbeat", None, "awaiting heartbeat"]
+    # a second settle moves the mark; after one report TTL it no longer applies
+    s.settle()
+    s.advance_clock(1)
+    with pytest.raises(NoNodesAvailable, match="3 awaiting heartbeat"):
+        s.schedule(REQ)
+    s.advance_clock(30_000)
+    for n in ("n1", "n3"):
+        s.heartbeat(hb(n))
+    assert {s.schedule(REQ).node_id for _ in range(4)} == {"n1", "n3"}
+
+
+def test_static_nodes_wait_for_a_heartbeat_after_a_restore(make_scheduler: Make) -> None:
+    """Redis came back empty and a replica restored the policy and the static
+    list: a static node never heard from since is no fallback until it is."""
+    policy = Policy(static_nodes=True)
+    s = make_scheduler(policy)
+    s.client.flushall()
+    assert s.sync_policy(policy, restore=True) == "created"
+    s.sync_nodes([("n1", "n1.local:5000"), ("n2", "n2.local:5000")])
+    s.advance_clock(1)
+    with pytest.raises(NoNodesAvailable, match="2 awaiting heartbeat"):
+        s.schedule(REQ)
+    s.heartbeat(hb("n1"))
+    assert s.schedule(REQ).node_id == "n1"
+    # a restore that finds the policy in place is no loss: nothing settles
+    assert s.sync_policy(policy, restore=True) == "same"
+    assert s.schedule(REQ).node_id == "n1"

@@ -25,11 +25,11 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
   'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
   'max_cpu_allocated_percent', 'max_memory_allocated_percent',
   'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format',
+  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format', 'settle_ms',
   'max_roster_ids', 'node_forget_after_ms', 'reservation_tombstone_ttl_ms',
   'artifact_key_max_bytes' }
--- 25 tab-separated captures, one per PACKED name (a literal: built once, at load)
-local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
+-- 26 tab-separated captures, one per PACKED name (a literal: built once, at load)
+local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
 local function raw_policy(packed)
   local raw = {}
@@ -93,6 +93,10 @@ local function load_policy()
     node_forget_after_ms = tonumber(raw.node_forget_after_ms) or 3600000,
     reservation_tombstone_ttl_ms = tonumber(raw.reservation_tombstone_ttl_ms) or 600000,
     artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes) or 512,
+    -- Nodes last heard from at or before this instant are not placed on until
+    -- they heartbeat again (for one report TTL): Redis may have lost placements
+    -- made just before (a failover, a restart without data); see settle-5.lua.
+    settle_ms = tonumber(raw.settle_ms),
     limits = {},
   }
   P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}

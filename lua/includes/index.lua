@@ -197,10 +197,15 @@ local function reindex_touched(P, now)
   TOUCHED = {}
 end
 
--- Take nodes whose heartbeat went stale out of the index.  True when none is
--- left behind (the index then holds no stale node).
+-- Take nodes whose heartbeat went stale, or that must heartbeat again
+-- (settling), out of the index.  True when none is left behind (the index
+-- then holds no stale or settling node).
 local function sweep_stale(P, now)
-  local cutoff = '(' .. fmt(now - P.report_ttl_ms)
+  local before = now - P.report_ttl_ms
+  if P.settle_ms and now < P.settle_ms + P.report_ttl_ms and P.settle_ms + 1 > before then
+    before = P.settle_ms + 1
+  end
+  local cutoff = '(' .. fmt(before)
   local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', 0, STALE_BATCH)
   for _, node_id in ipairs(stale) do reindex(node_id, P, now) end
   return #stale < STALE_BATCH

@@ -54,9 +54,13 @@ local function derive_status(n, P, now)
 end
 
 -- A node's status (and whether its heartbeat went stale) at instant `now`.
+-- Settling: the cell was told Redis may have lost placements (settle_ms) and
+-- the node has not heartbeated since, so its numbers may lack them.
 local function read_status(n, P, now)
   n.status = derive_status(n, P, now)
   n.stale = n.last_seen ~= nil and now - n.last_seen > P.report_ttl_ms
+  n.settling = P.settle_ms ~= nil and now < P.settle_ms + P.report_ttl_ms
+    and (n.last_seen == nil or n.last_seen <= P.settle_ms)
 end
 
 -- Stage "project": projected load and pressure with the request placed.
@@ -87,6 +91,7 @@ local function check_status(n)
     return 'unhealthy'
   end
   if n.status ~= 'READY' and n.status ~= 'CONNECTING' then return 'not ready' end
+  if n.settling then return 'awaiting heartbeat' end
   if n.endpoint == '' then return 'no endpoint' end
   return nil
 end

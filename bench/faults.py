@@ -1,0 +1,507 @@
+"""Scenario ``faults``: Redis faults under load, with the nodes' own state as the truth.
+
+Per scenario: real ``redis-server`` processes (one, or a primary, one replica
+and three sentinels), three ``schedctl serve`` replica processes, simulated
+runtime nodes heartbeating over gRPC with their rosters, and gateways placing
+about 40 creations a second over gRPC with 2 s deadlines, against a ceiling
+of ``max_sandbox_count: 10``.  A node takes a while to create a sandbox
+(listed in its roster and counted as starting meanwhile), runs it for a
+while, and never refuses one: what it holds is what the scheduler let happen.
+The fault comes after a few seconds of load:
+
+- ``kill-empty``: kill -9 of Redis, restarted at once without its data;
+- ``kill-aof``: kill -9 of Redis running ``appendonly yes``, restarted;
+- ``pause``: SIGSTOP of Redis for 5 s (longer than the gateways' deadlines);
+- ``replica-kill``: kill -9 of one scheduler replica;
+- ``failover-0`` / ``failover-1``: ``SENTINEL FAILOVER`` with
+  ``min_replicas_acked`` 0 (a primary and one replica) / 1 (a primary and two
+  replicas: one must remain to acknowledge writes after the promotion).
+
+What each row reports (invariants first):
+
+- ``peak`` / ``ceiling``: the most sandboxes any node held at once (its own
+  count: running + starting) against the ceiling;
+- ``acked_missing``: placements answered OK to a gateway whose reservation
+  the final primary does not have (a failover at 0, or data loss, may lose
+  them; their sandboxes are still counted by the nodes' own numbers);
+- ``phantoms``: live reservations no gateway was ever answered, counted
+  ``settle`` seconds after the load stopped;
+- ``to_first_ok_s``: from the fault to the first successful Schedule that
+  started after it (for failovers also ``after_switch_s``: from Sentinel's
+  announcement of the new primary);
+- ``codes``: gRPC codes the gateways and nodes saw from the fault until it
+  was over (``INTERNAL`` must never appear);
+- ``health_honest``: every live replica said NOT_SERVING at some point while
+  Redis could not take writes (outages over 2 s), and none said SERVING
+  during it after a 2 s detection grace; all SERVING at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+import redis
+import redis.asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.runner import Result, cpu_model, percentile
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from tests.redis_server import RedisServer, SentinelTopology
+from tests.replica_harness import ServeProcess
+
+SCENARIOS = ("kill-empty", "kill-aof", "pause", "replica-kill", "failover-0", "failover-1")
+GIB = 1 << 30
+CELL = "faults"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LIVE = {b"pending", b"assigned", b"acked"}
+
+
+@dataclass(frozen=True)
+class Params:
+    scenarios: tuple[str, ...] = SCENARIOS
+    nodes: int = 8
+    ceiling: int = 10
+    replicas: int = 3
+    #: creations per second over all gateways, and concurrent gateway workers
+    rate: float = 40.0
+    gateways: int = 8
+    #: a node creates a sandbox this long (starting), then runs it this long
+    create_s: float = 0.3
+    lifetime_s: float = 1.6
+    heartbeat_s: float = 0.5
+    deadline_s: float = 2.0
+    #: load before the fault, and after it is over
+    before_s: float = 3.0
+    after_s: float = 6.0
+    pause_s: float = 5.0
+    #: phantom reservations are counted this long after the load stopped
+    settle_s: float = 5.0
+    seed: int = 1
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(before_s=1.5, after_s=3.0, pause_s=3.0, settle_s=2.0)
+
+
+# ---------------------------------------------------------------------------
+# The fleet: nodes that hold the truth, gateways that place
+# ---------------------------------------------------------------------------
+@dataclass
+class Sandbox:
+    started: float
+    running_at: float
+    ends_at: float
+
+
+@dataclass
+class Node:
+    node_id: str
+    params: Params
+    sandboxes: dict[str, Sandbox] = field(default_factory=dict)
+    create_successes: int = 0
+    peak: int = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.node_id}.faults:5007"
+
+    def _expire(self, now: float) -> None:
+        for sid in [s for s, sb in self.sandboxes.items() if sb.ends_at <= now]:
+            del self.sandboxes[sid]
+
+    def create(self, sandbox_id: str) -> None:
+        """The gateway forwarded a create: the sandbox exists (starting) at once."""
+        now = time.monotonic()
+        self._expire(now)
+        p = self.params
+        self.sandboxes[sandbox_id] = Sandbox(now, now + p.create_s, now + p.create_s + p.lifetime_s)
+        self.create_successes += 1
+        self.peak = max(self.peak, len(self.sandboxes))
+
+    def heartbeat(self) -> pb.HeartbeatRequest:
+        now = time.monotonic()
+        self._expire(now)
+        running = [s for s, sb in self.sandboxes.items() if sb.running_at <= now]
+        starting = len(self.sandboxes) - len(running)
+        n = len(self.sandboxes)
+        return pb.HeartbeatRequest(
+            node_id=self.node_id, service_instance_id=f"{self.node_id}-boot", cluster_id="c1",
+            snapshot=pb.NodeSnapshot(
+                status=pb.NODE_STATUS_READY, cpu_count=32, memory_total_bytes=64 * GIB,
+                allocated_cpu=n, allocated_memory_bytes=n * GIB, sandbox_count=len(running),
+                sandbox_starting_count=starting, create_successes=self.create_successes),
+            sandbox_ids=list(self.sandboxes))
+
+
+@dataclass
+class Outcome:
+    rpc: str
+    start: float
+    end: float
+    code: grpc.StatusCode
+    details: str = ""
+
+
+class Run:
+    """One scenario's load: nodes, gateways and health samples against replicas."""
+
+    def __init__(self, params: Params, addresses: list[str]) -> None:
+        self.p = params
+        self.addresses = addresses
+        self.dead: set[int] = set()
+        self.nodes = [Node(f"node-{k + 1:02d}", params) for k in range(params.nodes)]
+        self.by_id = {n.node_id: n for n in self.nodes}
+        self.outcomes: list[Outcome] = []
+        #: reservation id -> node id, for every placement answered OK
+        self.acked: dict[str, str] = {}
+        self.health: list[tuple[float, int, int | None]] = []
+        self.stop = asyncio.Event()
+        self.channels = [grpc.aio.insecure_channel(a) for a in addresses]
+        self.stubs = [pb_grpc.SchedulerStub(c) for c in self.channels]
+        self.rng = random.Random(params.seed)
+
+    def _replicas_from(self, first: int) -> list[int]:
+        n = len(self.stubs)
+        order = [(first + i) % n for i in range(n)]
+        return [i for i in order if i not in self.dead] or order
+
+    async def _call(self, rpc: str, first: int, request: Any, timeout: float,
+                    metadata: tuple[tuple[str, str], ...] = ()) -> tuple[Any, Any]:
+        """One RPC to the first live replica from ``first``; a replica that is
+        gone (connection refused) hands the call to the next, as a load
+        balancer would.  Returns (response, call) or raises grpc.aio.AioRpcError."""
+        last: grpc.aio.AioRpcError | None = None
+        for i in self._replicas_from(first):
+            start = time.monotonic()
+            call = getattr(self.stubs[i], rpc)(request, timeout=timeout, metadata=metadata)
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as e:
+                self.outcomes.append(Outcome(rpc, start, time.monotonic(), e.code(),
+                                             e.details() or ""))
+                last = e
+                if e.code() == grpc.StatusCode.UNAVAILABLE and "Redis" not in (e.details() or ""):
+                    continue  # the replica itself is unreachable: try another
+                raise
+            self.outcomes.append(Outcome(rpc, start, time.monotonic(), grpc.StatusCode.OK))
+            return response, call
+        assert last is not None
+        raise last
+
+    async def node_loop(self, k: int, node: Node) -> None:
+        await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
+        while not self.stop.is_set():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._call("Heartbeat", k, node.heartbeat(), 2.0,
+                                 (("x-node-endpoint", node.endpoint),))
+            await asyncio.sleep(self.p.heartbeat_s)
+
+    async def gateway(self, w: int, t0: float, counter: list[int], until: float) -> None:
+        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
+            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=1024)))
+        while True:
+            i = counter[0]
+            counter[0] += 1
+            at = t0 + i / self.p.rate
+            if at >= until:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            try:
+                resp, call = await self._call("Schedule", i, req, self.p.deadline_s)
+            except grpc.aio.AioRpcError:
+                continue
+            rid = dict(await call.trailing_metadata() or ()).get("x-reservation-id", "")
+            node = self.by_id[resp.node.node_id]
+            self.acked[str(rid)] = node.node_id
+            sandbox_id = f"sbx-{w}-{i}"
+            node.create(sandbox_id)
+            await self._assign(i + 1, sandbox_id, resp.node, str(rid))
+
+    async def _assign(self, first: int, sandbox_id: str, node: pb.Node, rid: str) -> None:
+        """RecordAssignment, retried for a while: a gateway whose record failed
+        during an outage tries again (the reservation would otherwise wait
+        for its TTL)."""
+        give_up = time.monotonic() + 10
+        while time.monotonic() < give_up:
+            try:
+                await self._call("RecordAssignment", first,
+                                 pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=node),
+                                 2.0, (("x-reservation-id", rid),))
+                return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.2)
+
+    async def health_loop(self) -> None:
+        stubs = [health_pb2_grpc.HealthStub(c) for c in self.channels]
+        while not self.stop.is_set():
+            for i, stub in enumerate(stubs):
+                if i in self.dead:
+                    continue
+                status: int | None
+                try:
+                    r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
+                    status = r.status
+                except grpc.aio.AioRpcError:
+                    status = None
+                self.health.append((time.monotonic(), i, status))
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        for c in self.channels:
+            await c.close()
+
+
+# ---------------------------------------------------------------------------
+# Topologies and faults
+# ---------------------------------------------------------------------------
+class Topology:
+    """The Redis side of one scenario and its fault."""
+
+    def __init__(self, scenario: str, params: Params) -> None:
+        self.scenario = scenario
+        self.params = params
+        self.sentinels: SentinelTopology | None = None
+        self.server: RedisServer | None = None
+        self.switched_at: float | None = None
+        if scenario.startswith("failover"):
+            # min_replicas_acked 1 needs a replica left after the promotion (the old
+            # primary rejoins as one only about 10 s later): a second replica
+            self.sentinels = SentinelTopology(replicas=2 if scenario == "failover-1" else 1,
+                                              sentinels=3)
+        else:
+            extra = ["--appendonly", "yes"] if scenario == "kill-aof" else []
+            self.server = RedisServer(extra_args=extra)
+
+    def start(self) -> Topology:
+        if self.sentinels is not None:
+            self.sentinels.start()
+        else:
+            assert self.server is not None
+            self.server.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        if self.sentinels is not None:
+            return self.sentinels.url
+        assert self.server is not None
+        return self.server.url
+
+    def primary(self) -> redis.Redis:
+        if self.sentinels is not None:
+            return self.sentinels.server(self.sentinels.primary_port()).client()
+        assert self.server is not None
+        return self.server.client()
+
+    async def watch_switch(self) -> None:
+        """Note when Sentinel announces a new primary (failover scenarios)."""
+        if self.sentinels is None:
+            return
+        client = redis.asyncio.Redis(port=self.sentinels.sentinel_ports[0])
+        pubsub: Any = client.pubsub()
+        try:
+            await pubsub.subscribe("+switch-master")
+            async for message in pubsub.listen():
+                if message.get("type") == "message" and self.switched_at is None:
+                    self.switched_at = time.monotonic()
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+
+    def inject(self, replicas: list[ServeProcess], run: Run) -> tuple[float, float]:
+        """Apply the fault (blocking); returns (fault start, fault over)."""
+        start = time.monotonic()
+        s = self.scenario
+        if s in ("kill-empty", "kill-aof"):
+            assert self.server is not None
+            self.server.kill()
+            if s == "kill-empty":
+                self.server.wipe()
+            self.server.start()
+        elif s == "pause":
+            assert self.server is not None
+            self.server.pause()
+            time.sleep(self.params.pause_s)
+            self.server.resume()
+        elif s == "replica-kill":
+            run.dead.add(0)
+            replicas[0].proc.kill()
+            replicas[0].proc.wait()
+        else:
+            assert self.sentinels is not None
+            self.sentinels.failover()
+        return start, time.monotonic()
+
+    def close(self) -> None:
+        if self.sentinels is not None:
+            self.sentinels.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _replica_config(params: Params, acked: int) -> dict[str, Any]:
+    return {"scheduler": {"node_resource_limit": {"max_sandbox_count": params.ceiling},
+                          "min_replicas_acked": acked}}
+
+
+async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -> dict[str, Any]:
+    run = Run(params, [r.address for r in replicas])
+    watcher = asyncio.create_task(topo.watch_switch())
+    tasks = [asyncio.create_task(run.node_loop(k, n)) for k, n in enumerate(run.nodes)]
+    tasks.append(asyncio.create_task(run.health_loop()))
+    await asyncio.sleep(params.heartbeat_s * 2)  # every node heard of before the load
+    t0 = time.monotonic()
+    counter = [0]
+    loop_end = t0 + params.before_s + params.after_s + (
+        params.pause_s if topo.scenario == "pause" else 0)
+    gateways = [asyncio.create_task(run.gateway(w, t0, counter, loop_end))
+                for w in range(params.gateways)]
+    await asyncio.sleep(params.before_s)
+    fault_start, fault_end = await asyncio.to_thread(topo.inject, replicas, run)
+    # the load goes on for after_s past the fault (the gateways stop at loop_end)
+    await asyncio.gather(*gateways)
+    load_end = time.monotonic()
+    await asyncio.sleep(params.settle_s)  # nodes keep heartbeating: reservations settle
+    run.stop.set()
+    await asyncio.gather(*tasks)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    await run.close()
+    return _measure(params, topo, run, fault_start, fault_end, load_end)
+
+
+def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault_end: float,
+             load_end: float) -> dict[str, Any]:
+    primary = topo.primary()
+    base = f"sched:{{{CELL}}}:"
+    missing = 0
+    for rid in run.acked:
+        if not primary.exists(base + f"res:{rid}"):
+            missing += 1
+    phantoms = stuck = 0
+    for key in primary.scan_iter(match=base + "res:*", count=1000):
+        state = primary.hget(key, "state")
+        if state in LIVE:
+            rid = key.decode().rsplit(":", 1)[1]
+            if rid in run.acked:
+                stuck += 1
+            else:
+                phantoms += 1
+    primary.close()
+    schedules = [o for o in run.outcomes if o.rpc == "Schedule"]
+    firsts = [o.end for o in schedules if o.code == grpc.StatusCode.OK and o.start >= fault_start]
+    after_switch = None
+    if topo.switched_at is not None:
+        ok = [o.end for o in schedules if o.code == grpc.StatusCode.OK and
+              o.start >= topo.switched_at]
+        after_switch = round(min(ok) - topo.switched_at, 3) if ok else None
+    window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
+    codes = Counter(o.code.name for o in window)
+    every_code = Counter(o.code.name for o in run.outcomes)
+    peak = max(n.peak for n in run.nodes)
+    latencies = [o.end - o.start for o in schedules if o.code == grpc.StatusCode.OK]
+    return {
+        "scenario": topo.scenario,
+        "peak": peak,
+        "ceiling": params.ceiling,
+        "ceiling_held": peak <= params.ceiling,
+        "placed": len(run.acked),
+        "acked_missing": missing,
+        "phantoms": phantoms,
+        "stuck": stuck,
+        "to_first_ok_s": round(min(firsts) - fault_start, 3) if firsts else None,
+        "after_switch_s": after_switch,
+        "fault_s": round(fault_end - fault_start, 3),
+        "codes": ", ".join(f"{k} {v}" for k, v in sorted(codes.items())),
+        "internal": every_code.get("INTERNAL", 0),
+        "health_honest": _health_honest(topo.scenario, run, fault_start, fault_end),
+        "schedule_p50_ms": round(percentile(latencies, 50) * 1000, 2) if latencies else None,
+        "schedule_p99_ms": round(percentile(latencies, 99) * 1000, 2) if latencies else None,
+        "peaks": {n.node_id: n.peak for n in run.nodes},
+        "load_s": round(load_end - fault_start + params.before_s, 1),
+    }
+
+
+#: how long a replica may take to notice that Redis stopped taking writes
+GRACE_S = 2.0
+REDIS_DOWN = ("kill-empty", "kill-aof", "pause")
+
+
+def _health_honest(scenario: str, run: Run, fault_start: float, fault_end: float) -> bool:
+    """Every live replica SERVING at the end; and while Redis could not take
+    writes for longer than the grace, each said NOT_SERVING, and none said
+    SERVING after the grace."""
+    live = [i for i in range(len(run.addresses)) if i not in run.dead]
+    last = {i: s for _, i, s in run.health}
+    if any(last.get(i) != SERVING for i in live):
+        return False
+    if scenario not in REDIS_DOWN or fault_end - fault_start <= GRACE_S:
+        return True
+    for i in live:
+        samples = [(t, s) for t, j, s in run.health if j == i and fault_start <= t <= fault_end]
+        if NOT_SERVING not in [s for _, s in samples]:
+            return False
+        if any(s == SERVING for t, s in samples if t > fault_start + GRACE_S):
+            return False
+    return True
+
+
+def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
+    topo = Topology(scenario, params).start()
+    replicas: list[ServeProcess] = []
+    try:
+        acked = 1 if scenario == "failover-1" else 0
+        replicas = [ServeProcess(_replica_config(params, acked), topo.url, cell=CELL)
+                    for _ in range(params.replicas)]
+        for r in replicas:
+            r.wait_serving(30)
+        row = asyncio.run(_drive(params, topo, replicas))
+        row["replica_exits"] = [r.proc.poll() for r in replicas]
+        return row
+    finally:
+        for r in replicas:
+            r.terminate(10)
+        topo.close()
+
+
+COLUMNS = ["scenario", "peak", "ceiling", "placed", "acked_missing", "phantoms", "stuck",
+           "to_first_ok_s", "after_switch_s", "health_honest", "codes"]
+
+
+def run(params: Params) -> Result:
+    rows = []
+    for scenario in params.scenarios:
+        row = run_scenario(params, scenario)
+        rows.append(row)
+    notes = [
+        f"{params.nodes} nodes, ceiling max_sandbox_count {params.ceiling}, {params.replicas} "
+        f"replica processes, {params.rate:g} creations/s by {params.gateways} gateways with "
+        f"{params.deadline_s:g} s deadlines; a sandbox starts for {params.create_s:g} s and "
+        f"runs {params.lifetime_s:g} s; heartbeats every {params.heartbeat_s:g} s.",
+        "peak: the most sandboxes a node itself held (running + starting); acked_missing: "
+        "placements answered OK whose reservation the final primary lacks; phantoms: live "
+        "reservations no gateway was answered; stuck: answered ones still live "
+        f"{params.settle_s:g} s after the load.",
+    ]
+    return Result(scenario="faults", columns=COLUMNS, rows=rows, params=asdict(params),
+                  machine=_machine(), notes=notes)
+
+
+def _machine() -> dict[str, Any]:
+    with RedisServer() as rs:
+        version = str(rs.client().info("server").get("redis_version", "?"))
+    return {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "redis_version": version,
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "loadavg_1m": round(os.getloadavg()[0], 2), "redis": "started by the benchmark"}
