@@ -205,3 +205,12 @@ def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisSer
     # WAIT runs now; this server has no replicas to acknowledge anything
     with pytest.raises(NotReplicated, match="reached 0 of the 1 replica"):
         Scheduler.connect(url, cell="acl", policy=Policy(), durability=acked)
+
+
+def test_simulate_needs_scan_and_says_so(admin: redis.Redis, server: RedisServer) -> None:
+    url = make_user(admin, server, COMMANDS)
+    result = CliRunner().invoke(main, ["simulate", "--nodes", "1", "--creates", "1",
+                                       "--redis", url])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: Redis refused the command 'scan' to this "
+                                    "replica's user (ACL)"), result.output
