@@ -91,7 +91,7 @@ class Params:
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(before_s=1.5, after_s=3.0, pause_s=3.0, settle_s=2.0)
+        return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0)
 
 
 # ---------------------------------------------------------------------------
@@ -433,8 +433,9 @@ def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault
     }
 
 
-#: how long a replica may take to notice that Redis stopped taking writes
-GRACE_S = 2.0
+#: how long a replica may take to notice that Redis stopped taking writes: its
+#: monitor probes every second with a 1 s timeout (a failing call wakes it at once)
+GRACE_S = 2.5
 REDIS_DOWN = ("kill-empty", "kill-aof", "pause")
 
 

@@ -151,34 +151,45 @@ class ServeProcess:
 
     def __init__(self, config: dict[str, Any], redis_url: str | None, cell: str = "e2e",
                  extra_args: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="sched-replica-"))
         self.config_path = self.dir / "config.json"
         self.config_path.write_text(json.dumps(config))
         self.log_path = self.dir / "replica.log"
+        self.redis_url = redis_url
+        self.cell = cell
+        self.extra_args = extra_args
+        self._signalled = False
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
         args = ["--config", str(self.config_path), "--grpc-listen", f"127.0.0.1:{self.port}",
-                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--cell", cell,
-                *extra_args]
-        if redis_url:
-            args += ["--redis", redis_url]
+                "--metrics-listen", f"127.0.0.1:{self.metrics_port}", "--cell", self.cell,
+                *self.extra_args]
+        if self.redis_url:
+            args += ["--redis", self.redis_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from scheduler.cli.main import main; main()", "serve", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.address = f"127.0.0.1:{self.port}"
-        self._signalled = False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_serving(self, timeout: float = 20) -> ServeProcess:
+    def wait_serving(self, timeout: float = 20, port_retries: int = 3) -> ServeProcess:
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:
                 if self.proc.poll() is not None:
+                    if port_retries > 0 and "Address already in use" in self.log():
+                        # another process took a free port between its choice and our bind
+                        self._log.close()
+                        self._spawn()
+                        return self.wait_serving(timeout, port_retries - 1)
                     raise RuntimeError(f"replica exited with {self.proc.returncode}:\n{self.log()}")
                 try:
                     r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)

@@ -1,0 +1,39 @@
+"""The fault suite, small: every scenario of ``python -m bench faults`` under
+load, its invariants asserted (never its timings).  The truth is what the
+simulated nodes themselves held."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import faults
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def params(redis_server: object) -> faults.Params:  # (skips where redis-server is missing)
+    return faults.Params.quick()
+
+
+@pytest.mark.parametrize("scenario", faults.SCENARIOS)
+def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> None:
+    row = faults.run_scenario(params, scenario)
+    where = f"{scenario}: {row}"
+    assert row["placed"] > 0, where
+    # the ceiling held on every node, by the nodes' own count
+    assert row["peak"] <= row["ceiling"], where
+    # no reservation that no gateway was ever answered
+    assert row["phantoms"] == 0, where
+    # never INTERNAL; health said NOT_SERVING while Redis could not take writes
+    assert row["internal"] == 0, where
+    assert row["health_honest"], where
+    # service came back without restarting any replica (the killed one aside)
+    assert [x for x in row["replica_exits"] if x is not None] == (
+        [-9] if scenario == "replica-kill" else []), where
+    assert row["to_first_ok_s"] is not None, where
+    if scenario in ("kill-aof", "pause", "replica-kill", "failover-1"):
+        # Redis kept every write it acknowledged
+        assert row["acked_missing"] == 0, where
+    if scenario.startswith("failover"):
+        assert row["after_switch_s"] is not None, where
