@@ -30,8 +30,10 @@ from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
     Fence,
+    PrimaryCheck,
     async_client,
     describe_target,
+    is_sentinel_client,
     sync_client,
 )
 from scheduler.errors import (
@@ -644,9 +646,13 @@ class Scheduler(_Base):
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = ScriptRegistry(client)
+        self._primary_check = PrimaryCheck(client) if is_sentinel_client(client) else None
 
     def run(self, call: Call[T]) -> T:
         self._fenced(call)
+        if self._primary_check is not None:
+            with _translated(self.target):
+                self._primary_check()
         if self.forgotten:
             self._cancel_forgotten()
         with _translated(self.target):

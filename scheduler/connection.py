@@ -43,8 +43,92 @@ from scheduler.redact import redact
 log = logging.getLogger("scheduler.connection")
 # redis-py leaves these untyped
 _parse_url: Any = redis.connection.parse_url
-_SyncSentinel: Any = redis.sentinel.Sentinel
-_AsyncSentinel: Any = redis.asyncio.sentinel.Sentinel
+
+
+def _newest(sentinel: Any, service: str, sentinels: list[Any], answers: list[Any],
+            errors: list[str]) -> Any:
+    """The sentinel that knows the newest configuration of ``service``
+    (highest config-epoch, the primary's state usable): just after a
+    failover, the others still name the old primary, which takes writes."""
+    best: tuple[int, Any] | None = None
+    for who, masters in zip(sentinels, answers, strict=True):
+        state = masters.get(service) if masters is not None else None
+        if state and sentinel.check_master_state(state, service):
+            epoch = int(state.get("config-epoch", 0))
+            if best is None or epoch > best[0]:
+                best = (epoch, who)
+    if best is None:
+        more = f": {'; '.join(errors)}" if errors else ""
+        raise redis.sentinel.MasterNotFoundError(f"no sentinel names a primary {service!r}{more}")
+    return best[1]
+
+
+def _address(reply: Any, service: str) -> tuple[str, int]:
+    if not reply:
+        raise redis.sentinel.MasterNotFoundError(f"no sentinel names a primary {service!r}")
+    host = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+    return host, int(reply[1])
+
+
+#: what a sentinel may answer instead of its masters: down, slow, or no sentinel at all
+_SENTINEL_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.ResponseError)
+
+
+class _SyncSentinel(redis.sentinel.Sentinel):
+    """redis-py's, except that it asks every sentinel and follows the one with
+    the newest configuration, takes the primary's address as that sentinel
+    names it now (the promoted replica as soon as a failover promoted it),
+    and skips a server that answers as no sentinel does (an error reply) like
+    one that is down instead of raising it as a bug."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        answers: list[Any] = []
+        errors: list[str] = []
+        for sentinel in self.sentinels:
+            try:
+                answers.append(sentinel.sentinel_masters())
+            except _SENTINEL_ERRORS as e:
+                answers.append(None)
+                errors.append(_where(sentinel, e))
+        best = _newest(self, service_name, self.sentinels, answers, errors)
+        try:
+            return _address(best.sentinel_get_master_addr_by_name(service_name), service_name)
+        except _SENTINEL_ERRORS as e:
+            raise redis.sentinel.MasterNotFoundError(_where(best, e)) from None
+
+
+class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
+    """The asyncio twin of :class:`_SyncSentinel` (sentinels asked at once)."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        replies = await asyncio.gather(*(s.sentinel_masters() for s in self.sentinels),
+                                       return_exceptions=True)
+        answers: list[Any] = []
+        errors: list[str] = []
+        for sentinel, reply in zip(self.sentinels, replies, strict=True):
+            if isinstance(reply, _SENTINEL_ERRORS):
+                answers.append(None)
+                errors.append(_where(sentinel, reply))
+            elif isinstance(reply, BaseException):
+                raise reply
+            else:
+                answers.append(reply)
+        best = _newest(self, service_name, self.sentinels, answers, errors)
+        try:
+            reply = await best.sentinel_get_master_addr_by_name(service_name)
+        except _SENTINEL_ERRORS as e:
+            raise redis.sentinel.MasterNotFoundError(_where(best, e)) from None
+        return _address(reply, service_name)
+
+
+_SYNC_SENTINEL: Any = _SyncSentinel
+_ASYNC_SENTINEL: Any = _AsyncSentinel
+
+
+def _where(sentinel: Any, e: Exception) -> str:
+    kw = sentinel.connection_pool.connection_kwargs
+    return f"sentinel {kw.get('host')}:{kw.get('port')}: {e}"
 
 DEFAULT_TIMEOUT_S = 2.0
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
@@ -200,7 +284,7 @@ def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     if addr.kind == "embedded":
         return embedded.sync_client()
     if addr.kind == "sentinel":
-        sentinel = _SyncSentinel(
+        sentinel = _SYNC_SENTINEL(
             list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
                                                    **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
@@ -216,12 +300,30 @@ def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     if addr.kind == "embedded":
         return embedded.async_client()
     if addr.kind == "sentinel":
-        sentinel = _AsyncSentinel(
+        sentinel = _ASYNC_SENTINEL(
             list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
                                                    **addr.sentinel_options})
         return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
                                    **addr.options)
     return redis.asyncio.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
+
+
+class PrimaryCheck:
+    """For a synchronous client under Sentinel (no event loop to listen with):
+    ask the sentinels where the primary is before a call (at most every
+    ``every_s`` seconds; 0: before every call, one sentinel round trip); a
+    moved primary closes the pooled connections to the old one."""
+
+    def __init__(self, client: Any, every_s: float = 0.0) -> None:
+        self.pool: Any = client.connection_pool
+        self.every_s = every_s
+        self.next = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + self.every_s
+            self.pool.get_master_address()
 
 
 def is_sentinel_client(client: Any) -> bool:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Limits, Policy, Scheduler
-from scheduler.config import ConfigError, Overrides, load, parse_duration_ms
+from scheduler.config import ConfigError, Overrides, load, parse_duration_ms, summary
+from scheduler.connection import describe_target
 
 
 def write(tmp_path: Path, doc: Any) -> Path:
@@ -67,6 +68,7 @@ def test_defaults() -> None:
     s = load(None, env={})
     assert s.policy == Policy()
     assert s.redis_url is None  # the embedded store
+    assert (s.durability.replicas, s.durability.timeout_ms, s.redis_timeout_s) == (0, 200, 2.0)
     assert s.discovery == "heartbeat" and s.nodes == []
     assert s.artifact_store_capacity == 1_000_000
 
@@ -92,6 +94,12 @@ def test_defaults() -> None:
     ({"scheduler": {"grpc_listen_addr": "nowhere"}}, "scheduler.grpc_listen_addr"),
     ({"scheduler": {"overcommit": {"cpu": 0}}}, "scheduler.overcommit.cpu"),
     ({"scheduler": {"cell": "a{b}"}}, "scheduler.cell"),
+    ({"scheduler": {"redis_addr": "redis+sentinel://h:1"}},
+     "scheduler.redis_addr: 'redis+sentinel://h:1' names no primary"),
+    ({"scheduler": {"redis_addr": "http://h:1"}}, "scheduler.redis_addr: must be host:port"),
+    ({"scheduler": {"min_replicas_acked": -1}}, "scheduler.min_replicas_acked: must be 0..64"),
+    ({"scheduler": {"replica_ack_timeout": "soon"}}, "scheduler.replica_ack_timeout"),
+    ({"scheduler": {"redis_timeout": "0s"}}, "scheduler.redis_timeout"),
     ({"log_level": "loud"}, "log_level"),
     ({"log_format": "xml"}, "log_format"),
     ("{not json", "not valid JSON"),
@@ -178,3 +186,17 @@ def test_serve_refuses_an_address_in_use(tmp_path: Path, which: str) -> None:
     assert result.exit_code == 1
     label = "gRPC" if which == "--grpc-listen" else "/metrics"
     assert f"{label} cannot listen on {taken}" in result.output
+
+
+def test_fault_tolerance_keys_and_a_sentinel_address(tmp_path: Path) -> None:
+    path = write(tmp_path, {"scheduler": {
+        "redis_addr": "redis+sentinel://app:pw@10.0.0.1:26379,10.0.0.2:26379/sched?db=1",
+        "min_replicas_acked": 1, "replica_ack_timeout": "500ms", "redis_timeout": "750ms"}})
+    s = load(path, env={})
+    assert (s.durability.replicas, s.durability.timeout_ms, s.redis_timeout_s) == (1, 500, 0.75)
+    lines = "\n".join(summary(s, describe_target(s.redis_url)))
+    assert "writes acknowledged once 1 Redis replica(s) have them" in lines
+    assert "redis_timeout: 750ms" in lines
+    assert "pw" not in lines and "***@10.0.0.1:26379,10.0.0.2:26379/sched" in lines
+    env = {"SCHEDULER_REDIS_ADDR": "rediss+sentinel://10.0.0.9:26379/other"}
+    assert load(path, env=env).redis_url == env["SCHEDULER_REDIS_ADDR"]
