@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench import balance, ceiling, durability, faults, latency, throughput, versus
+from bench import (
+    balance,
+    ceiling,
+    durability,
+    faults,
+    latency,
+    memory,
+    roster,
+    throughput,
+    versus,
+)
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
 PLOTTABLE = ("ceiling", "latency")
@@ -92,6 +102,14 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--paths", type=_paths, help="library,grpc (default both)")
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
+    r = sub.add_parser("roster", parents=[common], help="Redis time of one heartbeat with a "
+                       "long roster (max_roster_ids 100,000)")
+    r.add_argument("--sizes", type=_ints, help="roster lengths (default 4096,100000)")
+
+    m = sub.add_parser("memory", parents=[common], help="Redis memory per node, roster entry, "
+                       "reservation, tombstone and artifact")
+    m.add_argument("--nodes", type=int, help="nodes (default 2000)")
+    m.add_argument("--reservations", type=int, help="reservations (default 20000)")
     f = sub.add_parser("faults", parents=[common], help="Redis faults under load (kill -9, "
                        "SIGSTOP, replica kill, Sentinel failover): ceilings, lost and phantom "
                        "placements, health")
@@ -137,6 +155,16 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
                      {"nodes": "nodes", "seconds": "seconds"})
         lp = replace(lp, seed=args.seed)
         return lambda t: latency.run(t, lp)
+    if name == "roster":
+        rp = _params(args, roster.Params.quick() if args.quick else roster.Params(),
+                     {"sizes": "sizes"})
+        if max(rp.sizes) > rp.max_roster_ids:
+            rp = replace(rp, max_roster_ids=max(rp.sizes))
+        return lambda t: roster.run(t, rp)
+    if name == "memory":
+        mp = _params(args, memory.Params.quick() if args.quick else memory.Params(),
+                     {"nodes": "nodes", "reservations": "reservations"})
+        return lambda t: memory.run(t, mp)
     if name == "versus":
         vp = _params(args, versus.Params.quick() if args.quick else versus.Params(),
                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})

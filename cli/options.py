@@ -117,7 +117,8 @@ class Failure(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # (click >= 8.2 declares exit_code a class variable; it is read per instance)
+        vars(self)["exit_code"] = exit_code
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -135,11 +136,16 @@ class Duration(_IntParamType):
 
     name = "duration"
 
+    def __init__(self, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok  # "0" is 0 (e.g. node_forget_after: never)
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None,
                 ) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip()
+        if self.zero_ok and text == "0":
+            return 0
         parts = _DURATION.findall(text)
         if not parts or "".join(n + u for n, u in parts) != text:
             self.fail(f"{text!r} is not a duration like 30s, 10m, 1m30s or 250ms", param, ctx)

@@ -9,7 +9,13 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler.errors import FailedPrecondition
-from scheduler.policy import LIMIT_NAMES, Overcommit, Policy
+from scheduler.policy import (
+    LIMIT_NAMES,
+    MAX_ARTIFACT_KEY_BYTES,
+    MAX_ROSTER_IDS,
+    Overcommit,
+    Policy,
+)
 from scheduler.records import STRATEGIES
 
 from .nodes import ceiling_amount
@@ -35,6 +41,11 @@ def policy_table(p: Policy, where: str) -> Table:
                                                                            style="dim"))
     table.add_row("static node list", "yes" if p.static_nodes else "no (nodes register "
                                                                   "by heartbeat)")
+    table.add_row("max_roster_ids", str(p.max_roster_ids))
+    table.add_row("node_forget_after", format_duration(p.node_forget_after_ms)
+                  if p.node_forget_after_ms else Text("never", style="dim"))
+    table.add_row("reservation_tombstone_ttl", format_duration(p.reservation_tombstone_ttl_ms))
+    table.add_row("artifact_key_max_bytes", str(p.artifact_key_max_bytes))
     return table
 
 
@@ -87,11 +98,21 @@ def _limit(text: str) -> tuple[str, int]:
 @click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
               help="A node_resource_limit ceiling, e.g. max_sandbox_count=10 (0 removes it). "
                    "Repeatable.")
+@click.option("--max-roster-ids", type=click.IntRange(1, MAX_ROSTER_IDS),
+              help="Longest heartbeat roster accepted.")
+@click.option("--node-forget-after", type=Duration(zero_ok=True),
+              help="Forget nodes silent this long (0 = never).")
+@click.option("--reservation-tombstone-ttl", type=Duration(),
+              help="How long an ended reservation stays readable.")
+@click.option("--artifact-key-max-bytes", type=click.IntRange(1, MAX_ARTIFACT_KEY_BYTES),
+              help="Longest P2P artifact key accepted (bytes).")
 @pass_target
 def set_(target: Target, strategy: str | None, report_ttl: int | None,
          binding_ttl: int | None, reservation_ttl: int | None, overcommit_cpu: float | None,
          overcommit_memory: float | None, default_cpu: int | None,
-         default_memory_mb: int | None, limits: tuple[str, ...]) -> None:
+         default_memory_mb: int | None, limits: tuple[str, ...], max_roster_ids: int | None,
+         node_forget_after: int | None, reservation_tombstone_ttl: int | None,
+         artifact_key_max_bytes: int | None) -> None:
     """Change fields of the cell's policy; every replica decides by it from the next call.
 
     Fields not given keep their stored value (or the default on a new cell).
@@ -100,9 +121,13 @@ def set_(target: Target, strategy: str | None, report_ttl: int | None,
     is told to overwrite.
     """
     given_limits = dict(_limit(x) for x in limits)
+    bounds = {k: v for k, v in (
+        ("max_roster_ids", max_roster_ids), ("node_forget_after_ms", node_forget_after),
+        ("reservation_tombstone_ttl_ms", reservation_tombstone_ttl),
+        ("artifact_key_max_bytes", artifact_key_max_bytes)) if v is not None}
     if not any(x is not None for x in (strategy, report_ttl, binding_ttl, reservation_ttl,
                                         overcommit_cpu, overcommit_memory, default_cpu,
-                                        default_memory_mb)) and not given_limits:
+                                        default_memory_mb)) and not given_limits and not bounds:
         raise click.UsageError("nothing to set: give at least one option (see --help)")
     s = target.scheduler
     before = s.policy()
@@ -121,7 +146,7 @@ def set_(target: Target, strategy: str | None, report_ttl: int | None,
             cpu=p.default_request.cpu if default_cpu is None else default_cpu,
             memory_mb=(p.default_request.memory_mb if default_memory_mb is None
                        else default_memory_mb)),
-        limits=msgspec.structs.replace(p.limits, **given_limits))
+        limits=msgspec.structs.replace(p.limits, **given_limits), **bounds)
     outcome = s.sync_policy(new, overwrite=True)
     old_fields = before.to_fields() if before else {}
     new_fields = new.to_fields()

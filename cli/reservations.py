@@ -86,7 +86,8 @@ def _show_table(view: ReservationView) -> Group:
 @click.argument("reservation_id", metavar="ID")
 @pass_target
 def show(target: Target, reservation_id: str) -> None:
-    """One reservation, live or ended (ended ones stay readable for an hour)."""
+    """One reservation, live or ended (ended ones stay readable for the policy's
+    reservation_tombstone_ttl, 10 minutes by default)."""
     s = target.scheduler
     found, (now, _) = atomically(s, s.ops.reservations(None, reservation_id), s.ops.nodes())
     if not found:

@@ -111,14 +111,23 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
               help="Replace the cell's stored policy and static node list with this config's.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warn", "error"]),
               help="Overrides log_level.")
+@click.option("--grpc-tls-cert", metavar="PEM", help="Server certificate (chain) file; "
+              "overrides scheduler.grpc_tls.cert_file.  Re-read when it changes.")
+@click.option("--grpc-tls-key", metavar="PEM", help="Its private key file; overrides "
+              "scheduler.grpc_tls.key_file.")
+@click.option("--grpc-tls-client-ca", metavar="PEM", help="CA that signs client "
+              "certificates: clients must present one (mutual TLS); overrides "
+              "scheduler.grpc_tls.client_ca_file.")
 def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
           metrics_listen: str | None, cell: str | None, overwrite_policy: bool,
-          log_level: str | None) -> None:
+          log_level: str | None, grpc_tls_cert: str | None, grpc_tls_key: str | None,
+          grpc_tls_client_ca: str | None) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
     try:
         settings = load(config_path, flags=Overrides(
             redis=redis, grpc_listen=grpc_listen, metrics_listen=metrics_listen, cell=cell,
-            log_level=log_level))
+            log_level=log_level, grpc_tls_cert=grpc_tls_cert, grpc_tls_key=grpc_tls_key,
+            grpc_tls_client_ca=grpc_tls_client_ca))
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
     configure_logging(settings.log_level, settings.log_format)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 
 import redis
 
+from scheduler import acl
 from scheduler.client import Call, Scheduler
 from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
 
@@ -32,11 +33,16 @@ def atomically(s: Scheduler, *calls: Call[Any]) -> tuple[Any, ...]:
         replies = pipe.execute(raise_on_error=False)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
         raise StoreUnavailable(f"Redis at {s.target} is unreachable: {e}") from None
+    except redis.exceptions.ResponseError as e:
+        refused = acl.denied(e)  # MULTI, or loading the scripts, refused by an ACL
+        if refused is None:
+            raise
+        raise refused from None
     finally:
         pipe.reset()
     for reply in replies:
         if isinstance(reply, redis.exceptions.ResponseError):
-            mapped: SchedulerError | None = from_reply(str(reply))
+            mapped: SchedulerError | None = from_reply(str(reply)) or acl.denied(reply)
             if mapped is None:
                 raise reply
             raise mapped

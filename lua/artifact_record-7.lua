@@ -15,7 +15,8 @@
   ARGV[4]     capacity (artifact_store_capacity, >= 1)
 
   Returns {artifacts evicted, now_ms}
-  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
+  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy),
+          BADARG key is longer than the policy's artifact_key_max_bytes
   Writes: art:<digest>, node-art:<node>, art-lru, art-names, stats art_seq;
           evictions delete art:<d> and remove d from each holder's node-art
 ]]
@@ -34,6 +35,11 @@ if not redis.call('ZSCORE', NODES_KEY, node_id) then
   return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
 end
 if not capacity or capacity < 1 then return fail('BADARG', 'capacity must be at least 1') end
+local key = string.match(name, '^[^\n]*\n[^\n]*\n(.*)$') or name
+if #key > P.artifact_key_max_bytes then
+  return fail('BADARG', 'key is longer than ' .. P.artifact_key_max_bytes
+    .. ' bytes (artifact_key_max_bytes)')
+end
 local now = now_ms(P)
 
 redis.call('SADD', BASE .. 'art:' .. digest, node_id)

@@ -22,16 +22,21 @@
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
-          BADARG <field> ..., PRECONDITION (no policy)
+          BADARG <field> ... (sandbox_ids longer than the policy's
+          max_roster_ids, among others), PRECONDITION (no policy); every
+          check and the roster diff run before the first write, so an error
+          writes nothing
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
-          roster_mode, roster_digest), nodes (registration), bind:* and
+          roster_mode, roster_digest), nodes (registration), seen, bind:* and
           node-sbx:<id> / node-roster:<id> for sandboxes that joined or left
           the roster, the node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed;
           - counter mode: as many as create_successes rose, those
-            acknowledged by a CREATE/FORK event first, then the oldest.
+            acknowledged by a CREATE/FORK event first, then the oldest;
+          and forgets nodes silent for node_forget_after (a bounded sweep,
+          see forget_sweep in includes/bindings.lua).
 ]]
 -- @include bindings
 -- @include snapshot
@@ -47,6 +52,11 @@ local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 if node_id == '' then return fail('BADARG', 'node_id is required') end
 if sid == '' then return fail('BADARG', 'service_instance_id is required') end
+local first_sb = 8 + 2 * nfields
+if roster_sent and #ARGV - first_sb + 1 > P.max_roster_ids then
+  return fail('BADARG', 'sandbox_ids has ' .. (#ARGV - first_sb + 1) .. ' entries, more than '
+    .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
+end
 local registered = redis.call('ZSCORE', NODES_KEY, node_id)
 if not registered and P.static_nodes then
   return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
@@ -71,14 +81,14 @@ if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (pre
   return { 'RESYNC' }
 end
 local now = now_ms(P)
-sweep_expired(now)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 
--- Stage "roster": bindings follow the node's own list; only what changed
--- since its previous roster costs work (includes/bindings.lua).
+-- Stage "roster", planned before the first write: bindings follow the
+-- node's own list; only what changed since its previous roster costs work
+-- (includes/bindings.lua).
 local roster = {}
 local listed = {}
-for i = 8 + 2 * nfields, #ARGV do
+for i = first_sb, #ARGV do
   local sb = ARGV[i]
   if sb ~= '' and not listed[sb] then
     listed[sb] = true
@@ -87,6 +97,20 @@ for i = 8 + 2 * nfields, #ARGV do
 end
 local roster_mode = (prev[3] == '1' and not restarted) or #roster > 0
 if not roster_sent then roster_mode = prev[3] == '1' end
+local roster_key = node_roster_key(node_id)
+local before = {}
+if roster_sent then
+  for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+end
+local added, gone = {}, {}
+for _, sb in ipairs(roster) do
+  if not before[sb] then added[#added + 1] = sb end
+end
+for sb, _ in pairs(before) do
+  if not listed[sb] then gone[#gone + 1] = sb end
+end
+
+sweep_expired(now)
 
 -- Stage "record": the snapshot, stamped with Redis time, in one write.
 local generation = (tonumber(prev[8]) or 0) + 1
@@ -123,6 +147,7 @@ if restarted then
   redis.call('HINCRBY', nkey, 'restarts', 1)
 end
 redis.call('HSET', nkey, unpack(hset))
+if prev[13] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
 local cluster = values.cluster_id or prev[6] or ''
 local p2p = values.p2p_address or prev[7] or ''
 if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
@@ -131,18 +156,6 @@ if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
 end
 
 local released = 0
-local roster_key = node_roster_key(node_id)
-local before = {}
-if roster_sent then
-  for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
-end
-local added, gone = {}, {}
-for _, sb in ipairs(roster) do
-  if not before[sb] then added[#added + 1] = sb end
-end
-for sb, _ in pairs(before) do
-  if not listed[sb] then gone[#gone + 1] = sb end
-end
 for _, sb in ipairs(added) do
   local rid, b, r = bound_reservation(sb, node_id)
   if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
@@ -156,7 +169,7 @@ for _, sb in ipairs(gone) do
     redis.call('SREM', roster_key, sb)
   end
 end
-if #added > 0 then redis.call('SADD', roster_key, unpack(added)) end
+call_chunked('SADD', roster_key, added)
 -- Forget bindings that expired by themselves (assignments never listed):
 -- bounded work per heartbeat.
 for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), 2)) do
@@ -201,6 +214,8 @@ if (values.cpu_percent and P.limits.max_cpu_used_percent)
   touch(node_id)
 end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
+redis.call('ZADD', SEEN_KEY, fmt(now), node_id)
+forget_sweep(P, now)
 reindex_touched(P, now)
 return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now),
   incarnation }

@@ -7,7 +7,8 @@
 
   Returns {1 if a node was removed else 0, now_ms}
   Errors: PRECONDITION service instance mismatch, PRECONDITION (no policy)
-  Writes: see remove_node in includes/common.lua
+  Writes: see remove_node in includes/bindings.lua; and the bounded sweeps
+          (expired reservations, forget_sweep)
 ]]
 -- @include bindings
 local node_id = ARGV[1]
@@ -22,5 +23,6 @@ if current and current ~= '' and current ~= sid then
 end
 remove_node(node_id, now)
 sweep_expired(now)
+forget_sweep(P, now)
 reindex_touched(P, now)
 return { 1, fmt(now) }

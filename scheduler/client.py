@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import msgspec.json
 import redis
 
+from scheduler import acl
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
@@ -45,6 +46,7 @@ from scheduler.errors import (
     from_reply,
 )
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
+from scheduler.limits import MAX_EVENTS, MAX_STATIC_NODES, at_most
 from scheduler.model import rank_key
 from scheduler.policy import LIMIT_NAMES, Policy
 from scheduler.records import (
@@ -162,6 +164,13 @@ class Ops:
 
     def __init__(self, keys: CellKeys) -> None:
         self.k = keys
+        #: the cell's policy as this client last stored or read it; its input
+        #: bounds are checked here, before Redis (the scripts check the stored one)
+        self.known_policy: Policy | None = None
+
+    @property
+    def bounds(self) -> Policy:
+        return self.known_policy or _DEFAULT_POLICY
 
     def _call(self, script: str, args: list[str], parse: Callable[[Any], T],
               extra_keys: tuple[str, ...] = ()) -> Call[T]:
@@ -176,6 +185,8 @@ class Ops:
         based on (same generation); otherwise the parser raises Resync and
         the caller sends it again in full.  Either way the memo learns the
         result."""
+        at_most("sandbox_ids", hb.sandbox_ids, self.bounds.max_roster_ids,
+                f"max_roster_ids ({self.bounds.max_roster_ids})")
         node_id = validate_id("node_id", hb.node_id)
         sid = validate_id("service_instance_id", hb.service_instance_id)
         snap = hb.snapshot
@@ -322,6 +333,7 @@ class Ops:
 
     def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
         nid = validate_id("node_id", node_id)
+        at_most("events", events, MAX_EVENTS)
         args = [nid]
         for i, ev in enumerate(events):
             if ev.event_type not in ("CREATE", "DELETE", "PAUSE", "RESUME", "FORK"):
@@ -345,6 +357,7 @@ class Ops:
 
     # -- fleet and policy --------------------------------------------------
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Call[tuple[int, int]]:
+        at_most("nodes", nodes, MAX_STATIC_NODES)
         args: list[str] = []
         for i, (nid, endpoint) in enumerate(nodes):
             if not endpoint.strip():
@@ -370,6 +383,7 @@ class Ops:
                 for name in NOT_POLICY:
                     stored.pop(name, None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
+            self.known_policy = policy
             return outcome
 
         mode = "1" if overwrite else "r" if restore else "0"
@@ -396,13 +410,23 @@ class Ops:
             return Stats(pending=int(r[0]), **{
                 name: int(f.get(name, 0)) for name in (
                     "reserved_total", "assigned_total", "released_total", "cancelled_total",
-                    "expired_total", "refused_total")})
+                    "expired_total", "refused_total", "forgotten_total")})
 
         return self._call("stats", [], parse)
 
     def policy(self) -> Call[Policy | None]:
-        return self._call("stats", ["policy"], lambda r: Policy.from_fields(_pairs(r)) if r
-                          else None)
+        def parse(r: list[Any]) -> Policy | None:
+            if not r:
+                return None
+            self.known_policy = Policy.from_fields(_pairs(r))
+            return self.known_policy
+
+        return self._call("stats", ["policy"], parse)
+
+    def sweep(self) -> Call[tuple[int, int]]:
+        """The cell's bounded sweeps (lua/sweep-5.lua): (nodes forgotten,
+        reservations expired)."""
+        return self._call("sweep", [], lambda r: (int(r[0]), int(r[1])))
 
     def advance_clock(self, ms: int, mode: str = "") -> Call[int]:
         """Move the cell's clock forward; ``mode`` "freeze" stops it first, "thaw"
@@ -410,6 +434,9 @@ class Ops:
         if mode not in ("", "freeze", "thaw"):
             raise InvalidArgument("mode", "must be freeze, thaw or empty")
         return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40)), mode], int)
+
+
+_DEFAULT_POLICY = Policy()
 
 
 def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:
@@ -521,7 +548,7 @@ def _translated(target: str) -> Iterator[None]:
     try:
         yield
     except redis.exceptions.ResponseError as e:
-        mapped = from_reply(str(e))
+        mapped = from_reply(str(e)) or acl.denied(e)
         if mapped is not None:
             raise mapped from None
         if isinstance(e, TRANSIENT_ERRORS) or str(e).startswith(TRANSIENT_REPLIES):
@@ -731,6 +758,9 @@ class Scheduler(_Base):
     def advance_clock(self, ms: int, mode: str = "") -> int:
         return self.run(self.ops.advance_clock(ms, mode))
 
+    def sweep(self) -> tuple[int, int]:
+        return self.run(self.ops.sweep())
+
 
 class AsyncScheduler(_Base):
     """asyncio client of one cell; the same operations as :class:`Scheduler`."""
@@ -877,6 +907,9 @@ class AsyncScheduler(_Base):
 
     def policy(self) -> Awaitable[Policy | None]:
         return self.run(self.ops.policy())
+
+    def sweep(self) -> Awaitable[tuple[int, int]]:
+        return self.run(self.ops.sweep())
 
 
 __all__ = ["AsyncScheduler", "Call", "Ops", "Scheduler", "SchedulerError", "async_client",

@@ -20,8 +20,10 @@ import msgspec
 from scheduler.connection import Durability, parse_address
 from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
+from scheduler.limits import MAX_STATIC_NODES
 from scheduler.p2p import DEFAULT_STORE_CAPACITY
-from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
+from scheduler.policy import BOUNDS_DEFAULTS, DefaultRequest, Limits, Overcommit, Policy
+from scheduler.tls import TlsFiles
 
 
 class ConfigError(Exception):
@@ -31,6 +33,15 @@ class ConfigError(Exception):
 class NodeEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     id: str
     endpoint: str
+
+
+class GrpcTls(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``grpc_tls``: PEM files; with ``client_ca_file`` clients must present a
+    certificate it signed (mutual TLS)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
 
 
 class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -53,6 +64,12 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     cell: str = DEFAULT_CELL
     key_prefix: str = DEFAULT_PREFIX
     drain_timeout: str = "10s"
+    # hardening: input limits, forgetting, TLS
+    max_roster_ids: int = BOUNDS_DEFAULTS["max_roster_ids"]
+    node_forget_after: str = "1h"
+    reservation_tombstone_ttl: str = "10m"
+    artifact_key_max_bytes: int = BOUNDS_DEFAULTS["artifact_key_max_bytes"]
+    grpc_tls: GrpcTls = msgspec.field(default_factory=GrpcTls)
     #: > 0: a write is answered only once this many Redis replicas have it (WAIT)
     min_replicas_acked: int = 0
     replica_ack_timeout: str = "200ms"
@@ -81,9 +98,12 @@ _UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_
             "m": 60_000_000_000, "h": 3_600_000_000_000}
 
 
-def parse_duration_ms(key: str, text: str) -> int:
-    """A Go-style duration ("30s", "1h30m", "500ms") in whole milliseconds (>= 1)."""
+def parse_duration_ms(key: str, text: str, zero_ok: bool = False) -> int:
+    """A Go-style duration ("30s", "1h30m", "500ms") in whole milliseconds (>= 1;
+    with ``zero_ok``, "0" is 0)."""
     s = text.strip()
+    if zero_ok and s == "0":
+        return 0
     pos, total_ns = 0, 0.0
     while pos < len(s):
         m = _DURATION_PART.match(s, pos)
@@ -116,6 +136,9 @@ class Overrides:
     metrics_listen: str | None = None
     cell: str | None = None
     log_level: str | None = None
+    grpc_tls_cert: str | None = None
+    grpc_tls_key: str | None = None
+    grpc_tls_client_ca: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +159,8 @@ class Settings:
     log_level: str
     log_format: str
     source: str = field(default="defaults")
+    #: None = plaintext gRPC
+    grpc_tls: TlsFiles | None = None
 
 
 def decode(raw: bytes, source: str = "config") -> ConfigFile:
@@ -199,6 +224,12 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         sec.metrics_listen_addr = flags.metrics_listen
     if flags.cell is not None:
         sec.cell = flags.cell
+    if flags.grpc_tls_cert is not None:
+        sec.grpc_tls.cert_file = flags.grpc_tls_cert
+    if flags.grpc_tls_key is not None:
+        sec.grpc_tls.key_file = flags.grpc_tls_key
+    if flags.grpc_tls_client_ca is not None:
+        sec.grpc_tls.client_ca_file = flags.grpc_tls_client_ca
     log_level = (flags.log_level or cfg.log_level).lower()
     return _settings(cfg, sec, log_level, source)
 
@@ -220,6 +251,9 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         raise ConfigError("scheduler.artifact_store_capacity: must not be negative")
     nodes: list[tuple[str, str]] = []
     seen: set[str] = set()
+    if len(sec.nodes) > MAX_STATIC_NODES:
+        raise ConfigError(f"scheduler.nodes: has {len(sec.nodes)} entries, more than "
+                          f"{MAX_STATIC_NODES}")
     try:
         CellKeys(sec.cell, sec.key_prefix)
         for i, n in enumerate(sec.nodes):
@@ -238,6 +272,12 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
                                                  sec.placement_reservation_ttl),
             limits=sec.node_resource_limit, overcommit=sec.overcommit,
             default_request=sec.default_request, static_nodes=discovery == "static",
+            max_roster_ids=sec.max_roster_ids,
+            node_forget_after_ms=parse_duration_ms("scheduler.node_forget_after",
+                                                   sec.node_forget_after, zero_ok=True),
+            reservation_tombstone_ttl_ms=parse_duration_ms(
+                "scheduler.reservation_tombstone_ttl", sec.reservation_tombstone_ttl),
+            artifact_key_max_bytes=sec.artifact_key_max_bytes,
         ).validate()
     except InvalidArgument as e:
         key = e.field if e.field.startswith("scheduler.") else f"scheduler.{e.field}"
@@ -267,7 +307,18 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         durability=durability,
         redis_timeout_s=parse_duration_ms("scheduler.redis_timeout", sec.redis_timeout) / 1000,
         log_level=log_level, log_format=cfg.log_format, source=source,
+        grpc_tls=_tls(sec.grpc_tls),
     )
+
+
+def _tls(t: GrpcTls) -> TlsFiles | None:
+    cert, key, ca = t.cert_file.strip(), t.key_file.strip(), t.client_ca_file.strip()
+    if not (cert or key or ca):
+        return None
+    if not cert or not key:
+        missing = "cert_file" if not cert else "key_file"
+        raise ConfigError(f"scheduler.grpc_tls.{missing}: is required when grpc_tls is set")
+    return TlsFiles(cert_file=cert, key_file=key, client_ca_file=ca or None)
 
 
 def summary(s: Settings, target: str) -> list[str]:
@@ -285,7 +336,12 @@ def summary(s: Settings, target: str) -> list[str]:
         f"cpu {p.default_request.cpu} memory_mb {p.default_request.memory_mb}",
         f"artifact_store_capacity: {s.artifact_store_capacity}; artifact_lookup_node_limit: "
         f"{s.artifact_lookup_node_limit}",
-        f"grpc: {s.grpc_listen}; metrics: {s.metrics_listen or 'off'}",
+        f"max_roster_ids: {p.max_roster_ids}; node_forget_after: "
+        f"{p.node_forget_after_ms}ms{' (never)' if not p.node_forget_after_ms else ''}; "
+        f"reservation_tombstone_ttl: {p.reservation_tombstone_ttl_ms}ms; "
+        f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
+        f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: "
+        f"{s.metrics_listen or 'off'}",
         f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; " + (
             f"writes acknowledged once {s.durability.replicas} Redis replica(s) have them "
             f"(min_replicas_acked; WAIT up to {s.durability.timeout_ms}ms)"
@@ -293,3 +349,11 @@ def summary(s: Settings, target: str) -> list[str]:
             "writes acknowledged by the primary alone (min_replicas_acked 0: a failover may "
             "lose what it had not yet replicated)"),
     ]
+
+
+def _tls_summary(t: TlsFiles | None) -> str:
+    if t is None:
+        return "plaintext"
+    if t.client_ca_file:
+        return f"mutual TLS: cert {t.cert_file}, clients signed by {t.client_ca_file}"
+    return f"TLS: cert {t.cert_file}"

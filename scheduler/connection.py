@@ -38,6 +38,7 @@ from redis.retry import Retry
 
 from scheduler import embedded
 from scheduler.errors import InvalidArgument
+from scheduler.redact import redact
 
 log = logging.getLogger("scheduler.connection")
 # redis-py leaves these untyped
@@ -173,7 +174,7 @@ def describe_target(url: str | None) -> str:
         return "embedded in-process store (fakeredis, one replica only)"
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
+        return redact(url)  # host:port, or user:password@host:port
     authority, slash, tail = rest.partition("/")
     if "@" in authority:
         authority = "***@" + authority.rpartition("@")[2]

@@ -15,13 +15,15 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
     <base>node-sbx:<node>     set     sandbox ids bound to the node
     <base>node-roster:<node>  set     the node's last heartbeat roster
-    <base>res:<reservation>   hash    reservation record (kept 1h as a tombstone once ended)
+    <base>res:<reservation>   hash    reservation record (a tombstone once ended)
     <base>bind:<sandbox>      hash    sandbox -> node binding (expires with binding_ttl)
     <base>idx-shapes          set     node shapes ("C:M") present in the placement index
     <base>idx-cpu:<C>:<M>     zset    index buckets of one shape, scored by CPU load
     <base>idx-mem:<C>:<M>     zset    the same buckets, scored by memory load
     <base>idx-bucket:<bucket> zset    interchangeable nodes of one bucket, scored 0
     <base>idx-seen            zset    indexed node -> last heartbeat (ms), for the stale sweep
+    <base>idx-tmp             zset    scratch of one Schedule (deleted before it returns)
+    <base>seen                zset    node -> last full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact
@@ -31,6 +33,10 @@ so no id can name a fixed key, another type's key, or another cell.
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
 same way (see ``lua/includes/common.lua``); the fixed keys are passed explicitly.
+
+Nothing outlives its use unbounded: :data:`LIFETIMES` says for every key how
+it goes (tests/test_bounded_state.py proves each on a real Redis and on
+fakeredis).
 """
 
 from __future__ import annotations
@@ -38,6 +44,39 @@ from __future__ import annotations
 import re
 
 from scheduler.errors import InvalidArgument
+
+#: How each key of the layout goes away:
+#:   "ttl"    written with an expiry
+#:   "sweep"  deleted by a bounded sweep inside the scripts (forgetting a silent
+#:            node, expiring reservations, evicting artifacts, pruning the index)
+#:   "cell"   one key per cell whose members leave by those sweeps
+#: "ttl+sweep": an expiry in some states, a sweep in the others.
+LIFETIMES: dict[str, str] = {
+    "policy": "cell",
+    "nodes": "cell",
+    "stats": "cell",
+    "rr": "cell",
+    "expiry": "cell",
+    "seen": "cell",
+    "node:<node>": "sweep",
+    "node-res:<node>": "sweep",
+    "node-sbx:<node>": "sweep",
+    "node-roster:<node>": "sweep",
+    "res:<reservation>": "ttl+sweep",
+    "bind:<sandbox>": "ttl+sweep",
+    "idx-shapes": "cell",
+    "idx-cpu:<C>:<M>": "sweep",
+    "idx-mem:<C>:<M>": "sweep",
+    "idx-bucket:<bucket>": "sweep",
+    "idx-seen": "cell",
+    "idx-tmp": "sweep",
+    "cpucfg:<cluster>": "sweep",
+    "p2p:<cluster>": "sweep",
+    "art:<digest>": "sweep",
+    "node-art:<node>": "sweep",
+    "art-lru": "cell",
+    "art-names": "cell",
+}
 
 MAX_ID_BYTES = 256
 _ID_RE = re.compile(r"[A-Za-z0-9._@/+=~-]+")
@@ -98,6 +137,10 @@ class CellKeys:
     @property
     def expiry(self) -> str:
         return self.base + "expiry"
+
+    @property
+    def seen(self) -> str:
+        return self.base + "seen"
 
     @property
     def art_lru(self) -> str:

@@ -10,6 +10,7 @@ art-lru, art-names).  :class:`PeerOps` builds the calls; run them with
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -17,9 +18,10 @@ import msgspec
 from scheduler.client import Call
 from scheduler.errors import InvalidArgument
 from scheduler.keys import CellKeys, validate_id
+from scheduler.policy import MAX_ARTIFACT_KEY_BYTES, Policy
 
 DEFAULT_STORE_CAPACITY = 1_000_000
-MAX_KEY = 4096
+MAX_KEY = MAX_ARTIFACT_KEY_BYTES
 MAX_BACKEND = 256
 
 
@@ -50,13 +52,20 @@ def artifact_digest(cluster_id: str, backend: str, key: str) -> str:
 
 
 class PeerOps:
-    def __init__(self, keys: CellKeys) -> None:
+    """``bounds``: the cell's policy as the caller knows it (artifact_key_max_bytes)."""
+
+    def __init__(self, keys: CellKeys, bounds: Callable[[], Policy] = Policy) -> None:
         self.k = keys
+        self.bounds = bounds
 
     def _artifact(self, cluster_id: str, backend: str, key: str) -> tuple[str, str, str]:
         cluster = validate_id("cluster_id", cluster_id)
         backend = _name_part("backend", backend.strip(), MAX_BACKEND)
         key = _name_part("key", key.strip(), MAX_KEY)
+        limit = self.bounds().artifact_key_max_bytes
+        if len(key.encode()) > limit:
+            raise InvalidArgument("key", f"is longer than {limit} bytes "
+                                  "(artifact_key_max_bytes)")
         return artifact_digest(cluster, backend, key), f"{cluster}\n{backend}\n{key}", cluster
 
     def _art_keys(self) -> list[str]:

@@ -26,6 +26,21 @@ LIMIT_NAMES: tuple[str, ...] = (
 #: Ceilings compared on the latest snapshot only (they cannot be projected).
 OBSERVED_LIMITS = frozenset({"max_cpu_used_percent", "max_memory_used_percent"})
 
+#: Bounds on input and on state that outlives its owner, with their defaults.
+#: A field equal to its default is absent from the stored hash, so a cell
+#: stored before these existed reads the same; the scripts default alike
+#: (lua/includes/common.lua load_policy).
+BOUNDS_DEFAULTS: dict[str, int] = {
+    "max_roster_ids": 4096,
+    "node_forget_after_ms": 3_600_000,
+    "reservation_tombstone_ttl_ms": 600_000,
+    "artifact_key_max_bytes": 512,
+}
+MAX_ROSTER_IDS = 1_000_000
+#: artifact_key_max_bytes may be raised up to this (scheduler/p2p.py MAX_KEY)
+MAX_ARTIFACT_KEY_BYTES = 4096
+YEAR_MS = 365 * 86_400_000
+
 
 class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``node_resource_limit``.  0 or absent = no ceiling (as in the reference)."""
@@ -64,16 +79,35 @@ class Policy(msgspec.Struct, kw_only=True):
     default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
     #: True when a static node list is configured: heartbeats from other nodes are refused.
     static_nodes: bool = False
+    #: A heartbeat roster longer than this is refused (INVALID_ARGUMENT sandbox_ids).
+    max_roster_ids: int = BOUNDS_DEFAULTS["max_roster_ids"]
+    #: A node silent this long (and at least report_ttl_ms: only stale nodes go)
+    #: is forgotten; a static node keeps a bare record.  0 = never.
+    node_forget_after_ms: int = BOUNDS_DEFAULTS["node_forget_after_ms"]
+    #: How long an ended reservation stays readable.
+    reservation_tombstone_ttl_ms: int = BOUNDS_DEFAULTS["reservation_tombstone_ttl_ms"]
+    #: Longest artifact key (UTF-8 bytes) RecordP2pArtifact and friends accept.
+    artifact_key_max_bytes: int = BOUNDS_DEFAULTS["artifact_key_max_bytes"]
 
     def validate(self) -> Policy:
         if self.strategy not in STRATEGIES:
             raise InvalidArgument(
                 "strategy", f"must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}"
             )
-        for name in ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms"):
+        for name in ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms",
+                     "reservation_tombstone_ttl_ms"):
             v = getattr(self, name)
-            if not 1 <= v <= 365 * 86_400_000:
+            if not 1 <= v <= YEAR_MS:
                 raise InvalidArgument(name, f"must be between 1 ms and a year, not {v}")
+        if not 0 <= self.node_forget_after_ms <= YEAR_MS:
+            raise InvalidArgument("node_forget_after_ms", "must be 0 (never) or at most a "
+                                  f"year, not {self.node_forget_after_ms}")
+        if not 1 <= self.max_roster_ids <= MAX_ROSTER_IDS:
+            raise InvalidArgument("max_roster_ids", f"must be 1..{MAX_ROSTER_IDS}, "
+                                  f"not {self.max_roster_ids}")
+        if not 1 <= self.artifact_key_max_bytes <= MAX_ARTIFACT_KEY_BYTES:
+            raise InvalidArgument("artifact_key_max_bytes", f"must be 1..{MAX_ARTIFACT_KEY_BYTES}"
+                                  f", not {self.artifact_key_max_bytes}")
         for name in LIMIT_NAMES:
             v = getattr(self.limits, name)
             if not 0 <= v <= MAX_BYTES:
@@ -102,6 +136,8 @@ class Policy(msgspec.Struct, kw_only=True):
             "static_nodes": "1" if self.static_nodes else "0",
         }
         f.update({k: str(v) for k, v in self.limits.active().items()})
+        f.update({k: str(getattr(self, k)) for k, default in BOUNDS_DEFAULTS.items()
+                  if getattr(self, k) != default})
         return f
 
     @classmethod
@@ -122,4 +158,5 @@ class Policy(msgspec.Struct, kw_only=True):
                 memory_mb=int(f.get("default_memory_bytes", 0)) // (1024 * 1024),
             ),
             static_nodes=f.get("static_nodes") == "1",
+            **{k: int(f.get(k, default)) for k, default in BOUNDS_DEFAULTS.items()},
         )

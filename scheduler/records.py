@@ -236,3 +236,5 @@ class Stats(msgspec.Struct, kw_only=True):
     cancelled_total: int
     expired_total: int
     refused_total: int
+    #: nodes removed by the forget sweep (silent for node_forget_after)
+    forgotten_total: int = 0

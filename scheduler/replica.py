@@ -28,8 +28,10 @@ from scheduler.config import Settings
 from scheduler.connection import SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, PolicyConflict, SchedulerError, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService, observed_call
+from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
 
 log = logging.getLogger("scheduler.replica")
 
@@ -69,6 +71,7 @@ class Replica:
         self._wake = asyncio.Event()
         self._redis_ok = False
         self._stopping = False
+        self.tls: ReloadingCredentials | None = None
         self.sentinel = SentinelWatch(sched.client, sched.fence, self.after_failover) \
             if is_sentinel_client(sched.client) else None
 
@@ -117,11 +120,13 @@ class Replica:
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        limit = max_message_bytes(self.settings.policy.max_roster_ids)
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                               ("grpc.max_receive_message_length", limit)])
         pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
-            self.port = self.server.add_insecure_port(self.settings.grpc_listen)
+            self.port = self._add_port(self.server)
         except RuntimeError as e:
             raise ListenError(f"gRPC cannot listen on {self.settings.grpc_listen}: {e}") from None
         if self.port == 0:
@@ -137,6 +142,20 @@ class Replica:
         if self.sentinel is not None:
             self.sentinel.start()
         self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        listen, files = self.settings.grpc_listen, self.settings.grpc_tls
+        if files is None:
+            if not is_loopback(listen):
+                log.warning("gRPC on %s is plaintext and not loopback-only: anyone who can "
+                            "reach the port can drive the cell; set scheduler.grpc_tls "
+                            "(README: Security)", listen)
+            return int(server.add_insecure_port(listen))
+        try:
+            self.tls = ReloadingCredentials(files)
+        except TlsError as e:
+            raise ListenError(str(e)) from None
+        return int(server.add_secure_port(listen, self.tls.server_credentials()))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking calls, let in-flight ones finish (up to the grace), close."""
@@ -216,6 +235,10 @@ class Replica:
         await self._set_serving(True)
 
     async def refresh_cell_metrics(self) -> None:
+        # the cell's bounded sweeps, for cells whose calls all take cheap paths;
+        # and the stored policy, whose input bounds this replica checks first
+        await self.sched.sweep()
+        await self.sched.policy()
         stats = await self.sched.stats()
         rows = await self.sched.run(observed_call(self.sched, "", "", True, full=False))
         nodes = Counter(f.get("derived_status", "") for f in rows)

@@ -150,12 +150,25 @@ class _Registry:
         self.mode: str | None = None
         self.scripts: dict[str, Any] = {}
         self.nkeys: dict[str, int] = {}
+        #: why an ACL made this registry fall back to EVALSHA, if one did
+        self.refused: str | None = None
         for name, (nkeys, text) in sources().items():
             self.scripts[name] = client.register_script(text)
             self.nkeys[name] = nkeys
 
     def _fcall(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         return ["FCALL", self.library.functions[name], len(keys), *keys, *args]
+
+    def _load_failed(self, e: redis.exceptions.ResponseError) -> None:
+        self.mode = _after_load_error(e)
+        if isinstance(e, redis.exceptions.NoPermissionError):
+            self.refused = str(e)
+
+    def _evalsha_refused(self, e: redis.exceptions.NoPermissionError) -> Exception:
+        """An EVALSHA refusal names the refusal that led to it, if any."""
+        if self.refused is None:
+            return e
+        return redis.exceptions.NoPermissionError(f"{self.refused}; then {e}")
 
     def _answered(self, e: redis.exceptions.ResponseError) -> bool:
         """Did the function itself answer error `e`?  False when it says the
@@ -174,7 +187,7 @@ class ScriptRegistry(_Registry):
             self.client.execute_command("FUNCTION", "LOAD", self.library.text)
             self.mode = FUNCTION
         except redis.exceptions.ResponseError as e:
-            self.mode = _after_load_error(e)
+            self._load_failed(e)
 
     def call(self, name: str, keys: Sequence[Any], args: Sequence[Any],
              client: Any = None) -> Any:
@@ -182,7 +195,10 @@ class ScriptRegistry(_Registry):
         if self.mode is None and client is not None:
             self._load()  # a pipeline cannot recover from "Function not found"
         if self.mode == EVAL:
-            return self.scripts[name](keys=keys, args=args, client=client or self.client)
+            try:
+                return self.scripts[name](keys=keys, args=args, client=client or self.client)
+            except redis.exceptions.NoPermissionError as e:
+                raise self._evalsha_refused(e) from None
         if client is not None:
             return client.execute_command(*self._fcall(name, keys, args))
         try:
@@ -195,7 +211,10 @@ class ScriptRegistry(_Registry):
             return reply
         self._load()  # the server lost the library (or never had it): load, retry once
         if self.mode == EVAL:
-            return self.scripts[name](keys=keys, args=args, client=self.client)
+            try:
+                return self.scripts[name](keys=keys, args=args, client=self.client)
+            except redis.exceptions.NoPermissionError as e:
+                raise self._evalsha_refused(e) from None
         return self.client.execute_command(*self._fcall(name, keys, args))
 
     def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int,
@@ -215,6 +234,8 @@ class ScriptRegistry(_Registry):
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(acked, Exception):  # WAIT refused (an ACL without +wait)
+                raise acked
             return reply, int(acked)
         raise AssertionError("unreachable")
 
@@ -232,9 +253,17 @@ class AsyncScriptRegistry(_Registry):
             await self.client.execute_command("FUNCTION", "LOAD", self.library.text)
             self.mode = FUNCTION
         except redis.exceptions.ResponseError as e:
-            self.mode = _after_load_error(e)
+            self._load_failed(e)
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return await self._call(name, keys, args)
+        except redis.exceptions.NoPermissionError as e:
+            if self.mode != EVAL:
+                raise
+            raise self._evalsha_refused(e) from None
+
+    async def _call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self.mode == EVAL:
             return await self.scripts[name](keys=keys, args=args)
         try:
@@ -270,6 +299,8 @@ class AsyncScriptRegistry(_Registry):
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(acked, Exception):  # WAIT refused (an ACL without +wait)
+                raise acked
             return reply, int(acked)
         raise AssertionError("unreachable")
 

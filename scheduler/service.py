@@ -32,6 +32,15 @@ from scheduler.errors import (
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.keys import validate_id
+from scheduler.limits import (
+    MAX_DISKS,
+    MAX_EVENTS,
+    MAX_IMAGES,
+    MAX_METADATA,
+    MAX_METADATA_BYTES,
+    at_most,
+)
+from scheduler.limits import endpoint as valid_endpoint
 from scheduler.metrics import Metrics
 from scheduler.p2p import Peer, PeerOps
 from scheduler.records import (
@@ -53,8 +62,6 @@ T = TypeVar("T")
 RESERVATION_METADATA = "x-reservation-id"
 ENDPOINT_METADATA = "x-node-endpoint"
 NO_POLICY_PREFIX = "cell policy is not initialised"
-MAX_DISKS = 256
-MAX_EVENTS = 10_000
 
 STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -124,8 +131,9 @@ def heartbeat_of(req: pb.HeartbeatRequest, endpoint: str) -> Heartbeat:
     status = NODE_STATUS_NAMES.get(snap.status)
     if status is None:
         raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status}")
-    if len(snap.disks) > MAX_DISKS:
-        raise InvalidArgument("snapshot.disks", f"has more than {MAX_DISKS} entries")
+    at_most("snapshot.disks", snap.disks, MAX_DISKS)
+    if endpoint.strip():
+        endpoint = valid_endpoint(ENDPOINT_METADATA, endpoint)
     disks = [DiskMetric(
         mount_point=_text(f"snapshot.disks[{i}].mount_point", d.mount_point),
         device=_text(f"snapshot.disks[{i}].device", d.device),
@@ -152,6 +160,8 @@ def request_of(req: pb.ScheduleRequest) -> Request:
     kind = req.hint.WhichOneof("kind") if req.HasField("hint") else None
     if kind == "new_cold_sandbox":
         cold = req.hint.new_cold_sandbox
+        at_most("hint.new_cold_sandbox.images", cold.images, MAX_IMAGES)
+        _metadata_map("hint.new_cold_sandbox.metadata", cold.metadata)
         if cold.cpu_count > MAX_CPU:
             raise InvalidArgument("hint.new_cold_sandbox.cpu_count", f"must be at most {MAX_CPU}")
         if cold.memory_mb * MIB > MAX_BYTES:
@@ -159,13 +169,19 @@ def request_of(req: pb.ScheduleRequest) -> Request:
                                   f"must be at most {MAX_BYTES // MIB}")
         return Request.cold(cold.cpu_count, cold.memory_mb)
     if kind == "new_sandbox":
+        _metadata_map("hint.new_sandbox.metadata", req.hint.new_sandbox.metadata)
         return Request.template()
     return Request.route()
 
 
+def _metadata_map(field: str, m: Any) -> None:
+    at_most(field, m, MAX_METADATA)
+    if sum(len(k) + len(v) for k, v in m.items()) > MAX_METADATA_BYTES:
+        raise InvalidArgument(field, f"holds more than {MAX_METADATA_BYTES} characters")
+
+
 def events_of(req: pb.ReportSandboxEventRequest) -> list[SandboxEvent]:
-    if len(req.events) > MAX_EVENTS:
-        raise InvalidArgument("events", f"has more than {MAX_EVENTS} entries")
+    at_most("events", req.events, MAX_EVENTS)
     out = []
     for i, ev in enumerate(req.events):
         name = EVENT_NAMES.get(ev.event_type)
@@ -248,7 +264,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self.strategy = strategy
         self.capacity = artifact_store_capacity
         self.lookup_limit = artifact_lookup_node_limit
-        self.peers = PeerOps(sched.keys)
+        self.peers = PeerOps(sched.keys, lambda: sched.ops.bounds)
         self.cpu = CpuConfigOps(sched.keys)
         self.restore_cell = restore_cell
         #: told of every call that found Redis unable to serve (health re-checks at once)

@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import msgspec
+import redis
 
+from scheduler import acl
 from scheduler.client import Scheduler
 from scheduler.errors import (
     FailedPrecondition,
@@ -427,7 +429,8 @@ def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
 
 
 def _unavailable(replica: Scheduler, e: Exception) -> SchedulerError:
-    return StoreUnavailable(f"Redis at {replica.target} is unreachable: {e}")
+    refused = acl.denied(e) if isinstance(e, redis.exceptions.ResponseError) else None
+    return refused or StoreUnavailable(f"Redis at {replica.target} is unreachable: {e}")
 
 
 def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,

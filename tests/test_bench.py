@@ -267,3 +267,33 @@ def test_faults_and_durability_start_their_own_redis(capsys: pytest.CaptureFixtu
             main([scenario, "--redis", "redis://localhost:1"])
         assert exc.value.code == 2
         assert "starts Redis servers of its own" in capsys.readouterr().err
+
+
+# -- roster and memory (issue: bounded state) ---------------------------------
+def test_roster_rows_apply_whole_and_leave_nothing(target: Target) -> None:
+    from bench import roster
+
+    p = roster.Params.quick()
+    result = roster.run(target, p)
+    _keys(result)
+    assert [(r["roster_ids"], r["heartbeat"]) for r in result.rows] == [
+        (n, h) for n in p.sizes for h in ("all new", "half replaced", "all dropped")]
+    for r in result.rows:
+        # every binding of the roster is a key (and the node's roster and
+        # bound sets); after "all dropped" none is left
+        fixed = result.rows[2]["keys_after"]
+        expected = fixed + (0 if r["heartbeat"] == "all dropped" else r["roster_ids"] + 2)
+        assert r["keys_after"] == expected, r
+        assert r["redis_ms"] > 0
+
+
+def test_memory_rows(target: Target) -> None:
+    from bench import memory
+
+    result = memory.run(target, memory.Params.quick())
+    _keys(result)
+    assert [r["item"] for r in result.rows] == [
+        "node", "roster entry", "live reservation", "tombstone", "artifact (512-byte key)",
+        "artifact (64-byte key)"]
+    for r in result.rows:
+        assert r["bytes_per_item"] > 0 and r["memory_usage_one"] > 0, r

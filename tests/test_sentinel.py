@@ -11,9 +11,9 @@ import grpc
 import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.cli.main import main
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from tests.helpers import hb
 from tests.redis_server import RedisServer, SentinelTopology, wait_until

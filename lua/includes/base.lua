@@ -15,7 +15,7 @@
 -- (Redis Functions) and these are bound on entry to every function, so no
 -- include may read them at load time (scheduler/scripts.py).
 local KEYS, ARGV
-local BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY, IDX_SEEN
+local BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY, IDX_SEEN, SEEN_KEY
 -- Per-call resets registered by the includes (library state must not leak
 -- from one call into the next).
 local ON_CALL = {}
@@ -23,6 +23,7 @@ local function bind_call(keys, args)
   KEYS, ARGV = keys, args
   BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY = keys[1], keys[2], keys[3], keys[4], keys[5]
   IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
+  SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/bindings.lua)
   for i = 1, #ON_CALL do ON_CALL[i]() end
 end
 
@@ -43,6 +44,15 @@ local function fmt(x)
     return string.format('%d', x)
   end
   return string.format('%.17g', x)
+end
+
+-- Run `cmd key m1 m2 ...` over every member of `list`, UNPACK_CHUNK at a
+-- time: unpack() of a long table fails past Lua's stack limit (about 8,000).
+local UNPACK_CHUNK = 1000
+local function call_chunked(cmd, key, list)
+  for i = 1, #list, UNPACK_CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + UNPACK_CHUNK - 1, #list)))
+  end
 end
 
 local NO_POLICY = 'cell policy is not initialised: start a replica or run `schedctl policy set`'

@@ -4,7 +4,6 @@
   script, dependencies first).
 ]]
 -- @include base
-local TOMBSTONE_MS = 3600000 -- ended reservations stay readable for an hour
 local SWEEP_BATCH = 64 -- expired reservations released per script call, at most
 
 -- The ceilings of node_resource_limit, in the order the stages check them.
@@ -26,9 +25,11 @@ local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl
   'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
   'max_cpu_allocated_percent', 'max_memory_allocated_percent',
   'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format', 'settle_ms' }
--- 22 tab-separated captures, one per PACKED name (a literal: built once, at load)
-local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
+  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format', 'settle_ms',
+  'max_roster_ids', 'node_forget_after_ms', 'reservation_tombstone_ttl_ms',
+  'artifact_key_max_bytes' }
+-- 26 tab-separated captures, one per PACKED name (a literal: built once, at load)
+local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
 
 local function raw_policy(packed)
   local raw = {}
@@ -60,12 +61,18 @@ end
 -- and nothing can go stale; the table is bounded for servers with many cells.
 local POLICIES, NPOLICIES = {}, 0
 local POLICIES_MAX = 64
+-- The policy this call loaded: what end_reservation keeps tombstones by.
+local CALL_POLICY
+ON_CALL[#ON_CALL + 1] = function() CALL_POLICY = nil end
 
 -- The cell's shared policy, typed and read-only (it may be shared with other
 -- calls); nil when no replica has written one yet.
 local function load_policy()
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
-  if packed and POLICIES[packed] then return POLICIES[packed] end
+  if packed and POLICIES[packed] then
+    CALL_POLICY = POLICIES[packed]
+    return CALL_POLICY
+  end
   local raw = raw_policy(packed)
   if raw == nil then return nil end
   local P = {
@@ -81,6 +88,11 @@ local function load_policy()
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
     frozen_now_ms = tonumber(raw.frozen_now_ms),
     index_format = raw.index_format, -- of the placement index (includes/index.lua)
+    -- bounds; absent = the default (scheduler/policy.py BOUNDS_DEFAULTS)
+    max_roster_ids = tonumber(raw.max_roster_ids) or 4096,
+    node_forget_after_ms = tonumber(raw.node_forget_after_ms) or 3600000,
+    reservation_tombstone_ttl_ms = tonumber(raw.reservation_tombstone_ttl_ms) or 600000,
+    artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes) or 512,
     -- Nodes last heard from at or before this instant are not placed on until
     -- they heartbeat again (for one report TTL): Redis may have lost placements
     -- made just before (a failover, a restart without data); see settle-5.lua.
@@ -99,6 +111,7 @@ local function load_policy()
     if NPOLICIES >= POLICIES_MAX then POLICIES, NPOLICIES = {}, 0 end
     POLICIES[packed], NPOLICIES = P, NPOLICIES + 1
   end
+  CALL_POLICY = P
   return P
 end
 
@@ -156,7 +169,7 @@ local function end_reservation(rid, outcome, now, r)
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', now)
-  redis.call('PEXPIRE', rkey, TOMBSTONE_MS)
+  redis.call('PEXPIRE', rkey, CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms or 600000)
   redis.call('HINCRBY', STATS_KEY, outcome .. '_total', 1)
   return true
 end

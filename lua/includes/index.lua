@@ -358,7 +358,15 @@ local function pick_indexed(P, req, rr_next)
     local k = (rr_next - 1) % total
     local keys = {}
     for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
-    redis.call('ZUNIONSTORE', IDX_TMP, #keys, unpack(keys))
+    -- in chunks (unpack's limit): each later chunk unions into what is there
+    for i = 1, #keys, UNPACK_CHUNK do
+      local last = math.min(i + UNPACK_CHUNK - 1, #keys)
+      if i == 1 then
+        redis.call('ZUNIONSTORE', IDX_TMP, last, unpack(keys, 1, last))
+      else
+        redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
+      end
+    end
     picked = redis.call('ZRANGE', IDX_TMP, k, k)[1]
     redis.call('DEL', IDX_TMP)
   end

@@ -1,0 +1,21 @@
+--[[
+  sweep-5.lua: the cell's bounded sweeps, on their own.  Replicas call it
+  every few seconds so that a cell whose calls all take the cheap paths
+  (steady heartbeats) still expires reservations and forgets silent nodes.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  (no ARGV)
+
+  Returns {nodes forgotten, reservations expired, now_ms}
+  Errors: PRECONDITION (no policy)
+  Writes: what sweep_expired (includes/common.lua) and forget_sweep
+          (includes/bindings.lua) write, and the index entries they touch
+]]
+-- @include bindings
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+local now = now_ms(P)
+local expired = sweep_expired(now)
+local forgotten = forget_sweep(P, now)
+reindex_touched(P, now)
+return { forgotten, expired, fmt(now) }
