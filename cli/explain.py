@@ -14,8 +14,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from scheduler.catalog import STRATEGIES, ceiling, ceiling_in
 from scheduler.policy import Policy
-from scheduler.records import MIB, STRATEGIES, Explanation, NodeView, Request, Verdict
+from scheduler.records import MIB, Explanation, NodeView, Request, Verdict
 
 from .nodes import ceiling_amount
 from .options import Target, cell_options, pass_target
@@ -62,29 +63,25 @@ class Report(msgspec.Struct, kw_only=True):
     verdicts: list[ExplainedVerdict]
 
 
-_COUNTS = {"max_sandbox_count", "max_sandbox_starting_count",
-           "max_sandbox_count_including_paused"}
-
-
 def breakdown(name: str, limit: int, used: int, v: NodeView, cpu: int, mem: int,
               ) -> CeilingBreakdown:
     """Split ``used`` (the script's current + pending for ceiling ``name``) into its parts."""
+    c = ceiling(name)
     capacity: int | None = None
-    if name in _COUNTS:
-        pending, request = v.pending_reservations, 1
-    elif name in ("max_cpu_used_percent", "max_memory_used_percent"):
+    if c.capacity is not None:
+        capacity = v.cpu_capacity if c.capacity == "cpu" else v.memory_capacity_bytes
+    if c.observed is not None:
         pending, request = 0, 0
-        capacity = v.memory_capacity_bytes if "memory" in name else None
-    elif "memory" in name:
+    elif c.counts == "sandboxes":
+        pending, request = v.pending_reservations, 1
+    elif c.counts == "memory":
         pending, request = v.memory_reserved_bytes, mem
-        capacity = v.memory_capacity_bytes if name.endswith("_percent") else None
     else:
         pending, request = v.cpu_reserved, cpu
-        capacity = v.cpu_capacity if name.endswith("_percent") else None
     total = used + request
     percent = None
-    if name == "max_cpu_used_percent":
-        percent = float(used)
+    if c.unit == "percent" and c.capacity is None:
+        percent = float(used)  # reported as a percent (cpu_percent)
     elif capacity:
         percent = round(total * 100 / capacity, 2)
     return CeilingBreakdown(name=name, limit=limit, current=used - pending, pending=pending,
@@ -92,14 +89,15 @@ def breakdown(name: str, limit: int, used: int, v: NodeView, cpu: int, mem: int,
 
 
 def _ceiling_text(b: CeilingBreakdown) -> str:
-    if b.name in ("max_cpu_used_percent", "max_memory_used_percent"):
+    c = ceiling(b.name)
+    if c.observed is not None:
         return f"{b.name}: observed {b.percent:g}% > {b.limit}% (latest snapshot)"
-    if b.name.endswith("_percent"):
-        unit = gib if "memory" in b.name else str
+    if c.unit == "percent":
+        unit = gib if c.counts == "memory" else str
         return (f"{b.name}: {unit(b.current)} current + {unit(b.pending)} pending + "
                 f"{unit(b.request)} requested = {unit(b.total)} of {unit(b.capacity or 0)}"
-                f"{' GiB' if 'memory' in b.name else ' cpu'} = {b.percent:g}% > {b.limit}%")
-    amount = (lambda n: size(n)) if "memory" in b.name else str
+                f"{' GiB' if c.counts == 'memory' else ' cpu'} = {b.percent:g}% > {b.limit}%")
+    amount = (lambda n: size(n)) if c.unit == "bytes" else str
     return (f"{b.name}: {amount(b.current)} current + {amount(b.pending)} pending + "
             f"{amount(b.request)} requested = {amount(b.total)} > "
             f"{ceiling_amount(b.name, b.limit)}")
@@ -119,8 +117,9 @@ def explain_node(v: Verdict, view: NodeView | None, e: Explanation, policy: Poli
     out.verdict = "excluded"
     out.detail = v.reason
     limits = policy.limits.active()
-    name = v.reason.removeprefix("at ").partition(" (")[0]
-    if name in limits and view is not None:
+    reached = ceiling_in(v.reason)
+    if reached is not None and reached.name in limits and view is not None:
+        name = reached.name
         use = next((c for c in view.ceilings if c.name == name), None)
         if use is not None:
             out.ceiling = breakdown(name, limits[name], use.used, view, e.cpu, e.memory_bytes)

@@ -12,33 +12,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from scheduler.catalog import CEILINGS, ceiling
 from scheduler.errors import SchedulerError
-from scheduler.policy import LIMIT_NAMES, Policy
+from scheduler.policy import Policy
 from scheduler.records import NodeView
 
 from .options import Target, cell_options, pass_target
 from .output import age, bar, console, gib, pressure_color, size, status_text
 from .snapshot import atomically
 
-#: Column titles for the ceilings, in LIMIT_NAMES order.
-CEILING_ALIAS = {
-    "max_sandbox_count": "sbx",
-    "max_sandbox_starting_count": "starting",
-    "max_sandbox_count_including_paused": "sbx+paused",
-    "max_cpu_allocated_percent": "cpu alloc",
-    "max_memory_allocated_percent": "mem alloc",
-    "max_allocated_cpu_including_paused": "cpu+paused",
-    "max_allocated_memory_bytes_including_paused": "mem+paused",
-    "max_cpu_used_percent": "cpu used",
-    "max_memory_used_percent": "mem used",
-}
-
 
 def ceiling_amount(name: str, value: float) -> str:
     """A limit or headroom in the ceiling's unit."""
-    if name.endswith("_percent"):
+    unit = ceiling(name).unit
+    if unit == "percent":
         return f"{value:.0f}%"
-    if "memory" in name:
+    if unit == "bytes":
         return size(int(value))
     return f"{value:g}"
 
@@ -49,7 +38,7 @@ def by_pressure(views: list[NodeView]) -> list[NodeView]:
 
 def nodes_table(views: list[NodeView], policy: Policy | None, where: str) -> Table:
     limits = policy.limits.active() if policy else {}
-    ceilings = [n for n in LIMIT_NAMES if n in limits]
+    ceilings = [c for c in CEILINGS if c.name in limits]
     table = Table(title=f"nodes of {where}", title_justify="left", caption_justify="left")
     table.add_column("node")
     table.add_column("status")
@@ -59,8 +48,8 @@ def nodes_table(views: list[NodeView], policy: Policy | None, where: str) -> Tab
     table.add_column("pending\nresv", justify="right")
     table.add_column("pressure", justify="right")
     table.add_column("")
-    for name in ceilings:
-        table.add_column(f"room {CEILING_ALIAS[name]}\n(≤{ceiling_amount(name, limits[name])})",
+    for c in ceilings:
+        table.add_column(f"room {c.alias}\n(≤{ceiling_amount(c.name, limits[c.name])})",
                          justify="right")
     table.add_column("heartbeat", justify="right")
     for v in by_pressure(views):
@@ -76,14 +65,14 @@ def nodes_table(views: list[NodeView], policy: Policy | None, where: str) -> Tab
             Text(f"{v.pressure:.2f}", style=pressure_color(v.pressure)),
             bar(v.pressure),
         ]
-        for name in ceilings:
-            room = rooms.get(name)
+        for c in ceilings:
+            room = rooms.get(c.name)
             cells.append(Text("—", style="dim") if room is None else Text(
-                ceiling_amount(name, room), style="red" if room <= 0 else ""))
+                ceiling_amount(c.name, room), style="red" if room <= 0 else ""))
         cells.append(age(v.heartbeat_age_ms))
         table.add_row(*cells)
     pending = sum(v.pending_reservations for v in views)
-    described = ", ".join(f"{n} {limits[n]}" for n in ceilings) or "none"
+    described = ", ".join(f"{c.name} {limits[c.name]}" for c in ceilings) or "none"
     strategy = policy.strategy if policy else "?"
     table.caption = (f"{len(views)} nodes, {pending} pending reservations; strategy {strategy}; "
                      f"ceilings: {described}")

@@ -8,20 +8,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.errors import FailedPrecondition
-from scheduler.policy import (
-    LIMIT_NAMES,
-    MAX_ARTIFACT_KEY_BYTES,
-    MAX_ROSTER_IDS,
-    Overcommit,
-    Policy,
-)
-from scheduler.records import STRATEGIES
+from scheduler.catalog import CEILING_NAMES, STRATEGIES
+from scheduler.errors import CellNotInitialised
+from scheduler.policy import MAX_ARTIFACT_KEY_BYTES, MAX_ROSTER_IDS, Overcommit, Policy
 
 from .nodes import ceiling_amount
 from .options import Duration, Target, cell_options, format_duration, pass_target
-
-NO_POLICY = "cell policy is not initialised: start a replica or run `schedctl policy set`"
 
 
 def policy_table(p: Policy, where: str) -> Table:
@@ -35,7 +27,7 @@ def policy_table(p: Policy, where: str) -> Table:
     table.add_row("overcommit", f"cpu {p.overcommit.cpu:g}, memory {p.overcommit.memory:g}")
     table.add_row("default_request", f"cpu {p.default_request.cpu}, "
                                      f"memory {p.default_request.memory_mb} MiB")
-    for name in LIMIT_NAMES:
+    for name in CEILING_NAMES:
         value = getattr(p.limits, name)
         table.add_row(name, ceiling_amount(name, value) if value else Text("no ceiling",
                                                                            style="dim"))
@@ -62,7 +54,7 @@ def show(target: Target) -> None:
     """The cell's stored policy."""
     p = target.scheduler.policy()
     if p is None:
-        raise FailedPrecondition(NO_POLICY)
+        raise CellNotInitialised()
     target.out.emit(p, lambda: policy_table(p, target.where))
 
 
@@ -76,9 +68,9 @@ class PolicyChange(msgspec.Struct, kw_only=True):
 def _limit(text: str) -> tuple[str, int]:
     name, eq, value = text.partition("=")
     name = name.strip().removeprefix("node_resource_limit.")
-    if not eq or name not in LIMIT_NAMES or not value.strip().isdigit():
+    if not eq or name not in CEILING_NAMES or not value.strip().isdigit():
         raise click.BadParameter(f"{text!r} is not NAME=VALUE with NAME one of "
-                                 f"{', '.join(LIMIT_NAMES)} and VALUE a whole number "
+                                 f"{', '.join(CEILING_NAMES)} and VALUE a whole number "
                                  "(0 removes the ceiling)", param_hint="'--limit'")
     return name, int(value)
 

@@ -15,8 +15,8 @@ import msgspec
 from scheduler import embedded
 from scheduler.client import AsyncScheduler, async_client, describe_target
 from scheduler.config import ConfigError, Overrides, Settings, load, summary
-from scheduler.errors import PolicyConflict, SchedulerError, StoreUnavailable
-from scheduler.replica import ListenError, Replica, StaticNodesConflict
+from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict, StoreUnavailable
+from scheduler.replica import ListenError, Replica
 
 log = logging.getLogger("scheduler.serve")
 

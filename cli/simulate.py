@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler import simulate as engine
+from scheduler.catalog import STRATEGIES
 from scheduler.errors import InvalidArgument
-from scheduler.records import STRATEGIES
 
 from .nodes import nodes_table
 from .options import Failure, Target, cell_options, pass_target

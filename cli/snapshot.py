@@ -12,9 +12,9 @@ from typing import Any, TypeVar, overload
 
 import redis
 
-from scheduler import acl
-from scheduler.client import Call, Scheduler
-from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
+from scheduler.calls import Call
+from scheduler.client import Scheduler
+from scheduler.translate import reply_error, translated
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -28,22 +28,13 @@ def atomically(s: Scheduler, a: Call[A], b: Call[B], c: Call[C], /) -> tuple[A, 
 def atomically(s: Scheduler, *calls: Call[Any]) -> tuple[Any, ...]:
     pipe = s.client.pipeline(transaction=True)
     try:
-        for call in calls:  # may load the function library first
-            s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        replies = pipe.execute(raise_on_error=False)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
-        raise StoreUnavailable(f"Redis at {s.target} is unreachable: {e}") from None
-    except redis.exceptions.ResponseError as e:
-        refused = acl.denied(e)  # MULTI, or loading the scripts, refused by an ACL
-        if refused is None:
-            raise
-        raise refused from None
+        with translated(s.target):  # MULTI, or loading the scripts, may be refused (ACL)
+            for call in calls:  # may load the function library first
+                s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
     finally:
         pipe.reset()
     for reply in replies:
         if isinstance(reply, redis.exceptions.ResponseError):
-            mapped: SchedulerError | None = from_reply(str(reply)) or acl.denied(reply)
-            if mapped is None:
-                raise reply
-            raise mapped
+            raise reply_error(reply, s.target) or reply
     return tuple(call.parse(reply) for call, reply in zip(calls, replies, strict=True))

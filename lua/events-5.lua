@@ -21,7 +21,6 @@
 ]]
 -- @include bindings
 local node_id = ARGV[1]
-local TYPES = { CREATE = true, DELETE = true, PAUSE = true, RESUME = true, FORK = true }
 
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
@@ -29,7 +28,7 @@ if not redis.call('ZSCORE', NODES_KEY, node_id) then
   return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
 end
 for i = 2, #ARGV, 2 do
-  if not TYPES[ARGV[i + 1]] then return fail('BADARG', 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
+  if not EVENT_TYPES[ARGV[i + 1]] then return fail('BADARG', 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
 end
 local now = now_ms(P)
 sweep_expired(now)

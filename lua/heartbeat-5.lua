@@ -209,9 +209,8 @@ if not registered or restarted or (prev[11] or '') == '' then touch(node_id) end
 for _, name in ipairs(INDEX_FIELDS) do
   if values[name] then touch(node_id) end
 end
-if (values.cpu_percent and P.limits.max_cpu_used_percent)
-    or (values.memory_used_bytes and P.limits.max_memory_used_percent) then
-  touch(node_id)
+for name, field in pairs(OBSERVED_CEILINGS) do
+  if values[field] and P.limits[name] then touch(node_id) end
 end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 redis.call('ZADD', SEEN_KEY, fmt(now), node_id)

@@ -44,8 +44,8 @@ if not P then return fail('PRECONDITION', NO_POLICY) end
 if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
 local strategy = strategy_arg
 if strategy == '' then strategy = P.strategy end
-if strategy ~= 'least_loaded' and strategy ~= 'round_robin' and strategy ~= 'random' then
-  return fail('BADARG', 'strategy must be least_loaded, round_robin or random, not ' .. strategy)
+if not STRATEGIES[strategy] then
+  return fail('BADARG', 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
 end
 local function whole(arg, default)
   if arg == '' then return default end

@@ -20,9 +20,7 @@
           dropped and built anew, even when the policy is the same
 ]]
 -- @include index
--- kept beside the policy, not part of it (scheduler/client.py NOT_POLICY)
-local NOT_POLICY = { time_offset_ms = true, frozen_now_ms = true, packed = true,
-  index_format = true, settle_ms = true }
+-- (NOT_POLICY, the fields kept beside the policy: includes/constants)
 local overwrite = ARGV[1] == '1'
 local restoring = ARGV[1] == 'r'
 local stored = redis.call('HGETALL', POLICY_KEY)

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import msgspec
 
+from scheduler.catalog import BOUNDS_DEFAULTS
 from scheduler.connection import Durability, parse_address
 from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
 from scheduler.limits import MAX_STATIC_NODES
 from scheduler.p2p import DEFAULT_STORE_CAPACITY
-from scheduler.policy import BOUNDS_DEFAULTS, DefaultRequest, Limits, Overcommit, Policy
+from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
 from scheduler.tls import TlsFiles
 
 

@@ -4,7 +4,8 @@ Runtimes report their Firecracker CPU template once; per cluster, once every
 node has one, each node gets the intersection of all of them exactly once.
 :func:`intersect` is the pure rule; the bookkeeping (configs per node, the
 computed intersection, delivery marks) lives in Redis (``lua/cpu_config-6.lua``)
-so every replica agrees; :func:`exchange` runs one heartbeat's part of it.
+so every replica agrees; :func:`exchange` is one heartbeat's part of it (the
+clients run it: ``heartbeat(..., cpu_config=True)``).
 
 Intersection rules: CPUID entries are keyed by (leaf, subleaf, flags) with
 hex compared numerically and kept only if present in every config; leaves
@@ -20,14 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from scheduler.client import Call
+from scheduler.calls import Call, Plan
 from scheduler.keys import CellKeys
+from scheduler.replies import s
 
 DROPPED_LEAVES = frozenset({0xB, 0x1F})
 CpuidKey = tuple[int, int, int]
@@ -181,17 +183,13 @@ class Outcome:
         return bool(self.epoch)
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _outcome(r: list[Any]) -> Outcome:
-    kind = _s(r[0])
+    kind = s(r[0])
     if kind == "deliver":
-        return Outcome(config=_s(r[1]))
+        return Outcome(config=s(r[1]))
     if kind == "compute":
-        flat = [_s(x) for x in r[2:]]
-        return Outcome(epoch=_s(r[1]), configs=tuple(zip(flat[::2], flat[1::2], strict=True)))
+        flat = [s(x) for x in r[2:]]
+        return Outcome(epoch=s(r[1]), configs=tuple(zip(flat[::2], flat[1::2], strict=True)))
     return Outcome()
 
 
@@ -212,14 +210,12 @@ class CpuConfigOps:
         return Call("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], args, _outcome)
 
 
-Runner = Callable[[Call[Outcome]], Awaitable[Outcome]]
-
-
-async def exchange(run: Runner, ops: CpuConfigOps, node_id: str, cluster_id: str,
-                   carried_config: str, restarted: bool) -> str:
-    """One heartbeat's part: returns the config to deliver to the node, or ""."""
-    out = await run(ops.ingest(node_id, cluster_id, carried_config, restarted))
+def exchange(step: Callable[[Call[Outcome]], Plan[Outcome]], ops: CpuConfigOps, node_id: str,
+             cluster_id: str, carried_config: str, restarted: bool) -> Plan[str]:
+    """One heartbeat's part, a plan of one or two calls (each run by ``step``):
+    its value is the config to deliver to the node, or ""."""
+    out = yield from step(ops.ingest(node_id, cluster_id, carried_config, restarted))
     if out.needs_compute:
         result = intersect([cfg for _, cfg in out.configs])
-        out = await run(ops.store(node_id, cluster_id, out.epoch, result))
+        out = yield from step(ops.store(node_id, cluster_id, out.epoch, result))
     return out.config

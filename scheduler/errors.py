@@ -2,7 +2,7 @@
 
 A script fails with ``redis.error_reply("<CODE> <message>")``; :func:`from_reply`
 maps the code to the exception class below.  Codes are the keys of
-:data:`CODES`; Lua spells them the same way (see ``lua/includes/common.lua``).
+:data:`CODES`; Lua spells them the same way (``fail`` in lua/includes/base.lua).
 """
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ class FailedPrecondition(SchedulerError):
     code = "PRECONDITION"
 
 
+#: What every script answers when the cell has no policy (the generated include
+#: ``constants`` spells it for the scripts).
+NO_POLICY = "cell policy is not initialised: start a replica or run `schedctl policy set`"
+
+
+class CellNotInitialised(FailedPrecondition):
+    """The cell has no policy: no replica stored one yet, or Redis lost its data
+    (a client that keeps the cell restores it, see ``Scheduler.keep_cell``)."""
+
+    def __init__(self, message: str = NO_POLICY) -> None:
+        super().__init__(message)
+
+
 class PolicyConflict(SchedulerError):
     """The cell's stored policy differs from the one this process was given."""
 
@@ -60,6 +73,10 @@ class PolicyConflict(SchedulerError):
         super().__init__(message)
         self.stored = stored
         self.wanted = wanted
+
+
+class StaticNodesConflict(SchedulerError):
+    """The cell's stored static node list differs from this replica's config."""
 
 
 class StoreUnavailable(SchedulerError):
@@ -90,4 +107,6 @@ def from_reply(text: str) -> SchedulerError | None:
         return None
     if cls is UnknownNode:
         return UnknownNode(message)
+    if cls is FailedPrecondition and message == NO_POLICY:
+        return CellNotInitialised()
     return cls(message)

@@ -39,6 +39,13 @@ def max_message_bytes(max_roster_ids: int) -> int:
     return MESSAGE_BASE_BYTES + max_roster_ids * 259
 
 
+def text(field: str, value: str, limit: int = MAX_TEXT) -> str:
+    """``value`` if it has at most ``limit`` characters, else InvalidArgument."""
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is longer than {limit} characters")
+    return value
+
+
 def at_most(field: str, items: Sized, limit: int, what: str = "") -> None:
     if len(items) > limit:
         raise InvalidArgument(field, f"has {len(items)} entries, more than "

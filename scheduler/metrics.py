@@ -29,8 +29,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-NODE_STATUSES = ("READY", "CONNECTING", "UNHEALTHY", "LINGERING")
-OUTCOMES = ("released", "cancelled", "expired")
+from scheduler.catalog import NODE_STATUSES, OUTCOMES
+
+#: statuses a node can be derived to (read time never derives UNSPECIFIED)
+DERIVED_STATUSES = tuple(s for s in NODE_STATUSES if s != "UNSPECIFIED")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -54,7 +56,7 @@ class _CellCollector(Collector):
             nodes, pending, ended = dict(self._nodes), self._pending, dict(self._ended)
         g = GaugeMetricFamily("agentenv_scheduler_observed_nodes",
                               "Nodes known to the cell, by derived status.", labels=["status"])
-        for status in NODE_STATUSES:
+        for status in DERIVED_STATUSES:
             g.add_metric([status], nodes.get(status, 0))
         yield g
         if pending is not None:

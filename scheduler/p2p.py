@@ -3,8 +3,8 @@ P2pArtifact), kept in Redis so every replica answers the same.
 
 An artifact is named by (cluster, backend, key); its index entry is the sha1
 of ``cluster\\nbackend\\nkey`` (scheduler/keys.py: art:<digest>, node-art:<node>,
-art-lru, art-names).  :class:`PeerOps` builds the calls; run them with
-``sched.run(call)``.
+art-lru, art-names).  :class:`PeerOps` builds the calls; the clients run
+them (``peers``, ``record_artifact``, ``forget_artifact``, ``lookup_artifact``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any
 
 import msgspec
 
-from scheduler.client import Call
+from scheduler.calls import Call
 from scheduler.errors import InvalidArgument
 from scheduler.keys import CellKeys, validate_id
 from scheduler.policy import MAX_ARTIFACT_KEY_BYTES, Policy
+from scheduler.replies import s
 
 DEFAULT_STORE_CAPACITY = 1_000_000
 MAX_KEY = MAX_ARTIFACT_KEY_BYTES
@@ -31,12 +32,8 @@ class Peer(msgspec.Struct, frozen=True, kw_only=True):
     address: str
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _peers(r: list[Any]) -> list[Peer]:
-    return [Peer(node_id=_s(row[0]), backend=_s(row[1]), address=_s(row[2])) for row in r[1:]]
+    return [Peer(node_id=s(row[0]), backend=s(row[1]), address=s(row[2])) for row in r[1:]]
 
 
 def _name_part(field: str, value: str, limit: int) -> str:

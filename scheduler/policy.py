@@ -1,62 +1,44 @@
 """The cell's shared policy: what every replica must agree on.
 
 Stored in ``<base>policy`` as a flat hash of readable fields (see
-:meth:`Policy.to_fields`); the Lua side reads the same names in
-``lua/includes/common.lua`` (load_policy).
+:meth:`Policy.to_fields`); the Lua side reads the same names
+(``load_policy`` in lua/includes/common.lua, the names generated from
+:mod:`scheduler.catalog`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
+from scheduler.catalog import BOUNDS_DEFAULTS, CEILING_NAMES, CEILINGS, DEFAULT_STRATEGY, STRATEGIES
 from scheduler.errors import InvalidArgument
-from scheduler.records import MAX_BYTES, MAX_CPU, STRATEGIES
+from scheduler.records import MAX_BYTES, MAX_CPU
 
-LIMIT_NAMES: tuple[str, ...] = (
-    "max_sandbox_count",
-    "max_sandbox_starting_count",
-    "max_sandbox_count_including_paused",
-    "max_cpu_allocated_percent",
-    "max_memory_allocated_percent",
-    "max_allocated_cpu_including_paused",
-    "max_allocated_memory_bytes_including_paused",
-    "max_cpu_used_percent",
-    "max_memory_used_percent",
-)
-#: Ceilings compared on the latest snapshot only (they cannot be projected).
-OBSERVED_LIMITS = frozenset({"max_cpu_used_percent", "max_memory_used_percent"})
-
-#: Bounds on input and on state that outlives its owner, with their defaults.
-#: A field equal to its default is absent from the stored hash, so a cell
-#: stored before these existed reads the same; the scripts default alike
-#: (lua/includes/common.lua load_policy).
-BOUNDS_DEFAULTS: dict[str, int] = {
-    "max_roster_ids": 4096,
-    "node_forget_after_ms": 3_600_000,
-    "reservation_tombstone_ttl_ms": 600_000,
-    "artifact_key_max_bytes": 512,
-}
 MAX_ROSTER_IDS = 1_000_000
 #: artifact_key_max_bytes may be raised up to this (scheduler/p2p.py MAX_KEY)
 MAX_ARTIFACT_KEY_BYTES = 4096
 YEAR_MS = 365 * 86_400_000
 
 
-class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``node_resource_limit``.  0 or absent = no ceiling (as in the reference)."""
-
-    max_sandbox_count: int = 0
-    max_sandbox_starting_count: int = 0
-    max_cpu_used_percent: int = 0
-    max_cpu_allocated_percent: int = 0
-    max_memory_used_percent: int = 0
-    max_memory_allocated_percent: int = 0
-    max_sandbox_count_including_paused: int = 0
-    max_allocated_cpu_including_paused: int = 0
-    max_allocated_memory_bytes_including_paused: int = 0
-
+class _Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def active(self) -> dict[str, int]:
-        return {n: getattr(self, n) for n in LIMIT_NAMES if getattr(self, n) > 0}
+        """The configured ceilings (limit > 0), in the order the stage checks them."""
+        return {n: getattr(self, n) for n in CEILING_NAMES if getattr(self, n) > 0}
+
+
+if TYPE_CHECKING:
+    class Limits(_Limits):
+        """``node_resource_limit``: one int field per catalog ceiling."""
+
+        def __init__(self, **ceilings: int) -> None: ...
+        def __getattr__(self, name: str) -> int: ...
+else:
+    #: ``node_resource_limit``: one field per :data:`scheduler.catalog.CEILINGS`
+    #: row, 0 or absent = no ceiling (as in the reference).
+    Limits = msgspec.defstruct("Limits", [(c.name, int, 0) for c in CEILINGS],
+                               bases=(_Limits,), module=__name__, kw_only=True)
 
 
 class Overcommit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,7 +52,7 @@ class DefaultRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class Policy(msgspec.Struct, kw_only=True):
-    strategy: str = "least_loaded"
+    strategy: str = DEFAULT_STRATEGY
     report_ttl_ms: int = 30_000
     binding_ttl_ms: int = 30_000
     reservation_ttl_ms: int = 600_000
@@ -108,7 +90,7 @@ class Policy(msgspec.Struct, kw_only=True):
         if not 1 <= self.artifact_key_max_bytes <= MAX_ARTIFACT_KEY_BYTES:
             raise InvalidArgument("artifact_key_max_bytes", f"must be 1..{MAX_ARTIFACT_KEY_BYTES}"
                                   f", not {self.artifact_key_max_bytes}")
-        for name in LIMIT_NAMES:
+        for name in CEILING_NAMES:
             v = getattr(self.limits, name)
             if not 0 <= v <= MAX_BYTES:
                 raise InvalidArgument(f"node_resource_limit.{name}", f"must be 0..{MAX_BYTES}")
@@ -142,9 +124,9 @@ class Policy(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> Policy:
-        limits = Limits(**{n: int(f[n]) for n in LIMIT_NAMES if n in f})
+        limits = Limits(**{n: int(f[n]) for n in CEILING_NAMES if n in f})
         return cls(
-            strategy=f.get("strategy", "least_loaded"),
+            strategy=f.get("strategy", DEFAULT_STRATEGY),
             report_ttl_ms=int(f.get("report_ttl_ms", 30_000)),
             binding_ttl_ms=int(f.get("binding_ttl_ms", 30_000)),
             reservation_ttl_ms=int(f.get("reservation_ttl_ms", 600_000)),

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, get_type_hints
 
 import msgspec
 
-Status = Literal["UNSPECIFIED", "READY", "CONNECTING", "UNHEALTHY", "LINGERING"]
-EventType = Literal["CREATE", "DELETE", "PAUSE", "RESUME", "FORK"]
-Strategy = Literal["least_loaded", "round_robin", "random"]
-STRATEGIES: tuple[str, ...] = ("least_loaded", "round_robin", "random")
+from scheduler.catalog import EventType, Status
 
 MIB = 1024 * 1024
 #: Upper bounds for numbers that reach Redis: far above any real machine,
@@ -36,26 +34,65 @@ class MachineInfo(msgspec.Struct, kw_only=True):
     cpu_config_json: str = ""
 
 
-class NodeSnapshot(msgspec.Struct, kw_only=True):
-    """A node's own numbers (CONTRACT.md NodeSnapshot).  Active set only in
-    sandbox_count / allocated_*; paused load in the paused_* fields."""
+@dataclass(frozen=True)
+class Field:
+    """How the scheduler takes one field of a node's snapshot."""
 
-    status: Status = "READY"
-    allocated_cpu: int = 0
-    allocated_memory_bytes: int = 0
-    cpu_percent: int = 0
-    cpu_count: int = 0
-    memory_used_bytes: int = 0
-    memory_total_bytes: int = 0
+    #: a number's largest value (checked before Redis); 0 for a field that is no number
+    maximum: int = 0
+    #: a change moves the node in the placement index (lua/heartbeat-5.lua)
+    index: bool = False
+    #: a decision reads it: a whole number the index may spell (checked again in Lua)
+    decides: bool = False
+
+
+#: 2^53: counters and instants stay exact in Lua's doubles
+MAX_COUNTER = 1 << 53
+_Cpu = Annotated[int, Field(MAX_CPU, index=True, decides=True)]
+_Bytes = Annotated[int, Field(MAX_BYTES, index=True, decides=True)]
+_Count = Annotated[int, Field(MAX_COUNT, index=True, decides=True)]
+_Counter = Annotated[int, Field(MAX_COUNTER)]
+
+
+class NodeSnapshot(msgspec.Struct, kw_only=True):
+    """A node's own numbers (docs/contract.md, NodeSnapshot), in wire order.
+    Active set only in sandbox_count / allocated_*; paused load in the
+    paused_* fields.  The one list of snapshot fields: the client, the
+    servicer and the scripts (the generated include ``constants``) read it
+    from here (:func:`snapshot_numbers`)."""
+
+    status: Annotated[Status, Field(index=True)] = "READY"
+    allocated_cpu: _Cpu = 0
+    allocated_memory_bytes: _Bytes = 0
+    cpu_percent: Annotated[int, Field(100_000, decides=True)] = 0
+    cpu_count: _Cpu = 0
+    memory_used_bytes: Annotated[int, Field(MAX_BYTES, decides=True)] = 0
+    memory_total_bytes: _Bytes = 0
     disks: list[DiskMetric] = msgspec.field(default_factory=list)
-    sandbox_count: int = 0
-    sandbox_starting_count: int = 0
-    create_successes: int = 0
-    create_fails: int = 0
-    reported_at_unix_ms: int = 0
-    paused_sandbox_count: int = 0
-    paused_allocated_cpu: int = 0
-    paused_allocated_memory_bytes: int = 0
+    sandbox_count: _Count = 0
+    sandbox_starting_count: _Count = 0
+    create_successes: _Counter = 0
+    create_fails: _Counter = 0
+    reported_at_unix_ms: _Counter = 0
+    paused_sandbox_count: _Count = 0
+    paused_allocated_cpu: _Cpu = 0
+    paused_allocated_memory_bytes: _Bytes = 0
+
+
+def snapshot_fields() -> dict[str, Field]:
+    """NodeSnapshot's annotated fields, in wire order."""
+    hints = get_type_hints(NodeSnapshot, include_extras=True)
+    out: dict[str, Field] = {}
+    for name in NodeSnapshot.__struct_fields__:
+        marks = [m for m in getattr(hints[name], "__metadata__", ()) if isinstance(m, Field)]
+        if marks:
+            out[name] = marks[0]
+    return out
+
+
+def snapshot_numbers() -> dict[str, Field]:
+    """The snapshot's numbers (name -> how they are taken), in wire order."""
+    return {name: f for name, f in snapshot_fields().items() if f.maximum}
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):
@@ -79,6 +116,9 @@ class HeartbeatResult(msgspec.Struct, kw_only=True):
     released: int
     roster_mode: bool
     now_ms: int
+    #: the cluster's CPU config intersection, when this heartbeat delivers it
+    #: (``heartbeat(..., cpu_config=True)``; "" otherwise)
+    cpu_config_json: str = ""
 
 
 class Request(msgspec.Struct, kw_only=True, frozen=True):
@@ -186,6 +226,30 @@ class NodeView(msgspec.Struct, kw_only=True):
     last_seen_ms: int | None
     heartbeat_age_ms: int | None
     ceilings: list[CeilingUse]
+
+
+class ListedNode(msgspec.Struct, kw_only=True):
+    """A known node as ListNodes lists it."""
+
+    node_id: str
+    endpoint: str
+    #: derived at read time (Redis time), as every view derives it
+    status: str
+
+
+class ObservedNode(msgspec.Struct, kw_only=True):
+    """A node as the node service shows it (ListObservedNodes, GetNode); the
+    snapshot's status is the derived one."""
+
+    node_id: str
+    endpoint: str = ""
+    cluster_id: str = ""
+    service_instance_id: str = ""
+    version: str = ""
+    commit: str = ""
+    machine_info: MachineInfo = msgspec.field(default_factory=MachineInfo)
+    snapshot: NodeSnapshot = msgspec.field(default_factory=NodeSnapshot)
+    last_seen_unix_ms: int = 0
 
 
 class Reservation(msgspec.Struct, kw_only=True):

@@ -26,11 +26,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from scheduler.client import AsyncScheduler
 from scheduler.config import Settings
 from scheduler.connection import SentinelWatch, is_sentinel_client
-from scheduler.errors import FailedPrecondition, PolicyConflict, SchedulerError, StoreUnavailable
+from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
-from scheduler.service import SchedulerService, observed_call
+from scheduler.service import SchedulerService
 from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
 
 log = logging.getLogger("scheduler.replica")
@@ -38,10 +38,6 @@ log = logging.getLogger("scheduler.replica")
 SERVICE_NAME = "scheduler.v1.Scheduler"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class StaticNodesConflict(SchedulerError):
-    """The cell's stored static node list differs from this replica's config."""
 
 
 class ListenError(Exception):
@@ -59,11 +55,13 @@ class Replica:
         self.cell_stats_interval_s = cell_stats_interval_s
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer()
+        #: the cell this replica keeps: stored at start-up, put back if Redis loses it
+        sched.keep_cell(settings.policy, settings.nodes)
         self.service = SchedulerService(
             sched, self.metrics, strategy=settings.policy.strategy,
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
-            restore_cell=self.restore_cell, on_unavailable=self.check_now)
+            on_unavailable=self.check_now)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -78,23 +76,12 @@ class Replica:
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
         """Store or check the shared policy and static node list (start-up)."""
-        outcome = await self.sched.sync_policy(self.settings.policy,
-                                               overwrite=self.overwrite_policy)
-        await self._sync_nodes(check=not self.overwrite_policy)
-        return outcome
+        return await self.sched.prepare_cell(overwrite=self.overwrite_policy)
 
     async def restore_cell(self) -> None:
         """Redis came back empty: put this replica's policy and nodes back, and
         let nodes place again only once they have heartbeated since (settle)."""
-        try:
-            outcome = await self.sched.sync_policy(self.settings.policy, overwrite=False,
-                                                   restore=True)
-        except PolicyConflict:
-            return  # another replica restored (and changed) it first; the stored one rules
-        if outcome == "created":
-            log.warning("restored the cell's policy in Redis (its data was lost); nodes take "
-                        "placements again once they heartbeat")
-            await self._sync_nodes(check=False)
+        await self.sched.restore_cell()
 
     async def after_failover(self) -> None:
         """Sentinel named a new primary.  Without min_replicas_acked it may lack
@@ -108,15 +95,6 @@ class Replica:
                         "once they heartbeat to the new primary")
         except SchedulerError as e:
             log.warning("could not settle the cell after the failover: %s", e.message)
-
-    async def _sync_nodes(self, check: bool) -> None:
-        wanted = self.settings.nodes
-        if check and wanted:
-            views = await self.sched.nodes()
-            stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
-            if stored and stored != sorted(wanted):
-                raise StaticNodesConflict(_nodes_conflict(stored, sorted(wanted)))
-        await self.sched.sync_nodes(list(wanted))
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -240,16 +218,8 @@ class Replica:
         await self.sched.sweep()
         await self.sched.policy()
         stats = await self.sched.stats()
-        rows = await self.sched.run(observed_call(self.sched, "", "", True, full=False))
-        nodes = Counter(f.get("derived_status", "") for f in rows)
+        nodes = Counter(n.status for n in await self.sched.list_nodes())
         self.metrics.cell.update(dict(nodes), stats.pending, {
             "released": stats.released_total, "cancelled": stats.cancelled_total,
             "expired": stats.expired_total})
 
-
-def _nodes_conflict(stored: list[tuple[str, str]], wanted: list[tuple[str, str]]) -> str:
-    lines = ["the cell's stored static node list differs from this replica's configuration",
-             "  stored:     " + (", ".join(f"{i}={e}" for i, e in stored) or "-"),
-             "  configured: " + (", ".join(f"{i}={e}" for i, e in wanted) or "-"),
-             "start with --overwrite-policy to replace the stored node list"]
-    return "\n".join(lines)

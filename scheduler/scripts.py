@@ -2,7 +2,10 @@
 
 Each ``lua/<name>-<nkeys>.lua`` may say ``-- @include <file>``; the line is
 replaced by ``lua/includes/<file>.lua`` (BullMQ's convention).  Includes may
-include others; each file is inlined once, dependencies first.
+include others; each file is inlined once, dependencies first.  One include
+is written here rather than read: ``constants``, the Python tables as Lua
+(:mod:`scheduler.lua_constants`).  A missing include or an include cycle is
+an :class:`IncludeError` naming the file, the line and the chain of includes.
 
 The scripts reach Redis in one of two forms, built from the same files:
 
@@ -55,12 +58,24 @@ class Library:
     functions: dict[str, str]
 
 
+class IncludeError(Exception):
+    """An include that does not exist, or includes that include each other."""
+
+
+def generated_includes() -> dict[str, str]:
+    """The includes written here, not read from lua/includes/."""
+    from scheduler import lua_constants  # (it reads the tables the client modules define)
+
+    return {lua_constants.NAME: lua_constants.render()}
+
+
 @cache
 def _files() -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
     """(include name -> text, script name -> (number of KEYS, text))."""
     root = resources.files("scheduler.lua")
     includes = {f.name[:-4]: f.read_text() for f in (root / "includes").iterdir()
                 if f.name.endswith(".lua")}
+    includes.update(generated_includes())
     scripts: dict[str, tuple[int, str]] = {}
     for entry in root.iterdir():
         m = SCRIPT_NAME.match(entry.name)
@@ -69,14 +84,34 @@ def _files() -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
     return includes, scripts
 
 
-def _order(text: str, includes: dict[str, str], out: list[str]) -> list[str]:
-    """Append the includes `text` needs to `out`, dependencies first, once each."""
-    for name in _INCLUDE.findall(text):
+def _include_path(name: str) -> str:
+    return f"lua/includes/{name}.lua"
+
+
+def _order(text: str, includes: dict[str, str], out: list[str], where: str = "a script",
+           chain: tuple[tuple[str, int], ...] = ()) -> list[str]:
+    """Append the includes ``text`` (the file ``where``) needs to ``out``,
+    dependencies first, once each.  ``chain``: the (file, line) includes that
+    led here."""
+    for m in _INCLUDE.finditer(text):
+        name = m.group(1)
+        here = (*chain, (where, text.count("\n", 0, m.start()) + 1))
+        path = _include_path(name)
+        steps = " -> ".join(f"{f} line {n}" for f, n in here)
+        if path in (f for f, _ in here):
+            raise IncludeError(f"{where} line {here[-1][1]}: include cycle: {steps} -> {path}")
+        if name not in includes:
+            raise IncludeError(f"{where} line {here[-1][1]}: includes {name!r}, which is not "
+                               f"in lua/includes/ (chain: {steps})")
         if name not in out:
-            _order(includes[name], includes, out)
+            _order(includes[name], includes, out, path, here)
             if name not in out:
                 out.append(name)
     return out
+
+
+def _script_path(name: str, nkeys: int) -> str:
+    return f"lua/{name}-{nkeys}.lua"
 
 
 def _strip(text: str) -> str:
@@ -90,7 +125,8 @@ def sources() -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     for name, (nkeys, text) in scripts.items():
         parts = ["local KEYS_IN, ARGV_IN = KEYS, ARGV\n"]
-        parts += [_strip(includes[inc]) for inc in _order(text, includes, [])]
+        order = _order(text, includes, [], _script_path(name, nkeys))
+        parts += [_strip(includes[inc]) for inc in order]
         parts += ["bind_call(KEYS_IN, ARGV_IN)\n", _strip(text)]
         out[name] = (nkeys, "".join(parts))
     return out
@@ -105,9 +141,10 @@ def library() -> Library:
 def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]]) -> Library:
     """The function library of these files (include name -> text, script name
     -> (number of KEYS, text)); ``bench versus`` builds another revision's."""
+    includes = {**generated_includes(), **includes}
     needed: list[str] = []
-    for _, (_, text) in sorted(scripts.items()):
-        _order(text, includes, needed)
+    for name, (nkeys, text) in sorted(scripts.items()):
+        _order(text, includes, needed, _script_path(name, nkeys))
     body = "".join(_strip(includes[inc]) for inc in needed)
     bodies = {name: _strip(text) for name, (_, text) in sorted(scripts.items())}
     digest = hashlib.sha1((body + "".join(bodies.values())).encode()).hexdigest()[:12]

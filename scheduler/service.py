@@ -1,10 +1,13 @@
-"""The gRPC servicer of ``scheduler.v1.Scheduler`` over the shared Redis state.
+"""The gRPC servicer of ``scheduler.v1.Scheduler``: an adapter over the library.
 
-Every RPC is: translate the request (bad input -> ``InvalidArgument`` naming
-the field, before anything reaches Redis), run one or two Lua scripts through
-:class:`~scheduler.client.AsyncScheduler`, translate the reply.  The servicer
-holds no scheduling state, so any number of replicas answer alike.  Errors
-map to status codes by :data:`STATUS` (CONTRACT.md's table).
+Every RPC converts its request to records (bad input -> ``InvalidArgument``
+naming the field, before anything reaches Redis), calls one operation of
+:class:`~scheduler.client.AsyncScheduler`, and converts the answer back;
+the library holds the behaviour (RESYNC retry, CPU-config exchange, a lost
+cell restored, a placement cancelled when its caller is gone).  The servicer
+adds what only the transport knows: the caller's deadline bounds every Redis
+call of the RPC, metrics, metadata extensions, and error -> status code
+(:data:`STATUS`, docs/contract.md's table).
 """
 
 from __future__ import annotations
@@ -12,14 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
-import msgspec
 
-from scheduler.client import AsyncScheduler, Call, Resync
-from scheduler.cpuconfig import CpuConfigOps, exchange
+from scheduler.catalog import EVENT_TYPES, NODE_STATUSES, Status
+from scheduler.client import AsyncScheduler
 from scheduler.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -31,7 +32,6 @@ from scheduler.errors import (
 )
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.keys import validate_id
 from scheduler.limits import (
     MAX_DISKS,
     MAX_EVENTS,
@@ -39,10 +39,11 @@ from scheduler.limits import (
     MAX_METADATA,
     MAX_METADATA_BYTES,
     at_most,
+    text,
 )
 from scheduler.limits import endpoint as valid_endpoint
 from scheduler.metrics import Metrics
-from scheduler.p2p import Peer, PeerOps
+from scheduler.p2p import Peer
 from scheduler.records import (
     MAX_BYTES,
     MAX_CPU,
@@ -51,9 +52,11 @@ from scheduler.records import (
     Heartbeat,
     MachineInfo,
     NodeSnapshot,
+    ObservedNode,
     Placement,
     Request,
     SandboxEvent,
+    snapshot_numbers,
 )
 
 log = logging.getLogger("scheduler.service")
@@ -61,7 +64,6 @@ T = TypeVar("T")
 
 RESERVATION_METADATA = "x-reservation-id"
 ENDPOINT_METADATA = "x-node-endpoint"
-NO_POLICY_PREFIX = "cell policy is not initialised"
 
 STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -72,33 +74,17 @@ STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
-NODE_STATUS_NAMES = {
-    pb.NODE_STATUS_UNSPECIFIED: "UNSPECIFIED", pb.NODE_STATUS_READY: "READY",
-    pb.NODE_STATUS_CONNECTING: "CONNECTING", pb.NODE_STATUS_UNHEALTHY: "UNHEALTHY",
-    pb.NODE_STATUS_LINGERING: "LINGERING",
-}
+#: wire enum value <-> name, for every name of the catalog (NODE_STATUS_<name>)
+NODE_STATUS_NAMES: dict[pb.NodeStatus, str] = {
+    cast(pb.NodeStatus, pb.NodeStatus.Value(f"NODE_STATUS_{name}")): name
+    for name in NODE_STATUSES}
 NODE_STATUS_VALUES = {name: value for value, name in NODE_STATUS_NAMES.items()}
-EVENT_NAMES = {
-    pb.SANDBOX_EVENT_TYPE_CREATE: "CREATE", pb.SANDBOX_EVENT_TYPE_DELETE: "DELETE",
-    pb.SANDBOX_EVENT_TYPE_PAUSE: "PAUSE", pb.SANDBOX_EVENT_TYPE_RESUME: "RESUME",
-    pb.SANDBOX_EVENT_TYPE_FORK: "FORK",
-}
-SNAPSHOT_INTS = (
-    "allocated_cpu", "allocated_memory_bytes", "cpu_percent", "cpu_count", "memory_used_bytes",
-    "memory_total_bytes", "sandbox_count", "sandbox_starting_count", "create_successes",
-    "create_fails", "reported_at_unix_ms", "paused_sandbox_count", "paused_allocated_cpu",
-    "paused_allocated_memory_bytes",
-)
+EVENT_NAMES: dict[int, str] = {
+    pb.SandboxEventType.Value(f"SANDBOX_EVENT_TYPE_{name}"): name for name in EVENT_TYPES}
 
 
-#: The RPC being served (its deadline bounds every Redis call made for it).
-_RPC: ContextVar[grpc.aio.ServicerContext[Any, Any] | None] = ContextVar("rpc", default=None)
-
-
-def _remaining(context: grpc.aio.ServicerContext[Any, Any] | None) -> float | None:
+def _remaining(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
     """Seconds until the caller's deadline (None: no deadline)."""
-    if context is None:
-        return None
     left: float | None = context.time_remaining()
     return left
 
@@ -117,12 +103,6 @@ def _metadata(context: grpc.aio.ServicerContext[Any, Any], name: str) -> str:
     return ""
 
 
-def _text(field: str, value: str, limit: int = 1024) -> str:
-    if len(value) > limit:
-        raise InvalidArgument(field, f"is longer than {limit} characters")
-    return value
-
-
 # ---------------------------------------------------------------------------
 # proto -> records
 # ---------------------------------------------------------------------------
@@ -135,9 +115,9 @@ def heartbeat_of(req: pb.HeartbeatRequest, endpoint: str) -> Heartbeat:
     if endpoint.strip():
         endpoint = valid_endpoint(ENDPOINT_METADATA, endpoint)
     disks = [DiskMetric(
-        mount_point=_text(f"snapshot.disks[{i}].mount_point", d.mount_point),
-        device=_text(f"snapshot.disks[{i}].device", d.device),
-        filesystem_type=_text(f"snapshot.disks[{i}].filesystem_type", d.filesystem_type),
+        mount_point=text(f"snapshot.disks[{i}].mount_point", d.mount_point),
+        device=text(f"snapshot.disks[{i}].device", d.device),
+        filesystem_type=text(f"snapshot.disks[{i}].filesystem_type", d.filesystem_type),
         used_bytes=d.used_bytes, total_bytes=d.total_bytes) for i, d in enumerate(snap.disks)]
     mi = req.machine_info
     return Heartbeat(
@@ -146,8 +126,8 @@ def heartbeat_of(req: pb.HeartbeatRequest, endpoint: str) -> Heartbeat:
         machine_info=MachineInfo(
             cpu_family=mi.cpu_family, cpu_model=mi.cpu_model, cpu_model_name=mi.cpu_model_name,
             cpu_architecture=mi.cpu_architecture, cpu_config_json=mi.cpu_config_json),
-        snapshot=NodeSnapshot(status=status, disks=disks,  # type: ignore[arg-type]
-                              **{name: getattr(snap, name) for name in SNAPSHOT_INTS}),
+        snapshot=NodeSnapshot(status=cast(Status, status), disks=disks,
+                              **{name: getattr(snap, name) for name in snapshot_numbers()}),
         sandbox_ids=list(req.sandbox_ids),
         p2p_backend=req.p2p_endpoint.backend, p2p_address=req.p2p_endpoint.address,
         endpoint=endpoint,
@@ -198,57 +178,42 @@ def events_of(req: pb.ReportSandboxEventRequest) -> list[SandboxEvent]:
 # ---------------------------------------------------------------------------
 # records -> proto
 # ---------------------------------------------------------------------------
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _rows(r: list[Any]) -> list[dict[str, str]]:
-    out = []
-    for row in r[1:]:
-        it = iter(row)
-        out.append({_s(k): _s(v) for k, v in zip(it, it, strict=False)})
-    return out
-
-
-def observed_call(sched: AsyncScheduler, node_id: str, cluster_id: str, with_unseen: bool,
-                  full: bool) -> Call[list[dict[str, str]]]:
-    """Nodes as observed (lua/observed-5.lua): full records, or id + endpoint + status."""
-    args = [node_id, cluster_id, "1" if with_unseen else "0", "full" if full else "brief"]
-    return Call("observed", sched.keys.fixed(), args, _rows, writes=False)
-
-
-_disks = msgspec.json.Decoder(list[DiskMetric])
-
-
-def observed_node(f: dict[str, str]) -> pb.ObservedNode:
-    def i(name: str) -> int:
-        return int(f.get(name) or 0)
-
-    try:
-        disks = _disks.decode(f["disks"]) if f.get("disks") else []
-    except msgspec.DecodeError:
-        disks = []
-    snap = pb.NodeSnapshot(
-        status=NODE_STATUS_VALUES.get(f.get("derived_status", ""), pb.NODE_STATUS_UNSPECIFIED),
+def snapshot_proto(snap: NodeSnapshot) -> pb.NodeSnapshot:
+    return pb.NodeSnapshot(
+        status=NODE_STATUS_VALUES.get(snap.status, pb.NODE_STATUS_UNSPECIFIED),
         disks=[pb.DiskMetric(mount_point=d.mount_point, device=d.device,
                              filesystem_type=d.filesystem_type, used_bytes=d.used_bytes,
-                             total_bytes=d.total_bytes) for d in disks],
-        **{name: i(name) for name in SNAPSHOT_INTS})
+                             total_bytes=d.total_bytes) for d in snap.disks],
+        **{name: getattr(snap, name) for name in snapshot_numbers()})
+
+
+def machine_proto(mi: MachineInfo) -> pb.MachineInfo:
+    return pb.MachineInfo(**{name: getattr(mi, name) for name in MachineInfo.__struct_fields__})
+
+
+def observed_proto(n: ObservedNode) -> pb.ObservedNode:
     return pb.ObservedNode(
-        node_id=f.get("node_id", ""), endpoint=f.get("endpoint", ""),
-        cluster_id=f.get("cluster_id", ""), service_instance_id=f.get("service_instance_id", ""),
-        version=f.get("version", ""), commit=f.get("commit", ""),
-        machine_info=pb.MachineInfo(
-            cpu_family=f.get("cpu_family", ""), cpu_model=f.get("cpu_model", ""),
-            cpu_model_name=f.get("cpu_model_name", ""),
-            cpu_architecture=f.get("cpu_architecture", ""),
-            cpu_config_json=f.get("cpu_config_json", "")),
-        snapshot=snap, last_seen_unix_ms=i("last_seen_ms"))
+        node_id=n.node_id, endpoint=n.endpoint, cluster_id=n.cluster_id,
+        service_instance_id=n.service_instance_id, version=n.version, commit=n.commit,
+        machine_info=machine_proto(n.machine_info), snapshot=snapshot_proto(n.snapshot),
+        last_seen_unix_ms=n.last_seen_unix_ms)
 
 
-def _peer(p: Peer) -> pb.P2pPeer:
-    return pb.P2pPeer(node_id=p.node_id,
-                      endpoint=pb.P2pEndpoint(backend=p.backend, address=p.address))
+def heartbeat_request(hb: Heartbeat) -> pb.HeartbeatRequest:
+    """The request a runtime node sends for ``hb`` (its endpoint goes as
+    ``x-node-endpoint`` metadata): what simulated nodes send over gRPC."""
+    return pb.HeartbeatRequest(
+        node_id=hb.node_id, cluster_id=hb.cluster_id,
+        service_instance_id=hb.service_instance_id, version=hb.version, commit=hb.commit,
+        machine_info=machine_proto(hb.machine_info), snapshot=snapshot_proto(hb.snapshot),
+        sandbox_ids=hb.sandbox_ids,
+        p2p_endpoint=pb.P2pEndpoint(backend=hb.p2p_backend, address=hb.p2p_address))
+
+
+def _peers(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
+    return [pb.P2pPeer(node_id=p.node_id,
+                       endpoint=pb.P2pEndpoint(backend=p.backend, address=p.address))
+            for p in peers]
 
 
 # ---------------------------------------------------------------------------
@@ -257,54 +222,31 @@ def _peer(p: Peer) -> pb.P2pPeer:
 class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     def __init__(self, sched: AsyncScheduler, metrics: Metrics, *, strategy: str,
                  artifact_store_capacity: int, artifact_lookup_node_limit: int,
-                 restore_cell: Callable[[], Awaitable[None]] | None = None,
                  on_unavailable: Callable[[], None] = lambda: None) -> None:
         self.sched = sched
         self.metrics = metrics
         self.strategy = strategy
         self.capacity = artifact_store_capacity
         self.lookup_limit = artifact_lookup_node_limit
-        self.peers = PeerOps(sched.keys, lambda: sched.ops.bounds)
-        self.cpu = CpuConfigOps(sched.keys)
-        self.restore_cell = restore_cell
         #: told of every call that found Redis unable to serve (health re-checks at once)
         self.on_unavailable = on_unavailable
 
     # -- plumbing ----------------------------------------------------------
-    async def run(self, call: Call[T]) -> T:
-        """One script call, bounded by the caller's deadline."""
-        return await self._guarded(call.script,
-                                   lambda: self.sched.run(call, _remaining(_RPC.get())))
-
-    async def _guarded(self, script: str, send: Callable[[], Awaitable[T]]) -> T:
-        """Send one script call, timed; a cell whose policy vanished (Redis lost
-        its data) is restored from this replica's config and the call sent again."""
-        for attempt in (1, 2):
-            start = time.perf_counter()
-            try:
-                return await send()
-            except StoreUnavailable:
-                self.metrics.redis_errors.inc()
-                self.on_unavailable()
-                raise
-            except FailedPrecondition as e:
-                if attempt == 2 or self.restore_cell is None or \
-                        not e.message.startswith(NO_POLICY_PREFIX):
-                    raise
-                log.warning("the cell's policy is gone from Redis (data lost?); restoring it")
-                await self.restore_cell()
-            finally:
-                self.metrics.script_duration.labels(script).observe(time.perf_counter() - start)
-        raise AssertionError("unreachable")
+    def _metered(self, script: str, seconds: float, error: BaseException | None) -> None:
+        """Each Redis call an RPC makes (the library reports them)."""
+        self.metrics.script_duration.labels(script).observe(seconds)
+        if isinstance(error, StoreUnavailable):
+            self.metrics.redis_errors.inc()
+            self.on_unavailable()
 
     async def _serve(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any],
                      work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
-        token = _RPC.set(context)
         code: grpc.StatusCode | None = None
         message = ""
         try:
-            result = await work()
+            with self.sched.scoped(timeout=_remaining(context), observe=self._metered):
+                result = await work()
         except SchedulerError as e:
             code, message = status_of(e), e.message
             if code is grpc.StatusCode.INTERNAL:
@@ -312,8 +254,6 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         except Exception:
             code, message = grpc.StatusCode.INTERNAL, f"{rpc} failed; see the replica's log"
             log.exception("%s failed", rpc)
-        finally:
-            _RPC.reset(token)
         if code is None:
             self._observe(rpc, grpc.StatusCode.OK, start)
             return result
@@ -353,8 +293,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         """Schedule within the caller's deadline.  A caller that is gone by the
         time its reservation exists gets it cancelled (by the library when the
         call is cut short, here when the answer can no longer be delivered)."""
-        placed = await self._guarded("schedule", lambda: self.sched.schedule(
-            req, timeout=_remaining(context)))
+        placed = await self.sched.schedule(req)
         rid = placed.reservation_id
         if rid:
             if context.cancelled() or context.done():
@@ -374,8 +313,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                ) -> pb.RecordAssignmentResponse:
         async def work() -> pb.RecordAssignmentResponse:
             rid = _metadata(context, RESERVATION_METADATA).strip() or None
-            await self.run(self.sched.ops.assign(request.sandbox_id, request.node.node_id,
-                                                 request.node.endpoint, rid))
+            await self.sched.assign(request.sandbox_id, request.node.node_id,
+                                    request.node.endpoint, rid)
             return pb.RecordAssignmentResponse()
 
         return await self._serve("RecordAssignment", context, work)
@@ -383,7 +322,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     async def LookupNode(self, request: pb.LookupNodeRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.LookupNodeResponse:
         async def work() -> pb.LookupNodeResponse:
-            b = await self.run(self.sched.ops.lookup(request.sandbox_id))
+            b = await self.sched.lookup(request.sandbox_id)
             return pb.LookupNodeResponse(node=pb.Node(node_id=b.node_id, endpoint=b.endpoint))
 
         return await self._serve("LookupNode", context, work)
@@ -393,15 +332,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.HeartbeatResponse:
         async def work() -> pb.HeartbeatResponse:
             hb = heartbeat_of(request, _metadata(context, ENDPOINT_METADATA))
-            try:
-                result = await self.run(self.sched.ops.heartbeat(hb, self.sched.beats))
-            except Resync:  # another writer came between: this one goes in full
-                result = await self.run(self.sched.ops.heartbeat(hb, self.sched.beats))
-            cluster = hb.cluster_id.strip()
-            node_id = hb.node_id.strip()
-            config = await exchange(self.run, self.cpu, node_id, cluster,
-                                    hb.machine_info.cpu_config_json, result.restarted)
-            return pb.HeartbeatResponse(cpu_config_json=config)
+            result = await self.sched.heartbeat(hb, cpu_config=True)
+            return pb.HeartbeatResponse(cpu_config_json=result.cpu_config_json)
 
         return await self._serve("Heartbeat", context, work)
 
@@ -409,22 +341,17 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                  context: grpc.aio.ServicerContext[Any, Any],
                                  ) -> pb.ReportSandboxEventResponse:
         async def work() -> pb.ReportSandboxEventResponse:
-            await self.run(self.sched.ops.events(request.node_id, events_of(request)))
+            await self.sched.events(request.node_id, events_of(request))
             return pb.ReportSandboxEventResponse()
 
         return await self._serve("ReportSandboxEvent", context, work)
 
-    def _observed(self, node_id: str, cluster_id: str, with_unseen: bool,
-                  ) -> Call[list[dict[str, str]]]:
-        return observed_call(self.sched, node_id, cluster_id, with_unseen, full=True)
-
     async def ListNodes(self, request: pb.ListNodesRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListNodesResponse:
         async def work() -> pb.ListNodesResponse:
-            rows = await self.run(observed_call(self.sched, "", "", True, full=False))
+            listed = await self.sched.list_nodes()
             return pb.ListNodesResponse(nodes=[
-                pb.Node(node_id=f.get("node_id", ""), endpoint=f.get("endpoint", ""))
-                for f in rows])
+                pb.Node(node_id=n.node_id, endpoint=n.endpoint) for n in listed])
 
         return await self._serve("ListNodes", context, work)
 
@@ -432,23 +359,16 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                 context: grpc.aio.ServicerContext[Any, Any],
                                 ) -> pb.ListObservedNodesResponse:
         async def work() -> pb.ListObservedNodesResponse:
-            cluster = validate_id("cluster_id", request.cluster_id) \
-                if request.cluster_id.strip() else ""
-            rows = await self.run(self._observed("", cluster, False))
-            return pb.ListObservedNodesResponse(nodes=[observed_node(f) for f in rows])
+            nodes = await self.sched.observed_nodes(request.cluster_id)
+            return pb.ListObservedNodesResponse(nodes=[observed_proto(n) for n in nodes])
 
         return await self._serve("ListObservedNodes", context, work)
 
     async def GetNode(self, request: pb.GetNodeRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> pb.GetNodeResponse:
         async def work() -> pb.GetNodeResponse:
-            node_id = validate_id("node_id", request.node_id)
-            cluster = validate_id("cluster_id", request.cluster_id) \
-                if request.cluster_id.strip() else ""
-            rows = await self.run(self._observed(node_id, cluster, False))
-            if not rows:
-                raise NotFound("observed node not found")
-            return pb.GetNodeResponse(node=observed_node(rows[0]))
+            node = await self.sched.observed_node(request.node_id, request.cluster_id)
+            return pb.GetNodeResponse(node=observed_proto(node))
 
         return await self._serve("GetNode", context, work)
 
@@ -456,8 +376,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                              context: grpc.aio.ServicerContext[Any, Any],
                              ) -> pb.UnregisterNodeResponse:
         async def work() -> pb.UnregisterNodeResponse:
-            await self.run(self.sched.ops.unregister(request.node_id,
-                                                     request.service_instance_id))
+            await self.sched.unregister(request.node_id, request.service_instance_id)
             return pb.UnregisterNodeResponse()
 
         return await self._serve("UnregisterNode", context, work)
@@ -467,8 +386,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                            context: grpc.aio.ServicerContext[Any, Any],
                            ) -> pb.ListP2pPeersResponse:
         async def work() -> pb.ListP2pPeersResponse:
-            peers = await self.run(self.peers.peers(request.cluster_id, request.backend,
-                                                    request.exclude_node_id))
+            peers = await self.sched.peers(request.cluster_id, request.backend,
+                                           request.exclude_node_id)
             return pb.ListP2pPeersResponse(peers=_peers(peers))
 
         return await self._serve("ListP2pPeers", context, work)
@@ -477,8 +396,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                 context: grpc.aio.ServicerContext[Any, Any],
                                 ) -> pb.RecordP2pArtifactResponse:
         async def work() -> pb.RecordP2pArtifactResponse:
-            await self.run(self.peers.record(request.cluster_id, request.backend, request.key,
-                                             request.node_id, self.capacity))
+            await self.sched.record_artifact(request.cluster_id, request.backend, request.key,
+                                             request.node_id, self.capacity)
             return pb.RecordP2pArtifactResponse()
 
         return await self._serve("RecordP2pArtifact", context, work)
@@ -487,8 +406,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                 context: grpc.aio.ServicerContext[Any, Any],
                                 ) -> pb.ForgetP2pArtifactResponse:
         async def work() -> pb.ForgetP2pArtifactResponse:
-            await self.run(self.peers.forget(request.cluster_id, request.backend, request.key,
-                                             request.node_id))
+            await self.sched.forget_artifact(request.cluster_id, request.backend, request.key,
+                                             request.node_id)
             return pb.ForgetP2pArtifactResponse()
 
         return await self._serve("ForgetP2pArtifact", context, work)
@@ -497,13 +416,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                                 context: grpc.aio.ServicerContext[Any, Any],
                                 ) -> pb.LookupP2pArtifactResponse:
         async def work() -> pb.LookupP2pArtifactResponse:
-            peers = await self.run(self.peers.lookup(
+            peers = await self.sched.lookup_artifact(
                 request.cluster_id, request.backend, request.key, request.exclude_node_id,
-                self.lookup_limit))
+                self.lookup_limit)
             return pb.LookupP2pArtifactResponse(peers=_peers(peers))
 
         return await self._serve("LookupP2pArtifact", context, work)
-
-
-def _peers(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
-    return [_peer(p) for p in peers]

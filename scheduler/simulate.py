@@ -31,25 +31,25 @@ import msgspec
 import redis
 
 from scheduler import acl
+from scheduler.catalog import STRATEGIES
 from scheduler.client import Scheduler
 from scheduler.errors import (
     FailedPrecondition,
     InvalidArgument,
     NoNodesAvailable,
     SchedulerError,
-    StoreUnavailable,
 )
 from scheduler.keys import CellKeys
 from scheduler.policy import Limits, Policy
 from scheduler.records import (
     MIB,
-    STRATEGIES,
     Heartbeat,
     NodeSnapshot,
     NodeView,
     Request,
     Stats,
 )
+from scheduler.translate import unreachable
 
 DEFAULT_CELL = "sim"
 _SHAPE = re.compile(r"(?P<cpu>\d+)x(?P<mem>\d+)(?P<unit>[MG]i?B?|)", re.I)
@@ -430,7 +430,7 @@ def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
 
 def _unavailable(replica: Scheduler, e: Exception) -> SchedulerError:
     refused = acl.denied(e) if isinstance(e, redis.exceptions.ResponseError) else None
-    return refused or StoreUnavailable(f"Redis at {replica.target} is unreachable: {e}")
+    return refused or unreachable(replica.target, e)
 
 
 def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,

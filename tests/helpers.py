@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler import Heartbeat, NodeSnapshot, Scheduler
-from scheduler.model import NodeState
+from scheduler.testing.model import NodeState
 
 GIB = 1024**3
 

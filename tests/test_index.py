@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler import Heartbeat, Limits, NodeSnapshot, Overcommit, Policy, Request, Scheduler
-from scheduler.model import Demand, NodeState, derive_status, evaluate
+from scheduler.testing.model import Demand, NodeState, derive_status, evaluate
 from tests.helpers import GIB, node_states
 from tests.test_model_equivalence import check_stream
 

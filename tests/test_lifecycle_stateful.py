@@ -37,7 +37,7 @@ from scheduler import (
     SandboxEvent,
     Scheduler,
 )
-from scheduler.model import CellModel, NodeState
+from scheduler.testing.model import CellModel, NodeState
 from tests.helpers import GIB, node_states
 
 MIB = 1024 * 1024

@@ -3,7 +3,7 @@
 Random fleets (mixed shapes, unknown capacity, limits, overcommit, stale,
 lingering, never-heard-from and endpoint-less nodes, paused load) and random
 request streams go through the scripts (on a real redis-server and on
-fakeredis) and through scheduler/model.py.  For every request: the dry run
+fakeredis) and through scheduler/testing/model.py.  For every request: the dry run
 must give every node the model's verdict (status, reason, exact pressure,
 tie-break values), the real Schedule must choose the model's node (or refuse
 with the model's counted message), and the pending load stored in Redis must
@@ -28,7 +28,7 @@ from scheduler import (
     Request,
     Scheduler,
 )
-from scheduler.model import NodeState, decide
+from scheduler.testing.model import NodeState, decide
 from tests.helpers import GIB, node_states, rr_value
 
 MIB = 1024 * 1024

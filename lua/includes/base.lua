@@ -11,6 +11,7 @@
     KEYS[5] expiry  zset reservation id -> expiry ms
   Error replies are "<CODE> <message>", codes from scheduler/errors.py.
 ]]
+-- @include constants
 -- This call's keys and arguments.  The library is defined once per server
 -- (Redis Functions) and these are bound on entry to every function, so no
 -- include may read them at load time (scheduler/scripts.py).
@@ -54,8 +55,6 @@ local function call_chunked(cmd, key, list)
     redis.call(cmd, key, unpack(list, i, math.min(i + UNPACK_CHUNK - 1, #list)))
   end
 end
-
-local NO_POLICY = 'cell policy is not initialised: start a replica or run `schedctl policy set`'
 
 -- Just the clock fields of the policy (nil when the cell has no policy).
 local function load_clock()

@@ -4,32 +4,12 @@
   script, dependencies first).
 ]]
 -- @include base
-local SWEEP_BATCH = 64 -- expired reservations released per script call, at most
-
--- The ceilings of node_resource_limit, in the order the stages check them.
-local LIMIT_NAMES = {
-  'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
-  'max_cpu_allocated_percent', 'max_memory_allocated_percent',
-  'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent',
-}
 
 -- The policy hash also keeps its fields packed into one string, `packed`,
--- in PACKED order: reading one value and one match costs a fraction of
--- HGETALL.  The named fields stay the truth; repack_policy() rebuilds the
--- packed copy after every write (scripts only: sync_policy, advance_clock).
--- (Spelled out: a library's load-time code may not call functions, ipairs included.)
-local PACKED = { 'strategy', 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl_ms',
-  'overcommit_cpu', 'overcommit_memory', 'default_cpu', 'default_memory_bytes', 'static_nodes',
-  'time_offset_ms', 'frozen_now_ms',
-  'max_sandbox_count', 'max_sandbox_starting_count', 'max_sandbox_count_including_paused',
-  'max_cpu_allocated_percent', 'max_memory_allocated_percent',
-  'max_allocated_cpu_including_paused', 'max_allocated_memory_bytes_including_paused',
-  'max_cpu_used_percent', 'max_memory_used_percent', 'index_format', 'settle_ms',
-  'max_roster_ids', 'node_forget_after_ms', 'reservation_tombstone_ttl_ms',
-  'artifact_key_max_bytes' }
--- 26 tab-separated captures, one per PACKED name (a literal: built once, at load)
-local PACKED_RE = '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$'
+-- in PACKED order (includes/constants): reading one value and one match
+-- costs a fraction of HGETALL.  The named fields stay the truth;
+-- repack_policy() rebuilds the packed copy after every write (scripts only:
+-- sync_policy, advance_clock).
 
 local function raw_policy(packed)
   local raw = {}
@@ -76,7 +56,7 @@ local function load_policy()
   local raw = raw_policy(packed)
   if raw == nil then return nil end
   local P = {
-    strategy = raw.strategy or 'least_loaded',
+    strategy = raw.strategy or DEFAULT_STRATEGY,
     report_ttl_ms = tonumber(raw.report_ttl_ms),
     binding_ttl_ms = tonumber(raw.binding_ttl_ms),
     reservation_ttl_ms = tonumber(raw.reservation_ttl_ms),
@@ -88,11 +68,14 @@ local function load_policy()
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
     frozen_now_ms = tonumber(raw.frozen_now_ms),
     index_format = raw.index_format, -- of the placement index (includes/index.lua)
-    -- bounds; absent = the default (scheduler/policy.py BOUNDS_DEFAULTS)
-    max_roster_ids = tonumber(raw.max_roster_ids) or 4096,
-    node_forget_after_ms = tonumber(raw.node_forget_after_ms) or 3600000,
-    reservation_tombstone_ttl_ms = tonumber(raw.reservation_tombstone_ttl_ms) or 600000,
-    artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes) or 512,
+    -- bounds; absent = the default
+    max_roster_ids = tonumber(raw.max_roster_ids) or BOUNDS_DEFAULTS.max_roster_ids,
+    node_forget_after_ms = tonumber(raw.node_forget_after_ms)
+      or BOUNDS_DEFAULTS.node_forget_after_ms,
+    reservation_tombstone_ttl_ms = tonumber(raw.reservation_tombstone_ttl_ms)
+      or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms,
+    artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes)
+      or BOUNDS_DEFAULTS.artifact_key_max_bytes,
     -- Nodes last heard from at or before this instant are not placed on until
     -- they heartbeat again (for one report TTL): Redis may have lost placements
     -- made just before (a failover, a restart without data); see settle-5.lua.
@@ -129,8 +112,6 @@ end
 ---------------------------------------------------------------------------
 -- Reservations
 ---------------------------------------------------------------------------
-local LIVE = { pending = true, assigned = true, acked = true }
-
 -- Nodes whose load changed in this call; reindex_touched() (includes/index)
 -- brings their index entries up to date before the script returns.
 local TOUCHED = {}
@@ -169,7 +150,8 @@ local function end_reservation(rid, outcome, now, r)
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', now)
-  redis.call('PEXPIRE', rkey, CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms or 600000)
+  redis.call('PEXPIRE', rkey, CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
+    or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms)
   redis.call('HINCRBY', STATS_KEY, outcome .. '_total', 1)
   return true
 end

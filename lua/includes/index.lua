@@ -116,12 +116,11 @@ local function counts_before(a, b)
 end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
-local OBSERVED = { max_cpu_used_percent = true, max_memory_used_percent = true }
 
 -- Schedulable whatever the request?  (status stage + observed-utilisation ceilings)
 local function indexable(n, P)
   if check_status(n) then return false end
-  for name, _ in pairs(OBSERVED) do
+  for name, _ in pairs(OBSERVED_CEILINGS) do
     local limit = P.limits[name]
     if limit then
       local used = ceiling_use(n, name, ZERO)

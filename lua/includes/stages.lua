@@ -1,11 +1,11 @@
 --[[
   includes/stages.lua: a node's state as decisions read it, and the decision
   stages (project, status, ceilings, capacity, rank) with the names the
-  reference model (scheduler/model.py) uses.
+  reference model (scheduler/testing/model.py) uses.
 ]]
 -- @include common
 ---------------------------------------------------------------------------
--- Node state and the decision stages (same names as scheduler/model.py)
+-- Node state and the decision stages (same names as scheduler/testing/model.py)
 ---------------------------------------------------------------------------
 local NODE_FIELDS = {
   'endpoint', 'lingering', 'last_seen_ms', 'status', 'cpu_count', 'memory_total_bytes',
@@ -41,7 +41,7 @@ local function read_node(id)
   }
 end
 
--- Status derived at read time, first match wins (CONTRACT.md).
+-- Status derived at read time, first match wins (docs/contract.md).
 local function derive_status(n, P, now)
   if n.last_seen == nil then
     if n.lingering then return 'LINGERING' end
@@ -136,9 +136,9 @@ local function ceiling_use(n, name, req)
 end
 
 local function ceiling_holds(n, name, limit, used)
-  if name == 'max_cpu_allocated_percent' then return used * 100 <= limit * n.cpu_cap end
-  if name == 'max_memory_allocated_percent' then return used * 100 <= limit * n.mem_cap end
-  if name == 'max_memory_used_percent' then return used * 100 <= limit * n.mem_cap end
+  local capacity = CEILING_CAPACITY[name]
+  if capacity == 'cpu' then return used * 100 <= limit * n.cpu_cap end
+  if capacity == 'memory' then return used * 100 <= limit * n.mem_cap end
   return used <= limit
 end
 

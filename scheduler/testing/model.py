@@ -1,8 +1,8 @@
-"""The reference model of the selection semantics (DESIGN.md), in plain Python.
+"""The reference model of the selection semantics (docs/design.md), in plain Python.
 
-A full scan, written to be obviously right, with no Redis.  The stages carry
-the names the Lua uses (``lua/includes/common.lua``): project, check_status,
-check_ceilings, check_capacity, then pick.  Property tests drive the Lua path
+The test oracle: a full scan, written to be obviously right, with no Redis.
+The stages carry the names the Lua uses (lua/includes/stages.lua): project,
+check_status, check_ceilings, check_capacity, then pick.  Property tests drive the Lua path
 and this model with the same fleets and requests and require the same
 decisions; any optimisation of the Lua path is judged against it.
 
@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from scheduler.policy import LIMIT_NAMES, Policy
+from scheduler.catalog import CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
+from scheduler.policy import Policy
 from scheduler.records import Request
+from scheduler.replies import rank_key
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,10 @@ def ceiling_use(n: NodeState, name: str, d: Demand) -> int | None:
 
 
 def ceiling_holds(n: NodeState, name: str, limit: int, used: int) -> bool:
-    if name == "max_cpu_allocated_percent":
+    capacity = ceiling(name).capacity  # a percent of it: compared in whole numbers
+    if capacity == "cpu":
         return used * 100 <= limit * n.cpu_count
-    if name in ("max_memory_allocated_percent", "max_memory_used_percent"):
+    if capacity == "memory":
         return used * 100 <= limit * n.memory_total_bytes
     return used <= limit
 
@@ -188,11 +191,11 @@ def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int,
     # stage "ceilings"
     if reason is None:
         limits = policy.limits.active()
-        for name in LIMIT_NAMES:
+        for name in CEILING_NAMES:
             if name in limits:
                 used = ceiling_use(n, name, d)
                 if used is not None and not ceiling_holds(n, name, limits[name], used):
-                    reason = f"at {name} ({limits[name]})"
+                    reason = ceiling_reason(name, limits[name])
                     break
     # stage "capacity"
     if reason is None and d.create:
@@ -205,12 +208,6 @@ def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int,
         node_id=n.node_id, status=status, reason=reason, pressure=pressure, known=known,
         starting=n.sandbox_starting_count + n.pending_count, running=n.sandbox_count,
         paused=n.paused_sandbox_count, projected_cpu=proj_cpu, projected_memory_bytes=proj_mem)
-
-
-def rank_key(known: bool, pressure: float, starting: int, running: int,
-             paused: int) -> tuple[int, float, int, int, int]:
-    """Least-loaded order: smaller ranks first.  Equal keys rotate."""
-    return (0 if known else 1, pressure, starting, running, paused)
 
 
 def summarize(verdicts: list[ModelVerdict]) -> str:
@@ -265,8 +262,6 @@ def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr
 # The lifecycle: reservations and bindings of a whole cell
 # ---------------------------------------------------------------------------
 
-SWEEP_BATCH = 64  # lua/includes/common.lua
-LIVE = ("pending", "assigned", "acked")
 
 
 @dataclass
@@ -300,7 +295,7 @@ class NodeMeta:
 
 
 class CellModel:
-    """The reservation lifecycle of DESIGN.md as plain Python: what every
+    """The reservation lifecycle of docs/design.md as plain Python: what every
     script does to reservations and bindings, given the instant it ran at.
     Nodes' own numbers are stored as NodeState with zero pending; pending
     aggregates are derived from the live reservations."""

@@ -1,0 +1,85 @@
+"""The include ``constants``: the Python tables as Lua, so no list is typed twice.
+
+The script loader (scheduler/scripts.py) adds the text :func:`render`
+returns to the includes it reads from lua/includes/; scripts name it like
+any other include (``-- @include constants``).  Every value is a literal: a
+function library's load-time code may not call functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from scheduler import catalog
+from scheduler.calls import HEARTBEAT_FIELDS
+from scheduler.errors import NO_POLICY
+from scheduler.records import snapshot_fields
+
+NAME = "constants"
+
+
+def _str(s: str) -> str:
+    """A Lua string literal."""
+    escaped = s.replace("\\", "\\\\").replace("'", "\\'")
+    return "'" + escaped.replace("\n", "\\n").replace("\t", "\\t") + "'"
+
+
+def _list(items: Iterable[str]) -> str:
+    return "{ " + ", ".join(_str(i) for i in items) + " }"
+
+
+def _set(items: Iterable[str]) -> str:
+    return "{ " + ", ".join(f"[{_str(i)}] = true" for i in items) + " }"
+
+
+def _map(items: Mapping[str, str | int]) -> str:
+    return "{ " + ", ".join(
+        f"[{_str(k)}] = {_str(v) if isinstance(v, str) else v}" for k, v in items.items()) + " }"
+
+
+def render() -> str:
+    """The include's text."""
+    ceilings = catalog.CEILINGS
+    packed = catalog.PACKED
+    snapshot = snapshot_fields()
+    strategies = catalog.STRATEGIES
+    lines = [
+        "--[[",
+        "  includes/constants.lua: written by the script loader from the Python tables",
+        "  (scheduler/lua_constants.py); there is no such file: change the tables.",
+        "]]",
+        "-- The ceilings of node_resource_limit, in the order the stages check them",
+        "-- (scheduler/catalog.py CEILINGS).",
+        f"local LIMIT_NAMES = {_list(catalog.CEILING_NAMES)}",
+        "-- Percent ceilings: compared as used * 100 <= limit * this capacity.",
+        "local CEILING_CAPACITY = " + _map({c.name: c.capacity for c in ceilings
+                                            if c.capacity is not None}),
+        "-- Observed-utilisation ceilings and the snapshot field each reads.",
+        "local OBSERVED_CEILINGS = " + _map({c.name: c.observed for c in ceilings
+                                             if c.observed is not None}),
+        "-- The policy hash's fields, packed in this order into its field `packed`.",
+        f"local PACKED = {_list(packed)}",
+        f"-- {len(packed)} tab-separated captures, one per PACKED name",
+        "local PACKED_RE = " + _str("^" + "\t".join(["([^\t]*)"] * len(packed)) + "$"),
+        "-- Kept in the policy hash beside the policy, not part of it.",
+        f"local NOT_POLICY = {_set(catalog.BESIDE_POLICY)}",
+        "-- Bounds absent from the policy hash have these values.",
+        f"local BOUNDS_DEFAULTS = {_map(catalog.BOUNDS_DEFAULTS)}",
+        f"local STRATEGIES = {_set(strategies)}",
+        f"local DEFAULT_STRATEGY = {_str(catalog.DEFAULT_STRATEGY)}",
+        "local STRATEGY_CHOICES = "
+        + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),
+        f"local EVENT_TYPES = {_set(catalog.EVENT_TYPES)}",
+        f"local LIVE = {_set(catalog.LIVE_STATES)}",
+        "-- Expired reservations a script call ends, at most.",
+        f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
+        f"local NO_POLICY = {_str(NO_POLICY)}",
+        "-- What a heartbeat may write to a node record.",
+        f"local SNAPSHOT_FIELDS = {_set(HEARTBEAT_FIELDS)}",
+        "-- Snapshot fields that can move a node in the placement index (or in or",
+        "-- out of it); observed utilisation only matters under an OBSERVED_CEILINGS one.",
+        f"local INDEX_FIELDS = {_list(n for n, f in snapshot.items() if f.index)}",
+        "-- Numbers a decision reads: whole numbers the placement index may spell.",
+        f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
+    ]
+    return "\n".join(lines) + "\n"

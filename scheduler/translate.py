@@ -1,0 +1,56 @@
+"""Redis failures as this package's errors, in one place.
+
+A script's error reply becomes the exception its code names
+(:func:`scheduler.errors.from_reply`); an ACL refusal one line naming the
+command (:func:`scheduler.acl.denied`); a Redis that cannot serve now (OOM,
+READONLY, NOREPLICAS, LOADING, ...) or cannot be reached
+:class:`~scheduler.errors.StoreUnavailable` naming it.  Every path that talks
+to Redis (the clients, ``schedctl``'s one-instant reads, the simulator) goes
+through :func:`translated`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from scheduler import acl
+from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
+
+#: Error replies by which Redis says it cannot serve right now (not a bug of ours).
+TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
+                    redis.exceptions.TryAgainError, redis.exceptions.BusyLoadingError)
+TRANSIENT_REPLIES = ("NOREPLICAS", "BUSY ", "MASTERDOWN", "LOADING")
+#: Failures of the connection itself.
+TRANSPORT_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def reply_error(e: redis.exceptions.ResponseError, target: str) -> SchedulerError | None:
+    """An error reply as our error, or None when it is not one we know."""
+    mapped = from_reply(str(e)) or acl.denied(e)
+    if mapped is not None:
+        return mapped
+    if isinstance(e, TRANSIENT_ERRORS) or str(e).startswith(TRANSIENT_REPLIES):
+        return StoreUnavailable(f"Redis at {target} cannot serve: {e}")
+    return None
+
+
+def unreachable(target: str, e: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"Redis at {target} is unreachable: {e}")
+
+
+@contextmanager
+def translated(target: str) -> Iterator[None]:
+    """Raise what fails inside as our errors (``target`` names Redis in them)."""
+    try:
+        yield
+    except redis.exceptions.ResponseError as e:
+        mapped = reply_error(e, target)
+        if mapped is not None:
+            raise mapped from None
+        raise
+    except TRANSPORT_ERRORS as e:
+        raise unreachable(target, e) from None
