@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec.json
 import redis
+from redis.crc import key_slot
 
 from scheduler import acl
 from scheduler.connection import (
@@ -33,6 +34,7 @@ from scheduler.connection import (
     PrimaryCheck,
     async_client,
     describe_target,
+    is_cluster_client,
     is_sentinel_client,
     sync_client,
 )
@@ -556,6 +558,18 @@ def _translated(target: str) -> Iterator[None]:
         raise
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
         raise StoreUnavailable(f"Redis at {target} is unreachable: {e}") from None
+    except (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException) as e:
+        why = str(e)
+        if "TTL exhausted" in why:
+            why = "its slot is moving or its primary is failing over (TRYAGAIN / MOVED kept coming)"
+        raise StoreUnavailable(f"Redis at {target} cannot serve: {why}") from None
+
+
+#: What a Redis Cluster answers while a slot moves, a shard fails over or the
+#: cluster is down: nothing ran, so the call is sent again until its deadline.
+SLOT_UNSETTLED = (redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
+                  redis.exceptions.SlotNotCoveredError)
+SLOT_RETRY_S = 0.05
 
 
 if sys.version_info >= (3, 11):
@@ -593,6 +607,9 @@ class _Base:
         self.ops = Ops(self.keys)
         self.url = url
         self.target = describe_target(url)
+        self.cluster = is_cluster_client(client)
+        if self.cluster:  # a cell is one hash slot: name it in every error
+            self.target += f" (slot {key_slot(self.keys.policy.encode())} of cell {cell})"
         self.durability = durability or Durability()
         self.timeout_s = timeout_s
         #: what this client last wrote per node (bases of delta heartbeats)
@@ -636,7 +653,9 @@ class Scheduler(_Base):
                 prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
                 overwrite_policy: bool = False, durability: Durability | None = None,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> Scheduler:
-        s = cls(sync_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
+        with _translated(describe_target(url)):  # (a cluster client connects at once)
+            client = sync_client(url, timeout_s)
+        s = cls(client, cell, prefix, url, durability, timeout_s)
         if policy is not None:
             s.sync_policy(policy, overwrite=overwrite_policy)
         return s
@@ -656,14 +675,23 @@ class Scheduler(_Base):
         if self.forgotten:
             self._cancel_forgotten()
         with _translated(self.target):
-            if self._waits(call):
-                reply, acked = self.scripts.call_acked(
-                    call.script, call.keys, call.args, self.durability.replicas,
-                    self.durability.timeout_ms)
-                self._check_acked(acked)
-            else:
-                reply = self.scripts[call.script](keys=call.keys, args=call.args)
-            return call.parse(reply)
+            return call.parse(self._send(call))
+
+    def _send(self, call: Call[Any]) -> Any:
+        give_up = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                if self._waits(call):
+                    reply, acked = self.scripts.call_acked(
+                        call.script, call.keys, call.args, self.durability.replicas,
+                        self.durability.timeout_ms)
+                    self._check_acked(acked)
+                    return reply
+                return self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED:
+                if not self.cluster or time.monotonic() + SLOT_RETRY_S > give_up:
+                    raise
+                time.sleep(SLOT_RETRY_S)
 
     def _cancel_forgotten(self) -> None:
         """Cancel the placements whose callers gave up, now that Redis may answer."""
@@ -788,20 +816,35 @@ class AsyncScheduler(_Base):
         limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
         self._fenced(call)
         try:
+            unsettled: list[Exception] = []
             async with _deadline(limit):
                 with _translated(self.target):
-                    if self._waits(call):
-                        reply, acked = await self.scripts.call_acked(
-                            call.script, call.keys, call.args, self.durability.replicas,
-                            self.durability.timeout_ms)
-                        self._check_acked(acked)
-                    else:
-                        reply = await self.scripts[call.script](keys=call.keys, args=call.args)
+                    reply = await self._send(call, unsettled)
         except TimeoutError:
+            if unsettled:
+                raise StoreUnavailable(
+                    f"Redis at {self.target} cannot serve: its slot is moving or its primary is "
+                    f"failing over ({type(unsettled[-1]).__name__} for {limit:.3g}s)") from None
             raise StoreUnavailable(f"Redis at {self.target} did not answer within "
                                    f"{limit:.3g}s") from None
         with _translated(self.target):
             return call.parse(reply)
+
+    async def _send(self, call: Call[Any], unsettled: list[Exception]) -> Any:
+        while True:
+            try:
+                if self._waits(call):
+                    reply, acked = await self.scripts.call_acked(
+                        call.script, call.keys, call.args, self.durability.replicas,
+                        self.durability.timeout_ms)
+                    self._check_acked(acked)
+                    return reply
+                return await self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED as e:
+                if not self.cluster:
+                    raise
+                unsettled.append(e)
+                await asyncio.sleep(SLOT_RETRY_S)  # (the caller's deadline bounds the loop)
 
     def forget(self, reservation_id: str) -> None:
         """Cancel this placement in the background: its caller gave up, or its
