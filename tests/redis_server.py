@@ -97,7 +97,7 @@ class RedisServer:
         finally:
             client.close()
 
-    def client(self, **kwargs: object) -> redis.Redis:
+    def client(self, **kwargs: object) -> Any:
         return redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=5,
                            **kwargs)  # type: ignore[arg-type]
 
@@ -370,6 +370,20 @@ class ClusterTopology:
                 between()
         for s in self.primaries():
             s.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+    def failover(self, slot: int, timeout: float = 30) -> RedisServer:
+        """``CLUSTER FAILOVER`` on a replica of the primary serving ``slot``;
+        returns that replica once it serves the slot."""
+        primary = self.slot_owner(slot)
+        rows: Any = primary.client().execute_command("CLUSTER", "REPLICAS",
+                                                      self.node_id(primary))
+        line = rows[0].decode() if isinstance(rows[0], bytes) else str(rows[0])
+        port = int(line.split()[1].split("@")[0].rsplit(":", 1)[1])
+        replica = self.by_port(port)
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: self.slot_owner(slot).port == port, timeout, "the replica promoted")
+        self.wait_ok(timeout)
+        return replica
 
     def close(self) -> None:
         for s in self.servers:
