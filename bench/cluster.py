@@ -103,8 +103,8 @@ def _row(label: str, url: str, servers: list[RedisServer], cells: list[str],
 def run(p: Params) -> Result:
     rows: list[dict[str, Any]] = []
     notes = [f"{p.nodes}-node mixed fleet per cell; one replica process per cell scheduling "
-             f"0 CPU / 1 MiB back to back for {p.seconds} s; redis_cpu_shares: CPU seconds per wall second "
-             "of each redis-server (the cluster's three primaries in order)."]
+             f"0 CPU / 1 MiB back to back for {p.seconds} s; redis_cpu_shares: CPU seconds "
+             "per wall second of each redis-server (the cluster's three primaries in order)."]
     with ClusterTopology(primaries=3, replicas=0) as topo, RedisServer() as single:
         version = str(single.client().info("server").get("redis_version", "?"))
         primaries = topo.primaries()
