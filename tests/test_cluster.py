@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from click.testing import CliRunner
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler, StoreUnavailable
@@ -20,7 +20,7 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.scripts import library
 from tests.helpers import hb
 from tests.redis_server import ClusterTopology, RedisServer, wait_until
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request
+from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
 
 pytestmark = pytest.mark.slow
 REQ = Request.cold(1, 1024)
@@ -32,14 +32,6 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def cluster(redis_server: RedisServer) -> Iterator[ClusterTopology]:
     with ClusterTopology(primaries=3, replicas=0) as topo:
         yield topo
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for p in started:
-        p.terminate()
 
 
 def cell_on(topo: ClusterTopology, port: int, taken: set[str] | None = None,
@@ -57,12 +49,6 @@ def has_library(server: RedisServer) -> bool:
     rows = server.client().execute_command("FUNCTION", "LIST")
     names = {(row.get("library_name") or row.get(b"library_name")) for row in rows}
     return library().name in names or library().name.encode() in names
-
-
-def health(address: str) -> int:
-    with grpc.insecure_channel(address) as ch:
-        return int(health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=2).status)
 
 
 def test_a_cell_on_each_primary_and_the_library_on_every_primary(
@@ -161,10 +147,10 @@ def test_a_cell_whose_primary_is_down_is_unavailable_naming_the_slot(
                 stub.Schedule(cold(), timeout=5)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
             assert f"slot {slot} of cell {cell}" in (e.value.details() or "")
-            wait_until(lambda: health(p.address) == NOT_SERVING, 10, "NOT_SERVING")
+            wait_until(lambda: health_status(p.address) == NOT_SERVING, 10, "NOT_SERVING")
             owner.start()  # back, without its data (no persistence)
             topo.wait_ok()
-            wait_until(lambda: health(p.address) == SERVING, 20, "SERVING again")
+            wait_until(lambda: health_status(p.address) == SERVING, 20, "SERVING again")
             for _ in range(2):  # the node heartbeats again after the cell was restored
                 stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
             assert stub.Schedule(cold()).node.node_id == "n1"
