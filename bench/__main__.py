@@ -18,6 +18,7 @@ from typing import Any
 from bench import (
     balance,
     ceiling,
+    cluster,
     durability,
     faults,
     latency,
@@ -117,6 +118,12 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)")
     f.add_argument("--seed", type=int, default=1, help="seed of the load")
 
+    cl = sub.add_parser("cluster", parents=[common], help="N cells on a 3-primary Redis "
+                        "Cluster against the same cells on one Redis")
+    cl.add_argument("--cells", type=_ints, help="cell counts (default 3,6)")
+    cl.add_argument("--nodes", type=int, help="nodes per cell (default 200)")
+    cl.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
+
     d = sub.add_parser("durability", parents=[common], help="Schedule p50/p99 at "
                        "min_replicas_acked 0 and 1 (a primary and a replica)")
     d.add_argument("--calls", type=int, help="Schedules per setting and concurrency "
@@ -184,9 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    if args.scenario in ("faults", "durability") and args.redis:
+    if args.scenario in ("faults", "durability", "cluster") and args.redis:
         parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
-    if args.scenario == "durability":
+    if args.scenario == "cluster":
+        cp = _params(args, cluster.Params.quick() if args.quick else cluster.Params(),
+                     {"cells": "cells", "nodes": "nodes", "seconds": "seconds"})
+        result = cluster.run(cp)
+    elif args.scenario == "durability":
         dp = _params(args, durability.Params.quick() if args.quick else durability.Params(),
                      {"calls": "calls", "nodes": "nodes"})
         result = durability.run(dp)

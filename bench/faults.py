@@ -15,7 +15,12 @@ The fault comes after a few seconds of load:
 - ``replica-kill``: kill -9 of one scheduler replica;
 - ``failover-0`` / ``failover-1``: ``SENTINEL FAILOVER`` with
   ``min_replicas_acked`` 0 (a primary and one replica) / 1 (a primary and two
-  replicas: one must remain to acknowledge writes after the promotion).
+  replicas: one must remain to acknowledge writes after the promotion);
+- ``slot-move``: on a 3-primary Redis Cluster, the cell's hash slot migrated
+  to another primary (``CLUSTER SETSLOT`` IMPORTING / MIGRATING, ``MIGRATE``
+  in batches of 10 keys, then ``SETSLOT NODE``) while the load goes on;
+- ``cluster-failover``: on a 3-primary cluster with a replica each,
+  ``CLUSTER FAILOVER`` on the replica of the primary that serves the cell.
 
 What each row reports (invariants first):
 
@@ -56,10 +61,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.runner import Result, cpu_model, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from tests.redis_server import RedisServer, SentinelTopology
+from tests.redis_server import ClusterTopology, RedisServer, SentinelTopology
 from tests.replica_harness import ServeProcess
 
-SCENARIOS = ("kill-empty", "kill-aof", "pause", "replica-kill", "failover-0", "failover-1")
+SCENARIOS = ("kill-empty", "kill-aof", "pause", "replica-kill", "failover-0", "failover-1",
+             "slot-move", "cluster-failover")
 GIB = 1 << 30
 CELL = "faults"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -273,8 +279,12 @@ class Topology:
         self.params = params
         self.sentinels: SentinelTopology | None = None
         self.server: RedisServer | None = None
+        self.cluster: ClusterTopology | None = None
         self.switched_at: float | None = None
-        if scenario.startswith("failover"):
+        self.slot = 0
+        if scenario in ("slot-move", "cluster-failover"):
+            self.cluster = ClusterTopology(3, 1 if scenario == "cluster-failover" else 0)
+        elif scenario.startswith("failover"):
             # min_replicas_acked 1 needs a replica left after the promotion (the old
             # primary rejoins as one only about 10 s later): a second replica
             self.sentinels = SentinelTopology(replicas=2 if scenario == "failover-1" else 1,
@@ -284,7 +294,10 @@ class Topology:
             self.server = RedisServer(extra_args=extra)
 
     def start(self) -> Topology:
-        if self.sentinels is not None:
+        if self.cluster is not None:
+            self.cluster.start()
+            self.slot = self.cluster.keyslot(f"sched:{{{CELL}}}:policy")
+        elif self.sentinels is not None:
             self.sentinels.start()
         else:
             assert self.server is not None
@@ -293,12 +306,16 @@ class Topology:
 
     @property
     def url(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.url
         if self.sentinels is not None:
             return self.sentinels.url
         assert self.server is not None
         return self.server.url
 
-    def primary(self) -> redis.Redis:
+    def primary(self) -> Any:
+        if self.cluster is not None:
+            return self.cluster.slot_owner(self.slot).client()
         if self.sentinels is not None:
             return self.sentinels.server(self.sentinels.primary_port()).client()
         assert self.server is not None
@@ -338,12 +355,23 @@ class Topology:
             run.dead.add(0)
             replicas[0].proc.kill()
             replicas[0].proc.wait()
+        elif s == "slot-move":
+            assert self.cluster is not None
+            source = self.cluster.slot_owner(self.slot)
+            target = next(p for p in self.cluster.primaries() if p.port != source.port)
+            self.cluster.migrate_slot(self.slot, target, batch=10,
+                                      between=lambda: time.sleep(0.02))
+        elif s == "cluster-failover":
+            assert self.cluster is not None
+            self.cluster.failover(self.slot)
         else:
             assert self.sentinels is not None
             self.sentinels.failover()
         return start, time.monotonic()
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         if self.sentinels is not None:
             self.sentinels.close()
         if self.server is not None:

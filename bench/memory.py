@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from bench.fleet import mixed_fleet, run_pipelined, send_heartbeats
@@ -55,7 +56,8 @@ def _used(target: Target) -> int:
 
 
 def _usage(target: Target, key: str) -> int:
-    return int(target.client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)
+    client: Any = target.client
+    return int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)
 
 
 def _node_heartbeat(node_id: str, cpu: int, mem: int, roster: list[str]) -> Heartbeat:
@@ -121,7 +123,7 @@ def run(target: Target, p: Params) -> Result:
             records = [peers.record("eu-1", "bittorrent", f"{size}-{i:08d}".ljust(size, "k"),
                                     holder) for i in range(p.artifacts)]
             row(f"artifact ({size}-byte key)", p.artifacts,
-                _measure(target, lambda r=records: run_pipelined(s, r)),
+                _measure(target, partial(run_pipelined, s, records)),
                 k.art(records[0].args[0]))
     finally:
         s.close()

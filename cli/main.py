@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .cells import cells
 from .explain import explain
 from .linger import linger
 from .nodes import nodes
@@ -25,5 +26,6 @@ main.add_command(explain)
 main.add_command(policy)
 main.add_command(simulate)
 main.add_command(linger)
+main.add_command(cells)
 
 main.add_command(serve)

@@ -73,6 +73,8 @@ def _merge(ctx: click.Context, values: dict[str, Any]) -> None:
     environment or default value of the other."""
     target = ctx.ensure_object(Target)
     for option, attr in _SHARED.items():
+        if option not in values:
+            continue
         typed = ctx.get_parameter_source(option) in _TYPED
         if typed or attr not in target.typed:
             value = values[option]
@@ -81,13 +83,15 @@ def _merge(ctx: click.Context, values: dict[str, Any]) -> None:
             target.typed.add(attr)
 
 
-def cell_options(default_cell: str = DEFAULT_CELL) -> Callable[[F], F]:
-    """Add ``--redis``, ``--cell`` and ``--json`` and map our errors to exits."""
+def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callable[[F], F]:
+    """Add ``--redis``, ``--cell`` (unless ``cell`` is False: a command about
+    every cell) and ``--json``, and map our errors to exits."""
 
     def decorate(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            _merge(click.get_current_context(), {k: kwargs.pop(k) for k in _SHARED})
+            _merge(click.get_current_context(),
+                   {k: kwargs.pop(k) for k in _SHARED if k in kwargs})
             try:
                 return f(*args, **kwargs)
             except InvalidArgument as e:
@@ -97,11 +101,12 @@ def cell_options(default_cell: str = DEFAULT_CELL) -> Callable[[F], F]:
 
         options = [
             click.option("--redis", "redis_url", envvar="SCHEDULER_REDIS_ADDR", metavar="URL",
-                         help="Redis to use: host:port, a redis://, rediss://, unix:// URL or "
-                              "redis+sentinel://h:p[,h:p...]/MASTER "
+                         help="Redis to use: host:port, a redis://, rediss://, unix:// URL, "
+                              "redis+sentinel://h:p[,h:p...]/MASTER or "
+                              "redis+cluster://h:p[,h:p...] "
                               "[env SCHEDULER_REDIS_ADDR; default: the embedded store]"),
-            click.option("--cell", default=default_cell, show_default=True,
-                         help="Scheduling domain (key hash tag)."),
+            *([click.option("--cell", default=default_cell, show_default=True,
+                            help="Scheduling domain (key hash tag).")] if cell else []),
             click.option("--json", "as_json", is_flag=True,
                          help="Machine-readable JSON on stdout (and nothing else there)."),
         ]

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import msgspec
+import redis
+from redis.crc import key_slot
 
 from scheduler.calls import Beat, Call, Ops, Plan, Resync
 from scheduler.connection import (
@@ -36,6 +38,7 @@ from scheduler.connection import (
     PrimaryCheck,
     async_client,
     describe_target,
+    is_cluster_client,
     is_sentinel_client,
     sync_client,
 )
@@ -78,6 +81,12 @@ log = logging.getLogger("scheduler.client")
 #: reservations expire by then anyway) and at most this many are remembered.
 FORGET_FOR_S = 15 * 60
 FORGET_MAX = 10_000
+
+#: What a Redis Cluster answers while a slot moves, a shard fails over or the
+#: cluster is down: nothing ran, so the call is sent again until its deadline.
+SLOT_UNSETTLED = (redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
+                  redis.exceptions.SlotNotCoveredError)
+SLOT_RETRY_S = 0.05
 
 #: Told of every script call made in a :meth:`_Client.scoped` block: the
 #: script's name, the seconds it took, and the error it raised (None: it answered).
@@ -125,6 +134,9 @@ class _Client:
         self.cpu_ops = CpuConfigOps(self.keys)
         self.url = url
         self.target = describe_target(url)
+        self.cluster = is_cluster_client(client)
+        if self.cluster:  # a cell is one hash slot: name it in every error
+            self.target += f" (slot {key_slot(self.keys.policy.encode())} of cell {cell})"
         self.durability = durability or Durability()
         self.timeout_s = timeout_s
         #: what this client last wrote per node (bases of delta heartbeats)
@@ -271,7 +283,9 @@ class Scheduler(_Client):
                 prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
                 overwrite_policy: bool = False, durability: Durability | None = None,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> Scheduler:
-        s = cls(sync_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
+        with translated(describe_target(url)):  # (a cluster client connects at once)
+            client = sync_client(url, timeout_s)
+        s = cls(client, cell, prefix, url, durability, timeout_s)
         if policy is not None:
             s.sync_policy(policy, overwrite=overwrite_policy)
         return s
@@ -294,19 +308,28 @@ class Scheduler(_Client):
             if self.forgotten:
                 self._cancel_forgotten()
             with translated(self.target):
-                if self._waits(call):
-                    reply, acked = self.scripts.call_acked(
-                        call.script, call.keys, call.args, self.durability.replicas,
-                        self.durability.timeout_ms)
-                    self._check_acked(acked)
-                else:
-                    reply = self.scripts[call.script](keys=call.keys, args=call.args)
-                result = call.parse(reply)
+                result = call.parse(self._send(call))
         except BaseException as e:
             self._observe(call.script, start, e)
             raise
         self._observe(call.script, start, None)
         return result
+
+    def _send(self, call: Call[Any]) -> Any:
+        give_up = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                if self._waits(call):
+                    reply, acked = self.scripts.call_acked(
+                        call.script, call.keys, call.args, self.durability.replicas,
+                        self.durability.timeout_ms)
+                    self._check_acked(acked)
+                    return reply
+                return self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED:
+                if not self.cluster or time.monotonic() + SLOT_RETRY_S > give_up:
+                    raise
+                time.sleep(SLOT_RETRY_S)
 
     def _drive(self, plan: Plan[T]) -> T:
         """Run a plan's calls one after another; its value is the answer."""
@@ -494,17 +517,16 @@ class AsyncScheduler(_Client):
         try:
             self._fenced(call)
             try:
+                unsettled: list[Exception] = []
                 async with _deadline(limit):
                     with translated(self.target):
-                        if self._waits(call):
-                            reply, acked = await self.scripts.call_acked(
-                                call.script, call.keys, call.args, self.durability.replicas,
-                                self.durability.timeout_ms)
-                            self._check_acked(acked)
-                        else:
-                            reply = await self.scripts[call.script](keys=call.keys,
-                                                                    args=call.args)
+                        reply = await self._send(call, unsettled)
             except TimeoutError:
+                if unsettled:
+                    raise StoreUnavailable(
+                        f"Redis at {self.target} cannot serve: its slot is moving or its "
+                        f"primary is failing over ({type(unsettled[-1]).__name__} for "
+                        f"{limit:.3g}s)") from None
                 raise StoreUnavailable(f"Redis at {self.target} did not answer within "
                                        f"{limit:.3g}s") from None
             with translated(self.target):
@@ -514,6 +536,22 @@ class AsyncScheduler(_Client):
             raise
         self._observe(call.script, start, None)
         return result
+
+    async def _send(self, call: Call[Any], unsettled: list[Exception]) -> Any:
+        while True:
+            try:
+                if self._waits(call):
+                    reply, acked = await self.scripts.call_acked(
+                        call.script, call.keys, call.args, self.durability.replicas,
+                        self.durability.timeout_ms)
+                    self._check_acked(acked)
+                    return reply
+                return await self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED as e:
+                if not self.cluster:
+                    raise
+                unsettled.append(e)
+                await asyncio.sleep(SLOT_RETRY_S)  # (the caller's deadline bounds the loop)
 
     async def _drive(self, plan: Plan[T]) -> T:
         """Run a plan's calls one after another; its value is the answer."""

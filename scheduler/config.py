@@ -285,13 +285,19 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         raise ConfigError(f"{key}: {e.message.removeprefix(e.field).strip()}") from None
     metrics = sec.metrics_listen_addr.strip()
     try:
-        parse_address(sec.redis_addr)
+        address = parse_address(sec.redis_addr)
     except InvalidArgument as e:
         raise ConfigError(f"scheduler.redis_addr: {e.message.removeprefix(e.field).strip()}",
                           ) from None
     if not 0 <= sec.min_replicas_acked <= 64:
         raise ConfigError("scheduler.min_replicas_acked: must be 0..64, not "
                           f"{sec.min_replicas_acked}")
+    if sec.min_replicas_acked and address.kind == "cluster":
+        raise ConfigError("scheduler.min_replicas_acked: not supported with a Redis Cluster "
+                          "address yet (WAIT must follow each call to its slot's primary)")
+    if sec.min_replicas_acked and address.kind == "embedded":
+        raise ConfigError("scheduler.min_replicas_acked: needs a Redis with replicas "
+                          "(redis_addr), not the embedded store")
     durability = Durability(
         replicas=sec.min_replicas_acked,
         timeout_ms=parse_duration_ms("scheduler.replica_ack_timeout", sec.replica_ack_timeout))

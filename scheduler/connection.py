@@ -9,7 +9,12 @@
   the ``ssl_*`` query options of ``rediss://``): the primary that the
   sentinels name, followed through failovers.  ``user:password`` are the
   primary's; ``sentinel_username`` / ``sentinel_password`` query options
-  authenticate to the sentinels when they need it.
+  authenticate to the sentinels when they need it;
+* ``redis+cluster://[user:password@]host:port[,host:port...]`` and
+  ``rediss+cluster://...``: a Redis Cluster, found from any of these nodes.
+  Every call goes to the primary that serves its cell's hash slot (a cell's
+  keys share one hash tag), following MOVED / ASK through slot moves and
+  failovers.
 
 Every client made here retries a call once, at once, after a connection
 error (a pooled socket that died with a restart, a primary that became a
@@ -30,7 +35,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -132,11 +139,12 @@ def _where(sentinel: Any, e: Exception) -> str:
 
 DEFAULT_TIMEOUT_S = 2.0
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 PLAIN_SCHEMES = ("redis://", "rediss://", "unix://")
 #: query options of a sentinel address that are ours, not the primary's
 _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
-FORMS = ("host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p...]/MASTER "
-         "or rediss+sentinel:// address")
+FORMS = ("host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p...]/MASTER, "
+         "rediss+sentinel://, redis+cluster://h:p[,h:p...] or rediss+cluster:// address")
 
 
 @dataclass(frozen=True)
@@ -144,11 +152,12 @@ class RedisAddress:
     """A parsed ``redis_addr``.  ``text`` may hold a password: show ``display``."""
 
     text: str
-    kind: str  # "embedded" | "url" | "sentinel"
+    kind: str  # "embedded" | "url" | "sentinel" | "cluster"
     url: str = ""  # kind "url": a redis://, rediss:// or unix:// URL
+    #: kind "sentinel": the sentinels; kind "cluster": the nodes to start from
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""  # kind "sentinel": the monitored primary's name
-    #: kind "sentinel": keyword arguments of the primary's connections
+    #: kinds "sentinel" and "cluster": keyword arguments of the data connections
     options: dict[str, Any] = field(default_factory=dict)
     #: kind "sentinel": keyword arguments of the connections to the sentinels
     sentinel_options: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +209,8 @@ def parse_address(text: str | None) -> RedisAddress:
     scheme, sep, rest = text.partition("://")
     if sep and scheme in SENTINEL_SCHEMES:
         return _parse_sentinel(text, SENTINEL_SCHEMES[scheme], rest)
+    if sep and scheme in CLUSTER_SCHEMES:
+        return _parse_cluster(text, CLUSTER_SCHEMES[scheme], rest)
     url = text if sep else f"redis://{text}"
     if not url.startswith(PLAIN_SCHEMES):
         raise _bad(f"must be {FORMS}, not {describe_target(text)!r}")
@@ -210,6 +221,36 @@ def parse_address(text: str | None) -> RedisAddress:
     return RedisAddress(text=text, kind="url", url=url)
 
 
+def _hosts(hostlist: str, what: str) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for part in hostlist.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _bad(f"{what} {part.strip()!r} is not host:port")
+        out.append((host, int(port)))
+    return out
+
+
+def _options(text: str, tls: bool, userinfo: str, first: tuple[str, int], db: str,
+             params: dict[str, str]) -> dict[str, Any]:
+    """The data connections' options: what a redis(s):// URL to ``first`` would
+    say, parsed by redis-py (credentials, db, ssl_* and socket options)."""
+    if not db.isdigit():
+        raise _bad(f"db must be a whole number, not {db!r}")
+    probe = (f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}"
+             f"{first[0]}:{first[1]}/{db}" + (f"?{urlencode(params)}" if params else ""))
+    try:
+        options: dict[str, Any] = _parse_url(probe)
+    except ValueError as e:
+        raise _bad(f"{describe_target(text)!r} is not a usable address: {e}") from None
+    for key in ("host", "port", "path", "connection_class"):
+        options.pop(key, None)
+    if tls:
+        options["ssl"] = True
+    return options
+
+
 def _parse_sentinel(text: str, tls: bool, rest: str) -> RedisAddress:
     authority, _, tail = rest.partition("/")
     userinfo, _, hostlist = authority.rpartition("@")
@@ -218,37 +259,27 @@ def _parse_sentinel(text: str, tls: bool, rest: str) -> RedisAddress:
     if not service:
         raise _bad(f"{describe_target(text)!r} names no primary: add /MASTER_NAME after the "
                    "sentinels")
-    sentinels: list[tuple[str, int]] = []
-    for part in hostlist.split(","):
-        host, colon, port = part.strip().rpartition(":")
-        host = host.strip("[]")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise _bad(f"sentinel {part.strip()!r} is not host:port")
-        sentinels.append((host, int(port)))
+    sentinels = _hosts(hostlist, "sentinel")
     params = dict(parse_qsl(query, keep_blank_values=True))
     sentinel_auth = {k[len("sentinel_"):]: params.pop(k) for k in _SENTINEL_AUTH if k in params}
-    db = params.pop("db", "0")
-    if not db.isdigit():
-        raise _bad(f"db must be a whole number, not {db!r}")
-    # The primary's options: what a rediss:// URL to it would say, parsed by redis-py.
-    first = f"{sentinels[0][0]}:{sentinels[0][1]}"
-    probe = (f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}{first}/{db}"
-             + (f"?{urlencode(params)}" if params else ""))
-    try:
-        options = _parse_url(probe)
-    except ValueError as e:
-        raise _bad(f"{describe_target(text)!r} is not a usable address: {e}") from None
-    for key in ("host", "port", "path"):
-        options.pop(key, None)
-    options.pop("connection_class", None)
-    sentinel_options: dict[str, Any] = {k: v for k, v in options.items()
-                                        if k.startswith("ssl")}
-    if tls:
-        options["ssl"] = True
-        sentinel_options["ssl"] = True
+    options = _options(text, tls, userinfo, sentinels[0], params.pop("db", "0"), params)
+    sentinel_options: dict[str, Any] = {k: v for k, v in options.items() if k.startswith("ssl")}
     sentinel_options.update(sentinel_auth)
     return RedisAddress(text=text, kind="sentinel", sentinels=tuple(sentinels), service=service,
                         options=options, sentinel_options=sentinel_options)
+
+
+def _parse_cluster(text: str, tls: bool, rest: str) -> RedisAddress:
+    authority, _, tail = rest.partition("/")
+    userinfo, _, hostlist = authority.rpartition("@")
+    path, _, query = tail.partition("?")
+    if path not in ("", "0"):
+        raise _bad("a Redis Cluster has database 0 only: leave the path out")
+    seeds = _hosts(hostlist, "cluster node")
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    options = _options(text, tls, userinfo, seeds[0], "0", params)
+    options.pop("db", None)
+    return RedisAddress(text=text, kind="cluster", sentinels=tuple(seeds), options=options)
 
 
 def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = "",
@@ -278,11 +309,63 @@ def _sentinel_common(timeout_s: float) -> dict[str, Any]:
     return {"socket_connect_timeout": min(timeout_s, 0.5), "socket_timeout": min(timeout_s, 1.0)}
 
 
+def _fcall_slot(client: Any, args: tuple[Any, ...]) -> int | None:
+    """The slot of ``FCALL fn numkeys key...`` from its keys, as redis-py does
+    for EVALSHA: without this it asks a node (COMMAND GETKEYS) on every call."""
+    keys = args[2:2 + int(args[1])] if len(args) > 1 else ()
+    if not keys:
+        return None
+    slots = {client.keyslot(k) for k in keys}
+    if len(slots) != 1:
+        raise redis.exceptions.RedisClusterException(
+            "FCALL - all keys must map to the same key slot")
+    return int(slots.pop())
+
+
+class _SyncCluster(redis.cluster.RedisCluster):
+    def determine_slot(self, *args: Any) -> int | None:
+        if str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            slot = _fcall_slot(self, args[1:])
+            if slot is not None:
+                return slot
+        result: int | None = super().determine_slot(*args)
+        return result
+
+
+class _AsyncCluster(redis.asyncio.cluster.RedisCluster):
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        if command.upper() in ("FCALL", "FCALL_RO"):
+            slot = _fcall_slot(self, args)
+            if slot is not None:
+                return slot
+        result: int = await super()._determine_slot(command, *args)
+        return result
+
+
+_SYNC_CLUSTER: Any = _SyncCluster
+_SYNC_CLUSTER_NODE: Any = redis.cluster.ClusterNode
+_ASYNC_CLUSTER: Any = _AsyncCluster
+
+
+def _cluster_options(addr: RedisAddress) -> dict[str, Any]:
+    # a slot move or a failover inside the cluster is followed by redis-py
+    # (MOVED / ASK, TRYAGAIN retried); the whole cluster being down is not hidden
+    return {**addr.options, "require_full_coverage": False}
+
+
+def is_cluster_client(client: Any) -> bool:
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
 def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     addr = parse_address(text)
     retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
     if addr.kind == "embedded":
         return embedded.sync_client()
+    if addr.kind == "cluster":
+        return _SYNC_CLUSTER(startup_nodes=[_SYNC_CLUSTER_NODE(h, p)
+                                            for h, p in addr.sentinels],
+                             retry=retry, **_common(timeout_s), **_cluster_options(addr))
     if addr.kind == "sentinel":
         sentinel = _SYNC_SENTINEL(
             list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
@@ -299,6 +382,10 @@ def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     retry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
     if addr.kind == "embedded":
         return embedded.async_client()
+    if addr.kind == "cluster":
+        return _ASYNC_CLUSTER(startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p)
+                                             for h, p in addr.sentinels],
+                              retry=retry, **_common(timeout_s), **_cluster_options(addr))
     if addr.kind == "sentinel":
         sentinel = _ASYNC_SENTINEL(
             list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),

@@ -41,6 +41,8 @@ from typing import Any
 
 import redis
 
+from scheduler.connection import is_cluster_client
+
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 SCRIPT_NAME = re.compile(r"^(?P<name>[a-z_]+)-(?P<nkeys>\d+)\.lua$")
 #: Errors that mean "this server has no functions": fall back to EVALSHA.
@@ -179,6 +181,16 @@ def _after_load_error(e: redis.exceptions.ResponseError) -> str:
     raise e
 
 
+def _targets(client: Any) -> list[dict[str, Any]]:
+    """Where the library must be loaded: the one server, or every primary of a
+    Redis Cluster one by one (any of them may serve a cell's slot, now or after
+    a slot move or a failover; one that has it already says so, harmlessly).
+    A primary that appears later gets it at its first "Function not found"."""
+    if is_cluster_client(client):
+        return [{"target_nodes": node} for node in client.get_primaries()]
+    return [{}]
+
+
 class _Registry:
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -220,11 +232,12 @@ class ScriptRegistry(_Registry):
     """The scripts of one synchronous client."""
 
     def _load(self) -> None:
-        try:
-            self.client.execute_command("FUNCTION", "LOAD", self.library.text)
-            self.mode = FUNCTION
-        except redis.exceptions.ResponseError as e:
-            self._load_failed(e)
+        for target in _targets(self.client):
+            try:
+                self.client.execute_command("FUNCTION", "LOAD", self.library.text, **target)
+                self.mode = FUNCTION
+            except redis.exceptions.ResponseError as e:
+                self._load_failed(e)
 
     def call(self, name: str, keys: Sequence[Any], args: Sequence[Any],
              client: Any = None) -> Any:
@@ -286,11 +299,15 @@ class AsyncScriptRegistry(_Registry):
     """The scripts of one asyncio client."""
 
     async def _load(self) -> None:
-        try:
-            await self.client.execute_command("FUNCTION", "LOAD", self.library.text)
-            self.mode = FUNCTION
-        except redis.exceptions.ResponseError as e:
-            self._load_failed(e)
+        if is_cluster_client(self.client):
+            await self.client.initialize()  # (knows no primaries before its first call)
+        for target in _targets(self.client):
+            try:
+                await self.client.execute_command("FUNCTION", "LOAD", self.library.text,
+                                                  **target)
+                self.mode = FUNCTION
+            except redis.exceptions.ResponseError as e:
+                self._load_failed(e)
 
     async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         try:

@@ -3,7 +3,8 @@
 A script's error reply becomes the exception its code names
 (:func:`scheduler.errors.from_reply`); an ACL refusal one line naming the
 command (:func:`scheduler.acl.denied`); a Redis that cannot serve now (OOM,
-READONLY, NOREPLICAS, LOADING, ...) or cannot be reached
+READONLY, NOREPLICAS, LOADING, a cluster slot that will not settle, ...) or
+cannot be reached
 :class:`~scheduler.errors.StoreUnavailable` naming it.  Every path that talks
 to Redis (the clients, ``schedctl``'s one-instant reads, the simulator) goes
 through :func:`translated`.
@@ -54,3 +55,8 @@ def translated(target: str) -> Iterator[None]:
         raise
     except TRANSPORT_ERRORS as e:
         raise unreachable(target, e) from None
+    except (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException) as e:
+        why = str(e)
+        if "TTL exhausted" in why:
+            why = "its slot is moving or its primary is failing over (TRYAGAIN / MOVED kept coming)"
+        raise StoreUnavailable(f"Redis at {target} cannot serve: {why}") from None

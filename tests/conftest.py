@@ -18,6 +18,7 @@ import redis
 from scheduler import Policy, Scheduler
 from scheduler.client import AsyncScheduler
 from tests.redis_server import RedisServer, in_ci
+from tests.replica_harness import ServeProcess
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +76,15 @@ def real_url(redis_server: RedisServer) -> Iterator[str]:
     yield redis_server.url
     client.flushall()
     client.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServeProcess]]:
+    """``schedctl serve`` processes a test starts; terminated after it."""
+    started: list[ServeProcess] = []
+    yield started
+    for p in started:
+        p.terminate()
 
 
 __all__ = ["AsyncScheduler"]

@@ -27,6 +27,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1.  ``stop()`` / ``start()`` may be
     called repeatedly (same port, same dir) to test outages."""
@@ -37,7 +51,9 @@ class RedisServer:
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.exe = exe
-        self.port = port or free_port()
+        self.cluster = "--cluster-enabled" in extra_args
+        self.chosen = port is None  # ours to change if another process takes it first
+        self.port = port or (free_cluster_port() if self.cluster else free_port())
         self.dir = Path(tempfile.mkdtemp(prefix="sched-redis-"))
         self.socket = self.dir / "redis.sock" if unix_socket else None
         self.extra_args = tuple(extra_args)
@@ -47,7 +63,18 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self, retries: int = 3) -> RedisServer:
+        try:
+            return self._start()
+        except RuntimeError:
+            log = self.dir / "redis.log"
+            taken = log.exists() and "Address already in use" in log.read_text(errors="replace")
+            if not (self.chosen and taken and retries > 0):
+                raise
+            self.port = free_cluster_port() if self.cluster else free_port()
+            return self.start(retries - 1)
+
+    def _start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.dir), "--protected-mode", "no",
@@ -70,7 +97,7 @@ class RedisServer:
         finally:
             client.close()
 
-    def client(self, **kwargs: object) -> redis.Redis:
+    def client(self, **kwargs: object) -> Any:
         return redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=5,
                            **kwargs)  # type: ignore[arg-type]
 
@@ -239,6 +266,130 @@ class SentinelTopology:
         shutil.rmtree(self.sentinel_dir, ignore_errors=True)
 
     def __enter__(self) -> SentinelTopology:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClusterTopology:
+    """A Redis Cluster of ``primaries`` primaries, each with ``replicas``
+    replicas, on 127.0.0.1, free ports, temp dirs (``redis-cli --cluster
+    create``).  ``url`` is the ``redis+cluster://`` address clients use."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                 extra_args: Sequence[str] = ()) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms),
+                "--repl-diskless-sync-delay", "0", *extra_args]
+        self.servers = [RedisServer(extra_args=args) for _ in range(primaries * (1 + replicas))]
+        self.replicas = replicas
+        exe = shutil.which("redis-cli")
+        if exe is None:
+            raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
+        self.cli = exe
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3])
+
+    def start(self) -> ClusterTopology:
+        try:
+            for s in self.servers:
+                s.start()
+            subprocess.run(
+                [self.cli, "--cluster", "create",
+                 *(f"127.0.0.1:{s.port}" for s in self.servers),
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                check=True, capture_output=True, timeout=60)
+            self.wait_ok()
+            return self
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ok(self, timeout: float = 30) -> None:
+        def ok() -> bool:
+            for s in self.servers:
+                if s.proc is None:
+                    continue
+                info: Any = s.client().execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text or "cluster_slots_assigned:16384" not in text:
+                    return False
+            return True
+
+        wait_until(ok, timeout, "cluster state ok on every node", 0.1)
+
+    def slot_owner(self, slot: int) -> RedisServer:
+        """The primary serving ``slot`` now (as the first live node sees it)."""
+        for s in self.servers:
+            if s.proc is None:
+                continue
+            shards: Any = s.client().execute_command("CLUSTER", "SLOTS")
+            for row in shards:
+                if int(row[0]) <= slot <= int(row[1]):
+                    return self.by_port(int(row[2][1]))
+        raise RuntimeError(f"no node serves slot {slot}")
+
+    def primaries(self) -> list[RedisServer]:
+        out = []
+        for s in self.servers:
+            if s.proc is not None and s.client().info("replication")["role"] == "master":
+                out.append(s)
+        return out
+
+    def by_port(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def node_id(self, server: RedisServer) -> str:
+        raw: Any = server.client().execute_command("CLUSTER", "MYID")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def keyslot(self, key: str) -> int:
+        return int(self.servers[0].client().execute_command("CLUSTER", "KEYSLOT", key))
+
+    def migrate_slot(self, slot: int, target: RedisServer, batch: int = 10,
+                     between: Callable[[], None] | None = None) -> None:
+        """Move ``slot`` to ``target`` the way ``redis-cli --cluster reshard``
+        does: IMPORTING / MIGRATING, MIGRATE in batches, then SETSLOT NODE on
+        every primary.  ``between`` runs after each batch (load goes on)."""
+        source = self.slot_owner(slot)
+        if source.port == target.port:
+            return
+        src_id, dst_id = self.node_id(source), self.node_id(target)
+        target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while True:
+            keys: Any = source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+            if not keys:
+                break
+            source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                            "REPLACE", "KEYS", *keys)
+            if between is not None:
+                between()
+        for s in self.primaries():
+            s.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+    def failover(self, slot: int, timeout: float = 30) -> RedisServer:
+        """``CLUSTER FAILOVER`` on a replica of the primary serving ``slot``;
+        returns that replica once it serves the slot."""
+        primary = self.slot_owner(slot)
+        rows: Any = primary.client().execute_command("CLUSTER", "REPLICAS",
+                                                      self.node_id(primary))
+        line = rows[0].decode() if isinstance(rows[0], bytes) else str(rows[0])
+        port = int(line.split()[1].split("@")[0].rsplit(":", 1)[1])
+        replica = self.by_port(port)
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: self.slot_owner(slot).port == port, timeout, "the replica promoted")
+        self.wait_ok(timeout)
+        return replica
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.close()
+
+    def __enter__(self) -> ClusterTopology:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

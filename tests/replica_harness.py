@@ -104,6 +104,14 @@ class ThreadedReplica:
             self.loop_thread.close()
 
 
+def health_status(address: str) -> int:
+    """What the replica's gRPC health service says for the whole server."""
+    with grpc.insecure_channel(address) as ch:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
+                                                 timeout=2)
+        return int(r.status)
+
+
 def hb_request(node_id: str, sid: str = "i1", cpu: int = 32, mem_gib: int = 64,
                cluster: str = "c1", roster: list[str] | None = None, count: int | None = None,
                **snap: Any) -> pb.HeartbeatRequest:

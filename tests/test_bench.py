@@ -297,3 +297,16 @@ def test_memory_rows(target: Target) -> None:
         "artifact (64-byte key)"]
     for r in result.rows:
         assert r["bytes_per_item"] > 0 and r["memory_usage_one"] > 0, r
+
+
+def test_cluster_rows(redis_server: RedisServer, tmp_path: Path) -> None:
+    out = tmp_path / "cluster.json"
+    r = subprocess.run([sys.executable, "-m", "bench", "cluster", "--quick", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert [(row["redis"], row["cells"]) for row in doc["rows"]] == [("single", 3), ("cluster", 3)]
+    for row in doc["rows"]:
+        assert row["schedules_per_s"] > 0
+    assert len(doc["rows"][1]["redis_cpu_shares"].split(" / ")) == 3
+    assert any(note.startswith("3 cells: cluster / single = ") for note in doc["notes"])

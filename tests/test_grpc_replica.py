@@ -7,37 +7,21 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from scheduler import Limits, Policy, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from tests.redis_server import RedisServer
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request
+from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for p in started:
-        p.terminate()
-
-
-def health_status(address: str) -> int:
-    with grpc.insecure_channel(address) as ch:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
-                                                 timeout=2)
-        return int(r.status)
 
 
 def wait_until(predicate: Any, timeout: float, what: str) -> float:

@@ -10,38 +10,24 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from click.testing import CliRunner
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from tests.helpers import hb
 from tests.redis_server import RedisServer, SentinelTopology, wait_until
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request
+from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
 
 pytestmark = pytest.mark.slow
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-@pytest.fixture
-def processes() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for p in started:
-        p.terminate()
-
-
 @pytest.fixture(scope="module")
 def topology(redis_server: RedisServer) -> Iterator[SentinelTopology]:
     with SentinelTopology(replicas=1, sentinels=3) as topo:
         yield topo
-
-
-def health(address: str) -> int:
-    with grpc.insecure_channel(address) as ch:
-        return int(health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=2).status)
 
 
 def test_a_primary_turned_replica_is_not_serving_until_it_takes_writes(
@@ -58,13 +44,13 @@ def test_a_primary_turned_replica_is_not_serving_until_it_takes_writes(
             stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
             stub.Schedule(cold())
             a.client().replicaof("127.0.0.1", b.port)
-            wait_until(lambda: health(p.address) == NOT_SERVING, 10, "NOT_SERVING")
+            wait_until(lambda: health_status(p.address) == NOT_SERVING, 10, "NOT_SERVING")
             with pytest.raises(grpc.RpcError) as e:
                 stub.Schedule(cold())
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
             assert f"Redis at {a.url}" in (e.value.details() or "")
             a.client().replicaof("no", "one")
-            wait_until(lambda: health(p.address) == SERVING, 10, "SERVING again")
+            wait_until(lambda: health_status(p.address) == SERVING, 10, "SERVING again")
             # its data is now b's (empty): the replica restored the cell; the node
             # heartbeats again before it takes placements
             stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
