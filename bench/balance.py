@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
-from bench.fleet import GIB, SimNode, send_heartbeats
-from bench.replicas import Creates, Outcome, ReplicaPool
+from bench.fleet import GIB, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Overcommit, Policy, Scheduler
 from scheduler.records import MIB
+from scheduler.simnode import SimNode
+from scheduler.testing.replicas import Creates, LibraryReplicas, Outcome
 
 COLUMNS = ["strategy", "replicas", "peak_pressure", "optimal_peak_pressure", "placed"]
 STRATEGIES = ("round_robin", "random", "least_loaded")
@@ -78,7 +79,7 @@ def _nodes(p: Params) -> list[SimNode]:
     return [SimNode(f"cpu{c}", c, c * p.memory_gib_per_cpu * GIB) for c in p.node_cpus]
 
 
-def run_one(p: Params, target: Target, pool: ReplicaPool, strategy: str,
+def run_one(p: Params, target: Target, pool: LibraryReplicas, strategy: str,
             replicas: int) -> dict[str, object]:
     nodes = _nodes(p)
     by_id = {n.node_id: n for n in nodes}
@@ -114,7 +115,7 @@ def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)  # before the run: its load average is the one that matters
     rows = []
-    with ReplicaPool(target.url, max(p.replicas)) as pool:
+    with LibraryReplicas(target.url, max(p.replicas)) as pool:
         for replicas in p.replicas:
             for strategy in STRATEGIES:
                 rows.append(run_one(p, target, pool, strategy, replicas))

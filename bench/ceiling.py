@@ -28,12 +28,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from bench.fleet import GIB, Observed, SimNode, send_heartbeats
+from bench.fleet import GIB, send_heartbeats
 from bench.reference_model import ReferenceCluster, RefSnapshot
-from bench.replicas import Creates, Outcome, ReplicaPool
 from bench.runner import Result, Target, machine
 from scheduler import Limits, Overcommit, Policy, Scheduler
 from scheduler.records import MIB
+from scheduler.simnode import Observed, SimNode
+from scheduler.testing.replicas import Creates, LibraryReplicas, Outcome
 
 COLUMNS = ["system", "replicas", "paced", "placed", "refused", "max_node_sandboxes", "limit",
            "nodes_over_limit"]
@@ -108,7 +109,7 @@ def run_reference(p: Params, replicas: int, paced: bool) -> dict[str, object]:
     return _row("reference-model", replicas, paced, placed, refused, nodes, p.limit)
 
 
-def run_ours(p: Params, target: Target, pool: ReplicaPool, replicas: int,
+def run_ours(p: Params, target: Target, pool: LibraryReplicas, replicas: int,
              paced: bool) -> dict[str, object]:
     nodes = _fleet(p)
     by_id = {n.node_id: n for n in nodes}
@@ -154,7 +155,7 @@ def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)  # before the run: its load average is the one that matters
     rows: list[dict[str, object]] = []
-    with ReplicaPool(target.url, max(p.replicas)) as pool:
+    with LibraryReplicas(target.url, max(p.replicas)) as pool:
         for paced in (False, True):
             for replicas in p.replicas:
                 rows.append(run_ours(p, target, pool, replicas, paced))

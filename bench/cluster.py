@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.fleet import mixed_fleet, send_heartbeats
-from bench.replicas import ReplicaPool, Stream, StreamResult
 from bench.runner import Result, cpu_model
 from scheduler import Policy, Scheduler
-from tests.redis_server import ClusterTopology, RedisServer
+from scheduler.testing.redis_server import ClusterTopology, RedisServer
+from scheduler.testing.replicas import LibraryReplicas, Stream, StreamResult
 
 COLUMNS = ["redis", "cells", "schedules_per_s", "redis_cpu_shares", "per_cell_per_s", "refused"]
 POLICY = Policy(strategy="least_loaded", report_ttl_ms=3_600_000)
@@ -82,7 +82,7 @@ def _row(label: str, url: str, servers: list[RedisServer], cells: list[str],
             s = Scheduler.connect(url, cell=cell, policy=POLICY, overwrite_policy=True)
             opened.append(s)
             send_heartbeats(s, [n.heartbeat() for n in mixed_fleet(p.nodes, rng, (0.3, 0.6))])
-        with ReplicaPool(url, len(cells)) as pool:
+        with LibraryReplicas(url, len(cells)) as pool:
             cpu0 = _cpu(servers)
             # (0 CPU / 1 MiB: the fleet never fills up, so no refusal's full scan
             # skews a row; the decision path is the same)

@@ -22,7 +22,7 @@ from bench.runner import Result, cpu_model, percentile
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request
 from scheduler.client import AsyncScheduler
 from scheduler.connection import Durability
-from tests.redis_server import SentinelTopology
+from scheduler.testing.redis_server import SentinelTopology
 
 GIB = 1 << 30
 

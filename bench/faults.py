@@ -50,7 +50,7 @@ import platform
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
@@ -61,8 +61,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.runner import Result, cpu_model, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from tests.redis_server import ClusterTopology, RedisServer, SentinelTopology
-from tests.replica_harness import ServeProcess
+from scheduler.service import heartbeat_request
+from scheduler.simnode import SimNode
+from scheduler.testing.redis_server import ClusterTopology, RedisServer, SentinelTopology
+from scheduler.testing.replicas import ServeProcess
 
 SCENARIOS = ("kill-empty", "kill-aof", "pause", "replica-kill", "failover-0", "failover-1",
              "slot-move", "cluster-failover")
@@ -103,51 +105,14 @@ class Params:
 # ---------------------------------------------------------------------------
 # The fleet: nodes that hold the truth, gateways that place
 # ---------------------------------------------------------------------------
-@dataclass
-class Sandbox:
-    started: float
-    running_at: float
-    ends_at: float
-
-
-@dataclass
-class Node:
-    node_id: str
-    params: Params
-    sandboxes: dict[str, Sandbox] = field(default_factory=dict)
-    create_successes: int = 0
-    peak: int = 0
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.node_id}.faults:5007"
-
-    def _expire(self, now: float) -> None:
-        for sid in [s for s, sb in self.sandboxes.items() if sb.ends_at <= now]:
-            del self.sandboxes[sid]
-
-    def create(self, sandbox_id: str) -> None:
-        """The gateway forwarded a create: the sandbox exists (starting) at once."""
-        now = time.monotonic()
-        self._expire(now)
-        p = self.params
-        self.sandboxes[sandbox_id] = Sandbox(now, now + p.create_s, now + p.create_s + p.lifetime_s)
-        self.create_successes += 1
-        self.peak = max(self.peak, len(self.sandboxes))
-
-    def heartbeat(self) -> pb.HeartbeatRequest:
-        now = time.monotonic()
-        self._expire(now)
-        running = [s for s, sb in self.sandboxes.items() if sb.running_at <= now]
-        starting = len(self.sandboxes) - len(running)
-        n = len(self.sandboxes)
-        return pb.HeartbeatRequest(
-            node_id=self.node_id, service_instance_id=f"{self.node_id}-boot", cluster_id="c1",
-            snapshot=pb.NodeSnapshot(
-                status=pb.NODE_STATUS_READY, cpu_count=32, memory_total_bytes=64 * GIB,
-                allocated_cpu=n, allocated_memory_bytes=n * GIB, sandbox_count=len(running),
-                sandbox_starting_count=starting, create_successes=self.create_successes),
-            sandbox_ids=list(self.sandboxes))
+def fleet_node(k: int, params: Params) -> SimNode:
+    """A node of the fleet (:class:`~scheduler.simnode.SimNode`): 32 CPUs and
+    64 GiB; its sandboxes start for ``create_s``, then run for ``lifetime_s``."""
+    node_id = f"node-{k + 1:02d}"
+    return SimNode(node_id, 32, 64 * GIB, endpoint=f"{node_id}.faults:5007",
+                   instance=f"{node_id}-boot", cluster_id="c1", busy_percent=0,
+                   memory_used_percent=0, starting_s=params.create_s,
+                   lifetime_s=params.lifetime_s)
 
 
 @dataclass
@@ -166,7 +131,7 @@ class Run:
         self.p = params
         self.addresses = addresses
         self.dead: set[int] = set()
-        self.nodes = [Node(f"node-{k + 1:02d}", params) for k in range(params.nodes)]
+        self.nodes = [fleet_node(k, params) for k in range(params.nodes)]
         self.by_id = {n.node_id: n for n in self.nodes}
         self.outcomes: list[Outcome] = []
         #: reservation id -> node id, for every placement answered OK
@@ -205,11 +170,11 @@ class Run:
         assert last is not None
         raise last
 
-    async def node_loop(self, k: int, node: Node) -> None:
+    async def node_loop(self, k: int, node: SimNode) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
         while not self.stop.is_set():
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await self._call("Heartbeat", k, node.heartbeat(), 2.0,
+                await self._call("Heartbeat", k, heartbeat_request(node.heartbeat()), 2.0,
                                  (("x-node-endpoint", node.endpoint),))
             await asyncio.sleep(self.p.heartbeat_s)
 
@@ -231,7 +196,7 @@ class Run:
             node = self.by_id[resp.node.node_id]
             self.acked[str(rid)] = node.node_id
             sandbox_id = f"sbx-{w}-{i}"
-            node.create(sandbox_id)
+            node.create(sandbox_id, 1, GIB)  # (the request's size)
             await self._assign(i + 1, sandbox_id, resp.node, str(rid))
 
     async def _assign(self, first: int, sandbox_id: str, node: pb.Node, rid: str) -> None:
@@ -437,7 +402,7 @@ def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault
     window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
     codes = Counter(o.code.name for o in window)
     every_code = Counter(o.code.name for o in run.outcomes)
-    peak = max(n.peak for n in run.nodes)
+    peak = max(n.peak_sandboxes for n in run.nodes)
     latencies = [o.end - o.start for o in schedules if o.code == grpc.StatusCode.OK]
     return {
         "scenario": topo.scenario,
@@ -456,7 +421,7 @@ def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault
         "health_honest": _health_honest(topo.scenario, run, fault_start, fault_end),
         "schedule_p50_ms": round(percentile(latencies, 50) * 1000, 2) if latencies else None,
         "schedule_p99_ms": round(percentile(latencies, 99) * 1000, 2) if latencies else None,
-        "peaks": {n.node_id: n.peak for n in run.nodes},
+        "peaks": {n.node_id: n.peak_sandboxes for n in run.nodes},
         "load_s": round(load_end - fault_start + params.before_s, 1),
     }
 

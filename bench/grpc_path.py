@@ -11,24 +11,15 @@ survive a fork of a process that has used it.
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing as mp
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from scheduler import Policy
-
-from .replicas import expect
-
-SCHEDCTL = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
+from scheduler.testing.replicas import SCHEDCTL, ServeProcess, expect
 
 
 @functools.cache
@@ -48,19 +39,12 @@ def unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def config(url: str, cell: str, policy: Policy) -> dict[str, Any]:
-    """A ``schedctl serve`` config that states ``policy`` for ``cell``."""
+def config(policy: Policy) -> dict[str, Any]:
+    """A ``schedctl serve`` config that states ``policy`` (Redis and the cell
+    are the process's flags)."""
     return {
         "log_level": "warn",
         "scheduler": {
-            "redis_addr": url,
-            "cell": cell,
             "discovery": "heartbeat",
             "strategy": policy.strategy,
             "report_ttl": f"{policy.report_ttl_ms}ms",
@@ -113,38 +97,16 @@ class Replicas:
     """``count`` ``schedctl serve`` processes on one cell, each on its own port."""
 
     def __init__(self, url: str, cell: str, policy: Policy, count: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
-        path = self.dir / "scheduler.json"
-        path.write_text(json.dumps(config(url, cell, policy)))
-        self.ports = [_free_port() for _ in range(count)]
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[ServeProcess] = []
         try:
-            for i, port in enumerate(self.ports):
-                log = (self.dir / f"replica-{i}.log").open("wb")
-                self.procs.append(subprocess.Popen(
-                    [*SCHEDCTL, "serve", "--config", str(path), "--grpc-listen",
-                     f"127.0.0.1:{port}", "--metrics-listen", ""],
-                    stdout=log, stderr=subprocess.STDOUT))
-                log.close()
-            for i, port in enumerate(self.ports):
-                self._wait_listening(i, port)
+            for _ in range(count):
+                self.procs.append(ServeProcess(config(policy), url, cell, metrics=False))
+            for p in self.procs:
+                p.wait_listening(120)
         except BaseException:
             self.close()
             raise
-
-    def _wait_listening(self, i: int, port: int) -> None:
-        deadline = time.monotonic() + 120
-        while True:
-            if self.procs[i].poll() is not None:
-                log = (self.dir / f"replica-{i}.log").read_text(errors="replace")
-                raise RuntimeError(f"schedctl serve exited ({self.procs[i].returncode}): {log}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"schedctl serve did not listen on {port}") from None
-                time.sleep(0.05)
+        self.ports = [p.port for p in self.procs]
 
     def load(self, seconds: float, cpu: int, memory_mb: int,
              meter: Callable[[], float]) -> tuple[int, int, float, float]:
@@ -184,15 +146,7 @@ class Replicas:
 
     def close(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+            p.close()
 
     def __enter__(self) -> Replicas:
         return self

@@ -48,11 +48,12 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.fleet import SIZES, SimNode, mixed_fleet, run_pipelined, send_heartbeats
+from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine, percentile
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.records import MIB
 from scheduler.scripts import FUNCTION
+from scheduler.simnode import SimNode
 
 #: Nodes registered before the pending reservations are made (see run_size).
 SEED_NODES = 200

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.keys import DEFAULT_PREFIX
+from scheduler.testing.redis_server import RedisServer
 
 
 @dataclass
@@ -123,11 +124,6 @@ def redis_target(url: str | None) -> Iterator[Target]:
         finally:
             target.close()
         return
-    try:
-        from tests.redis_server import RedisServer
-    except ImportError as e:  # run from somewhere else than the repository root
-        raise SystemExit("run from the repository root (needs tests/redis_server.py), "
-                         f"or pass --redis URL: {e}") from None
     server = RedisServer().start()
     target = Target(server.url, owned=True)
     try:

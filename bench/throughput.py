@@ -24,9 +24,9 @@ from typing import Any
 
 from bench import grpc_path
 from bench.fleet import mixed_fleet, send_heartbeats
-from bench.replicas import ReplicaPool, Stream, StreamResult
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Scheduler
+from scheduler.testing.replicas import LibraryReplicas, Stream, StreamResult
 
 COLUMNS = ["path", "replicas", "schedules_per_s", "redis_cpu_share", "redis_us_per_schedule",
            "note"]
@@ -69,7 +69,7 @@ def _row(path: str, replicas: int, schedules: int, wall: float, cpu: float,
 
 
 
-def run_library(target: Target, p: Params, pool: ReplicaPool, replicas: int) -> dict[str, Any]:
+def run_library(target: Target, p: Params, pool: LibraryReplicas, replicas: int) -> dict[str, Any]:
     cell, s = _fleet(target, p, p.seed + replicas)
     try:
         cpu0, stats0 = target.cpu_seconds(), target.script_stats()
@@ -108,7 +108,7 @@ def run(target: Target, p: Params | None = None) -> Result:
              "CPU seconds per wall second; redis_us_per_schedule: INFO commandstats usec per "
              "script call during the row (only Schedule runs then)"]
     if "library" in p.paths:
-        with ReplicaPool(target.url, max(p.replicas)) as pool:
+        with LibraryReplicas(target.url, max(p.replicas)) as pool:
             for replicas in p.replicas:
                 rows.append(run_library(target, p, pool, replicas))
     if "grpc" in p.paths:

@@ -28,12 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import SIZES, SimNode, mixed_fleet, run_pipelined, send_heartbeats
+from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Request, Scheduler
-from scheduler.client import Call, Resync
+from scheduler.calls import Call, Resync
 from scheduler.records import MIB
 from scheduler.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
+from scheduler.simnode import SimNode
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["operation", "base_us", "ours_us", "ratio", "ratio_low", "ratio_high", "rounds"]

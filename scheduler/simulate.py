@@ -44,11 +44,11 @@ from scheduler.policy import Limits, Policy
 from scheduler.records import (
     MIB,
     Heartbeat,
-    NodeSnapshot,
     NodeView,
     Request,
     Stats,
 )
+from scheduler.simnode import SimNode
 from scheduler.translate import unreachable
 
 DEFAULT_CELL = "sim"
@@ -193,74 +193,42 @@ class SimulationResult(msgspec.Struct, kw_only=True):
 # ---------------------------------------------------------------------------
 # The fleet
 # ---------------------------------------------------------------------------
-class SimNode:
-    """One runtime node: the sandboxes it really runs, and its heartbeat loop."""
+class _Node:
+    """One simulated node (:class:`~scheduler.simnode.SimNode`) as this
+    scenario drives it: creates that take a while and may fail, and a
+    heartbeat loop whose heartbeats arrive late, all drawn from its own seed."""
 
     def __init__(self, index: int, shape: NodeShape, scenario: Scenario) -> None:
-        self.node_id = f"node-{index + 1:02d}"
-        self.endpoint = f"10.0.{index // 250}.{index % 250 + 1}:5007"
-        self.shape = shape
         self.scenario = scenario
+        node_id = f"node-{index + 1:02d}"
+        self.sim = SimNode(node_id, shape.cpu, shape.memory_mb * MIB,
+                           endpoint=f"10.0.{index // 250}.{index % 250 + 1}:5007",
+                           instance=f"{node_id}-sim", busy_percent=60, memory_used_percent=70,
+                           lifetime_s=scenario.sandbox_lifetime)
+        self.shape = shape
         self.rng = random.Random(f"{scenario.seed}/node/{index}")
-        self.lock = threading.Lock()
-        #: sandbox id -> (cpu, memory bytes, ends at monotonic time or None)
-        self.sandboxes: dict[str, tuple[int, int, float | None]] = {}
-        self.create_successes = 0
-        self.create_fails = 0
         self.placed = 0
-        self.peak_sandboxes = 0
-        self.peak_pressure = 0.0
         self.heartbeats = 0
 
     @property
-    def memory_bytes(self) -> int:
-        return self.shape.memory_mb * MIB
+    def node_id(self) -> str:
+        return self.sim.node_id
 
     def create(self, sandbox_id: str, cpu: int, memory_bytes: int) -> bool:
         """The gateway forwards a create; the sandbox exists once this returns True."""
-        with self.lock:
+        with self.sim.lock:
             self.placed += 1
             delay = self.rng.uniform(0, self.scenario.create_delay)
             fails = self.rng.random() < self.scenario.create_fail_rate
         time.sleep(delay)
-        with self.lock:
-            if fails:
-                self.create_fails += 1
-                return False
-            life = self.scenario.sandbox_lifetime
-            self.sandboxes[sandbox_id] = (cpu, memory_bytes,
-                                          time.monotonic() + life if life > 0 else None)
-            self.create_successes += 1
-            self.peak_sandboxes = max(self.peak_sandboxes, len(self.sandboxes))
-            self.peak_pressure = max(self.peak_pressure, self._pressure())
-            return True
-
-    def _pressure(self) -> float:
-        cpu = sum(c for c, _, _ in self.sandboxes.values())
-        mem = sum(m for _, m, _ in self.sandboxes.values())
-        return max(cpu / self.shape.cpu, mem / self.memory_bytes)
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.sandboxes)
+        if fails:
+            self.sim.fail_create()
+            return False
+        self.sim.create(sandbox_id, cpu, memory_bytes)
+        return True
 
     def snapshot(self) -> Heartbeat:
-        now = time.monotonic()
-        with self.lock:
-            for sb in [sb for sb, (_, _, end) in self.sandboxes.items()
-                       if end is not None and end <= now]:
-                del self.sandboxes[sb]
-            cpu = sum(c for c, _, _ in self.sandboxes.values())
-            mem = sum(m for _, m, _ in self.sandboxes.values())
-            snap = NodeSnapshot(
-                status="READY", allocated_cpu=cpu, allocated_memory_bytes=mem,
-                cpu_count=self.shape.cpu, memory_total_bytes=self.memory_bytes,
-                cpu_percent=min(100, cpu * 60 // self.shape.cpu),
-                memory_used_bytes=mem * 7 // 10, sandbox_count=len(self.sandboxes),
-                create_successes=self.create_successes, create_fails=self.create_fails)
-            roster = sorted(self.sandboxes) if self.scenario.roster else []
-        return Heartbeat(node_id=self.node_id, service_instance_id=f"{self.node_id}-sim",
-                         endpoint=self.endpoint, snapshot=snap, sandbox_ids=roster)
+        return self.sim.heartbeat(roster=self.scenario.roster)
 
     def beat(self, replica: Scheduler) -> None:
         replica.heartbeat(self.snapshot())
@@ -285,11 +253,12 @@ class SimNode:
                 return
 
     def result(self) -> NodeResult:
-        with self.lock:
+        with self.sim.lock:
             return NodeResult(node_id=self.node_id, cpu_count=self.shape.cpu,
                               memory_mb=self.shape.memory_mb, placed=self.placed,
-                              sandboxes=len(self.sandboxes), peak_sandboxes=self.peak_sandboxes,
-                              peak_pressure=self.peak_pressure)
+                              sandboxes=len(self.sim.sandboxes),
+                              peak_sandboxes=self.sim.peak_sandboxes,
+                              peak_pressure=self.sim.peak_pressure)
 
 
 class _Tally:
@@ -319,7 +288,7 @@ Progress = Callable[[int, int, int], None]
 """Called as (creates done, placed, refused) after each create, from worker threads."""
 
 
-def _gateway(scenario: Scenario, replicas: list[Scheduler], nodes: dict[str, SimNode],
+def _gateway(scenario: Scenario, replicas: list[Scheduler], nodes: dict[str, _Node],
              tally: _Tally, t0: float, on_progress: Progress | None) -> None:
     req = Request.cold(scenario.cpu, scenario.memory_mb)
     while (i := tally.take(scenario.creates)) is not None:
@@ -436,7 +405,7 @@ def _unavailable(replica: Scheduler, e: Exception) -> SchedulerError:
 def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,
          on_progress: Progress | None) -> SimulationResult:
     shapes = scenario.node_shapes
-    fleet = [SimNode(k, shapes[k % len(shapes)], scenario) for k in range(scenario.nodes)]
+    fleet = [_Node(k, shapes[k % len(shapes)], scenario) for k in range(scenario.nodes)]
     by_id = {n.node_id: n for n in fleet}
     for k, node in enumerate(fleet):  # everyone is READY before the load starts
         node.beat(replicas[k % len(replicas)])
@@ -482,7 +451,7 @@ def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,
         duration_s=round(duration, 3), nodes=results, stats=stats, final_view=view)
 
 
-def _settle(scenario: Scenario, replica: Scheduler, fleet: list[SimNode]) -> tuple[bool, int]:
+def _settle(scenario: Scenario, replica: Scheduler, fleet: list[_Node]) -> tuple[bool, int]:
     """Let heartbeats catch up: until no reservation is left and the cell counts
     exactly what every node runs, or a few heartbeat rounds have passed."""
     rounds = 4 * (scenario.heartbeat_interval * 1.2 + scenario.heartbeat_lag)
@@ -492,7 +461,7 @@ def _settle(scenario: Scenario, replica: Scheduler, fleet: list[SimNode]) -> tup
         try:
             pending = replica.stats().pending
             counts = {v.node_id: v.sandbox_count for v in replica.nodes()}
-            if pending == 0 and all(counts.get(n.node_id) == n.count() for n in fleet):
+            if pending == 0 and all(counts.get(n.node_id) == n.sim.count() for n in fleet):
                 return True, 0
         except SchedulerError:
             pass

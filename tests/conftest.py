@@ -17,8 +17,8 @@ import redis
 
 from scheduler import Policy, Scheduler
 from scheduler.client import AsyncScheduler
-from tests.redis_server import RedisServer, in_ci
-from tests.replica_harness import ServeProcess
+from scheduler.testing.redis_server import RedisServer, in_ci
+from scheduler.testing.replicas import ServeProcess
 
 
 @pytest.fixture(scope="session")

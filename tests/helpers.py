@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler import Heartbeat, NodeSnapshot, Scheduler
+from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.testing.model import NodeState
 
 GIB = 1024**3
@@ -38,3 +39,46 @@ def node_states(s: Scheduler) -> list[NodeState]:
 
 def rr_value(s: Scheduler) -> int:
     return int(s.client.get(s.keys.rr) or 0)
+
+
+# ---------------------------------------------------------------------------
+# gRPC requests and the state they leave
+# ---------------------------------------------------------------------------
+def hb_request(node_id: str, sid: str = "i1", cpu: int = 32, mem_gib: int = 64,
+               cluster: str = "c1", roster: list[str] | None = None, count: int | None = None,
+               **snap: Any) -> pb.HeartbeatRequest:
+    roster = roster or []
+    return pb.HeartbeatRequest(
+        node_id=node_id, service_instance_id=sid, cluster_id=cluster,
+        snapshot=pb.NodeSnapshot(status=pb.NODE_STATUS_READY, cpu_count=cpu,
+                                 memory_total_bytes=mem_gib << 30,
+                                 sandbox_count=len(roster) if count is None else count, **snap),
+        sandbox_ids=roster)
+
+
+def endpoint_md(endpoint: str) -> tuple[tuple[str, str], ...]:
+    return (("x-node-endpoint", endpoint),)
+
+
+def cold(cpu: int = 2, memory_mb: int = 4096) -> pb.ScheduleRequest:
+    return pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
+        new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
+
+
+def snapshot_keys(client: Any) -> dict[bytes, Any]:
+    """Every key and its content: to show that a refused request wrote nothing."""
+    out: dict[bytes, Any] = {}
+    for key in sorted(client.keys("*")):
+        kind = client.type(key)
+        if kind == b"hash":
+            out[key] = client.hgetall(key)
+        elif kind == b"set":
+            out[key] = sorted(client.smembers(key))
+        elif kind == b"zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == b"string":
+            out[key] = client.get(key)
+        else:
+            out[key] = kind
+    return out
+

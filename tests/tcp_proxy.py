@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tests.redis_server import free_port
+from scheduler.testing.redis_server import free_port
 
 
 class ReplyDroppingProxy:

@@ -29,7 +29,7 @@ from scheduler.cpuconfig import CpuConfigOps
 from scheduler.p2p import PeerOps
 from scheduler.records import SandboxEvent
 from scheduler.scripts import EVAL, FUNCTION
-from tests.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -21,7 +21,7 @@ from bench import balance, ceiling, grpc_path, latency, throughput, versus
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
 from scheduler.scripts import _files, build_library, library
-from tests.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only
 ROOT = Path(__file__).resolve().parents[1]

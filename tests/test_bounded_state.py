@@ -17,8 +17,8 @@ from scheduler import NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.client import async_client
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import LIFETIMES
-from tests.helpers import hb
-from tests.replica_harness import ThreadedReplica, endpoint_md, hb_request, settings_for
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import endpoint_md, hb, hb_request
 
 Make = Callable[..., Scheduler]
 HOUR = 3_600_000

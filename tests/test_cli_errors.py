@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Policy, Scheduler
+from scheduler.testing.redis_server import free_port
 from tests.helpers import hb
-from tests.redis_server import free_port
 
 EVERY_COMMAND = [
     ["nodes"],

@@ -17,8 +17,8 @@ import pytest
 
 import scheduler.keys
 from scheduler import Limits, Policy, Request, Scheduler
+from scheduler.testing.redis_server import in_ci
 from tests.helpers import hb
-from tests.redis_server import in_ci
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 IDS = {"<node>": "n1", "<reservation>": "r1", "<sandbox>": "s1"}

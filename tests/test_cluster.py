@@ -18,9 +18,9 @@ from scheduler.cli.main import main
 from scheduler import Policy, Request, Scheduler, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.scripts import library
-from tests.helpers import hb
-from tests.redis_server import ClusterTopology, RedisServer, wait_until
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
+from scheduler.testing.redis_server import ClusterTopology, RedisServer, wait_until
+from scheduler.testing.replicas import ServeProcess, health_status
+from tests.helpers import cold, endpoint_md, hb, hb_request
 
 pytestmark = pytest.mark.slow
 REQ = Request.cold(1, 1024)

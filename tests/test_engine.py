@@ -33,8 +33,8 @@ from scheduler.keys import CellKeys, validate_id
 from scheduler.records import DiskMetric
 from scheduler.scripts import _files as script_files
 from scheduler.scripts import library, sources
+from scheduler.testing.redis_server import free_port
 from tests.helpers import GIB, fleet, hb, rr_value
-from tests.redis_server import free_port
 
 Make = Callable[..., Scheduler]
 
@@ -395,7 +395,7 @@ def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None
 
 @pytest.mark.real_only
 def test_connects_by_unix_socket(backend: str) -> None:
-    from tests.redis_server import RedisServer
+    from scheduler.testing.redis_server import RedisServer
 
     with RedisServer(unix_socket=True) as server:
         url = f"unix://{server.socket}"

@@ -12,7 +12,8 @@ import pytest
 
 from scheduler.client import async_client
 from scheduler.cpuconfig import intersect
-from tests.replica_harness import LoopThread, ThreadedReplica, endpoint_md, hb_request, settings_for
+from scheduler.testing.replicas import LoopThread, ThreadedReplica, settings_for
+from tests.helpers import endpoint_md, hb_request
 
 
 def cfg(kvm: list[str] | None = None, cpuid: list[tuple[Any, Any, int, dict[str, str]]] | None

@@ -13,7 +13,8 @@ import pytest
 from scheduler import Policy, Scheduler
 from scheduler.client import async_client
 from scheduler.grpc import scheduler_pb2 as pb
-from tests.replica_harness import LoopThread, ThreadedReplica, endpoint_md, hb_request, settings_for
+from scheduler.testing.replicas import LoopThread, ThreadedReplica, settings_for
+from tests.helpers import endpoint_md, hb_request
 
 Pair = tuple[ThreadedReplica, ThreadedReplica]
 

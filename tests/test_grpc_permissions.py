@@ -14,8 +14,9 @@ import redis
 from scheduler import Policy
 from scheduler.acl import COMMANDS, setuser
 from scheduler.client import async_client
-from tests.redis_server import RedisServer
-from tests.replica_harness import ThreadedReplica, endpoint_md, hb_request, settings_for
+from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import endpoint_md, hb_request
 
 pytestmark = pytest.mark.real_only
 

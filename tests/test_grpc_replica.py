@@ -18,8 +18,9 @@ from grpc_health.v1 import health_pb2
 from scheduler import Limits, Policy, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from tests.redis_server import RedisServer
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
+from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.replicas import ServeProcess, health_status
+from tests.helpers import cold, endpoint_md, hb_request
 
 pytestmark = pytest.mark.slow
 
@@ -231,7 +232,7 @@ def test_a_replica_started_before_redis_waits_and_then_serves(
 
 
 def test_sigterm_while_waiting_for_redis_exits_0(processes: list[ServeProcess]) -> None:
-    from tests.redis_server import free_port
+    from scheduler.testing.redis_server import free_port
 
     p = ServeProcess({"scheduler": {}}, f"redis://127.0.0.1:{free_port()}/0", cell="never")
     processes.append(p)

@@ -15,14 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler import DefaultRequest, Limits, Policy, Scheduler
 from scheduler.client import async_client
 from scheduler.grpc import scheduler_pb2 as pb
-from tests.replica_harness import (
-    ThreadedReplica,
-    cold,
-    endpoint_md,
-    hb_request,
-    settings_for,
-    snapshot_keys,
-)
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import cold, endpoint_md, hb_request, snapshot_keys
 
 MIB = 1024 * 1024
 Make = Callable[..., ThreadedReplica]

@@ -27,15 +27,9 @@ from scheduler.limits import (
     endpoint,
 )
 from scheduler.p2p import PeerOps
-from tests.helpers import hb
-from tests.redis_server import free_port
-from tests.replica_harness import (
-    ThreadedReplica,
-    endpoint_md,
-    hb_request,
-    settings_for,
-    snapshot_keys,
-)
+from scheduler.testing.redis_server import free_port
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import endpoint_md, hb, hb_request, snapshot_keys
 
 Make = Callable[..., Scheduler]
 

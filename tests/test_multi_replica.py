@@ -21,7 +21,10 @@ import pytest
 from scheduler import Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from tests.replica_harness import ServeProcess, cold, endpoint_md
+from scheduler.service import heartbeat_request
+from scheduler.simnode import SimNode
+from scheduler.testing.replicas import ServeProcess
+from tests.helpers import cold, endpoint_md
 
 pytestmark = [pytest.mark.real_only, pytest.mark.slow]
 
@@ -33,29 +36,23 @@ REFUSAL = f"no nodes available: 0/{NODES} nodes available: {NODES} at max_sandbo
 
 
 @dataclass
-class SimNode:
-    """A runtime node: heartbeats (full roster) and events go to its home replica
-    only, one at a time, as one process would send them."""
+class GrpcNode:
+    """A runtime node (the one simulated node, :class:`SimNode`) whose
+    heartbeats (full roster) and events go to its home replica only, one at
+    a time, as one process would send them."""
 
-    node_id: str
+    node: SimNode
     stub: pb_grpc.SchedulerStub
-    roster: list[str] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
-    def endpoint(self) -> str:
-        return f"{self.node_id}.nodes:5000"
+    def node_id(self) -> str:
+        return self.node.node_id
 
     async def heartbeat(self) -> None:
         async with self.lock:
-            n = len(self.roster)
-            await self.stub.Heartbeat(pb.HeartbeatRequest(
-                node_id=self.node_id, service_instance_id="boot-1", cluster_id="c1",
-                snapshot=pb.NodeSnapshot(
-                    status=pb.NODE_STATUS_READY, cpu_count=32, memory_total_bytes=64 * GIB,
-                    sandbox_count=n, allocated_cpu=2 * n, allocated_memory_bytes=4 * GIB * n,
-                    create_successes=n),
-                sandbox_ids=list(self.roster)), metadata=endpoint_md(self.endpoint), timeout=10)
+            await self.stub.Heartbeat(heartbeat_request(self.node.heartbeat()),
+                                      metadata=endpoint_md(self.node.endpoint), timeout=10)
 
     async def create(self, sandbox_id: str) -> None:
         """The gateway forwarded a create: the sandbox starts and is reported."""
@@ -66,7 +63,7 @@ class SimNode:
                                         event_type=pb.SANDBOX_EVENT_TYPE_CREATE,
                                         requested_cpu=2, requested_memory_bytes=4 * GIB)]),
                 timeout=10)
-            self.roster.append(sandbox_id)
+            self.node.create(sandbox_id, 2, 4 * GIB)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -81,10 +78,12 @@ class Result:
     refusals: list[tuple[grpc.StatusCode, str]] = field(default_factory=list)
 
 
-async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, list[SimNode]]:
+async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, list[GrpcNode]]:
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     stubs = [pb_grpc.SchedulerStub(ch) for ch in channels]
-    nodes = [SimNode(f"node-{i}", stubs[homes[i]]) for i in range(NODES)]
+    nodes = [GrpcNode(SimNode(f"node-{i}", 32, 64 * GIB, endpoint=f"node-{i}.nodes:5000",
+                              cluster_id="c1", busy_percent=0, memory_used_percent=0),
+                      stubs[homes[i]]) for i in range(NODES)]
     by_id = {n.node_id: n for n in nodes}
     result = Result()
     rng = random.Random(7)
@@ -167,7 +166,7 @@ def test_ceiling_holds_across_replicas(replicas: list[ServeProcess], homes: list
     assert len(result.refusals) == CREATES - 80 == 120
     assert Counter(result.refusals) == {(grpc.StatusCode.UNAVAILABLE, REFUSAL): 120}
     assert Counter(result.placed.values()) == {n.node_id: CEILING for n in nodes}
-    assert all(len(n.roster) == CEILING for n in nodes)
+    assert all(len(n.node.heartbeat().sandbox_ids) == CEILING for n in nodes)
 
     views = {v.node_id: v for v in Scheduler.connect(real_url, cell="fleet").nodes()}
     assert {(v.sandbox_count, v.pending_reservations) for v in views.values()} == {(CEILING, 0)}

@@ -23,8 +23,8 @@ from scheduler import (
 from scheduler.client import AsyncScheduler
 from scheduler.connection import Durability, describe_target, parse_address, sentinel_url
 from scheduler.errors import NotReplicated
+from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
 from tests.helpers import hb
-from tests.redis_server import RedisServer, SentinelTopology, wait_until
 from tests.tcp_proxy import ReplyDroppingProxy
 
 Make = Callable[..., Scheduler]

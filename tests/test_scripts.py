@@ -13,8 +13,8 @@ import redis
 
 from scheduler import Limits, NoNodesAvailable, NotFound, Overcommit, Policy, Request, Scheduler
 from scheduler.scripts import EVAL, FUNCTION, library
+from scheduler.testing.redis_server import RedisServer
 from tests.helpers import fleet, hb
-from tests.redis_server import RedisServer
 
 POLICY = Policy(limits=Limits(max_sandbox_count=4), overcommit=Overcommit(cpu=2.0))
 

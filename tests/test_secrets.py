@@ -18,8 +18,9 @@ from scheduler.errors import SchedulerError
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.redact import redact
-from tests.redis_server import RedisServer, free_port
-from tests.replica_harness import ServeProcess, endpoint_md, hb_request
+from scheduler.testing.redis_server import RedisServer, free_port
+from scheduler.testing.replicas import ServeProcess
+from tests.helpers import endpoint_md, hb_request
 
 SECRET = "S3cr3t-Pa55word"
 

@@ -15,9 +15,9 @@ from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from tests.helpers import hb
-from tests.redis_server import RedisServer, SentinelTopology, wait_until
-from tests.replica_harness import ServeProcess, cold, endpoint_md, hb_request, health_status
+from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
+from scheduler.testing.replicas import ServeProcess, health_status
+from tests.helpers import cold, endpoint_md, hb, hb_request
 
 pytestmark = pytest.mark.slow
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -15,7 +15,7 @@ import redis
 
 from scheduler.errors import FailedPrecondition, InvalidArgument
 from scheduler.simulate import NodeShape, Scenario, SimulationResult, parse_shapes, run
-from tests.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer
 
 FAST = {"heartbeat_interval": 0.05, "heartbeat_lag": 0.03, "create_delay": 0.01, "rate": 0.0}
 

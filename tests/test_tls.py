@@ -22,9 +22,9 @@ from scheduler import embedded
 from scheduler.config import ConfigError, Overrides, load
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.testing.replicas import ThreadedReplica, settings_for
 from scheduler.tls import TlsError, TlsFiles, is_loopback, load_config
 from tests.certs import Authority, Pair
-from tests.replica_harness import ThreadedReplica, settings_for
 
 pytestmark = pytest.mark.fake_only  # the transport is under test, not the store
 
