@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
                         help="use this Redis instead of starting a redis-server")
     common.add_argument("--json", metavar="FILE", help='also write {"scenario", "rows", ...}')
     common.add_argument("--markdown", action="store_true",
-                        help="also print the table as markdown (for the README)")
+                        help="also print the table as markdown (for docs/performance.md)")
     common.add_argument("--quick", action="store_true",
                         help="tiny sizes: checks the scenario works, measures nothing useful")
 

@@ -1,6 +1,6 @@
 """Scenario ``memory``: bytes of Redis memory per node, per roster entry, per
-live reservation, per tombstone and per artifact, for the README's sizing
-notes.
+live reservation, per tombstone and per artifact, for the sizing table of
+docs/operations.md ("Security").
 
 Each row adds ``count`` items to a fresh cell and reads ``used_memory``
 (``INFO memory``) before and after: ``bytes_per_item`` is the difference

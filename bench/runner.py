@@ -201,7 +201,7 @@ def table(result: Result) -> Table:
 
 
 def markdown(result: Result) -> str:
-    """The same table as GitHub markdown (what the README quotes)."""
+    """The same table as GitHub markdown (what docs/performance.md quotes)."""
     lines = ["| " + " | ".join(result.columns) + " |",
              "|" + "|".join("---" for _ in result.columns) + "|"]
     for row in result.rows:

@@ -1,6 +1,6 @@
 --[[
   cpu_config-6.lua: per-cluster CPU config intersection bookkeeping, run
-  after each heartbeat (CONTRACT.md, "cpu_config_json").
+  after each heartbeat (docs/contract.md, "CPU configs").
 
   Runtimes send their CPU template only until their first successful
   heartbeat; heartbeat-5.lua keeps it in node:<id> cpu_config_json.  Here each

@@ -10,7 +10,7 @@
 
   Returns {now_ms, node...} in node-id byte order; node = {field, value, ...}
   (the raw record or its brief form) plus derived_status (Redis time,
-  CONTRACT.md rules)
+  docs/contract.md rules)
   Errors: PRECONDITION (no policy)
 ]]
 -- @include stages

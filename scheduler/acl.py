@@ -3,8 +3,8 @@
 :data:`COMMANDS` is the smallest set of commands a replica and ``schedctl``
 use (tests/test_acl.py shows that each one is needed and that together they
 suffice, with the function library and with the EVALSHA fallback); the
-README's "A least-privilege Redis user" section spells the ``ACL SETUSER``
-line :func:`setuser` builds.
+"A least-privilege Redis user" section of docs/operations.md spells the
+``ACL SETUSER`` line :func:`setuser` builds.
 
 A refusal inside a script does not say which command Redis refused, only
 the script and the line; :func:`denied` reads that line of the script this
@@ -22,7 +22,7 @@ import redis
 from scheduler.errors import SchedulerError
 from scheduler.scripts import library, sources
 
-README_SECTION = 'README "Security", "A least-privilege Redis user"'
+DOC_SECTION = 'docs/operations.md "Security", "A least-privilege Redis user"'
 
 #: Outside the scripts: health checks, calling and loading the scripts, and
 #: the MULTI/EXEC that schedctl reads several views in.
@@ -81,7 +81,7 @@ def _commands_at(script: str, kind: str, line: int) -> list[str]:
 
 def _message(what: str) -> str:
     return f"Redis refused {what} to this replica's user (ACL); grant the scheduler's ACL, " \
-           f"see {README_SECTION}"
+           f"see {DOC_SECTION}"
 
 
 def denied(e: redis.exceptions.ResponseError) -> PermissionDenied | None:

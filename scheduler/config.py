@@ -1,8 +1,8 @@
 """The replica's configuration: JSON file, environment, flags -> :class:`Settings`.
 
 The file has the reference system's shape, ``{"scheduler": {...}}`` plus
-``log_level`` and ``log_format`` at the top level (CONTRACT.md lists the
-keys).  It is decoded with msgspec: an unknown or misspelled key is an error
+``log_level`` and ``log_format`` at the top level (docs/operations.md lists
+the keys).  It is decoded with msgspec: an unknown or misspelled key is an error
 that names it, never a silent default.  Durations are strings ("30s", "10m",
 "1h30m", "500ms").  Precedence: flags > environment > file > defaults.
 """

@@ -1,4 +1,4 @@
-"""CPU config intersection (CONTRACT.md, "cpu_config_json").
+"""CPU config intersection (docs/contract.md, "CPU configs").
 
 Runtimes report their Firecracker CPU template once; per cluster, once every
 node has one, each node gets the intersection of all of them exactly once.

@@ -1,5 +1,5 @@
 """Bounds on input that are the same for every cell, checked before anything
-reaches Redis (the README's "Security" section lists them with the policy's
+reaches Redis (docs/operations.md, "Security", lists them with the policy's
 own: ``max_roster_ids`` and ``artifact_key_max_bytes``, which replicas of a
 cell must agree on, live in :class:`~scheduler.policy.Policy`).
 """

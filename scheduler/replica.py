@@ -127,7 +127,7 @@ class Replica:
             if not is_loopback(listen):
                 log.warning("gRPC on %s is plaintext and not loopback-only: anyone who can "
                             "reach the port can drive the cell; set scheduler.grpc_tls "
-                            "(README: Security)", listen)
+                            "(docs/operations.md: Security)", listen)
             return int(server.add_insecure_port(listen))
         try:
             self.tls = ReloadingCredentials(files)

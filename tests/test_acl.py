@@ -1,4 +1,4 @@
-"""The least-privilege Redis user (README "A least-privilege Redis user"):
+"""The least-privilege Redis user (docs/operations.md, "A least-privilege Redis user"):
 the documented ACL line is enough for every operation of a replica and of
 schedctl, with the function library and with the EVALSHA fallback; each of
 its commands is needed; and a refusal is one line naming the command."""
@@ -32,7 +32,7 @@ from scheduler.scripts import EVAL, FUNCTION
 from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 GIB = 1 << 30
 
 
@@ -123,8 +123,8 @@ def workload(url: str) -> str:
         s.close()
 
 
-def test_the_readme_spells_the_acl_line() -> None:
-    text = README.read_text()
+def test_the_docs_spell_the_acl_line() -> None:
+    text = OPERATIONS.read_text()
     section = text[text.index("### A least-privilege Redis user"):]
     line = re.search(r"^\s+redis-cli (ACL SETUSER .+)$", section, re.M)
     assert line is not None
@@ -162,7 +162,7 @@ def test_every_command_is_needed_and_named_when_refused(admin: redis.Redis, serv
         workload(url)
     message = str(e.value)
     assert f"'{missing}'" in message, message
-    assert 'README "Security", "A least-privilege Redis user"' in message
+    assert 'docs/operations.md "Security", "A least-privilege Redis user"' in message
     assert "\n" not in message.strip()
 
 

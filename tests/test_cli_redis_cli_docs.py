@@ -1,4 +1,4 @@
-"""The README's "Debugging with redis-cli" section says what the code really stores.
+"""docs/operations.md, "Debugging with redis-cli", says what the code really stores.
 
 Every command of its table is run with the real ``redis-cli`` against a real
 Redis holding a node, an assigned reservation and a binding; every field the
@@ -20,12 +20,12 @@ from scheduler import Limits, Policy, Request, Scheduler
 from scheduler.testing.redis_server import in_ci
 from tests.helpers import hb
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 IDS = {"<node>": "n1", "<reservation>": "r1", "<sandbox>": "s1"}
 
 
 def section() -> str:
-    text = README.read_text()
+    text = OPERATIONS.read_text()
     start = text.index("## Debugging with redis-cli")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
@@ -99,7 +99,7 @@ def test_key_layout_table_matches_keys_module() -> None:
     assert len(names) >= 10
     for name, kind in names:
         key = "sched:{default}:" + name
-        assert key in documented, f"{key} ({kind}) is in scheduler/keys.py, not in the README"
+        assert key in documented, f"{key} ({kind}) is in scheduler/keys.py, not in the docs"
         row = next(r for r in table_rows("The layout") if r[0].strip("`") == key)
         assert row[1] == kind
     assert len(documented) == len(names)

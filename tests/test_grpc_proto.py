@@ -1,5 +1,6 @@
-"""The wire contract: the generated stubs carry exactly CONTRACT.md's
-messages (names, field numbers, types) and RPCs, and match scheduler.proto."""
+"""The wire contract: the generated stubs carry exactly the contract's
+messages (names, field numbers, types) and RPCs (docs/contract.md), and match
+scheduler.proto."""
 
 from __future__ import annotations
 
