@@ -2,7 +2,7 @@
   cancel-5.lua: the client gives a reservation back (its create failed, or
   its caller gave up before the placement was answered).
 
-  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/common.lua)
+  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   ARGV[1]     reservation id
   ARGV[2]     "1" = forget: also for an id that does not exist (yet): a
               cancelled tombstone then stops a Schedule with that id that is

@@ -2,10 +2,10 @@
   schedule-5.lua: select a node and, for creations, reserve room on it.
 
   One atomic decision over the whole cell: sweep due expiries, evaluate every
-  node through the stages of includes/common.lua (status, ceilings after the
+  node through the stages of includes/stages.lua (status, ceilings after the
   placement, capacity), pick by strategy, reserve.
 
-  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/common.lua)
+  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   KEYS[6]     rr: the cell's round-robin counter
   ARGV[1]     kind: "create" (reserve cpu, memory and one sandbox) or
               "route" (rank only; no reservation, no capacity test)

@@ -32,7 +32,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>art-names           hash    artifact digest -> "cluster\\nbackend\\nkey"
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
-same way (see ``lua/includes/common.lua``); the fixed keys are passed explicitly.
+same way (see ``lua/includes/base.lua``); the fixed keys are passed explicitly.
 
 Nothing outlives its use unbounded: :data:`LIFETIMES` says for every key how
 it goes (tests/test_bounded_state.py proves each on a real Redis and on

@@ -30,7 +30,6 @@ from contextlib import contextmanager
 import msgspec
 import redis
 
-from scheduler import acl
 from scheduler.catalog import STRATEGIES
 from scheduler.client import Scheduler
 from scheduler.errors import (
@@ -49,7 +48,7 @@ from scheduler.records import (
     Stats,
 )
 from scheduler.simnode import SimNode
-from scheduler.translate import unreachable
+from scheduler.translate import reply_error, unreachable
 
 DEFAULT_CELL = "sim"
 _SHAPE = re.compile(r"(?P<cpu>\d+)x(?P<mem>\d+)(?P<unit>[MG]i?B?|)", re.I)
@@ -398,7 +397,8 @@ def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
 
 
 def _unavailable(replica: Scheduler, e: Exception) -> SchedulerError:
-    refused = acl.denied(e) if isinstance(e, redis.exceptions.ResponseError) else None
+    refused = reply_error(e, replica.target) if isinstance(
+        e, redis.exceptions.ResponseError) else None
     return refused or unreachable(replica.target, e)
 
 

@@ -326,7 +326,7 @@ class CellModel:
         return sorted((r for r in self.res.values() if r.node_id == node_id),
                       key=lambda r: r.seq)
 
-    # -- shared pieces (names as in common.lua) -----------------------------
+    # -- shared pieces (names as in lua/includes/common.lua and bindings.lua) --
     def end(self, rid: str, outcome: str) -> bool:
         r = self.res.pop(rid, None)
         if r is None:
