@@ -194,6 +194,13 @@ def test_no_lua_file_spells_a_list(path: Path) -> None:
             assert not set(names) <= _names(line), f"{path.name}:{number} spells every {what}"
 
 
+def test_the_design_lists_every_ceiling_in_the_stages_order() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    section = design[design.index("| ceiling | compared with the limit |"):]
+    rows = re.findall(r"^\| `(\w+)` \|", section.split("\n\n")[0], re.M)
+    assert rows == list(catalog.CEILING_NAMES)
+
+
 def test_each_ceiling_has_one_formula_in_the_lua_stage() -> None:
     stages = (ROOT / "lua" / "includes" / "stages.lua").read_text()
     body = stages[stages.index("local function ceiling_use"):stages.index(

@@ -230,16 +230,6 @@ class ServeProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-
-
-
 # ---------------------------------------------------------------------------
 # Library replicas: processes that call the library, jobs released together
 # ---------------------------------------------------------------------------
