@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.runner import Result, cpu_model, percentile
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request
-from scheduler.client import AsyncScheduler
+from scheduler.aio import AsyncScheduler
 from scheduler.connection import Durability
 from scheduler.testing.redis_server import SentinelTopology
 

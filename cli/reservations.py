@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.client import Call
+from scheduler.calls import Call
 from scheduler.errors import NotFound
 from scheduler.records import Binding, Reservation
 

@@ -13,8 +13,9 @@ import click
 import msgspec
 
 from scheduler import embedded
-from scheduler.client import AsyncScheduler, async_client, describe_target
+from scheduler.aio import AsyncScheduler
 from scheduler.config import ConfigError, Overrides, Settings, load, summary
+from scheduler.connection import async_client, describe_target
 from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict, StoreUnavailable
 from scheduler.replica import ListenError, Replica
 

@@ -1,6 +1,7 @@
 """A Redis-centric placement scheduler: shared state, atomic Lua decisions."""
 
-from scheduler.client import AsyncScheduler, Scheduler
+from scheduler.aio import AsyncScheduler
+from scheduler.client import Scheduler
 from scheduler.errors import (
     FailedPrecondition,
     InvalidArgument,

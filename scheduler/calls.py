@@ -100,7 +100,7 @@ class Call(Generic[T]):
 
 #: An operation of several calls: a generator that yields each call and is sent
 #: its result (or thrown its error); its return value is the operation's.  The
-#: clients drive plans (scheduler/client.py), so each is written once for both.
+#: clients drive plans (scheduler/plans.py), so each is written once for both.
 Plan = Generator[Call[Any], Any, T]
 
 

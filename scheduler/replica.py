@@ -23,7 +23,7 @@ from collections import Counter
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from scheduler.client import AsyncScheduler
+from scheduler.aio import AsyncScheduler
 from scheduler.config import Settings
 from scheduler.connection import SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable

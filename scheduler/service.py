@@ -2,7 +2,7 @@
 
 Every RPC converts its request to records (bad input -> ``InvalidArgument``
 naming the field, before anything reaches Redis), calls one operation of
-:class:`~scheduler.client.AsyncScheduler`, and converts the answer back;
+:class:`~scheduler.aio.AsyncScheduler`, and converts the answer back;
 the library holds the behaviour (RESYNC retry, CPU-config exchange, a lost
 cell restored, a placement cancelled when its caller is gone).  The servicer
 adds what only the transport knows: the caller's deadline bounds every Redis
@@ -19,8 +19,8 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
+from scheduler.aio import AsyncScheduler
 from scheduler.catalog import EVENT_TYPES, NODE_STATUSES, Status
-from scheduler.client import AsyncScheduler
 from scheduler.errors import (
     FailedPrecondition,
     InvalidArgument,

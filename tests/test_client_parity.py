@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from scheduler.client import AsyncScheduler, Scheduler
+from scheduler.aio import AsyncScheduler
+from scheduler.client import Scheduler
 
 #: asyncio-only parameters: a caller's deadline
 ASYNC_ONLY = {"timeout"}

@@ -28,7 +28,7 @@ from scheduler import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.client import Resync
+from scheduler.calls import Resync
 from scheduler.keys import CellKeys, validate_id
 from scheduler.records import DiskMetric
 from scheduler.scripts import _files as script_files

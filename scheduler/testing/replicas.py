@@ -34,7 +34,8 @@ import grpc
 import msgspec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scheduler.client import AsyncScheduler, Scheduler
+from scheduler.aio import AsyncScheduler
+from scheduler.client import Scheduler
 from scheduler.config import Overrides, Settings, load
 from scheduler.connection import sync_client
 from scheduler.errors import NoNodesAvailable

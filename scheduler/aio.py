@@ -1,0 +1,310 @@
+"""The asyncio client of one cell: the operations of
+:class:`~scheduler.client.Scheduler`, awaitable, each Redis call bounded by a
+caller's deadline (``timeout``, or a :meth:`~scheduler.plans.BaseClient.scoped`
+block's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
+
+from scheduler.calls import Call, Plan
+from scheduler.connection import (
+    DEFAULT_TIMEOUT_S,
+    Durability,
+    async_client,
+)
+from scheduler.errors import (
+    SchedulerError,
+    StoreUnavailable,
+)
+from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX
+from scheduler.p2p import DEFAULT_STORE_CAPACITY, Peer
+from scheduler.plans import SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, log
+from scheduler.policy import Policy
+from scheduler.records import (
+    AssignResult,
+    Binding,
+    EventsResult,
+    Explanation,
+    Heartbeat,
+    HeartbeatResult,
+    ListedNode,
+    NodeView,
+    ObservedNode,
+    Placement,
+    Request,
+    Reservation,
+    SandboxEvent,
+    Stats,
+)
+from scheduler.scripts import EVAL, AsyncScriptRegistry
+from scheduler.translate import translated
+
+T = TypeVar("T")
+
+
+class AsyncScheduler(BaseClient):
+    """asyncio client of one cell; the same operations as :class:`Scheduler`."""
+
+    @classmethod
+    async def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
+                      prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
+                      overwrite_policy: bool = False, durability: Durability | None = None,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncScheduler:
+        s = cls(async_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
+        if policy is not None:
+            await s.sync_policy(policy, overwrite=overwrite_policy)
+        return s
+
+    def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
+                 url: str | None = None, durability: Durability | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(client, cell, prefix, url, durability, timeout_s)
+        self.scripts = AsyncScriptRegistry(client)
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def run(self, call: Call[T], timeout: float | None = None) -> T:
+        """Run one call, bounded by ``timeout`` (a caller's deadline, also a
+        :meth:`scoped` one) and the client's own timeout, whichever is shorter."""
+        left = self._deadline_left()
+        if left is not None:
+            timeout = left if timeout is None else min(timeout, left)
+        limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
+        start = time.perf_counter()
+        try:
+            self._fenced(call)
+            try:
+                unsettled: list[Exception] = []
+                async with _deadline(limit):
+                    with translated(self.target):
+                        reply = await self._send(call, unsettled)
+            except TimeoutError:
+                if unsettled:
+                    raise StoreUnavailable(
+                        f"Redis at {self.target} cannot serve: its slot is moving or its "
+                        f"primary is failing over ({type(unsettled[-1]).__name__} for "
+                        f"{limit:.3g}s)") from None
+                raise StoreUnavailable(f"Redis at {self.target} did not answer within "
+                                       f"{limit:.3g}s") from None
+            with translated(self.target):
+                result = call.parse(reply)
+        except BaseException as e:
+            self._observe(call.script, start, e)
+            raise
+        self._observe(call.script, start, None)
+        return result
+
+    async def _send(self, call: Call[Any], unsettled: list[Exception]) -> Any:
+        while True:
+            try:
+                if self._waits(call):
+                    reply, acked = await self.scripts.call_acked(
+                        call.script, call.keys, call.args, self.durability.replicas,
+                        self.durability.timeout_ms)
+                    self._check_acked(acked)
+                    return reply
+                return await self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED as e:
+                if not self.cluster:
+                    raise
+                unsettled.append(e)
+                await asyncio.sleep(SLOT_RETRY_S)  # (the caller's deadline bounds the loop)
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        """Run a plan's calls one after another; its value is the answer."""
+        try:
+            call = next(plan)
+            while True:
+                try:
+                    reply = await self.run(call)
+                except Exception as e:  # the plan may handle it (Resync, a lost cell)
+                    call = plan.throw(e)
+                else:
+                    call = plan.send(reply)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    def _one(self, call: Call[T]) -> Awaitable[T]:
+        return self._drive(self._step(call))
+
+    def forget(self, reservation_id: str) -> None:
+        """Cancel this placement in the background: its caller gave up, or its
+        answer was lost.  Retried until Redis answers (idempotent)."""
+        self._remember(reservation_id)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._cancel_forgotten(), name="forget")
+
+    async def _cancel_forgotten(self) -> None:
+        self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
+        delay = 0.05
+        while self.forgotten:
+            self._stale_forgotten()
+            for rid, since in list(self.forgotten.items()):
+                try:
+                    await self.run(self.ops.forget(rid))
+                except StoreUnavailable:
+                    break
+                except SchedulerError as e:
+                    log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+                if self.forgotten.get(rid) == since:
+                    del self.forgotten[rid]
+            else:
+                continue
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+    async def close(self) -> None:
+        if self._reaper is not None and not self._reaper.done():
+            # a last chance for abandoned placements, then give up on them
+            await asyncio.wait([self._reaper], timeout=1.0)
+            self._reaper.cancel()
+        await self.client.aclose()
+
+    async def ping(self) -> None:
+        with translated(self.target):
+            await self.client.ping()
+
+    # -- the cell ------------------------------------------------------------
+    def prepare_cell(self, overwrite: bool = False) -> Awaitable[str]:
+        """Store or check the kept policy and static node list (a replica's
+        start-up): "created", "same" or "overwritten"; PolicyConflict or
+        StaticNodesConflict when the cell says otherwise (unless ``overwrite``)."""
+        return self._drive(self._prepare(overwrite))
+
+    def restore_cell(self) -> Awaitable[None]:
+        """Put the kept policy and node list back if Redis lost them."""
+        return self._drive(self._restore())
+
+    def sync_policy(self, policy: Policy, overwrite: bool = False,
+                    restore: bool = False) -> Awaitable[str]:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
+        return self._one(self.ops.sync_nodes(nodes))
+
+    def policy(self) -> Awaitable[Policy | None]:
+        return self._one(self.ops.policy())
+
+    def settle(self) -> Awaitable[int]:
+        return self._one(self.ops.settle())
+
+    def sweep(self) -> Awaitable[tuple[int, int]]:
+        return self._one(self.ops.sweep())
+
+    def advance_clock(self, ms: int, mode: str = "") -> Awaitable[int]:
+        return self._one(self.ops.advance_clock(ms, mode))
+
+    def probe(self, timeout: float | None = None) -> Awaitable[bool]:
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
+
+    # -- nodes ---------------------------------------------------------------
+    def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> Awaitable[HeartbeatResult]:
+        """Record a node's heartbeat.  ``cpu_config``: also run the cluster's
+        CPU config exchange; the result then carries what to hand the node."""
+        return self._drive(self._heartbeat(hb, cpu_config))
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> Awaitable[EventsResult]:
+        return self._one(self.ops.events(node_id, events))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
+        return self._one(self.ops.unregister(node_id, service_instance_id))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
+        return self._one(self.ops.set_lingering(node_id, lingering))
+
+    def nodes(self) -> Awaitable[list[NodeView]]:
+        return self._drive(self._nodes())
+
+    def list_nodes(self) -> Awaitable[list[ListedNode]]:
+        return self._one(self.ops.listed())
+
+    def observed_nodes(self, cluster_id: str = "") -> Awaitable[list[ObservedNode]]:
+        return self._one(self.ops.observed("", cluster_id))
+
+    def observed_node(self, node_id: str, cluster_id: str = "") -> Awaitable[ObservedNode]:
+        return self._drive(self._observed_node(node_id, cluster_id))
+
+    # -- placement -----------------------------------------------------------
+    async def schedule(self, req: Request, strategy: str | None = None,
+                       reservation_id: str | None = None, *,
+                       timeout: float | None = None) -> Placement:
+        """Place (and for a creation, reserve), within ``timeout``.  When the
+        caller gives up (cancelled, deadline) or the answer is lost (Redis
+        unreachable mid-call, or not replicated as asked), the reservation is
+        cancelled in the background, so none stays behind."""
+        call = self.ops.schedule(req, strategy, reservation_id)
+        rid = call.args[5]
+        try:
+            if timeout is None:
+                return await self._one(call)
+            with self.scoped(timeout=timeout):
+                return await self._one(call)
+        except (StoreUnavailable, asyncio.CancelledError):
+            if rid:
+                self.forget(rid)
+            raise
+
+    def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
+        return self._one(self.ops.explain(req, strategy))
+
+    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
+               reservation_id: str | None = None) -> Awaitable[AssignResult]:
+        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+
+    def cancel(self, reservation_id: str) -> Awaitable[str]:
+        return self._one(self.ops.cancel(reservation_id))
+
+    def reservations(self, node_id: str | None = None) -> Awaitable[list[Reservation]]:
+        return self._one(self.ops.reservations(node_id))
+
+    def reservation(self, reservation_id: str) -> Awaitable[Reservation]:
+        return self._drive(self._reservation(reservation_id))
+
+    def lookup(self, sandbox_id: str) -> Awaitable[Binding]:
+        return self._one(self.ops.lookup(sandbox_id))
+
+    def stats(self) -> Awaitable[Stats]:
+        return self._one(self.ops.stats())
+
+    # -- P2P -----------------------------------------------------------------
+    def peers(self, cluster_id: str = "", backend: str = "",
+              exclude_node_id: str = "") -> Awaitable[list[Peer]]:
+        return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
+
+    def record_artifact(self, cluster_id: str, backend: str, key: str, node_id: str,
+                        capacity: int = DEFAULT_STORE_CAPACITY) -> Awaitable[int]:
+        return self._one(self.peer_ops.record(cluster_id, backend, key, node_id, capacity))
+
+    def forget_artifact(self, cluster_id: str, backend: str, key: str,
+                        node_id: str) -> Awaitable[bool]:
+        return self._one(self.peer_ops.forget(cluster_id, backend, key, node_id))
+
+    def lookup_artifact(self, cluster_id: str, backend: str, key: str,
+                        exclude_node_id: str = "", limit: int = 0) -> Awaitable[list[Peer]]:
+        return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
+
+
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+    @asynccontextmanager
+    async def _deadline(seconds: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if handle.cancelled() or asyncio.get_running_loop().time() < handle.when():
+                raise
+            raise TimeoutError from None
+        finally:
+            handle.cancel()
+
