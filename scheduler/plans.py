@@ -125,7 +125,7 @@ class BaseClient:
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
         self.fence = Fence()
         #: the cell this client keeps (keep_cell): put back when Redis lost it
-        self.cell: CellSetup | None = None
+        self.kept: CellSetup | None = None
 
     # -- what every call goes through --------------------------------------
     @contextmanager
@@ -196,19 +196,19 @@ class BaseClient:
         """Keep the cell: :meth:`prepare_cell` stores this policy and static
         node list, and a call that finds the cell without a policy (Redis
         lost its data) puts them back (:meth:`restore_cell`) and is sent again."""
-        self.cell = CellSetup(policy, tuple(nodes))
+        self.kept = CellSetup(policy, tuple(nodes))
 
     def _kept(self) -> CellSetup:
-        if self.cell is None:
+        if self.kept is None:
             raise RuntimeError("keep_cell() first: this client keeps no cell")
-        return self.cell
+        return self.kept
 
     def _step(self, call: Call[T]) -> Plan[T]:
         """One call; a cell Redis lost is restored first when this client keeps it."""
         try:
             return cast(T, (yield call))
         except CellNotInitialised:
-            if self.cell is None:
+            if self.kept is None:
                 raise
             log.warning("the cell's policy is gone from Redis (data lost?); restoring it")
             yield from self._restore()
