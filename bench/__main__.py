@@ -100,7 +100,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--replicas", type=_ints, help="replica process counts (default 1,2,4,8)")
     t.add_argument("--nodes", type=int, help="fleet size (default 1000)")
     t.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
-    t.add_argument("--paths", type=_paths, help="library,grpc (default both)")
+    t.add_argument("--paths", type=_paths, help="library,grpc,cpu (default all)")
+    t.add_argument("--concurrency", type=int, help="cpu path: calls in flight (default 32)")
+    t.add_argument("--channels", type=int, help="cpu path: connections they use (default 8)")
+    t.add_argument("--rounds", type=int, help="cpu path: rounds over the servers (default 3)")
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
     r = sub.add_parser("roster", parents=[common], help="Redis time of one heartbeat with a "
@@ -179,7 +182,8 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
         return lambda t: versus.run(t, vp)
     tp = _params(args, throughput.Params.quick() if args.quick else throughput.Params(),
                  {"replicas": "replicas", "nodes": "nodes", "seconds": "seconds",
-                  "paths": "paths"})
+                  "paths": "paths", "concurrency": "concurrency", "channels": "channels",
+                  "rounds": "rounds"})
     tp = replace(tp, seed=args.seed)
     return lambda t: throughput.run(t, tp)
 

@@ -6,20 +6,38 @@ stored in the cell, so a replica that disagreed would refuse to start (the
 product's own check).  Load processes are spawned, not forked, and this
 module never opens a gRPC channel in the driver: gRPC's core does not
 survive a fork of a process that has used it.
+
+The floor the replica's CPU per RPC is judged against is a bare
+``grpc.aio`` server that answers every Schedule with a constant
+(:func:`bare_main`, run as ``python -m bench.grpc_path bare PORT LOOP``): what
+gRPC in Python costs before any work of ours.  A server's CPU is read from
+``/proc`` (user + system time of the process and its children), so it counts
+every thread gRPC runs, and the workers of ``--workers``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import multiprocessing as mp
+import os
+import signal
+import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from scheduler import Policy
+from scheduler.loops import LoopUnavailable, choose
+from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import SCHEDCTL, ServeProcess, expect
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
@@ -155,3 +173,219 @@ class Replicas:
         self.close()
 
 
+
+
+# ---------------------------------------------------------------------------
+# CPU per RPC: a server process, many calls in flight
+# ---------------------------------------------------------------------------
+def _stat_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live
+    descendants, every thread included (Linux ``/proc``)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += _stat_cpu(p)
+            todo += _children(p)
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+    return total
+
+
+def cpu_unmeasurable() -> str | None:
+    """Why process CPU cannot be read here (None: it can)."""
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        return "needs Linux /proc (with /proc/PID/task/TID/children)"
+    return None
+
+
+def bare_main(port: int, loop: str) -> None:
+    """A minimal ``grpc.aio`` server of ``Schedule`` on ``127.0.0.1:port``
+    until SIGTERM: the floor of what one gRPC call costs in Python."""
+    import grpc
+
+    from scheduler.grpc import scheduler_pb2 as pb
+    from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+
+    reply = pb.ScheduleResponse(node=pb.Node(node_id="node-0001", endpoint="10.0.0.1:5000"))
+
+    class Constant(pb_grpc.SchedulerServicer):  # type: ignore[misc]
+        async def Schedule(self, request: Any, context: Any) -> Any:
+            return reply
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_SchedulerServicer_to_server(Constant(), server)
+        if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
+            raise SystemExit(f"cannot listen on {port}")
+        await server.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0)
+
+    choose(loop).run(main())
+
+
+class BareServer:
+    """``bare_main`` in its own process."""
+
+    def __init__(self, loop: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_path", "bare",
+                                      str(self.port), loop], cwd=ROOT)
+        self.pid = self.proc.pid
+
+    def wait_listening(self, timeout: float = 60) -> BareServer:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bare gRPC server exited ({self.proc.returncode})")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("bare gRPC server did not listen") from None
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> BareServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concurrency: int,
+                     channels: int, conn: Connection, go: Any) -> None:
+    """A gateway-like load process: ``concurrency`` Schedule RPCs in flight at
+    all times over ``channels`` connections (each its own TCP connection, so
+    the kernel can spread them over the workers of one port)."""
+    import grpc
+
+    from scheduler.grpc import scheduler_pb2 as pb
+    from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+
+    async def main() -> tuple[int, int]:
+        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
+            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
+        opened = [grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                            options=[("grpc.use_local_subchannel_pool", 1)])
+                  for _ in range(channels)]
+        try:
+            stubs = [pb_grpc.SchedulerStub(ch) for ch in opened]
+            for stub in stubs:
+                await stub.Schedule(req, timeout=60)  # warm: connection set-up
+            conn.send(("ready", None))
+            await asyncio.get_running_loop().run_in_executor(None, go.wait)
+            n = refused = 0
+            deadline = time.perf_counter() + seconds
+
+            async def caller(stub: Any) -> None:
+                nonlocal n, refused
+                while time.perf_counter() < deadline:
+                    try:
+                        await stub.Schedule(req, timeout=60)
+                        n += 1
+                    except grpc.aio.AioRpcError as e:
+                        if e.code() != grpc.StatusCode.UNAVAILABLE \
+                                or "no nodes" not in str(e.details()):
+                            raise
+                        refused += 1
+
+            await asyncio.gather(*(caller(stubs[i % channels]) for i in range(concurrency)))
+            return n, refused
+        finally:
+            for ch in opened:
+                await ch.close()
+
+    try:
+        try:
+            loop = choose("auto")  # the cheapest load: it shares the machine with the server
+        except LoopUnavailable:
+            loop = choose("asyncio")
+        conn.send(("done", loop.run(main())))
+    except Exception as e:  # reported to the driver, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+@dataclass(frozen=True)
+class Measured:
+    calls: int
+    refused: int
+    wall: float
+    server_cpu: float
+    redis_cpu: float
+
+
+def measure(port: int, server_pid: int, *, seconds: float, concurrency: int, channels: int,
+            cpu: int, memory_mb: int, redis_cpu: Callable[[], float]) -> Measured:
+    """Load ``port`` with ``concurrency`` calls in flight for ``seconds``;
+    the server's and Redis' CPU over the same window."""
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_load_concurrent, args=(port, cpu, memory_mb, seconds, concurrency,
+                                                   channels, child, go), daemon=True)
+    p.start()
+    child.close()
+    try:
+        expect(parent, "ready", "gRPC load", 180)
+        c0, r0 = process_cpu(server_pid), redis_cpu()
+        start = time.perf_counter()
+        go.set()
+        calls, refused = expect(parent, "done", "gRPC load", 180)
+        wall = time.perf_counter() - start
+        server, redis_used = process_cpu(server_pid) - c0, redis_cpu() - r0
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+        parent.close()
+    return Measured(calls, refused, wall, server, redis_used)
+
+
+def wait_workers(proc: ServeProcess, workers: int, timeout: float = 120) -> None:
+    """Until every worker of ``schedctl serve --workers`` serves (its log says so)."""
+    deadline = time.monotonic() + timeout
+    while f"{workers} workers serving" not in proc.log():
+        if proc.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"schedctl serve --workers {workers} did not serve:\n{proc.log()}")
+        time.sleep(0.05)
+
+
+def serve_args(loop: str, workers: int, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    # (info: wait_workers reads the supervisor's "N workers serving")
+    logs = ("--log-level", "info") if workers > 1 else ()
+    return ("--loop", loop, "--workers", str(workers), *logs, *extra)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "bare":
+        raise SystemExit("usage: python -m bench.grpc_path bare PORT LOOP")
+    bare_main(int(sys.argv[2]), sys.argv[3])

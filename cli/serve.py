@@ -1,4 +1,5 @@
-"""``schedctl serve``: run one stateless replica of the scheduler."""
+"""``schedctl serve``: run one stateless replica of the scheduler (or, with
+``--workers N``, N replica processes sharing one port: :mod:`scheduler.cli.workers`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import click
 import msgspec
@@ -17,27 +19,42 @@ from scheduler.aio import AsyncScheduler
 from scheduler.config import ConfigError, Overrides, Settings, load, summary
 from scheduler.connection import async_client, describe_target
 from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict, StoreUnavailable
+from scheduler.loops import CHOICES as LOOP_CHOICES
+from scheduler.loops import LoopUnavailable, choose
 from scheduler.replica import ListenError, Replica
 
 log = logging.getLogger("scheduler.serve")
 
+#: the most ``--workers`` (each is a whole replica process)
+MAX_WORKERS = 64
+
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self.worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
-        doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-               + f".{int(record.msecs):03d}Z", "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
+        doc: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z", "level": record.levelname.lower(),
+            "logger": record.name, "msg": record.getMessage()}
+        if self.worker is not None:
+            doc["worker"] = self.worker
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return msgspec.json.encode(doc).decode()
 
 
-def configure_logging(level: str, fmt: str) -> None:
+def configure_logging(level: str, fmt: str, worker: int | None = None) -> None:
+    """Log to stderr; a worker of ``--workers`` names itself on every line."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(_JsonFormatter(worker))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        who = "" if worker is None else f"[worker {worker}]"
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel({"warn": "WARNING"}.get(level, level.upper()))
@@ -47,20 +64,35 @@ class StartupError(Exception):
     pass
 
 
-async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
-    target = describe_target(settings.redis_url)
+def announce(settings: Settings) -> None:
+    """The start-up summary: Redis target, limits, TTLs, listen addresses."""
     if settings.redis_url is None:
         log.warning(embedded.WARNING)
-    for line in summary(settings, target):
+    for line in summary(settings, describe_target(settings.redis_url)):
         log.info("%s", line)
-    sched = AsyncScheduler(async_client(settings.redis_url, settings.redis_timeout_s),
+
+
+async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: bool = False,
+                      serving: Callable[[Replica], None] | None = None,
+                      stop_when_readable: int | None = None) -> None:
+    """Serve until SIGTERM / SIGINT.  ``worker``: one of ``--workers`` (shares
+    the port, the parent announced the settings); ``serving`` is told once
+    the replica serves; a readable ``stop_when_readable`` fd (the parent's
+    pipe: closed when the parent is gone) stops it like a signal."""
+    if not worker:
+        announce(settings)
+    # (every call of the replica goes through AsyncScheduler.run, which bounds it)
+    sched = AsyncScheduler(async_client(settings.redis_url, settings.redis_timeout_s,
+                                        caller_bounds=True),
                            settings.cell, settings.prefix, settings.redis_url,
                            settings.durability, settings.redis_timeout_s)
-    replica = Replica(settings, sched, overwrite_policy=overwrite_policy)
+    replica = Replica(settings, sched, overwrite_policy=overwrite_policy, reuse_port=worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if stop_when_readable is not None:
+        loop.add_reader(stop_when_readable, stop.set)
     try:
         # Redis down at start is waited out, not a crash: serving begins once
         # the cell's policy could be checked (nothing is ever served unchecked).
@@ -91,11 +123,15 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
             raise StartupError(str(e)) from None
         log.info("serving scheduler.v1.Scheduler on port %d%s", replica.port,
                  f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "")
+        if serving is not None:
+            serving(replica)
         await stop.wait()
         log.info("stopping: draining in-flight calls (up to %.1fs)", settings.drain_timeout_s)
         await replica.stop()
         log.info("stopped")
     finally:
+        if stop_when_readable is not None:
+            loop.remove_reader(stop_when_readable)
         await sched.close()
 
 
@@ -119,10 +155,16 @@ async def run_replica(settings: Settings, overwrite_policy: bool) -> None:
 @click.option("--grpc-tls-client-ca", metavar="PEM", help="CA that signs client "
               "certificates: clients must present one (mutual TLS); overrides "
               "scheduler.grpc_tls.client_ca_file.")
+@click.option("--loop", "loop_name", type=click.Choice(LOOP_CHOICES), default="auto",
+              show_default=True, help="Event loop: auto = uvloop when it is installed (the "
+              "'fast' extra, Linux), else asyncio.")
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
+              help="Replica processes sharing the gRPC port (SO_REUSEPORT); worker i serves "
+              "/metrics on the metrics port + i.  Needs a Redis (not the embedded store).")
 def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
           metrics_listen: str | None, cell: str | None, overwrite_policy: bool,
           log_level: str | None, grpc_tls_cert: str | None, grpc_tls_key: str | None,
-          grpc_tls_client_ca: str | None) -> None:
+          grpc_tls_client_ca: str | None, loop_name: str, workers: int) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
     try:
         settings = load(config_path, flags=Overrides(
@@ -131,8 +173,23 @@ def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
             grpc_tls_client_ca=grpc_tls_client_ca))
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
-    configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(run_replica(settings, overwrite_policy))
+        loop = choose(loop_name)
+    except LoopUnavailable as e:
+        raise click.ClickException(str(e)) from None
+    if workers > 1:
+        from .workers import WorkersError, check, supervise
+
+        try:
+            check(settings, workers)
+        except WorkersError as e:
+            raise click.ClickException(str(e)) from None
+    configure_logging(settings.log_level, settings.log_format)
+    log.info("event loop: %s (%s)", loop.name, loop.why)
+    try:
+        if workers > 1:
+            announce(settings)
+            sys.exit(supervise(settings, overwrite_policy, workers, loop))
+        loop.run(run_replica(settings, overwrite_policy))
     except StartupError as e:
         raise click.ClickException(str(e)) from None

@@ -299,8 +299,9 @@ def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = 
 HEALTH_CHECK_S = 1
 
 
-def _common(timeout_s: float) -> dict[str, Any]:
-    return {"socket_connect_timeout": min(timeout_s, 2.0), "socket_timeout": timeout_s,
+def _common(timeout_s: float, socket_timeout: bool = True) -> dict[str, Any]:
+    return {"socket_connect_timeout": min(timeout_s, 2.0),
+            "socket_timeout": timeout_s if socket_timeout else None,
             "health_check_interval": HEALTH_CHECK_S}
 
 
@@ -375,24 +376,31 @@ def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     return redis.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
 
 
-def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, *,
+                 caller_bounds: bool = False) -> Any:
+    """An asyncio client.  ``caller_bounds``: every call made with it is
+    bounded by its caller (an :class:`~scheduler.aio.AsyncScheduler` bounds
+    each one by ``timeout_s`` or a shorter deadline), so its connections get
+    no socket timeout of their own: redis-py runs every send under a socket
+    timeout as a task of its own (``asyncio.wait_for``), which cost a replica
+    about 8 % of its CPU per Schedule RPC (docs/performance.md)."""
     addr = parse_address(text)
     # The asyncio client needs the asyncio Retry: given the synchronous one it
     # never awaits the retried call, so the "one quick retry" silently failed.
     retry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
     if addr.kind == "embedded":
         return embedded.async_client()
+    common = _common(timeout_s, socket_timeout=not caller_bounds)
     if addr.kind == "cluster":
         return _ASYNC_CLUSTER(startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p)
                                              for h, p in addr.sentinels],
-                              retry=retry, **_common(timeout_s), **_cluster_options(addr))
+                              retry=retry, **common, **_cluster_options(addr))
     if addr.kind == "sentinel":
         sentinel = _ASYNC_SENTINEL(
             list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
                                                    **addr.sentinel_options})
-        return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
-                                   **addr.options)
-    return redis.asyncio.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
+        return sentinel.master_for(addr.service, retry=retry, **common, **addr.options)
+    return redis.asyncio.Redis.from_url(addr.url, retry=retry, **common)
 
 
 class PrimaryCheck:

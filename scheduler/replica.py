@@ -47,8 +47,11 @@ class ListenError(Exception):
 class Replica:
     def __init__(self, settings: Settings, sched: AsyncScheduler, *,
                  overwrite_policy: bool = False, monitor_interval_s: float = 1.0,
-                 cell_stats_interval_s: float | None = 5.0) -> None:
+                 cell_stats_interval_s: float | None = 5.0, reuse_port: bool = False) -> None:
         self.settings = settings
+        #: share the gRPC port with other processes (``schedctl serve --workers``);
+        #: off otherwise, so a second replica on a taken port fails to start
+        self.reuse_port = reuse_port
         self.sched = sched
         self.overwrite_policy = overwrite_policy
         self.monitor_interval_s = monitor_interval_s
@@ -99,7 +102,7 @@ class Replica:
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         limit = max_message_bytes(self.settings.policy.max_roster_ids)
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port)),
                                                ("grpc.max_receive_message_length", limit)])
         pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
