@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 
@@ -83,12 +83,6 @@ EVENT_NAMES: dict[int, str] = {
     pb.SandboxEventType.Value(f"SANDBOX_EVENT_TYPE_{name}"): name for name in EVENT_TYPES}
 
 
-def _remaining(context: grpc.aio.ServicerContext[Any, Any]) -> float | None:
-    """Seconds until the caller's deadline (None: no deadline)."""
-    left: float | None = context.time_remaining()
-    return left
-
-
 def status_of(e: SchedulerError) -> grpc.StatusCode:
     for cls in type(e).__mro__:
         if cls in STATUS:
@@ -140,8 +134,10 @@ def request_of(req: pb.ScheduleRequest) -> Request:
     kind = req.hint.WhichOneof("kind") if req.HasField("hint") else None
     if kind == "new_cold_sandbox":
         cold = req.hint.new_cold_sandbox
-        at_most("hint.new_cold_sandbox.images", cold.images, MAX_IMAGES)
-        _metadata_map("hint.new_cold_sandbox.metadata", cold.metadata)
+        if cold.images:
+            at_most("hint.new_cold_sandbox.images", cold.images, MAX_IMAGES)
+        if cold.metadata:
+            _metadata_map("hint.new_cold_sandbox.metadata", cold.metadata)
         if cold.cpu_count > MAX_CPU:
             raise InvalidArgument("hint.new_cold_sandbox.cpu_count", f"must be at most {MAX_CPU}")
         if cold.memory_mb * MIB > MAX_BYTES:
@@ -230,11 +226,16 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self.lookup_limit = artifact_lookup_node_limit
         #: told of every call that found Redis unable to serve (health re-checks at once)
         self.on_unavailable = on_unavailable
+        self._rpc_series: dict[tuple[str, str], Any] = {}
+        self._script_series: dict[str, Any] = {}
+        self._schedule_ok = metrics.schedule_duration.labels(strategy, "OK")
+        self._assigned = metrics.assignments.labels(strategy)
+        self._schedule_rpc_ok = self._rpc_seconds("Schedule", "OK")
 
     # -- plumbing ----------------------------------------------------------
     def _metered(self, script: str, seconds: float, error: BaseException | None) -> None:
         """Each Redis call an RPC makes (the library reports them)."""
-        self.metrics.script_duration.labels(script).observe(seconds)
+        self._script_seconds(script).observe(seconds)
         if isinstance(error, StoreUnavailable):
             self.metrics.redis_errors.inc()
             self.on_unavailable()
@@ -242,51 +243,68 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     async def _serve(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any],
                      work: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
-        code: grpc.StatusCode | None = None
-        message = ""
         try:
-            with self.sched.scoped(timeout=_remaining(context), observe=self._metered):
+            with self.sched.scoped(timeout=context.time_remaining(), observe=self._metered):
                 result = await work()
-        except SchedulerError as e:
+        except Exception as e:
+            await self._fail(rpc, context, start, e)
+        self._rpc_seconds(rpc, "OK").observe(time.perf_counter() - start)
+        return result
+
+    async def _fail(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any], start: float,
+                    e: Exception) -> NoReturn:
+        """Answer the call with ``e``'s status code (INTERNAL, logged, for what
+        is not a SchedulerError)."""
+        if isinstance(e, SchedulerError):
             code, message = status_of(e), e.message
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed: %s", rpc, message)
-        except Exception:
+        else:
             code, message = grpc.StatusCode.INTERNAL, f"{rpc} failed; see the replica's log"
-            log.exception("%s failed", rpc)
-        if code is None:
-            self._observe(rpc, grpc.StatusCode.OK, start)
-            return result
+            log.error("%s failed", rpc, exc_info=e)
         # recorded before abort() sends the status, so a caller never sees it first
-        self._observe(rpc, code, start)
+        self._rpc_seconds(rpc, code.name).observe(time.perf_counter() - start)
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort() always raises
 
-    def _observe(self, rpc: str, code: grpc.StatusCode, start: float) -> None:
-        self.metrics.rpc_duration.labels(rpc, code.name).observe(time.perf_counter() - start)
+    # The metric series every call observes, each looked up once (a label
+    # lookup costs about as much as the observation itself).
+    def _rpc_seconds(self, rpc: str, code: str) -> Any:
+        series = self._rpc_series.get((rpc, code))
+        if series is None:
+            series = self._rpc_series[rpc, code] = self.metrics.rpc_duration.labels(rpc, code)
+        return series
+
+    def _script_seconds(self, script: str) -> Any:
+        series = self._script_series.get(script)
+        if series is None:
+            series = self._script_series[script] = self.metrics.script_duration.labels(script)
+        return series
 
     # -- placement ---------------------------------------------------------
     async def Schedule(self, request: pb.ScheduleRequest,
                        context: grpc.aio.ServicerContext[Any, Any]) -> pb.ScheduleResponse:
-        async def work() -> pb.ScheduleResponse:
-            req = request_of(request)
-            start = time.perf_counter()
-            code = "OK"
-            try:
-                placed = await self._place(req, context)
-            except SchedulerError as e:
-                code = status_of(e).name
-                raise
-            finally:
-                self.metrics.schedule_duration.labels(self.strategy, code).observe(
-                    time.perf_counter() - start)
-            self.metrics.assignments.labels(self.strategy).inc()
-            if placed.reservation_id:
-                context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))
-            return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id,
-                                                    endpoint=placed.endpoint))
-
-        return await self._serve("Schedule", context, work)
+        # _serve written out: this is the call a replica answers most
+        start = time.perf_counter()
+        try:
+            with self.sched.scoped(timeout=context.time_remaining(), observe=self._metered):
+                req = request_of(request)
+                placing = time.perf_counter()
+                try:
+                    placed = await self._place(req, context)
+                except SchedulerError as e:
+                    self.metrics.schedule_duration.labels(self.strategy, status_of(e).name) \
+                        .observe(time.perf_counter() - placing)
+                    raise
+        except Exception as e:
+            await self._fail("Schedule", context, start, e)
+        done = time.perf_counter()
+        self._schedule_ok.observe(done - placing)
+        self._assigned.inc()
+        if placed.reservation_id:
+            context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))
+        self._schedule_rpc_ok.observe(done - start)
+        return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id, endpoint=placed.endpoint))
 
     async def _place(self, req: Request, context: grpc.aio.ServicerContext[Any, Any],
                      ) -> Placement:

@@ -137,11 +137,14 @@ def health_status(address: str) -> int:
 # ---------------------------------------------------------------------------
 class ServeProcess:
     """One ``schedctl serve`` subprocess on free ports (``metrics``: also
-    serve /metrics; ``wait_serving`` or ``wait_listening`` until it is up)."""
+    serve /metrics; ``env``: added to its environment; ``wait_serving`` or
+    ``wait_listening`` until it is up)."""
 
     def __init__(self, config: dict[str, Any], redis_url: str | None, cell: str = "e2e",
-                 extra_args: tuple[str, ...] = (), metrics: bool = True) -> None:
+                 extra_args: tuple[str, ...] = (), metrics: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.metrics = metrics
+        self.extra_env = env or {}
         self.dir = Path(tempfile.mkdtemp(prefix="sched-replica-"))
         self.config_path = self.dir / "config.json"
         self.config_path.write_text(json.dumps(config))
@@ -161,6 +164,7 @@ class ServeProcess:
         if self.redis_url:
             args += ["--redis", self.redis_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+        env.update(self.extra_env)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*SCHEDCTL, "serve", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, env=env)
