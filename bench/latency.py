@@ -60,6 +60,7 @@ SEED_NODES = 200
 
 COLUMNS = ["nodes", "ping_p50_us", "schedule_p50_us", "schedule_p99_us", "redis_us_per_schedule",
            "redis_us_per_heartbeat", "redis_us_per_steady_heartbeat", "redis_us_per_schedule_busy",
+           "redis_us_per_schedule_coalesced", "redis_us_per_heartbeat_busy",
            "redis_us_per_steady_heartbeat_busy", "redis_us_floor_busy"]
 
 #: The writes every reservation must make, and nothing else (no decision, no
@@ -89,6 +90,9 @@ end)
 #: Creations per pipelined burst, and bursts per fleet size, for the busy figures.
 BURST = 200
 BURSTS = 5
+#: Schedules per batch call in the coalesced figure (what a replica sends when
+#: that many queued while its previous call was in flight).
+COALESCED = 16
 
 
 @dataclass(frozen=True)
@@ -165,10 +169,51 @@ class _Stream:
         return due
 
 
+def _coalesced(target: Target, s: Scheduler, rng: random.Random) -> float:
+    """Redis CPU per placement when a replica coalesces: pipelined bursts of
+    batch calls of COALESCED Schedules each (then cancelled)."""
+    placed = usec = 0
+    for b in range(BURSTS):
+        batches = []
+        for j in range(BURST // COALESCED):
+            batches.append(s.ops.schedule_batch([
+                s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"co{b}-{j}-{i}")
+                for i in range(COALESCED)]))
+        w = target.script_stats()
+        replies = run_pipelined(s, batches, errors=True)
+        _, u = target.script_stats_since(w)
+        done = [p for r in replies if not isinstance(r, Exception) for p in r
+                if not isinstance(p, Exception)]
+        placed, usec = placed + len(done), usec + u
+        run_pipelined(s, [s.ops.cancel(p.reservation_id or "") for p in done], errors=True)
+    return usec / max(1, placed)
+
+
+def _changed_busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random) -> float:
+    """Redis CPU per changed heartbeat with Redis busy: nodes whose roster moved
+    by 1 to 4 sandboxes (created and deleted) report, pipelined, as deltas."""
+    calls = usec = 0
+    ids = list(stream.by_id)
+    for b in range(BURSTS):
+        sample = [stream.by_id[x] for x in rng.sample(ids, min(BURST, len(ids)))]
+        for k, node in enumerate(sample):
+            for j in range(rng.randint(1, 4)):
+                if j % 2 == 0 or not node.sandboxes:
+                    node.create(f"chg{b}-{k}-{j}", 1, 1024 * MIB)
+                else:
+                    node.delete(next(iter(node.sandboxes)))
+        w = target.script_stats()
+        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample], errors=True)
+        n, u = target.script_stats_since(w)
+        calls, usec = calls + n, usec + u
+    return usec / max(1, calls)
+
+
 def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
-          ) -> tuple[float | None, float | None, float | None]:
+          ) -> tuple[float | None, float | None, float | None, float | None, float | None]:
     """Redis CPU per call with Redis busy: pipelined bursts of creations (then
-    cancelled), of steady heartbeats, and of the reference writes."""
+    cancelled), of coalesced creations, of changed and of steady heartbeats,
+    and of the reference writes."""
     sched_calls = sched_usec = 0
     for b in range(BURSTS):
         calls = [s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
@@ -179,6 +224,7 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
         sched_calls, sched_usec = sched_calls + n, sched_usec + u
         run_pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
                           if not isinstance(r, Exception)], errors=True)
+    coalesced = _coalesced(target, s, rng)
     clean = [n for n in stream.by_id.values()
              if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
              and n.node_id in s.beats]
@@ -206,7 +252,9 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
             calls_n, usec_n = calls_n + n, usec_n + u
         s.client.execute_command("FUNCTION", "DELETE", "sched_bench_floor")
         floor = usec_n / max(1, calls_n)
-    return (sched_usec / max(1, sched_calls), steady_usec / max(1, steady_calls), floor)
+    changed = _changed_busy(target, s, stream, rng)
+    return (sched_usec / max(1, sched_calls), coalesced, changed,
+            steady_usec / max(1, steady_calls), floor)
 
 
 def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -277,7 +325,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
             k, u = target.script_stats_since(w)
             steady_calls, steady_usec = steady_calls + k, steady_usec + u
         elapsed = time.perf_counter() - start
-        busy_sched, busy_steady, floor = _busy(target, s, stream, rng)
+        busy_sched, coalesced, busy_changed, busy_steady, floor = _busy(target, s, stream, rng)
         pending = s.stats().pending
     finally:
         s.close()
@@ -291,6 +339,8 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         "redis_us_per_heartbeat": round(hb_usec / max(1, hb_calls), 1),
         "redis_us_per_steady_heartbeat": round(steady_usec / max(1, steady_calls), 1),
         "redis_us_per_schedule_busy": round(busy_sched, 1) if busy_sched else None,
+        "redis_us_per_schedule_coalesced": round(coalesced, 1) if coalesced else None,
+        "redis_us_per_heartbeat_busy": round(busy_changed, 1) if busy_changed else None,
         "redis_us_per_steady_heartbeat_busy": round(busy_steady, 1) if busy_steady else None,
         "redis_us_floor_busy": round(floor, 1) if floor is not None else None,
     }
@@ -322,6 +372,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         "redis_us_per_heartbeat: nodes that changed, one Scheduler.heartbeat at a time (a "
         "delta with the roster); *_steady_heartbeat: nodes that did not change",
         f"*_busy: pipelined bursts of {BURST} (Redis busy, as under many replicas); "
+        f"*_coalesced: the same bursts as batch calls of {COALESCED} Schedules (per "
+        "placement); *_heartbeat_busy: nodes whose roster moved by 1 to 4, as deltas; "
         "redis_us_floor_busy: only the writes every reservation must make, same bursts "
         "(a reference, not our code)",
     ]
@@ -332,7 +384,11 @@ def run(target: Target, p: Params | None = None) -> Result:
                 f"per heartbeat = {hb_share:.3f} x per schedule")
         busy, floor = row["redis_us_per_schedule_busy"], row["redis_us_floor_busy"]
         if busy and floor:
-            line += f"; busy schedule = {busy / floor:.1f} x the floor"
+            line += f"; busy schedule = {busy / floor:.2f} x the floor"
+            for name, label in (("redis_us_per_schedule_coalesced", "coalesced placement"),
+                                ("redis_us_per_heartbeat_busy", "busy changed heartbeat")):
+                if row[name]:
+                    line += f", {label} = {row[name] / floor:.2f} x"
         notes.append(line)
     for d in details:
         notes.append(f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "

@@ -14,7 +14,8 @@
   Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
           fields...} or {"err", "<CODE> <message>"} (that request's own error)
   Errors: PRECONDITION (no policy: nothing decided), BADARG n or a dry run
-  Writes: as schedule-5.lua, once per placed request
+  Writes: as schedule-5.lua, once per placed request (the rotation counter and
+          stats reserved_total once, at the end)
 ]]
 -- @include schedule
 local n = tonumber(ARGV[1])
@@ -22,6 +23,7 @@ if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
   return fail('BADARG', 'n must count the requests that follow, 7 arguments each')
 end
 if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
+CALL.batch = true
 local out = {}
 for i = 1, n do
   local a = 1 + 7 * (i - 1)
@@ -35,4 +37,5 @@ for i = 1, n do
     out[i] = r
   end
 end
+finish_batch(KEYS[6])
 return out

@@ -14,10 +14,46 @@ local function whole(arg, default)
   return v
 end
 
+-- What the decisions of one call share: the policy, the instant, the sweeps
+-- already done and, in a batch, the counters (read once, written once by
+-- finish_batch).  A batch decides as if its requests came one by one within
+-- the same millisecond.
+local CALL
+ON_CALL[#ON_CALL + 1] = function() CALL = {} end
+
+-- The rotation counter's next value, taken (given back by give_back_rr).
+local function take_rr(rr_key, dry_run)
+  if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
+  if not CALL.batch then return redis.call('INCR', rr_key) end
+  if CALL.rr == nil then CALL.rr = tonumber(redis.call('GET', rr_key)) or 0 end
+  CALL.rr = CALL.rr + 1
+  return CALL.rr
+end
+
+local function give_back_rr(rr_key)
+  if CALL.batch then CALL.rr = CALL.rr - 1 else redis.call('DECR', rr_key) end
+end
+
+-- The cell's count of reservations made, this one included (it orders a
+-- node's reservations).
+local function next_seq()
+  if not CALL.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)) end
+  if CALL.seq == nil then CALL.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  CALL.seq = CALL.seq + 1
+  return fmt(CALL.seq)
+end
+
+-- A batch's counters, written once at its end.
+local function finish_batch(rr_key)
+  if CALL.rr ~= nil then redis.call('SET', rr_key, fmt(CALL.rr)) end
+  if CALL.seq ~= nil then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(CALL.seq)) end
+end
+
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
-  local P = load_policy()
+  local P = CALL.P or load_policy()
   if not P then return fail('PRECONDITION', NO_POLICY) end
+  CALL.P = P
 
   if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
   local strategy = strategy_arg
@@ -38,7 +74,8 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     return fail('BADARG', 'random must be in [0, 1)')
   end
 
-  local now = now_ms(P)
+  local now = CALL.now or now_ms(P)
+  CALL.now = now
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
@@ -59,19 +96,19 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     end
   end
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
-  local rr_next
-  if dry_run then
-    rr_next = (tonumber(redis.call('GET', RR_KEY)) or 0) + 1
-  else
-    rr_next = redis.call('INCR', RR_KEY)
-  end
+  local rr_next = take_rr(RR_KEY, dry_run)
   local chosen = nil
   if not dry_run then
-    sweep_expired(now)
+    -- (at one instant, a sweep that found less than a full batch due leaves
+    -- nothing for the next decision of the same call)
+    if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
     reindex_touched(P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not CALL.fresh then
+      CALL.fresh = sweep_stale(P, now)
+    end
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and sweep_stale(P, now) then
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and CALL.fresh then
       local picked, among = pick_indexed(P, req, rr_next)
       if picked then
         -- The record must sit in one of the buckets it was chosen among; its
@@ -148,7 +185,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   end
 
   if chosen == nil then
-    redis.call('DECR', RR_KEY)
+    give_back_rr(RR_KEY)
     redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
     reindex_touched(P, now)
     return fail('NO_NODES', refusal)
@@ -158,7 +195,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   local out_rid = ''
   if req.create then
     -- the cell's count of reservations made, this one included, orders a node's reservations
-    local seq = fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1))
+    local seq = next_seq()
     local expires = now + P.reservation_ttl_ms
     -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
     -- far slower than fmt's integer conversion)
