@@ -145,7 +145,7 @@ end
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
 
 -- Buckets of at most this many nodes are read whole when equals are rotated.
-local SMALL_BUCKET = 64
+local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
 
 -- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
 local function kth_merged(lists, k)
@@ -193,7 +193,7 @@ end
 -- old bucket kept this one from being empty), so it is not added again.
 local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
-  redis.call('ZADD', bk, 0, node_id)
+  redis.call('ZADD', bk, '0', node_id)
   if redis.call('ZCARD', bk) == 1 then
     local shape = shape_of(bucket)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
@@ -216,8 +216,8 @@ local function move_index(n, want)
 end
 
 -- Bring one node's index entry up to date with its record.
-local function reindex(node_id, P, now)
-  if not redis.call('ZSCORE', NODES_KEY, node_id) then return end
+local function reindex(node_id, P, now, registered)
+  if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
   local n = read_node(node_id)
   read_status(n, P, now)
   local want = ''
@@ -240,7 +240,7 @@ local function unindex(node_id)
 end
 
 local function reindex_touched(P, now)
-  for node_id, _ in pairs(TOUCHED) do reindex(node_id, P, now) end
+  for node_id, how in pairs(TOUCHED) do reindex(node_id, P, now, how == 'registered') end
   TOUCHED = {}
 end
 
@@ -253,7 +253,8 @@ local function sweep_stale(P, now)
     before = P.settle_ms + 1
   end
   local cutoff = '(' .. fmt(before)
-  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', 0, STALE_BATCH)
+  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
+    fmt(STALE_BATCH))
   for _, node_id in ipairs(stale) do reindex(node_id, P, now) end
   return #stale < STALE_BATCH
 end
@@ -338,11 +339,11 @@ local function pick_indexed(P, req, rr_next)
     if st.rank == 0 then  -- a stream's opening: read once a call unless changed
       batch = FIRSTS[st.key]
       if batch == nil then
-        batch = redis.call('ZRANGE', st.key, 0, st.size - 1)
+        batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
         FIRSTS[st.key] = batch
       end
     else
-      batch = redis.call('ZRANGE', st.key, st.rank, st.rank + st.size - 1)
+      batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
     end
     st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
     st.size = math.min(2 * st.size, SCAN_BATCH)
@@ -405,7 +406,7 @@ local function pick_indexed(P, req, rr_next)
   local picked
   local lists, total = {}, 0
   for i, bucket in ipairs(equals) do
-    local members = redis.call('ZRANGE', bucket_key(bucket), 0, SMALL_BUCKET)
+    local members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
     if #members > SMALL_BUCKET then
       lists = nil
       break
@@ -429,7 +430,7 @@ local function pick_indexed(P, req, rr_next)
         redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
       end
     end
-    picked = redis.call('ZRANGE', IDX_TMP, k, k)[1]
+    picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
     redis.call('DEL', IDX_TMP)
   end
   local set = {}
