@@ -60,6 +60,7 @@ SEED_NODES = 200
 
 COLUMNS = ["nodes", "ping_p50_us", "schedule_p50_us", "schedule_p99_us", "redis_us_per_schedule",
            "redis_us_per_heartbeat", "redis_us_per_steady_heartbeat", "redis_us_per_schedule_busy",
+           "redis_us_per_schedule_coalesced", "redis_us_per_heartbeat_busy",
            "redis_us_per_steady_heartbeat_busy", "redis_us_floor_busy"]
 
 #: The writes every reservation must make, and nothing else (no decision, no
@@ -89,6 +90,9 @@ end)
 #: Creations per pipelined burst, and bursts per fleet size, for the busy figures.
 BURST = 200
 BURSTS = 5
+#: Schedules per batch call in the coalesced figure (what a replica sends when
+#: that many queued while its previous call was in flight).
+COALESCED = 16
 
 
 @dataclass(frozen=True)
@@ -166,47 +170,81 @@ class _Stream:
 
 
 def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
-          ) -> tuple[float | None, float | None, float | None]:
-    """Redis CPU per call with Redis busy: pipelined bursts of creations (then
-    cancelled), of steady heartbeats, and of the reference writes."""
-    sched_calls = sched_usec = 0
+          ) -> dict[str, float | None]:
+    """Redis CPU per call with Redis busy, in rounds so that every kind meets the
+    same machine: each round sends a pipelined burst of creations (then
+    cancelled), the same number coalesced into batch calls of COALESCED (per
+    placement), of the reference writes, of steady heartbeats, and of changed
+    heartbeats (nodes whose roster moved by 1 to 4 sandboxes, as deltas)."""
+    sums: dict[str, list[int]] = {k: [0, 0] for k in
+                                  ("schedule", "coalesced", "floor", "steady", "changed")}
+
+    def add(kind: str, calls: int, usec: int) -> None:
+        sums[kind][0] += calls
+        sums[kind][1] += usec
+
+    floor_ok = s.scripts.mode == FUNCTION
+    if floor_ok:
+        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+    ids = list(stream.by_id)
+    keys = s.ops.schedule(Request.cold(1, 1)).keys
+    clean = [n for n in stream.by_id.values()
+             if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
+             and n.node_id in s.beats]
+    changing = [n for n in clean]
+    rng.shuffle(changing)
     for b in range(BURSTS):
+        # creations, one call each
         calls = [s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
                  for i in range(BURST)]
         w = target.script_stats()
         replies = run_pipelined(s, calls, errors=True)
-        n, u = target.script_stats_since(w)
-        sched_calls, sched_usec = sched_calls + n, sched_usec + u
+        add("schedule", *target.script_stats_since(w))
         run_pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
                           if not isinstance(r, Exception)], errors=True)
-    clean = [n for n in stream.by_id.values()
-             if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
-             and n.node_id in s.beats]
-    steady_calls = steady_usec = 0
-    for _ in range(BURSTS):
-        sample = rng.sample(clean, min(BURST, len(clean)))
+        # the same, coalesced
+        batches = [s.ops.schedule_batch([
+            s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"co{b}-{j}-{i}")
+            for i in range(COALESCED)]) for j in range(BURST // COALESCED)]
         w = target.script_stats()
-        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample], errors=True)
-        n, u = target.script_stats_since(w)
-        steady_calls, steady_usec = steady_calls + n, steady_usec + u
-    floor = None
-    if s.scripts.mode == FUNCTION:
-        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
-        ids = list(stream.by_id)
-        keys = s.ops.schedule(Request.cold(1, 1)).keys
-        calls_n = usec_n = 0
-        for b in range(BURSTS):
+        replies = run_pipelined(s, batches, errors=True)
+        _, usec = target.script_stats_since(w)
+        done = [p for r in replies if not isinstance(r, Exception) for p in r
+                if not isinstance(p, Exception)]
+        add("coalesced", len(done), usec)
+        run_pipelined(s, [s.ops.cancel(p.reservation_id or "") for p in done], errors=True)
+        # the reference writes
+        if floor_ok:
             pipe = s.client.pipeline(transaction=False)
             for i in range(BURST):
                 pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
                                      f"floor{b}-{i}", rng.choice(ids))
             w = target.script_stats()
             pipe.execute()
-            n, u = target.script_stats_since(w)
-            calls_n, usec_n = calls_n + n, usec_n + u
+            add("floor", *target.script_stats_since(w))
+        # steady heartbeats
+        sample = rng.sample(clean, min(BURST, len(clean)))
+        w = target.script_stats()
+        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample], errors=True)
+        add("steady", *target.script_stats_since(w))
+        # changed heartbeats
+        part = changing[b * len(changing) // BURSTS:(b + 1) * len(changing) // BURSTS][:BURST]
+        for k, node in enumerate(part):
+            for j in range(rng.randint(1, 4)):
+                if j % 2 == 0 or not node.sandboxes:
+                    node.create(f"chg{b}-{k}-{j}", 1, 1024 * MIB)
+                else:
+                    node.delete(next(iter(node.sandboxes)))
+        w = target.script_stats()
+        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in part], errors=True)
+        add("changed", *target.script_stats_since(w))
+    if floor_ok:
         s.client.execute_command("FUNCTION", "DELETE", "sched_bench_floor")
-        floor = usec_n / max(1, calls_n)
-    return (sched_usec / max(1, sched_calls), steady_usec / max(1, steady_calls), floor)
+    return {k: (u / n if n else None) for k, (n, u) in sums.items()}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -277,7 +315,7 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
             k, u = target.script_stats_since(w)
             steady_calls, steady_usec = steady_calls + k, steady_usec + u
         elapsed = time.perf_counter() - start
-        busy_sched, busy_steady, floor = _busy(target, s, stream, rng)
+        busy = _busy(target, s, stream, rng)
         pending = s.stats().pending
     finally:
         s.close()
@@ -290,9 +328,11 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         "redis_us_per_schedule": round(sched_usec / max(1, sched_calls), 1),
         "redis_us_per_heartbeat": round(hb_usec / max(1, hb_calls), 1),
         "redis_us_per_steady_heartbeat": round(steady_usec / max(1, steady_calls), 1),
-        "redis_us_per_schedule_busy": round(busy_sched, 1) if busy_sched else None,
-        "redis_us_per_steady_heartbeat_busy": round(busy_steady, 1) if busy_steady else None,
-        "redis_us_floor_busy": round(floor, 1) if floor is not None else None,
+        "redis_us_per_schedule_busy": _round(busy["schedule"]),
+        "redis_us_per_schedule_coalesced": _round(busy["coalesced"]),
+        "redis_us_per_heartbeat_busy": _round(busy["changed"]),
+        "redis_us_per_steady_heartbeat_busy": _round(busy["steady"]),
+        "redis_us_floor_busy": _round(busy["floor"]),
     }
     detail = {"nodes": n, "schedules": len(sched_ns), "heartbeats": hb_calls,
               "steady_heartbeats": steady_calls,
@@ -322,6 +362,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         "redis_us_per_heartbeat: nodes that changed, one Scheduler.heartbeat at a time (a "
         "delta with the roster); *_steady_heartbeat: nodes that did not change",
         f"*_busy: pipelined bursts of {BURST} (Redis busy, as under many replicas); "
+        f"*_coalesced: the same bursts as batch calls of {COALESCED} Schedules (per "
+        "placement); *_heartbeat_busy: nodes whose roster moved by 1 to 4, as deltas; "
         "redis_us_floor_busy: only the writes every reservation must make, same bursts "
         "(a reference, not our code)",
     ]
@@ -332,7 +374,11 @@ def run(target: Target, p: Params | None = None) -> Result:
                 f"per heartbeat = {hb_share:.3f} x per schedule")
         busy, floor = row["redis_us_per_schedule_busy"], row["redis_us_floor_busy"]
         if busy and floor:
-            line += f"; busy schedule = {busy / floor:.1f} x the floor"
+            line += f"; busy schedule = {busy / floor:.2f} x the floor"
+            for name, label in (("redis_us_per_schedule_coalesced", "coalesced placement"),
+                                ("redis_us_per_heartbeat_busy", "busy changed heartbeat")):
+                if row[name]:
+                    line += f", {label} = {row[name] / floor:.2f} x"
         notes.append(line)
     for d in details:
         notes.append(f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "

@@ -86,6 +86,7 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
                                         caller_bounds=True),
                            settings.cell, settings.prefix, settings.redis_url,
                            settings.durability, settings.redis_timeout_s)
+    sched.coalescer.enabled = settings.coalesce_schedules
     replica = Replica(settings, sched, overwrite_policy=overwrite_policy, reuse_port=worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -155,6 +156,9 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
 @click.option("--grpc-tls-client-ca", metavar="PEM", help="CA that signs client "
               "certificates: clients must present one (mutual TLS); overrides "
               "scheduler.grpc_tls.client_ca_file.")
+@click.option("--coalesce/--no-coalesce", default=None,
+              help="Send Schedules that queue while one is on its way as one batch call "
+              "(default on); overrides scheduler.coalesce_schedules.")
 @click.option("--loop", "loop_name", type=click.Choice(LOOP_CHOICES), default="auto",
               show_default=True, help="Event loop: auto = uvloop when it is installed (the "
               "'fast' extra, Linux), else asyncio.")
@@ -164,13 +168,14 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
 def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
           metrics_listen: str | None, cell: str | None, overwrite_policy: bool,
           log_level: str | None, grpc_tls_cert: str | None, grpc_tls_key: str | None,
-          grpc_tls_client_ca: str | None, loop_name: str, workers: int) -> None:
+          grpc_tls_client_ca: str | None, coalesce: bool | None, loop_name: str,
+          workers: int) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
     try:
         settings = load(config_path, flags=Overrides(
             redis=redis, grpc_listen=grpc_listen, metrics_listen=metrics_listen, cell=cell,
             log_level=log_level, grpc_tls_cert=grpc_tls_cert, grpc_tls_key=grpc_tls_key,
-            grpc_tls_client_ca=grpc_tls_client_ca))
+            grpc_tls_client_ca=grpc_tls_client_ca, coalesce=coalesce))
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
     try:

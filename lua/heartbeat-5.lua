@@ -137,7 +137,7 @@ if endpoint ~= '' and prev[5] ~= '1' and endpoint ~= node_endpoint then
   touch(node_id)
 end
 if not registered then
-  redis.call('ZADD', NODES_KEY, 0, node_id)
+  redis.call('ZADD', NODES_KEY, '0', node_id)
   hset[#hset + 1] = 'first_seen_ms'
   hset[#hset + 1] = fmt(now)
 end
@@ -156,23 +156,27 @@ if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
 end
 
 local released = 0
+-- (the node's sets change in one call each, whatever the number of sandboxes)
+local bound, unbound = {}, {}
 for _, sb in ipairs(added) do
   local rid, b, r = bound_reservation(sb, node_id)
   if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
-  write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b)
+  write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, bound)
 end
 for _, sb in ipairs(gone) do
   local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
   if b[1] == node_id and b[2] == '1' then
-    drop_binding(sb, node_id, true)
-  else
-    redis.call('SREM', roster_key, sb)
+    redis.call('DEL', bind_key(sb))
+    unbound[#unbound + 1] = sb
   end
 end
+call_chunked('SADD', node_sbx_key(node_id), bound)
+call_chunked('SREM', node_sbx_key(node_id), unbound)
+call_chunked('SREM', roster_key, gone)
 call_chunked('SADD', roster_key, added)
 -- Forget bindings that expired by themselves (assignments never listed):
 -- bounded work per heartbeat.
-for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), 2)) do
+for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
   if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
     redis.call('SREM', node_sbx_key(node_id), sb)
   end
@@ -205,12 +209,12 @@ if not roster_mode then
   end
 end
 -- Stage "index": only a change of what places the node moves it.
-if not registered or restarted or (prev[11] or '') == '' then touch(node_id) end
+if not registered or restarted or (prev[11] or '') == '' then touch(node_id, true) end
 for _, name in ipairs(INDEX_FIELDS) do
-  if values[name] then touch(node_id) end
+  if values[name] then touch(node_id, true) end
 end
 for name, field in pairs(OBSERVED_CEILINGS) do
-  if values[field] and P.limits[name] then touch(node_id) end
+  if values[field] and P.limits[name] then touch(node_id, true) end
 end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 redis.call('ZADD', SEEN_KEY, fmt(now), node_id)

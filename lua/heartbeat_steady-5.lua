@@ -34,7 +34,7 @@ if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4
   return { 'RESYNC' }
 end
 local now = now_ms(P)
-if #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', now, 'LIMIT', 0, 1) > 0 then
+if #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0', '1') > 0 then
   return { 'RESYNC' } -- the full heartbeat sweeps and reindexes
 end
 local generation = tonumber(v[3]) + 1

@@ -25,7 +25,7 @@ from scheduler.errors import (
 )
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX
 from scheduler.p2p import DEFAULT_STORE_CAPACITY, Peer
-from scheduler.plans import SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, log
+from scheduler.plans import _SCOPE, SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, log
 from scheduler.policy import Policy
 from scheduler.records import (
     AssignResult,
@@ -68,6 +68,8 @@ class AsyncScheduler(BaseClient):
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
+        #: Schedules that arrive while one is on its way go together as one call
+        self.coalescer = Coalescer(self)
 
     async def run(self, call: Call[T], timeout: float | None = None) -> T:
         """Run one call, bounded by ``timeout`` (a caller's deadline, also a
@@ -242,9 +244,9 @@ class AsyncScheduler(BaseClient):
         rid = call.args[5]
         try:
             if timeout is None:
-                return await self._one(call)
+                return await self.coalescer.place(call)
             with self.scoped(timeout=timeout):
-                return await self._one(call)
+                return await self.coalescer.place(call)
         except (StoreUnavailable, asyncio.CancelledError):
             if rid:
                 self.forget(rid)
@@ -289,6 +291,98 @@ class AsyncScheduler(BaseClient):
                         exclude_node_id: str = "", limit: int = 0) -> Awaitable[list[Peer]]:
         return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
 
+
+
+class Coalescer:
+    """Schedules that arrive while one is on its way to Redis wait for it, then
+    go together as one script call (lua/schedule_batch-5.lua), which decides
+    them in order exactly as if they had come one by one, each getting its
+    own answer or error.  No timer: a lone request goes at once, by itself,
+    within its caller's deadline.  ``enabled`` False sends each on its own."""
+
+    #: most requests in one batch call
+    MAX = 64
+
+    def __init__(self, sched: AsyncScheduler, enabled: bool = True) -> None:
+        self.sched = sched
+        self.enabled = enabled
+        self.busy = False
+        self.queue: list[tuple[Call[Placement], asyncio.Future[Placement], Any]] = []
+        #: batch calls sent, and the requests they carried (to see it work)
+        self.batches = 0
+        self.batched = 0
+
+    async def place(self, call: Call[Placement]) -> Placement:
+        if not self.enabled:
+            return await self.sched._one(call)
+        if not self.busy:
+            self.busy = True  # this caller sends its own; who comes meanwhile waits
+            try:
+                return await self.sched._one(call)
+            finally:
+                self._hand_over()
+        fut: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
+        self.queue.append((call, fut, _SCOPE.get()))
+        left = self.sched._deadline_left()
+        # a waiting request waits for the call before it, then for its own
+        limit = 2 * self.sched.timeout_s if left is None else max(0.0, left)
+        try:
+            async with _deadline(limit):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            raise StoreUnavailable(f"Redis at {self.sched.target} did not answer within "
+                                   f"{limit:.3g}s") from None
+        finally:
+            if not fut.done():
+                fut.cancel()  # given up (deadline, cancelled): not sent, if not yet
+
+    def _hand_over(self) -> None:
+        if self.queue:
+            asyncio.get_running_loop().create_task(self._drain(), name="schedule-batch")
+        else:
+            self.busy = False
+
+    async def _drain(self) -> None:
+        self.sched._unscoped()  # each waiting request keeps its own deadline
+        try:
+            while self.queue:
+                taken, self.queue = self.queue[:self.MAX], self.queue[self.MAX:]
+                batch = [x for x in taken if not x[1].done()]
+                if not batch:
+                    continue
+                start = time.perf_counter()
+                results: list[Placement | BaseException]
+                try:
+                    if len(batch) == 1:
+                        one: Placement = await self.sched._one(batch[0][0])
+                        results = [one]
+                    else:
+                        self.batches += 1
+                        self.batched += len(batch)
+                        many = await self.sched._one(
+                            self.sched.ops.schedule_batch([c for c, _, _ in batch]))
+                        results = list(many)
+                except Exception as e:  # the whole call failed: every request with it
+                    results = [e] * len(batch)
+                elapsed = time.perf_counter() - start
+                script = "schedule" if len(batch) == 1 else "schedule_batch"
+                for (_, fut, scope), result in zip(batch, results, strict=True):
+                    error = result if isinstance(result, BaseException) else None
+                    if scope is not None and scope.observe is not None:
+                        scope.observe(script, elapsed, error)
+                    if fut.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+        finally:
+            self.busy = False
+            if self.queue:  # (only if this task was cancelled with requests waiting)
+                for _, fut, _ in self.queue:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable("the scheduler client closed"))
+                self.queue = []
 
 
 if sys.version_info >= (3, 11):

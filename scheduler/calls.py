@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec.json
 
 from scheduler.catalog import BESIDE_POLICY, EVENT_TYPES, NODE_STATUSES, STRATEGIES
-from scheduler.errors import InvalidArgument, PolicyConflict
+from scheduler.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
 from scheduler.keys import CellKeys, validate_id
 from scheduler.limits import MAX_CPU_CONFIG, MAX_EVENTS, MAX_STATIC_NODES, at_most, text
 from scheduler.policy import Policy
@@ -256,6 +256,27 @@ class Ops:
                              status=s(r[6]), now_ms=int(r[7]))
 
         return self._call("schedule", args, parse, (self.k.rr,))
+
+    def schedule_batch(self, calls: Sequence[Call[Placement]],
+                       ) -> Call[list[Placement | SchedulerError]]:
+        """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
+        decided in order; each gets its placement or its own error."""
+        args = [str(len(calls))]
+        for call in calls:
+            args += call.args
+        parses = [call.parse for call in calls]
+
+        def parse(r: list[Any]) -> list[Placement | SchedulerError]:
+            out: list[Placement | SchedulerError] = []
+            for parse_one, item in zip(parses, r, strict=True):
+                if s(item[0]) == "err":
+                    text = s(item[1])
+                    out.append(from_reply(text) or SchedulerError(text))
+                else:
+                    out.append(parse_one(item[1:]))
+            return out
+
+        return self._call("schedule_batch", args, parse, (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)

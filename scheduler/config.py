@@ -76,6 +76,8 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     replica_ack_timeout: str = "200ms"
     #: the longest a replica waits for Redis on one call (a caller's deadline may cut it shorter)
     redis_timeout: str = "2s"
+    #: Schedules that arrive while one is on its way to Redis go as one batch call
+    coalesce_schedules: bool = True
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -140,6 +142,7 @@ class Overrides:
     grpc_tls_cert: str | None = None
     grpc_tls_key: str | None = None
     grpc_tls_client_ca: str | None = None
+    coalesce: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class Settings:
     drain_timeout_s: float
     durability: Durability
     redis_timeout_s: float
+    coalesce_schedules: bool
     log_level: str
     log_format: str
     source: str = field(default="defaults")
@@ -225,6 +229,8 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         sec.metrics_listen_addr = flags.metrics_listen
     if flags.cell is not None:
         sec.cell = flags.cell
+    if flags.coalesce is not None:
+        sec.coalesce_schedules = flags.coalesce
     if flags.grpc_tls_cert is not None:
         sec.grpc_tls.cert_file = flags.grpc_tls_cert
     if flags.grpc_tls_key is not None:
@@ -313,6 +319,7 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         drain_timeout_s=parse_duration_ms("scheduler.drain_timeout", sec.drain_timeout) / 1000,
         durability=durability,
         redis_timeout_s=parse_duration_ms("scheduler.redis_timeout", sec.redis_timeout) / 1000,
+        coalesce_schedules=sec.coalesce_schedules,
         log_level=log_level, log_format=cfg.log_format, source=source,
         grpc_tls=_tls(sec.grpc_tls),
     )
@@ -349,6 +356,7 @@ def summary(s: Settings, target: str) -> list[str]:
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
         f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: "
         f"{s.metrics_listen or 'off'}",
+        f"coalesce_schedules: {'on' if s.coalesce_schedules else 'off'}; "
         f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; " + (
             f"writes acknowledged once {s.durability.replicas} Redis replica(s) have them "
             f"(min_replicas_acked; WAIT up to {s.durability.timeout_ms}ms)"

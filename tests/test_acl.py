@@ -78,7 +78,7 @@ def workload(url: str) -> str:
     try:
         s.ping()
         # two nodes of different shapes at equal pressure and counts: two equal
-        # buckets, so a pick unions them
+        # buckets, which a pick merges (small ones in Lua)
         s.heartbeat(node("a", 16, 8, ["a1"]))
         s.heartbeat(node("b", 32, 17, ["b1"]))
         cpu = CpuConfigOps(s.keys)
@@ -100,6 +100,12 @@ def workload(url: str) -> str:
         s.events("a", [SandboxEvent(sandbox_id="a1", event_type="DELETE"),
                        SandboxEvent(sandbox_id="a2", event_type="CREATE")])
         s.lookup("x1")
+        # equal buckets too large to read whole (over 64 nodes each): a pick unions
+        # them in Redis (ZUNIONSTORE); route requests rank empty nodes all alike
+        for i in range(65):
+            s.heartbeat(node(f"w{i:02d}", 16, 0, []))
+            s.heartbeat(node(f"v{i:02d}", 8, 0, []))
+        s.schedule(Request.route())
         peers = PeerOps(s.keys)
         s.run(peers.record("c1", "bt", "k1", "a", capacity=1))
         s.run(peers.record("c1", "bt", "k2", "b", capacity=1))  # evicts k1

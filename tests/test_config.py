@@ -200,3 +200,13 @@ def test_fault_tolerance_keys_and_a_sentinel_address(tmp_path: Path) -> None:
     assert "pw" not in lines and "***@10.0.0.1:26379,10.0.0.2:26379/sched" in lines
     env = {"SCHEDULER_REDIS_ADDR": "rediss+sentinel://10.0.0.9:26379/other"}
     assert load(path, env=env).redis_url == env["SCHEDULER_REDIS_ADDR"]
+
+
+def test_coalescing_is_on_unless_turned_off(tmp_path: Path) -> None:
+    assert load(None, env={}).coalesce_schedules
+    off = write(tmp_path, {"scheduler": {"coalesce_schedules": False}})
+    assert not load(off, env={}).coalesce_schedules
+    assert load(off, env={}, flags=Overrides(coalesce=True)).coalesce_schedules
+    assert not load(None, env={}, flags=Overrides(coalesce=False)).coalesce_schedules
+    assert "coalesce_schedules: off" in "\n".join(
+        summary(load(off, env={}), describe_target(None)))

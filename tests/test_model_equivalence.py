@@ -201,3 +201,17 @@ def test_ties_rotate_like_the_model_on_empty_fleets(redis_client: Any,
     s = Scheduler(redis_client, cell="ties")
     build(s, fleet, policy)
     check_stream(s, policy, [Request.cold(2, 4096)] * n + [Request.route()] * 3)
+
+
+def test_rotation_over_large_equal_buckets_is_the_models(redis_client: Any) -> None:
+    """Equal buckets too large to read whole (over 64 nodes each) rotate through
+    a union in Redis; small ones are merged in Lua: both as the model does."""
+    fleet = [{"id": f"big{i:03d}", "kind": "fresh", "status": "READY",
+              "snap": NodeSnapshot(cpu_count=c, memory_total_bytes=m * GIB)}
+             for i, (c, m) in enumerate([(16, 64), (8, 32)] * 70)]
+    fleet += [{"id": f"small{i}", "kind": "fresh", "status": "READY",
+               "snap": NodeSnapshot(cpu_count=4, memory_total_bytes=16 * GIB)} for i in range(3)]
+    policy = Policy()
+    s = Scheduler(redis_client, cell="big")
+    build(s, fleet, policy)
+    check_stream(s, policy, [Request.route()] * 9 + [Request.cold(1, 1024)] * 5)

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 from click.testing import CliRunner
-
 from scheduler.cli.main import main
+
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.loops import Loop, LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port

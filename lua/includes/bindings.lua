@@ -17,7 +17,9 @@
 -- already charged to the sandbox on this node (a sandbox is charged at most
 -- once).  Taking a sandbox from another node removes it from that node's sets.
 -- `prev`: the binding's {node_id, reservation_id} if the caller just read them.
-local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev)
+-- `sbx`: a list to put sb in for the caller to add to the node's set in one
+-- call (nil: added here).
+local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
   prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id')
   if prev[1] and prev[1] ~= node_id then
@@ -32,9 +34,9 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev)
     -- (a binding made just now has no expiry to lift)
     if prev[1] then redis.call('PERSIST', bkey) end
   else
-    redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
+    redis.call('PEXPIRE', bkey, fmt(P.binding_ttl_ms))
   end
-  redis.call('SADD', node_sbx_key(node_id), sb)
+  if sbx then sbx[#sbx + 1] = sb else redis.call('SADD', node_sbx_key(node_id), sb) end
 end
 
 -- `owned`: whether the binding names node_id, if the caller read it in this
@@ -60,7 +62,7 @@ local function bury_binding(sb, node_id, now, P)
   drop_binding(sb, node_id, b[1] == node_id)
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
     'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
-  redis.call('PEXPIRE', bkey, P.binding_ttl_ms)
+  redis.call('PEXPIRE', bkey, fmt(P.binding_ttl_ms))
 end
 
 -- Did `node_id` report `sb` deleted within binding_ttl?

@@ -116,7 +116,13 @@ end
 -- brings their index entries up to date before the script returns.
 local TOUCHED = {}
 ON_CALL[#ON_CALL + 1] = function() TOUCHED = {} end
-local function touch(node_id) TOUCHED[node_id] = true end
+-- `registered`: the caller knows the node is in the cell (reindex then skips
+-- checking it).
+local function touch(node_id, registered)
+  if registered then TOUCHED[node_id] = 'registered' elseif not TOUCHED[node_id] then
+    TOUCHED[node_id] = true
+  end
+end
 
 -- What ending a reservation reads of it.
 local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
@@ -149,16 +155,17 @@ local function end_reservation(rid, outcome, now, r)
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
-  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', now)
+  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', fmt(now))
   redis.call('PEXPIRE', rkey, CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
     or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms)
-  redis.call('HINCRBY', STATS_KEY, outcome .. '_total', 1)
+  redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
   return true
 end
 
 -- Expire what is due, oldest first, bounded work per call.
 local function sweep_expired(now)
-  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', now, 'LIMIT', 0, SWEEP_BATCH)
+  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0',
+    fmt(SWEEP_BATCH))
   for _, rid in ipairs(due) do end_reservation(rid, 'expired', now) end
   return #due
 end

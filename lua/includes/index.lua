@@ -35,13 +35,40 @@
 -- @include stages
 
 local IDX_SHAPES, IDX_TMP
+-- Within one call (a batch of Schedules decides several times): the shapes as
+-- last read, and each stream's first members; an index move of this call
+-- drops what it changes, so a read here is always what Redis holds.
+local SHAPES_READ, SHAPES_SET, FIRSTS
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
+  SHAPES_READ, SHAPES_SET, FIRSTS = nil, nil, {}
 end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
 
 local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
+-- This call changed a shape's dimension zsets: its streams are read anew.
+local function changed_shape(shape)
+  FIRSTS[dim_key('cpu', shape)], FIRSTS[dim_key('mem', shape)] = nil, nil
+end
+-- The shapes with buckets, read once a call (kept up to date by this call's moves).
+local function shapes()
+  if SHAPES_READ == nil then
+    SHAPES_READ, SHAPES_SET = redis.call('SMEMBERS', IDX_SHAPES), {}
+    for _, shape in ipairs(SHAPES_READ) do SHAPES_SET[shape] = true end
+  end
+  return SHAPES_READ
+end
+local function shape_added(shape)
+  redis.call('SADD', IDX_SHAPES, shape)
+  if SHAPES_READ and not SHAPES_SET[shape] then
+    SHAPES_READ[#SHAPES_READ + 1], SHAPES_SET[shape] = shape, true
+  end
+end
+local function shape_gone(shape)
+  redis.call('SREM', IDX_SHAPES, shape)
+  SHAPES_READ, SHAPES_SET = nil, nil
+end
 local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 
 -- The bucket id: the ranking counts first, zero-padded to 9 digits each, so a
@@ -117,6 +144,25 @@ end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
 
+-- Buckets of at most this many nodes are read whole when equals are rotated.
+local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
+
+-- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
+local function kth_merged(lists, k)
+  if #lists == 1 then return lists[1][k + 1] end
+  local pos = {}
+  for i = 1, #lists do pos[i] = 1 end
+  while true do
+    local best = nil
+    for i = 1, #lists do
+      local x = lists[i][pos[i]]
+      if x and (best == nil or bytes_lt(x, lists[best][pos[best]])) then best = i end
+    end
+    if k == 0 then return lists[best][pos[best]] end
+    pos[best], k = pos[best] + 1, k - 1
+  end
+end
+
 -- Schedulable whatever the request?  (status stage + observed-utilisation ceilings)
 local function indexable(n, P)
   if check_status(n) then return false end
@@ -137,6 +183,7 @@ local function idx_remove(node_id, bucket)
     local shape = shape_of(bucket)
     redis.call('ZREM', dim_key('cpu', shape), bucket)
     redis.call('ZREM', dim_key('mem', shape), bucket)
+    changed_shape(shape)
     -- a shape left empty stays in idx-shapes until a pick finds it so
   end
 end
@@ -146,7 +193,7 @@ end
 -- old bucket kept this one from being empty), so it is not added again.
 local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
-  redis.call('ZADD', bk, 0, node_id)
+  redis.call('ZADD', bk, '0', node_id)
   if redis.call('ZCARD', bk) == 1 then
     local shape = shape_of(bucket)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
@@ -154,7 +201,8 @@ local function idx_add(node_id, bucket, n, from)
     -- scored by load (an integer: exact), 0 where the capacity is unknown
     redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or '0', bucket)
     redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or '0', bucket)
-    if from == '' or shape_of(from) ~= shape then redis.call('SADD', IDX_SHAPES, shape) end
+    changed_shape(shape)
+    if from == '' or shape_of(from) ~= shape then shape_added(shape) end
   end
 end
 
@@ -168,8 +216,8 @@ local function move_index(n, want)
 end
 
 -- Bring one node's index entry up to date with its record.
-local function reindex(node_id, P, now)
-  if not redis.call('ZSCORE', NODES_KEY, node_id) then return end
+local function reindex(node_id, P, now, registered)
+  if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
   local n = read_node(node_id)
   read_status(n, P, now)
   local want = ''
@@ -192,7 +240,7 @@ local function unindex(node_id)
 end
 
 local function reindex_touched(P, now)
-  for node_id, _ in pairs(TOUCHED) do reindex(node_id, P, now) end
+  for node_id, how in pairs(TOUCHED) do reindex(node_id, P, now, how == 'registered') end
   TOUCHED = {}
 end
 
@@ -205,7 +253,8 @@ local function sweep_stale(P, now)
     before = P.settle_ms + 1
   end
   local cutoff = '(' .. fmt(before)
-  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', 0, STALE_BATCH)
+  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
+    fmt(STALE_BATCH))
   for _, node_id in ipairs(stale) do reindex(node_id, P, now) end
   return #stale < STALE_BATCH
 end
@@ -223,6 +272,7 @@ local INDEX_FORMAT = '2'
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
+  SHAPES_READ, SHAPES_SET, FIRSTS = nil, nil, {}
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -285,7 +335,16 @@ local function pick_indexed(P, req, rr_next)
   local function fetch(st)
     -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
     -- a %.17g print and Lua a strtod)
-    local batch = redis.call('ZRANGE', st.key, st.rank, st.rank + st.size - 1)
+    local batch
+    if st.rank == 0 then  -- a stream's opening: read once a call unless changed
+      batch = FIRSTS[st.key]
+      if batch == nil then
+        batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
+        FIRSTS[st.key] = batch
+      end
+    else
+      batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
+    end
     st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
     st.size = math.min(2 * st.size, SCAN_BATCH)
     st.lb = nil
@@ -326,33 +385,38 @@ local function pick_indexed(P, req, rr_next)
     end
   end
   local streams, unknown = {}, false
-  for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
+  local empty = {}
+  for _, shape in ipairs(shapes()) do
     if shape == '0:0' then
       unknown = true
     else
       local st = stream(shape)
-      if st.lb then streams[#streams + 1] = st else redis.call('SREM', IDX_SHAPES, shape) end
+      if st.lb then streams[#streams + 1] = st else empty[#empty + 1] = shape end
     end
   end
+  for _, shape in ipairs(empty) do shape_gone(shape) end
   run(streams)
   if best == nil and unknown then
     local st = stream('0:0')
-    if st.lb then run({ st }) else redis.call('SREM', IDX_SHAPES, '0:0') end
+    if st.lb then run({ st }) else shape_gone('0:0') end
   end
   if best == nil then return nil end
-  -- rotate among all equal nodes, in node-id byte order
+  -- rotate among all equal nodes, in node-id byte order: small buckets are
+  -- read whole and merged here; a large one goes through a union in Redis
   local picked
-  if #equals == 1 then
-    -- most buckets hold one node: then the first read is the answer
-    local bk = bucket_key(equals[1])
-    local two = redis.call('ZRANGE', bk, 0, 1)
-    picked = two[1]
-    if two[2] then
-      local k = (rr_next - 1) % redis.call('ZCARD', bk)
-      picked = redis.call('ZRANGE', bk, k, k)[1]
+  local lists, total = {}, 0
+  for i, bucket in ipairs(equals) do
+    local members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
+    if #members > SMALL_BUCKET then
+      lists = nil
+      break
     end
+    lists[i], total = members, total + #members
+  end
+  if lists then
+    picked = kth_merged(lists, (rr_next - 1) % total)
   else
-    local total = 0
+    total = 0
     for _, bucket in ipairs(equals) do total = total + redis.call('ZCARD', bucket_key(bucket)) end
     local k = (rr_next - 1) % total
     local keys = {}
@@ -366,7 +430,7 @@ local function pick_indexed(P, req, rr_next)
         redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
       end
     end
-    picked = redis.call('ZRANGE', IDX_TMP, k, k)[1]
+    picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
     redis.call('DEL', IDX_TMP)
   end
   local set = {}

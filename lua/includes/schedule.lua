@@ -1,0 +1,224 @@
+--[[
+  includes/schedule.lua: one Schedule decision, the stages in order: replay,
+  index, filter, pick, reserve.  schedule-5.lua makes one;
+  schedule_batch-5.lua makes several in one call, in order, each seeing the
+  ones before it (exactly as if they had come one by one).
+]]
+-- @include index
+
+-- A whole number argument ("" = the default), or nil when it is not one.
+local function whole(arg, default)
+  if arg == '' then return default end
+  local v = tonumber(arg)
+  if v == nil or v < 0 or v ~= math.floor(v) then return nil end
+  return v
+end
+
+-- What the decisions of one call share: the policy, the instant, the sweeps
+-- already done and, in a batch, the counters (read once, written once by
+-- finish_batch).  A batch decides as if its requests came one by one within
+-- the same millisecond.
+local CALL
+ON_CALL[#ON_CALL + 1] = function() CALL = {} end
+
+-- The rotation counter's next value, taken (given back by give_back_rr).
+local function take_rr(rr_key, dry_run)
+  if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
+  if not CALL.batch then return redis.call('INCR', rr_key) end
+  if CALL.rr == nil then CALL.rr = tonumber(redis.call('GET', rr_key)) or 0 end
+  CALL.rr = CALL.rr + 1
+  return CALL.rr
+end
+
+local function give_back_rr(rr_key)
+  if CALL.batch then CALL.rr = CALL.rr - 1 else redis.call('DECR', rr_key) end
+end
+
+-- The cell's count of reservations made, this one included (it orders a
+-- node's reservations).
+local function next_seq()
+  if not CALL.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)) end
+  if CALL.seq == nil then CALL.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  CALL.seq = CALL.seq + 1
+  return fmt(CALL.seq)
+end
+
+-- A batch's counters, written once at its end.
+local function finish_batch(rr_key)
+  if CALL.rr ~= nil then redis.call('SET', rr_key, fmt(CALL.rr)) end
+  if CALL.seq ~= nil then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(CALL.seq)) end
+end
+
+-- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
+local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
+  local P = CALL.P or load_policy()
+  if not P then return fail('PRECONDITION', NO_POLICY) end
+  CALL.P = P
+
+  if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
+  local strategy = strategy_arg
+  if strategy == '' then strategy = P.strategy end
+  if not STRATEGIES[strategy] then
+    return fail('BADARG', 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
+  end
+  local req = { create = kind == 'create', count = 0, cpu = 0, mem = 0 }
+  if req.create then
+    req.count = 1
+    req.cpu = whole(cpu_arg, P.default_cpu)
+    if req.cpu == nil then return fail('BADARG', 'cpu must be a non-negative whole number') end
+    req.mem = whole(mem_arg, P.default_memory_bytes)
+    if req.mem == nil then return fail('BADARG', 'memory_bytes must be a non-negative whole number') end
+    if not dry_run and (rid == nil or rid == '') then return fail('BADARG', 'reservation_id is required') end
+  end
+  if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
+    return fail('BADARG', 'random must be in [0, 1)')
+  end
+
+  local now = CALL.now or now_ms(P)
+  CALL.now = now
+  -- Stage "replay": a retry (the same reservation id, after a connection
+  -- error or a failover) gets the placement the first attempt made; an id its
+  -- caller gave up on (cancelled before this call ran) places nothing.
+  if req.create and not dry_run then
+    local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
+      'pressure')
+    if prior[1] then
+      if prior[1] == 'cancelled' or prior[1] == 'expired' then
+        return fail('PRECONDITION', 'reservation ' .. rid .. ' was ' .. prior[1] ..
+          ' before its placement was answered')
+      end
+      if prior[3] ~= fmt(req.cpu) or prior[4] ~= fmt(req.mem) then
+        return fail('BADARG', 'reservation_id ' .. rid .. ' is already used by another request')
+      end
+      local n = read_node(prior[2])
+      read_status(n, P, now)
+      return { prior[2], n.endpoint, rid, prior[5] or '0', req.cpu, req.mem, n.status, now }
+    end
+  end
+  -- The rotation counter moves once per decision: taken now, given back on a refusal.
+  local rr_next = take_rr(RR_KEY, dry_run)
+  local chosen = nil
+  if not dry_run then
+    -- (at one instant, a sweep that found less than a full batch due leaves
+    -- nothing for the next decision of the same call)
+    if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
+    reindex_touched(P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not CALL.fresh then
+      CALL.fresh = sweep_stale(P, now)
+    end
+    -- Stage "index": least_loaded looks at few nodes; the full scan below
+    -- decides whenever the index cannot (see includes/index.lua).
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and CALL.fresh then
+      local picked, among = pick_indexed(P, req, rr_next)
+      if picked then
+        -- The record must sit in one of the buckets it was chosen among; its
+        -- bucket then holds every decision input, so nothing else is read.
+        local v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
+          'lingering', 'status')
+        if v[1] and among[v[1]] then
+          local n = node_of_bucket(v[1])
+          n.id, n.idx, n.endpoint = picked, v[1], v[2] or ''
+          n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+          read_status(n, P, now)
+          project(n, req)
+          if not check_status(n) then chosen = n end
+        end
+        if chosen == nil then
+          redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
+          rebuild_index(P, now)
+        end
+      end
+    end
+  end
+
+  -- Stage "filter": evaluate every node (byte order by id).
+  local ids = {}
+  if chosen == nil then ids = redis.call('ZRANGE', NODES_KEY, 0, -1) end
+  local evaluated = {}
+  local known, unknown = {}, {}
+  local counts = {}
+  for i, id in ipairs(ids) do
+    local n = evaluate(id, P, req, now)
+    evaluated[i] = n
+    if n.reason then
+      counts[n.reason] = (counts[n.reason] or 0) + 1
+    elseif n.known then
+      known[#known + 1] = n
+    else
+      unknown[#unknown + 1] = n
+    end
+  end
+
+  -- Stage "pick": nodes of known capacity first, never-heard-from ones as fallback.
+  local group = known
+  if #group == 0 then group = unknown end
+  local refusal = ''
+  if chosen ~= nil then
+    -- decided through the index
+  elseif #group == 0 then
+    refusal = summarize_reasons(counts, #ids)
+  elseif strategy == 'least_loaded' then
+    local best = {}
+    for _, n in ipairs(group) do
+      if #best == 0 or ranks_before(n, best[1]) then
+        best = { n }
+      elseif not ranks_before(best[1], n) then
+        best[#best + 1] = n
+      end
+    end
+    chosen = best[((rr_next - 1) % #best) + 1]
+  elseif strategy == 'round_robin' then
+    chosen = group[((rr_next - 1) % #group) + 1]
+  else
+    chosen = group[math.floor(rand * #group) + 1]
+  end
+
+  if dry_run then
+    local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),
+      fmt(req.mem), refusal }
+    for _, n in ipairs(evaluated) do
+      out[#out + 1] = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
+        fmt(n.starting), fmt(n.running), fmt(n.paused), fmt(n.proj_cpu), fmt(n.proj_mem),
+        fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
+    end
+    return out
+  end
+
+  if chosen == nil then
+    give_back_rr(RR_KEY)
+    redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
+    reindex_touched(P, now)
+    return fail('NO_NODES', refusal)
+  end
+
+  -- Stage "reserve": the placement counts in every projection from now on.
+  local out_rid = ''
+  if req.create then
+    -- the cell's count of reservations made, this one included, orders a node's reservations
+    local seq = next_seq()
+    local expires = now + P.reservation_ttl_ms
+    -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
+    -- far slower than fmt's integer conversion)
+    local s_expires = fmt(expires)
+    redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
+      'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
+      'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', fmt(chosen.pressure))
+    redis.call('ZADD', node_res_key(chosen.id), seq, rid)
+    redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
+    -- the node's new pending load and index entry, in one write
+    local n = chosen
+    n.pend_count = n.pend_count + 1
+    n.pend_cpu = n.pend_cpu + req.cpu
+    n.pend_mem = n.pend_mem + req.mem
+    local want = ''
+    if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
+    move_index(n, want)
+    redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
+      fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
+    out_rid = rid
+  end
+  reindex_touched(P, now)
+  -- (whole numbers travel as integer replies; the pressure as exact text)
+  return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), req.cpu, req.mem,
+    chosen.status, now }
+end

@@ -1,0 +1,41 @@
+--[[
+  schedule_batch-5.lua: several Schedules in one call, decided in order, each
+  seeing the ones before it: the same decisions, rotations and reservations
+  as the same requests sent one at a time (schedule-5.lua), for one call's
+  fixed cost.  A replica sends what queued while its previous call was in
+  flight.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
+  KEYS[6]     rr: the cell's round-robin counter
+  ARGV[1]     n, the number of requests
+  ARGV[2..]   n times schedule-5.lua's ARGV[1..7] (kind, dry run (must be
+              "0"), strategy, cpu, memory bytes, reservation id, random)
+
+  Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
+          fields...} or {"err", "<CODE> <message>"} (that request's own error)
+  Errors: PRECONDITION (no policy: nothing decided), BADARG n or a dry run
+  Writes: as schedule-5.lua, once per placed request (the rotation counter and
+          stats reserved_total once, at the end)
+]]
+-- @include schedule
+local n = tonumber(ARGV[1])
+if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
+  return fail('BADARG', 'n must count the requests that follow, 7 arguments each')
+end
+if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
+CALL.batch = true
+local out = {}
+for i = 1, n do
+  local a = 1 + 7 * (i - 1)
+  if ARGV[a + 2] == '1' then return fail('BADARG', 'a batch holds no dry run') end
+  local r = schedule_one(KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+    ARGV[a + 6], tonumber(ARGV[a + 7]))
+  if r.err then
+    out[i] = { 'err', r.err }
+  else
+    table.insert(r, 1, 'ok')
+    out[i] = r
+  end
+end
+finish_batch(KEYS[6])
+return out

@@ -1,0 +1,162 @@
+"""Coalesced Schedules: one batch call decides exactly what the same requests
+sent one by one decide (a property, on real Redis and fakeredis), and a
+replica's client batches what queues while a call is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler import InvalidArgument, NoNodesAvailable, Policy, Request, Scheduler
+from scheduler.aio import AsyncScheduler
+from scheduler.calls import Call
+from scheduler.errors import FailedPrecondition, SchedulerError
+from scheduler.records import Placement
+from scheduler.testing.model import NodeState
+from scheduler.testing.redis_server import RedisServer, wait_until
+from tests.helpers import GIB, hb, node_states, rr_value
+from tests.test_model_equivalence import build, fleets, policies
+
+requests = st.one_of(
+    st.builds(Request.cold, st.sampled_from([0, 1, 2, 4, 8, 64]),
+              st.sampled_from([0, 256, 1024, 4096, 16384])),
+    st.just(Request.template()),
+    st.just(Request.route()),
+)
+
+
+def outcome(r: Placement | SchedulerError) -> Any:
+    if isinstance(r, SchedulerError):
+        return (type(r).__name__, r.message)
+    return (r.node_id, r.endpoint, r.reservation_id, r.pressure, r.cpu, r.memory_bytes, r.status)
+
+
+def calls_for(s: Scheduler, stream: list[tuple[Request, str | None, int]],
+              ) -> list[Call[Placement]]:
+    """The same calls (same reservation ids and random draws) for any cell."""
+    out = []
+    for req, strategy, i in stream:
+        call = s.ops.schedule(req, strategy, f"r{i}" if req.create else None)
+        call.args[6] = repr((i * 0.37) % 1)  # the same draw for "random" on both sides
+        out.append(call)
+    return out
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fleet=fleets(), policy=policies,
+       stream=st.lists(st.tuples(requests,
+                                 st.sampled_from([None, None, "round_robin", "random"]),
+                                 st.integers(0, 5)), min_size=1, max_size=14))
+def test_a_batch_decides_as_the_same_requests_one_by_one(
+        redis_client: Any, fleet: list[dict[str, Any]], policy: Policy,
+        stream: list[tuple[Request, str | None, int]]) -> None:
+    one = Scheduler(redis_client, cell="one")
+    many = Scheduler(redis_client, cell="many")
+    build(many, fleet, policy)  # (flushes the server first)
+    _build_beside(one, fleet, policy)
+    # repeated ids (same i) replay, a different request under an id is refused
+    sequential: list[Placement | SchedulerError] = []
+    for call in calls_for(one, stream):
+        try:
+            sequential.append(one.run(call))
+        except SchedulerError as e:
+            sequential.append(e)
+    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
+    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    # (each cell heard its fleet at its own instant: the rest must be equal)
+    assert untimed(node_states(many)) == untimed(node_states(one))
+    assert rr_value(many) == rr_value(one)
+    assert many.stats() == one.stats()
+
+
+def untimed(states: list[NodeState]) -> list[NodeState]:
+    return [replace(n, last_seen_ms=None) for n in states]
+
+
+def _build_beside(s: Scheduler, fleet: list[dict[str, Any]], policy: Policy) -> None:
+    """build() without its flushall: the same fleet in a second cell of the same server."""
+    flush = s.client.flushall
+    s.client.flushall = lambda *a, **k: True
+    try:
+        build(s, fleet, policy)
+    finally:
+        s.client.flushall = flush
+
+
+def test_each_request_of_a_batch_gets_its_own_error(make_scheduler: Any) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1", cpu=4, mem_gib=8))
+    calls = [s.ops.schedule(Request.cold(2, 1024), None, "a"),
+             s.ops.schedule(Request.cold(3, 1024), None, "b"),   # does not fit after a
+             s.ops.schedule(Request.cold(2, 1024), None, "a"),   # a again: the same answer
+             s.ops.schedule(Request.cold(1, 1024), None, "a")]   # a, another request
+    got = s.run(s.ops.schedule_batch(calls))
+    assert isinstance(got[0], Placement) and got[0].node_id == "n1"
+    assert isinstance(got[1], NoNodesAvailable) and "insufficient cpu" in got[1].message
+    assert isinstance(got[2], Placement) and got[2].reservation_id == "a"
+    assert isinstance(got[3], InvalidArgument) and "already used" in got[3].message
+    assert s.stats().pending == 1
+    s.cancel("a")
+    got = s.run(s.ops.schedule_batch(calls[:1]))
+    assert isinstance(got[0], FailedPrecondition)
+
+
+@pytest.mark.real_only
+def test_a_replica_client_batches_what_queues_while_a_call_is_in_flight() -> None:
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="co", policy=Policy())
+            try:
+                for k in range(8):
+                    await a.heartbeat(hb(f"n{k}", cpu=64, mem_gib=256))
+                placed = await asyncio.gather(*(a.schedule(Request.cold(1, GIB // (1 << 20)))
+                                                for _ in range(200)))
+                assert a.coalescer.batches >= 1 and a.coalescer.batched > 1
+                ids = {p.reservation_id for p in placed}
+                assert len(ids) == 200
+                stats = await a.stats()
+                assert (stats.pending, stats.reserved_total) == (200, 200)
+                # a lone request goes by itself, at once
+                before = a.coalescer.batches
+                await a.schedule(Request.cold(1, 1024))
+                assert a.coalescer.batches == before
+                # coalescing off: the same answers, one call each
+                a.coalescer.enabled = False
+                more = await asyncio.gather(*(a.schedule(Request.cold(1, 1024))
+                                              for _ in range(20)))
+                assert a.coalescer.batches == before and len(more) == 20
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.real_only
+def test_a_request_that_gives_up_while_queued_leaves_no_reservation() -> None:
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="gone", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1"))
+                rs.pause()  # the first call hangs in flight; the others queue
+                try:
+                    results = await asyncio.gather(
+                        *(a.schedule(Request.cold(1, 1024), timeout=0.3) for _ in range(5)),
+                        return_exceptions=True)
+                finally:
+                    rs.resume()
+                assert all(isinstance(r, SchedulerError) for r in results), results
+                await asyncio.to_thread(wait_until, lambda: not a.forgotten and
+                                        not a.coalescer.busy, 10, "abandoned ones cancelled")
+                st = await a.stats()
+                assert st.pending == 0
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
