@@ -62,6 +62,9 @@ from scheduler.records import (
 log = logging.getLogger("scheduler.service")
 T = TypeVar("T")
 
+#: Schedule answers kept, one per node (then the cache starts over)
+ANSWERS_KEPT = 100_000
+
 RESERVATION_METADATA = "x-reservation-id"
 ENDPOINT_METADATA = "x-node-endpoint"
 
@@ -226,6 +229,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self.lookup_limit = artifact_lookup_node_limit
         #: told of every call that found Redis unable to serve (health re-checks at once)
         self.on_unavailable = on_unavailable
+        self._answers: dict[tuple[str, str], pb.ScheduleResponse] = {}
         self._rpc_series: dict[tuple[str, str], Any] = {}
         self._script_series: dict[str, Any] = {}
         self._schedule_ok = metrics.schedule_duration.labels(strategy, "OK")
@@ -304,7 +308,19 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         if placed.reservation_id:
             context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))
         self._schedule_rpc_ok.observe(done - start)
-        return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id, endpoint=placed.endpoint))
+        return self._answer(placed.node_id, placed.endpoint)
+
+    def _answer(self, node_id: str, endpoint: str) -> pb.ScheduleResponse:
+        """The ScheduleResponse naming this node, built once per node: a
+        message gRPC only serializes, never changes, so calls may share it."""
+        key = (node_id, endpoint)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= ANSWERS_KEPT:
+                self._answers.clear()  # nodes came and went: start over
+            answer = self._answers[key] = pb.ScheduleResponse(
+                node=pb.Node(node_id=node_id, endpoint=endpoint))
+        return answer
 
     async def _place(self, req: Request, context: grpc.aio.ServicerContext[Any, Any],
                      ) -> Placement:

@@ -426,3 +426,23 @@ def test_a_cell_lost_by_redis_is_restored_by_the_next_call(make_replica: Make,
     register(r, "n1")  # no FAILED_PRECONDITION: the replica puts its policy back
     assert sched.policy() == policy
     assert r.stub.Schedule(cold()).node.node_id == "n1"
+
+
+def test_schedule_answers_are_built_once_per_node_and_kept_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler import embedded, service
+    from scheduler.aio import AsyncScheduler
+    from scheduler.metrics import Metrics
+
+    svc = service.SchedulerService(AsyncScheduler(embedded.async_client()), Metrics(),
+                                   strategy="least_loaded", artifact_store_capacity=10,
+                                   artifact_lookup_node_limit=0)
+    first = svc._answer("n1", "10.0.0.1:5000")
+    assert first is svc._answer("n1", "10.0.0.1:5000")
+    assert (first.node.node_id, first.node.endpoint) == ("n1", "10.0.0.1:5000")
+    moved = svc._answer("n1", "10.0.0.2:5000")  # a node's endpoint is part of its answer
+    assert moved.node.endpoint == "10.0.0.2:5000" and first.node.endpoint == "10.0.0.1:5000"
+    monkeypatch.setattr(service, "ANSWERS_KEPT", 3)
+    for i in range(10):
+        assert svc._answer(f"n{i}", "e:1").node.node_id == f"n{i}"
+        assert len(svc._answers) <= 3
