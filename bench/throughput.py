@@ -13,7 +13,8 @@ fleet has room for far more than a row places).
   ``concurrency`` calls in flight from one load process (over ``channels``
   connections): a bare ``grpc.aio`` server that answers a constant (the
   floor: gRPC in Python and nothing else), then ``schedctl serve`` on the
-  asyncio loop, on uvloop, and with ``--workers 2``.  ``rounds`` times, the
+  asyncio loop and on uvloop, each with coalescing off and on, and with
+  ``--workers 2``.  ``rounds`` times, the
   servers in turn within each round; ``ratio_to_bare`` is the median of the
   per-round ratios to the bare asyncio server of the same round, with their
   range.
@@ -68,12 +69,15 @@ class Server:
 
 #: the floor every ``cpu`` row is compared with
 BARE = Server("bare", "asyncio")
+NO_COALESCE = ("--no-coalesce",)
 SERVERS: tuple[Server, ...] = (
     BARE,
     Server("bare", "uvloop"),
-    Server("replica", "asyncio"),
-    Server("replica", "uvloop"),
-    Server("replica", "uvloop", workers=2),
+    Server("replica", "asyncio", extra=NO_COALESCE, label_extra=", coalescing off"),
+    Server("replica", "asyncio", label_extra=", coalescing on"),
+    Server("replica", "uvloop", extra=NO_COALESCE, label_extra=", coalescing off"),
+    Server("replica", "uvloop", label_extra=", coalescing on"),
+    Server("replica", "uvloop", workers=2, label_extra=", coalescing on"),
 )
 
 

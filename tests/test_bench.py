@@ -181,6 +181,37 @@ def test_throughput_rows(target: Target, path: str, replicas: tuple[int, ...]) -
         assert row["note"] == ""  # nothing refused: the fleet has room
 
 
+def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Target) -> None:
+    if grpc_path.unavailable() or grpc_path.cpu_unmeasurable():
+        pytest.skip("gRPC or /proc not available here")
+    loop = "uvloop" if throughput.auto_loop() == "uvloop" else "asyncio"
+    servers = (throughput.BARE,
+               throughput.Server("replica", "asyncio", extra=throughput.NO_COALESCE,
+                                 label_extra=", coalescing off"),
+               throughput.Server("replica", loop, workers=2))
+    p = throughput.Params(nodes=40, seconds=0.3, concurrency=4, channels=2, rounds=1)
+    rows = throughput.run_cpu(target, p, servers)
+    assert [r["server"] for r in rows] == ["bare grpc.aio, asyncio",
+                                           "replica, asyncio, coalescing off",
+                                           f"replica, {loop}, 2 workers"]
+    for row in rows:
+        assert set(throughput.COLUMNS) <= set(row)
+        assert row["path"] == "cpu" and row["concurrency"] == 4 and row["note"] == ""
+        assert row["schedules_per_s"] > 0 and row["cpu_us_per_call"] > 0
+        assert row["ratio_low"] <= row["ratio_to_bare"] <= row["ratio_high"]
+    assert rows[0]["ratio_to_bare"] == 1.0 and rows[0]["redis_us_per_schedule"] is None
+    assert rows[1]["redis_us_per_schedule"] > 0 and rows[2]["replicas"] == 2
+
+
+def test_cpu_rows_say_when_uvloop_is_missing(target: Target,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    p = throughput.Params(rounds=0)
+    rows = throughput.run_cpu(target, p, (throughput.Server("bare", "uvloop"),))
+    assert rows[0]["server"] == "bare grpc.aio, uvloop"
+    assert rows[0]["note"] == "uvloop not installed" and rows[0]["cpu_us_per_call"] is None
+
+
 # -- versus --------------------------------------------------------------------
 def test_versus_rows_and_the_base_library_is_removed(target: Target) -> None:
     result = versus.run(target, versus.Params.quick())
