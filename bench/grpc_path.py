@@ -214,23 +214,46 @@ def cpu_unmeasurable() -> str | None:
     return None
 
 
-def bare_main(port: int, loop: str) -> None:
+#: what a bare server does per Schedule before it answers: nothing (the
+#: floor), one Redis round trip, or the library's Schedule: layers of the replica
+LAYERS = ("constant", "redis", "library")
+
+
+def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
+              cell: str = "") -> None:
     """A minimal ``grpc.aio`` server of ``Schedule`` on ``127.0.0.1:port``
-    until SIGTERM: the floor of what one gRPC call costs in Python."""
+    until SIGTERM.  ``constant`` answers a constant: the floor of what one
+    gRPC call costs in Python.  ``redis`` first sends one ``PING`` through
+    the replica's Redis client (``url``); ``library`` places through
+    ``AsyncScheduler.schedule`` in ``cell`` (coalescing on) and answers with
+    the node: the replica without its servicer, metrics and deadline."""
     import grpc
 
+    from scheduler.aio import AsyncScheduler
+    from scheduler.connection import async_client
     from scheduler.grpc import scheduler_pb2 as pb
     from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+    from scheduler.records import Request
 
     reply = pb.ScheduleResponse(node=pb.Node(node_id="node-0001", endpoint="10.0.0.1:5000"))
 
-    class Constant(pb_grpc.SchedulerServicer):  # type: ignore[misc]
-        async def Schedule(self, request: Any, context: Any) -> Any:
-            return reply
-
     async def main() -> None:
+        client = async_client(url, caller_bounds=True) if layer != "constant" else None
+        sched = AsyncScheduler(client, cell) if layer == "library" else None
+        request = Request.cold(1, 1024)
+
+        class Bare(pb_grpc.SchedulerServicer):  # type: ignore[misc]
+            async def Schedule(self, req: Any, context: Any) -> Any:
+                if sched is not None:
+                    placed = await sched.schedule(request)
+                    return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id,
+                                                            endpoint=placed.endpoint))
+                if client is not None:
+                    await client.ping()
+                return reply
+
         server = grpc.aio.server()
-        pb_grpc.add_SchedulerServicer_to_server(Constant(), server)
+        pb_grpc.add_SchedulerServicer_to_server(Bare(), server)
         if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
             raise SystemExit(f"cannot listen on {port}")
         await server.start()
@@ -238,6 +261,10 @@ def bare_main(port: int, loop: str) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
         await server.stop(0)
+        if sched is not None:
+            await sched.close()
+        elif client is not None:
+            await client.aclose()
 
     choose(loop).run(main())
 
@@ -245,10 +272,11 @@ def bare_main(port: int, loop: str) -> None:
 class BareServer:
     """``bare_main`` in its own process."""
 
-    def __init__(self, loop: str) -> None:
+    def __init__(self, loop: str, layer: str = "constant", url: str = "",
+                 cell: str = "") -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_path", "bare",
-                                      str(self.port), loop], cwd=ROOT)
+                                      str(self.port), loop, layer, url, cell], cwd=ROOT)
         self.pid = self.proc.pid
 
     def wait_listening(self, timeout: float = 60) -> BareServer:
@@ -386,6 +414,6 @@ def serve_args(loop: str, workers: int, extra: Sequence[str] = ()) -> tuple[str,
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "bare":
-        raise SystemExit("usage: python -m bench.grpc_path bare PORT LOOP")
-    bare_main(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) not in (4, 7) or sys.argv[1] != "bare":
+        raise SystemExit("usage: python -m bench.grpc_path bare PORT LOOP [LAYER URL CELL]")
+    bare_main(int(sys.argv[2]), *sys.argv[3:])

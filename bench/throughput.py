@@ -59,10 +59,14 @@ class Server:
     workers: int = 1
     extra: tuple[str, ...] = ()
     label_extra: str = ""
+    #: what a bare server does per call (grpc_path.LAYERS)
+    layer: str = "constant"
 
     @property
     def label(self) -> str:
         name = "bare grpc.aio" if self.kind == "bare" else "replica"
+        name += {"constant": "", "redis": " + Redis PING",
+                 "library": " + library Schedule"}[self.layer]
         workers = f", {self.workers} workers" if self.workers > 1 else ""
         return f"{name}, {self.loop}{workers}{self.label_extra}"
 
@@ -78,6 +82,9 @@ SERVERS: tuple[Server, ...] = (
     Server("replica", "uvloop", extra=NO_COALESCE, label_extra=", coalescing off"),
     Server("replica", "uvloop", label_extra=", coalescing on"),
     Server("replica", "uvloop", workers=2, label_extra=", coalescing on"),
+    # where a replica's CPU goes: the bare server plus one layer at a time
+    Server("bare", "uvloop", layer="redis"),
+    Server("bare", "uvloop", layer="library", label_extra=", coalescing on"),
 )
 
 
@@ -179,10 +186,21 @@ def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict
                                  redis_cpu=target.cpu_seconds)
 
     stats = (0, 0)
-    if server.kind == "bare":
-        with grpc_path.BareServer(server.loop) as bare:
+    if server.kind == "bare" and server.layer != "library":
+        with grpc_path.BareServer(server.loop, server.layer, target.url) as bare:
             bare.wait_listening()
             m = load(bare.port, bare.pid)
+    elif server.kind == "bare":
+        cell, s = _fleet(target, p, seed)
+        try:
+            with grpc_path.BareServer(server.loop, server.layer, target.url, cell) as bare:
+                bare.wait_listening()
+                stats0 = target.script_stats()
+                m = load(bare.port, bare.pid)
+                stats = target.script_stats_since(stats0)
+        finally:
+            s.close()
+            target.drop_cell(cell)
     else:
         cell, s = _fleet(target, p, seed)
         try:

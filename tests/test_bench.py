@@ -188,12 +188,14 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
     servers = (throughput.BARE,
                throughput.Server("replica", "asyncio", extra=throughput.NO_COALESCE,
                                  label_extra=", coalescing off"),
-               throughput.Server("replica", loop, workers=2))
+               throughput.Server("replica", loop, workers=2),
+               throughput.Server("bare", "asyncio", layer="library"))
     p = throughput.Params(nodes=40, seconds=0.3, concurrency=4, channels=2, rounds=1)
     rows = throughput.run_cpu(target, p, servers)
     assert [r["server"] for r in rows] == ["bare grpc.aio, asyncio",
                                            "replica, asyncio, coalescing off",
-                                           f"replica, {loop}, 2 workers"]
+                                           f"replica, {loop}, 2 workers",
+                                           "bare grpc.aio + library Schedule, asyncio"]
     for row in rows:
         assert set(throughput.COLUMNS) <= set(row)
         assert row["path"] == "cpu" and row["concurrency"] == 4 and row["note"] == ""
@@ -201,6 +203,7 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
         assert row["ratio_low"] <= row["ratio_to_bare"] <= row["ratio_high"]
     assert rows[0]["ratio_to_bare"] == 1.0 and rows[0]["redis_us_per_schedule"] is None
     assert rows[1]["redis_us_per_schedule"] > 0 and rows[2]["replicas"] == 2
+    assert rows[3]["redis_us_per_schedule"] > 0  # it did place, through Redis
 
 
 def test_cpu_rows_say_when_uvloop_is_missing(target: Target,
