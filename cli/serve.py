@@ -93,7 +93,13 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if stop_when_readable is not None:
-        loop.add_reader(stop_when_readable, stop.set)
+        fd = stop_when_readable
+
+        def parent_gone() -> None:
+            loop.remove_reader(fd)  # (it stays readable: once is enough)
+            stop.set()
+
+        loop.add_reader(fd, parent_gone)
     try:
         # Redis down at start is waited out, not a crash: serving begins once
         # the cell's policy could be checked (nothing is ever served unchecked).
