@@ -242,3 +242,18 @@ def test_workers_stop_when_their_parent_is_killed(
         assert time.monotonic() < deadline, "workers outlived their parent"
         time.sleep(0.05)
     assert "[worker 0]: stopped" in p.log() and "[worker 1]: stopped" in p.log()
+
+
+def test_workers_check_the_port_and_hold_it() -> None:
+    from scheduler.cli.workers import WorkersError, _reserve
+
+    holder, port = _reserve("127.0.0.1:0")  # port 0: a free one, held for the workers
+    with holder:
+        assert port > 0
+        # a worker binds beside the holder (both SO_REUSEPORT) and listens
+        worker = socket.socket()
+        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        worker.bind(("127.0.0.1", port))
+        worker.listen()
+        with worker, pytest.raises(WorkersError, match=f"gRPC cannot listen on 127.0.0.1:{port}"):
+            _reserve(f"127.0.0.1:{port}")  # something listens there: not joined silently
