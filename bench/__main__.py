@@ -104,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--concurrency", type=int, help="cpu path: calls in flight (default 32)")
     t.add_argument("--channels", type=int, help="cpu path: connections they use (default 8)")
     t.add_argument("--rounds", type=int, help="cpu path: rounds over the servers (default 3)")
+    t.add_argument("--rate", type=float, help="cpu path: calls a second, the same for every "
+                   "server (default 0: as fast as each answers)")
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
     r = sub.add_parser("roster", parents=[common], help="Redis time of one heartbeat with a "
@@ -183,7 +185,7 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
     tp = _params(args, throughput.Params.quick() if args.quick else throughput.Params(),
                  {"replicas": "replicas", "nodes": "nodes", "seconds": "seconds",
                   "paths": "paths", "concurrency": "concurrency", "channels": "channels",
-                  "rounds": "rounds"})
+                  "rounds": "rounds", "rate": "rate"})
     tp = replace(tp, seed=args.seed)
     return lambda t: throughput.run(t, tp)
 

@@ -309,7 +309,7 @@ class BareServer:
 
 
 def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concurrency: int,
-                     channels: int, conn: Connection, go: Any) -> None:
+                     channels: int, conn: Connection, go: Any, rate: float = 0.0) -> None:
     """A gateway-like load process: ``concurrency`` Schedule RPCs in flight at
     all times over ``channels`` connections (each its own TCP connection, so
     the kernel can spread them over the workers of one port)."""
@@ -332,10 +332,16 @@ def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concur
             await asyncio.get_running_loop().run_in_executor(None, go.wait)
             n = refused = 0
             deadline = time.perf_counter() + seconds
+            next_at = time.perf_counter()
 
             async def caller(stub: Any) -> None:
-                nonlocal n, refused
+                nonlocal n, refused, next_at
                 while time.perf_counter() < deadline:
+                    if rate:  # paced: calls start 1/rate apart (at most `concurrency` in flight)
+                        now = time.perf_counter()
+                        at, next_at = max(next_at, now), max(next_at, now) + 1 / rate
+                        if at > now:
+                            await asyncio.sleep(at - now)
                     try:
                         await stub.Schedule(req, timeout=60)
                         n += 1
@@ -371,14 +377,16 @@ class Measured:
 
 
 def measure(port: int, server_pid: int, *, seconds: float, concurrency: int, channels: int,
-            cpu: int, memory_mb: int, redis_cpu: Callable[[], float]) -> Measured:
-    """Load ``port`` with ``concurrency`` calls in flight for ``seconds``;
-    the server's and Redis' CPU over the same window."""
+            cpu: int, memory_mb: int, redis_cpu: Callable[[], float],
+            rate: float = 0.0) -> Measured:
+    """Load ``port`` with ``concurrency`` calls in flight for ``seconds``
+    (``rate`` > 0: paced to that many calls a second); the server's and
+    Redis' CPU over the same window."""
     ctx = mp.get_context("spawn")
     go = ctx.Event()
     parent, child = ctx.Pipe()
     p = ctx.Process(target=_load_concurrent, args=(port, cpu, memory_mb, seconds, concurrency,
-                                                   channels, child, go), daemon=True)
+                                                   channels, child, go, rate), daemon=True)
     p.start()
     child.close()
     try:

@@ -17,7 +17,8 @@ fleet has room for far more than a row places).
   ``--workers 2``.  ``rounds`` times, the
   servers in turn within each round; ``ratio_to_bare`` is the median of the
   per-round ratios to the bare asyncio server of the same round, with their
-  range.
+  range.  ``rate`` paces the calls (the same rate for every server) instead
+  of sending the next as soon as one is answered.
 
 ``cpu_us_per_call`` is the CPU time (user + system, all threads, workers
 included) of the process(es) that served the row, per call: the replica
@@ -101,6 +102,8 @@ class Params:
     concurrency: int = 32
     channels: int = 8
     rounds: int = 3
+    #: the ``cpu`` path's calls a second (0: as fast as the server answers)
+    rate: float = 0.0
 
     @classmethod
     def quick(cls) -> Params:
@@ -183,7 +186,7 @@ def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict
     def load(port: int, pid: int) -> grpc_path.Measured:
         return grpc_path.measure(port, pid, seconds=p.seconds, concurrency=p.concurrency,
                                  channels=p.channels, cpu=p.cpu, memory_mb=p.memory_mb,
-                                 redis_cpu=target.cpu_seconds)
+                                 redis_cpu=target.cpu_seconds, rate=p.rate)
 
     stats = (0, 0)
     if server.kind == "bare" and server.layer != "library":
@@ -303,8 +306,9 @@ def run(target: Target, p: Params | None = None) -> Result:
                      for sv in SERVERS]
         else:
             rows += run_cpu(target, p, SERVERS)
+            paced = f", paced to {p.rate:g} a second" if p.rate else ""
             notes.append(f"cpu: {p.concurrency} Schedule RPCs in flight over {p.channels} "
-                         f"connections from one load process, {p.rounds} round(s) of "
+                         f"connections from one load process{paced}, {p.rounds} round(s) of "
                          f"{p.seconds} s per server; the bare server answers a constant "
                          "(schedules_per_s is its RPCs per second); ratio_*: to the bare "
                          "asyncio server of the same round (median, lowest, highest)")

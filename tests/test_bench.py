@@ -190,7 +190,7 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
                                  label_extra=", coalescing off"),
                throughput.Server("replica", loop, workers=2),
                throughput.Server("bare", "asyncio", layer="library"))
-    p = throughput.Params(nodes=40, seconds=0.3, concurrency=4, channels=2, rounds=1)
+    p = throughput.Params(nodes=40, seconds=0.5, concurrency=4, channels=2, rounds=1, rate=200)
     rows = throughput.run_cpu(target, p, servers)
     assert [r["server"] for r in rows] == ["bare grpc.aio, asyncio",
                                            "replica, asyncio, coalescing off",
@@ -202,6 +202,7 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
         assert row["schedules_per_s"] > 0 and row["cpu_us_per_call"] > 0
         assert row["ratio_low"] <= row["ratio_to_bare"] <= row["ratio_high"]
     assert rows[0]["ratio_to_bare"] == 1.0 and rows[0]["redis_us_per_schedule"] is None
+    assert all(r["schedules_per_s"] <= 200 * 1.2 for r in rows)  # paced (rate), not flat out
     assert rows[1]["redis_us_per_schedule"] > 0 and rows[2]["replicas"] == 2
     assert rows[3]["redis_us_per_schedule"] > 0  # it did place, through Redis
 
