@@ -65,6 +65,19 @@ def cold(cpu: int = 2, memory_mb: int = 4096) -> pb.ScheduleRequest:
         new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
 
 
+def places_on_a_fresh_node(address: str) -> str:
+    """Through a replica at ``address``: register node n1 by heartbeat, then
+    Schedule; the node chosen (a replica that serves answers "n1")."""
+    import grpc
+
+    from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.SchedulerStub(ch)
+        stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
+        return str(stub.Schedule(cold()).node.node_id)
+
+
 def snapshot_keys(client: Any) -> dict[bytes, Any]:
     """Every key and its content: to show that a refused request wrote nothing."""
     out: dict[bytes, Any] = {}

@@ -20,7 +20,7 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.scripts import library
 from scheduler.testing.redis_server import ClusterTopology, RedisServer, wait_until
 from scheduler.testing.replicas import ServeProcess, health_status
-from tests.helpers import cold, endpoint_md, hb, hb_request
+from tests.helpers import cold, endpoint_md, hb, hb_request, places_on_a_fresh_node
 
 pytestmark = pytest.mark.slow
 REQ = Request.cold(1, 1024)
@@ -123,10 +123,7 @@ def test_a_replica_serves_a_cell_on_any_primary(cluster: ClusterTopology,
     p = ServeProcess({"scheduler": {}}, f"redis+cluster://127.0.0.1:{first}", cell=cell)
     processes.append(p)
     p.wait_serving()
-    with grpc.insecure_channel(p.address) as ch:
-        stub = pb_grpc.SchedulerStub(ch)
-        stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
-        assert stub.Schedule(cold()).node.node_id == "n1"
+    assert places_on_a_fresh_node(p.address) == "n1"
 
 
 def test_a_cell_whose_primary_is_down_is_unavailable_naming_the_slot(

@@ -20,7 +20,7 @@ from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ServeProcess, health_status
-from tests.helpers import cold, endpoint_md, hb_request
+from tests.helpers import cold, endpoint_md, hb_request, places_on_a_fresh_node
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +41,7 @@ def test_embedded_store_warns_logs_effective_settings_and_serves(
                       "log_format": "json"}, redis_url=None)
     processes.append(p)
     p.wait_serving()
-    with grpc.insecure_channel(p.address) as ch:
-        stub = pb_grpc.SchedulerStub(ch)
-        stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
-        assert stub.Schedule(cold()).node.node_id == "n1"
+    assert places_on_a_fresh_node(p.address) == "n1"
     assert p.terminate() == 0
     records = [json.loads(line) for line in p.log().splitlines() if line.startswith("{")]
     messages = [r["msg"] for r in records]

@@ -24,7 +24,7 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.loops import Loop, LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import ServeProcess
-from tests.helpers import cold, endpoint_md, hb_request
+from tests.helpers import cold, endpoint_md, hb_request, places_on_a_fresh_node
 
 
 def _has_uvloop() -> bool:
@@ -123,10 +123,7 @@ def test_a_replica_without_uvloop_says_so_and_serves_on_asyncio(
                          "PYTHONPATH", "")])})
     processes.append(p)
     p.wait_serving()
-    with grpc.insecure_channel(p.address) as ch:
-        stub = pb_grpc.SchedulerStub(ch)
-        stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5000"))
-        assert stub.Schedule(cold()).node.node_id == "n1"
+    assert places_on_a_fresh_node(p.address) == "n1"
     assert "event loop: asyncio (uvloop cannot be imported" in p.log()
 
 
