@@ -181,20 +181,7 @@ def describe_target(url: str | None) -> str:
     """The address as logs and errors show it: never its credentials."""
     if not url:
         return "embedded in-process store (fakeredis, one replica only)"
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return redact(url)  # host:port, or user:password@host:port
-    authority, slash, tail = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    query = ""
-    if "?" in tail:
-        path, _, q = tail.partition("?")
-        pairs = [(k, "***" if "password" in k.lower() else v)
-                 for k, v in parse_qsl(q, keep_blank_values=True)]
-        query = "?" + urlencode(pairs, safe="*/")
-        tail = path
-    return f"{scheme}://{authority}{slash}{tail}{query}"
+    return redact(url)
 
 
 def _bad(problem: str) -> InvalidArgument:

@@ -1,5 +1,5 @@
 """Secrets out of anything a person or a log reads: the password of a Redis
-URL (``user:password@`` and ``?password=``) becomes ``***``."""
+URL (``user:password@``, ``?password=``, ``?sentinel_password=``) becomes ``***``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
 # host:port forms without a scheme, as the reference's redis_addr allows
 _BARE_USERINFO = re.compile(r"^[^\s/:@]*:[^\s/@]*@(?=[^\s@]+$)")
-_QUERY = re.compile(r"(?i)(?P<name>[?&](?:password|pass|pwd|auth|token)=)[^&#\s]*")
+_QUERY = re.compile(r"(?i)(?P<name>[?&](?:\w*password|pass|pwd|auth|token)=)[^&#\s]*")
 
 
 def redact(text: str) -> str:
