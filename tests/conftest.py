@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from scheduler import Policy, Scheduler
-from scheduler.client import AsyncScheduler
+from scheduler.client import AsyncScheduler, async_client
 from scheduler.testing.redis_server import RedisServer, in_ci
-from scheduler.testing.replicas import ServeProcess
+from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +76,34 @@ def real_url(redis_server: RedisServer) -> Iterator[str]:
     yield redis_server.url
     client.flushall()
     client.close()
+
+
+@pytest.fixture
+def make_replica(backend: str, redis_client: Any, request: pytest.FixtureRequest,
+                 ) -> Iterator[Callable[..., ThreadedReplica]]:
+    """Factory: in-process replicas (policy, settings) on this test's backend."""
+    opened: list[ThreadedReplica] = []
+
+    def make(policy: Policy | None = None, **kw: Any) -> ThreadedReplica:
+        url: str | None
+        if backend == "real":
+            url = request.getfixturevalue("redis_server").url
+
+            def client() -> Any:
+                return async_client(url)
+        else:
+            url = None
+            server = redis_client.connection_pool.connection_kwargs["server"]
+
+            def client() -> Any:
+                return fakeredis.FakeAsyncRedis(server=server)
+        r = ThreadedReplica(settings_for(policy, **kw), client, url).__enter__()
+        opened.append(r)
+        return r
+
+    yield make
+    for r in reversed(opened):
+        r.__exit__()
 
 
 @pytest.fixture

@@ -6,18 +6,16 @@ carries a TTL or is removed by a sweep."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import fakeredis
 import pytest
 
 import scheduler.keys
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.client import async_client
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import LIFETIMES
-from scheduler.testing.replicas import ThreadedReplica, settings_for
+from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request
 
 Make = Callable[..., Scheduler]
@@ -177,22 +175,8 @@ def test_lifetimes_cover_the_documented_layout() -> None:
 
 
 @pytest.fixture
-def replica(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-            ) -> Iterator[ThreadedReplica]:
-    if backend == "real":
-        url: str | None = request.getfixturevalue("redis_server").url
-
-        def client() -> Any:
-            return async_client(url)
-    else:
-        url = None
-        server = redis_client.connection_pool.connection_kwargs["server"]
-
-        def client() -> Any:
-            return fakeredis.FakeAsyncRedis(server=server)
-    with ThreadedReplica(settings_for(Policy(reservation_tombstone_ttl_ms=60_000)), client,
-                         url) as r:
-        yield r
+def replica(make_replica: Callable[..., ThreadedReplica]) -> ThreadedReplica:
+    return make_replica(Policy(reservation_tombstone_ttl_ms=60_000))
 
 
 def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client: Any) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import time
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -15,6 +14,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2
 
+from bench.faults import Outcome
 from scheduler import Limits, Policy, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
@@ -94,13 +94,6 @@ def test_sigterm_drains_in_flight_calls_and_exits_0(processes: list[ServeProcess
     assert s.stats().reserved_total == 20
 
 
-@dataclass
-class Outcome:
-    rpc: str
-    start: float
-    end: float
-    code: grpc.StatusCode
-    details: str
 
 
 async def _load(address: str, stop: asyncio.Event, out: list[Outcome], workers: int = 4,

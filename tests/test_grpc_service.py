@@ -4,49 +4,20 @@ writes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import fakeredis
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler import DefaultRequest, Limits, Policy, Scheduler
-from scheduler.client import async_client
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.testing.replicas import ThreadedReplica, settings_for
+from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import cold, endpoint_md, hb_request, snapshot_keys
 
 MIB = 1024 * 1024
 Make = Callable[..., ThreadedReplica]
-
-
-@pytest.fixture
-def make_replica(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-                 ) -> Iterator[Make]:
-    opened: list[ThreadedReplica] = []
-
-    def make(policy: Policy | None = None, **kw: Any) -> ThreadedReplica:
-        url: str | None
-        if backend == "real":
-            url = request.getfixturevalue("redis_server").url
-
-            def client() -> Any:
-                return async_client(url)
-        else:
-            url = None
-            server = redis_client.connection_pool.connection_kwargs["server"]
-
-            def client() -> Any:
-                return fakeredis.FakeAsyncRedis(server=server)
-        r = ThreadedReplica(settings_for(policy, **kw), client, url).__enter__()
-        opened.append(r)
-        return r
-
-    yield make
-    for r in reversed(opened):
-        r.__exit__()
 
 
 @pytest.fixture

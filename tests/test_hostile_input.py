@@ -5,16 +5,14 @@ its roster, and an endpoint from metadata must be host:port."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import fakeredis
 import grpc
 import pytest
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.client import async_client
 from scheduler.config import ConfigError, load
 from scheduler.errors import InvalidArgument, StoreUnavailable
 from scheduler.grpc import scheduler_pb2 as pb
@@ -28,7 +26,7 @@ from scheduler.limits import (
 )
 from scheduler.p2p import PeerOps
 from scheduler.testing.redis_server import free_port
-from scheduler.testing.replicas import ThreadedReplica, settings_for
+from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request, snapshot_keys
 
 Make = Callable[..., Scheduler]
@@ -181,21 +179,8 @@ def test_endpoints_that_do_not(value: str) -> None:
 # Over gRPC: INVALID_ARGUMENT naming the field, nothing written
 # ---------------------------------------------------------------------------
 @pytest.fixture
-def replica(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-            ) -> Iterator[ThreadedReplica]:
-    if backend == "real":
-        url: str | None = request.getfixturevalue("redis_server").url
-
-        def client() -> Any:
-            return async_client(url)
-    else:
-        url = None
-        server = redis_client.connection_pool.connection_kwargs["server"]
-
-        def client() -> Any:
-            return fakeredis.FakeAsyncRedis(server=server)
-    with ThreadedReplica(settings_for(Policy()), client, url) as r:
-        yield r
+def replica(make_replica: Callable[..., ThreadedReplica]) -> ThreadedReplica:
+    return make_replica(Policy())
 
 
 def refused(fn: Callable[[], Any]) -> str:
