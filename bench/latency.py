@@ -191,7 +191,7 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
     clean = [n for n in stream.by_id.values()
              if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
              and n.node_id in s.beats]
-    changing = [n for n in clean]
+    changing = list(clean)
     rng.shuffle(changing)
     for b in range(BURSTS):
         # creations, one call each

@@ -149,7 +149,8 @@ FORMS = ("host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p
 
 @dataclass(frozen=True)
 class RedisAddress:
-    """A parsed ``redis_addr``.  ``text`` may hold a password: show ``display``."""
+    """A parsed ``redis_addr``.  ``text`` may hold a password: show it through
+    :func:`describe_target`."""
 
     text: str
     kind: str  # "embedded" | "url" | "sentinel" | "cluster"
@@ -161,10 +162,6 @@ class RedisAddress:
     options: dict[str, Any] = field(default_factory=dict)
     #: kind "sentinel": keyword arguments of the connections to the sentinels
     sentinel_options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def display(self) -> str:
-        return describe_target(self.text or None)
 
 
 @dataclass(frozen=True)
