@@ -38,7 +38,9 @@ from scheduler.simnode import SimNode
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["operation", "base_us", "ours_us", "ratio", "ratio_low", "ratio_high", "rounds"]
-OPERATIONS = ("schedule_busy", "heartbeat_busy", "steady_heartbeat_busy")
+OPERATIONS = ("schedule_busy", "coalesced_busy", "heartbeat_busy", "steady_heartbeat_busy")
+#: Schedules per batch call in ``coalesced_busy`` (as in ``latency``).
+COALESCED = 16
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,21 @@ class _Run:
         run_pipelined(self.s, [self.s.ops.cancel(rid) for rid in ids], errors=True)
         return n, usec
 
+    def coalesced(self, lib: Library) -> tuple[int, int]:
+        """The same burst as :meth:`schedule` in batch calls of COALESCED;
+        counted per placement."""
+        ids = []
+        for _ in range(self.p.burst):
+            self.seq += 1
+            ids.append(f"vs{self.seq}")
+        calls = [self.s.ops.schedule_batch([
+            self.s.ops.schedule(Request.cold(*self.rng.choice(SIZES)), reservation_id=rid)
+            for rid in ids[i:i + COALESCED]]) for i in range(0, len(ids), COALESCED)]
+        _, usec, out = self._send(lib, calls)
+        placed = sum(1 for batch in out for p in batch if not isinstance(p, Exception))
+        run_pipelined(self.s, [self.s.ops.cancel(rid) for rid in ids], errors=True)
+        return placed, usec
+
     def heartbeat(self, lib: Library) -> tuple[int, int]:
         """Heartbeats of nodes whose rosters now list sandboxes placed and
         assigned since their last one (each releases a reservation), and drop
@@ -179,7 +196,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
             s.schedule(Request.cold(*rng.choice(SIZES)))
         measure: dict[str, Callable[[Library], tuple[int, int]]] = {
-            "schedule_busy": r.schedule, "heartbeat_busy": r.heartbeat,
+            "schedule_busy": r.schedule, "coalesced_busy": r.coalesced,
+            "heartbeat_busy": r.heartbeat,
             "steady_heartbeat_busy": r.steady}
         for i in range(p.rounds):
             order = [("base", base), ("ours", ours)]
@@ -215,7 +233,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"base: revision {p.base} ({base.name}); ours: this tree ({ours.name}); "
         f"{p.nodes} nodes of mixed shapes, one Redis",
         f"each round sends, through each library in turn (alternating which goes first), "
-        f"{p.burst} pipelined Schedules (cancelled after), heartbeats of the nodes those "
+        f"{p.burst} pipelined Schedules (cancelled after), the same in batch calls of "
+        f"{COALESCED} (coalesced_busy, per placement), heartbeats of the nodes those "
         f"placements went to once assigned (each lists its new sandboxes, releasing their "
         f"reservations, and drops one), and {p.burst} heartbeats of unchanged nodes",
         "*_us: median over rounds of INFO commandstats fcall usec per call; ratio: median of "
