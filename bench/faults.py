@@ -435,10 +435,14 @@ REDIS_DOWN = ("kill-empty", "kill-aof", "pause")
 def _health_honest(scenario: str, run: Run, fault_start: float, fault_end: float) -> bool:
     """Every live replica SERVING at the end; and while Redis could not take
     writes for longer than the grace, each said NOT_SERVING, and none said
-    SERVING after the grace."""
+    SERVING after the grace.
+
+    "At the end" is the last answer a replica gave, which must come after the
+    fault: a health check that timed out (None, on a machine too busy to
+    answer within 0.5 s) is no answer, not a NOT_SERVING."""
     live = [i for i in range(len(run.addresses)) if i not in run.dead]
-    last = {i: s for _, i, s in run.health}
-    if any(last.get(i) != SERVING for i in live):
+    last = {i: (t, s) for t, i, s in run.health if s is not None}
+    if any(i not in last or last[i][0] < fault_end or last[i][1] != SERVING for i in live):
         return False
     if scenario not in REDIS_DOWN or fault_end - fault_start <= GRACE_S:
         return True

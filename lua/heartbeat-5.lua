@@ -175,10 +175,12 @@ call_chunked('SREM', node_sbx_key(node_id), unbound)
 call_chunked('SREM', roster_key, gone)
 call_chunked('SADD', roster_key, added)
 -- Forget bindings that expired by themselves (assignments never listed):
--- bounded work per heartbeat.
-for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
-  if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
-    redis.call('SREM', node_sbx_key(node_id), sb)
+-- bounded work, every other heartbeat (two samples each).
+if generation % 2 == 0 then
+  for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
+    if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
+      redis.call('SREM', node_sbx_key(node_id), sb)
+    end
   end
 end
 
@@ -216,6 +218,8 @@ end
 for name, field in pairs(OBSERVED_CEILINGS) do
   if values[field] and P.limits[name] then touch(node_id, true) end
 end
+-- (a release touched it too; it is registered by now, so reindex need not ask)
+if TOUCHED[node_id] then touch(node_id, true) end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 redis.call('ZADD', SEEN_KEY, fmt(now), node_id)
 forget_sweep(P, now)

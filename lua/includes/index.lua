@@ -39,9 +39,12 @@ local IDX_SHAPES, IDX_TMP
 -- last read, and each stream's first members; an index move of this call
 -- drops what it changes, so a read here is always what Redis holds.
 local SHAPES_READ, SHAPES_SET, FIRSTS
+-- Bucket sizes this call knows (a pick read the bucket whole; a move keeps
+-- them up to date), so a move asks Redis for none of them.
+local SIZES
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
-  SHAPES_READ, SHAPES_SET, FIRSTS = nil, nil, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, SIZES = nil, nil, {}, {}
 end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
@@ -178,8 +181,11 @@ end
 
 local function idx_remove(node_id, bucket)
   local bk = bucket_key(bucket)
-  redis.call('ZREM', bk, node_id)
-  if redis.call('EXISTS', bk) == 0 then
+  local left = SIZES[bucket]
+  if redis.call('ZREM', bk, node_id) == 1 and left then left = left - 1 end
+  if left == nil then left = redis.call('ZCARD', bk) end
+  SIZES[bucket] = left
+  if left == 0 then
     local shape = shape_of(bucket)
     redis.call('ZREM', dim_key('cpu', shape), bucket)
     redis.call('ZREM', dim_key('mem', shape), bucket)
@@ -193,8 +199,11 @@ end
 -- old bucket kept this one from being empty), so it is not added again.
 local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
-  redis.call('ZADD', bk, '0', node_id)
-  if redis.call('ZCARD', bk) == 1 then
+  local size = SIZES[bucket]
+  if redis.call('ZADD', bk, '0', node_id) == 1 and size then size = size + 1 end
+  if size == nil then size = redis.call('ZCARD', bk) end
+  SIZES[bucket] = size
+  if size == 1 then
     local shape = shape_of(bucket)
     local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
     local lm = n.alloc_mem + n.paused_mem + n.pend_mem
@@ -272,7 +281,7 @@ local INDEX_FORMAT = '2'
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
-  SHAPES_READ, SHAPES_SET, FIRSTS = nil, nil, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, SIZES = nil, nil, {}, {}
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -299,108 +308,146 @@ end
 -- counts rank after the best's (the rest of that stream does too, being in
 -- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
 -- known bucket is eligible.
-local function pick_indexed(P, req, rr_next)
-  local best, equals = nil, {}
-  -- The stages on one bucket, reading only what each needs: the pressure and
-  -- capacity from its first numbers, the rest only when ceilings are set.
-  -- (one stand-in table for the projected load, refilled per bucket)
-  local load = {}
-  local function consider(bucket)
-    local b = parse_bucket(bucket)
-    -- the projected load alone, judged by the same stages as a whole node
-    load.cpu_cap, load.mem_cap = b.cpu_cap, b.mem_cap
-    load.proj_cpu, load.proj_mem = b.lc + req.cpu, b.lm + req.mem
-    local p = pressure_of(load)
-    if best and p > best.pressure then return end
-    if check_capacity(load, P, req) then return end
-    if #P.active > 0 then
-      local full = node_of_bucket(bucket)
-      project(full, req)
-      if check_ceilings(full, P, req) then return end
-    end
-    local n = { bucket = bucket, parsed = b, pressure = p, known = b.known,
-      starting = b.starting, running = b.running, paused = b.paused }
-    if best == nil or ranks_before(n, best) then
-      best, equals = n, { bucket }
-    elseif not ranks_before(best, n) then
-      equals[#equals + 1] = bucket
-    end
+-- One pick's state, shared by the helpers below (module-level so that a pick
+-- makes no closures): the policy, the request, the best bucket so far (a
+-- ranking table) and the buckets of its rank.  A pick runs to its end before
+-- another starts (a script is never re-entered).
+local PK_P, PK_req, PK_best, PK_equals
+-- (one stand-in table for the projected load, refilled per bucket)
+local PK_load = {}
+-- Per call: a shape's capacities and its two streams' keys (a batch decides
+-- many times over the same shapes).
+local SHAPE_DESC
+ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
+
+-- The stages on one bucket, reading only what each needs: the pressure and
+-- capacity from its first numbers, the rest only when ceilings are set.
+local function pick_consider(bucket)
+  local b = parse_bucket(bucket)
+  local req, best, load = PK_req, PK_best, PK_load
+  -- the projected load alone, judged by the same stages as a whole node
+  load.cpu_cap, load.mem_cap = b.cpu_cap, b.mem_cap
+  load.proj_cpu, load.proj_mem = b.lc + req.cpu, b.lm + req.mem
+  local p = pressure_of(load)
+  if best and p > best.pressure then return end
+  if check_capacity(load, PK_P, req) then return end
+  if #PK_P.active > 0 then
+    local full = node_of_bucket(bucket)
+    project(full, req)
+    if check_ceilings(full, PK_P, req) then return end
   end
-  local function lb_of(st, bucket)
-    if st.cap <= 0 then return 0 end
-    local b = parse_bucket(bucket)
-    if st.mem then return (b.lm + st.add) / st.cap end
-    return (b.lc + st.add) / st.cap
+  local n = { bucket = bucket, parsed = b, pressure = p, known = b.known,
+    starting = b.starting, running = b.running, paused = b.paused }
+  if best == nil or ranks_before(n, best) then
+    PK_best, PK_equals = n, { bucket }
+  elseif not ranks_before(best, n) then
+    PK_equals[#PK_equals + 1] = bucket
   end
-  local function fetch(st)
-    -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
-    -- a %.17g print and Lua a strtod)
-    local batch
-    if st.rank == 0 then  -- a stream's opening: read once a call unless changed
-      batch = FIRSTS[st.key]
-      if batch == nil then
-        batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
-        FIRSTS[st.key] = batch
-      end
-    else
-      batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
+end
+
+-- A stream's lower bound at `bucket` (see pick_indexed).
+local function pick_lb(st, bucket)
+  if st.cap <= 0 then return 0 end
+  local b = parse_bucket(bucket)
+  if st.mem then return (b.lm + st.add) / st.cap end
+  return (b.lc + st.add) / st.cap
+end
+
+local function pick_fetch(st)
+  -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
+  -- a %.17g print and Lua a strtod)
+  local batch
+  if st.rank == 0 then  -- a stream's opening: read once a call unless changed
+    batch = FIRSTS[st.key]
+    if batch == nil then
+      batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
+      FIRSTS[st.key] = batch
     end
-    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
-    st.size = math.min(2 * st.size, SCAN_BATCH)
-    st.lb = nil
-    if batch[1] then st.lb = lb_of(st, batch[1]) end
+  else
+    batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
   end
-  local function stream(shape)
+  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
+  st.size = math.min(2 * st.size, SCAN_BATCH)
+  st.lb = false
+  if batch[1] then st.lb = pick_lb(st, batch[1]) end
+end
+
+local function pick_stream(shape)
+  local d = SHAPE_DESC[shape]
+  if d == nil then
     local caps = shape_caps(shape)
-    local c, m = caps[1], caps[2]
-    local st = { cap = c, add = req.cpu, rank = 0, size = 2, mem = false }
-    if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-      st.cap, st.add, st.mem = m, req.mem, true
-    end
-    st.key = dim_key(st.mem and 'mem' or 'cpu', shape)
-    fetch(st)
-    return st
+    d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape) }
+    SHAPE_DESC[shape] = d
   end
-  local function run(streams)
-    while true do
-      local st = nil
-      for _, x in ipairs(streams) do
-        if x.lb and (st == nil or x.lb < st.lb) then st = x end
-      end
-      if st == nil or (best and st.lb > best.pressure) then return end
-      local bucket = st.batch[st.pos]
-      if bucket == nil then
-        fetch(st) -- the batch ran out; st.lb was the last one's, a floor
-      elseif best and st.lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
-        st.lb = nil -- ranks after the best, and so does the rest of the stream
-      else
-        consider(bucket)
-        st.pos = st.pos + 1
-        if st.batch[st.pos] then
-          st.lb = lb_of(st, st.batch[st.pos])
-        elseif not st.full then
-          st.lb = nil
-        end
+  local c, m, req = d[1], d[2], PK_req
+  -- (every field in the constructor: a table that grows is rebuilt)
+  local st = { cap = c, add = req.cpu, mem = false, key = d[3], rank = 0, size = 2,
+    batch = false, pos = 1, full = false, lb = false }
+  if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
+    st.cap, st.add, st.mem, st.key = m, req.mem, true, d[4]
+  end
+  pick_fetch(st)
+  return st
+end
+
+local function pick_run(streams)
+  while true do
+    local st = nil
+    for i = 1, #streams do
+      local x = streams[i]
+      if x.lb and (st == nil or x.lb < st.lb) then st = x end
+    end
+    local best = PK_best
+    if st == nil or (best and st.lb > best.pressure) then return end
+    local bucket = st.batch[st.pos]
+    if bucket == nil then
+      pick_fetch(st) -- the batch ran out; st.lb was the last one's, a floor
+    elseif best and st.lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
+      st.lb = false -- ranks after the best, and so does the rest of the stream
+    else
+      pick_consider(bucket)
+      st.pos = st.pos + 1
+      if st.batch[st.pos] then
+        st.lb = pick_lb(st, st.batch[st.pos])
+      elseif not st.full then
+        st.lb = false
       end
     end
   end
+end
+
+-- Least-loaded choice through the index: the chosen node id and the set of
+-- buckets it was chosen among (equal rank), or nil when the full scan must decide.
+--
+-- One stream per shape, along the dimension where the request weighs more:
+-- a bucket's load L in that dimension gives (L + requested) / capacity, which
+-- is exactly that dimension's projected share, so the bucket's pressure is
+-- never below it (lb).  Streams are walked least lb first; a stream ends when
+-- its lb passes the best pressure found, or when at the best pressure its
+-- counts rank after the best's (the rest of that stream does too, being in
+-- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
+-- known bucket is eligible.
+local function pick_indexed(P, req, rr_next)
+  PK_P, PK_req, PK_best, PK_equals = P, req, nil, {}
   local streams, unknown = {}, false
   local empty = {}
   for _, shape in ipairs(shapes()) do
     if shape == '0:0' then
       unknown = true
     else
-      local st = stream(shape)
+      local st = pick_stream(shape)
       if st.lb then streams[#streams + 1] = st else empty[#empty + 1] = shape end
     end
   end
   for _, shape in ipairs(empty) do shape_gone(shape) end
-  run(streams)
-  if best == nil and unknown then
-    local st = stream('0:0')
-    if st.lb then run({ st }) else shape_gone('0:0') end
+  pick_run(streams)
+  if PK_best == nil and unknown then
+    local st = pick_stream('0:0')
+    if st.lb then pick_run({ st }) else shape_gone('0:0') end
   end
-  if best == nil then return nil end
+  if PK_best == nil then return nil end
+  local equals = PK_equals
+  PK_best, PK_equals = nil, nil
   -- rotate among all equal nodes, in node-id byte order: small buckets are
   -- read whole and merged here; a large one goes through a union in Redis
   local picked
@@ -411,13 +458,17 @@ local function pick_indexed(P, req, rr_next)
       lists = nil
       break
     end
+    SIZES[bucket] = #members
     lists[i], total = members, total + #members
   end
   if lists then
     picked = kth_merged(lists, (rr_next - 1) % total)
   else
     total = 0
-    for _, bucket in ipairs(equals) do total = total + redis.call('ZCARD', bucket_key(bucket)) end
+    for _, bucket in ipairs(equals) do
+      SIZES[bucket] = redis.call('ZCARD', bucket_key(bucket))
+      total = total + SIZES[bucket]
+    end
     local k = (rr_next - 1) % total
     local keys = {}
     for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
