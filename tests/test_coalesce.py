@@ -75,6 +75,36 @@ def test_a_batch_decides_as_the_same_requests_one_by_one(
     assert many.stats() == one.stats()
 
 
+def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) -> None:
+    """64 placements in one call over 120 nodes of four shapes at many loads:
+    each decision reads the streams the ones before it moved (the call keeps
+    their first members up to date instead of reading them again)."""
+    import random
+    rng = random.Random(5)
+    fleet = []
+    for i in range(120):
+        cpu, mem = [(16, 64), (32, 128), (64, 256), (96, 384)][i % 4]
+        fleet.append({"node_id": f"m{i:03d}", "cpu": cpu, "mem_gib": mem,
+                      "allocated_cpu": rng.randrange(0, cpu // 2 + 1) // 2 * 2,
+                      "sandbox_count": rng.randrange(0, 4)})
+    one, many = Scheduler(redis_client, cell="one"), Scheduler(redis_client, cell="many")
+    redis_client.flushall()
+    for s in (one, many):
+        s.sync_policy(Policy(strategy="least_loaded"))
+        for f in fleet:
+            s.heartbeat(hb(f["node_id"], cpu=f["cpu"], mem_gib=f["mem_gib"],
+                           allocated_cpu=f["allocated_cpu"],
+                           allocated_memory_bytes=f["allocated_cpu"] * 2 * GIB,
+                           sandbox_count=f["sandbox_count"]))
+    stream = [(Request.cold(rng.choice([1, 2, 2, 4]), rng.choice([2048, 4096, 8192])), None, i)
+              for i in range(64)]
+    sequential = [one.run(call) for call in calls_for(one, stream)]
+    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
+    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    assert len({r.node_id for r in sequential if isinstance(r, Placement)}) > 8
+    assert untimed(node_states(many)) == untimed(node_states(one))
+
+
 def untimed(states: list[NodeState]) -> list[NodeState]:
     return [replace(n, last_seen_ms=None) for n in states]
 

@@ -36,24 +36,22 @@
 
 local IDX_SHAPES, IDX_TMP
 -- Within one call (a batch of Schedules decides several times): the shapes as
--- last read, and each stream's first members; an index move of this call
--- drops what it changes, so a read here is always what Redis holds.
-local SHAPES_READ, SHAPES_SET, FIRSTS
+-- last read, and each stream's first members (FIRSTS[key]: exactly the first
+-- #list members of that zset, in its order; FIRSTS_MORE[key]: it may hold
+-- more); an index move of this call updates what it changes, so a read here
+-- is always what Redis holds.
+local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
 -- Bucket sizes this call knows (a pick read the bucket whole; a move keeps
 -- them up to date), so a move asks Redis for none of them.
 local SIZES
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
-  SHAPES_READ, SHAPES_SET, FIRSTS, SIZES = nil, nil, {}, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES = nil, nil, {}, {}, {}
 end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
 
 local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
--- This call changed a shape's dimension zsets: its streams are read anew.
-local function changed_shape(shape)
-  FIRSTS[dim_key('cpu', shape)], FIRSTS[dim_key('mem', shape)] = nil, nil
-end
 -- The shapes with buckets, read once a call (kept up to date by this call's moves).
 local function shapes()
   if SHAPES_READ == nil then
@@ -179,6 +177,42 @@ local function indexable(n, P)
   return true
 end
 
+-- A stream's first members after this call removed `bucket` from its zset:
+-- the same list without it (nil, to be read again, when none is left).
+local function firsts_removed(key, bucket)
+  local list = FIRSTS[key]
+  if list == nil then return end
+  local out = {}
+  for i = 1, #list do
+    if list[i] ~= bucket then out[#out + 1] = list[i] end
+  end
+  if #out == #list then return end -- it was further on: the first ones stay
+  if #out == 0 then out = nil end
+  FIRSTS[key] = out
+end
+
+-- ... after this call added `bucket` at `score` to the zset of dimension `mem`
+-- (true: memory): it joins the list where the zset orders it (by score, then
+-- byte order), or it comes after every listed member.
+local function firsts_added(key, bucket, score, mem)
+  local list = FIRSTS[key]
+  if list == nil then return end
+  local out, placed = {}, false
+  for i = 1, #list do
+    local m = list[i]
+    if not placed then
+      local b = parse_bucket(m)
+      local s
+      if mem then s = b.mem_cap > 0 and b.lm or 0 else s = b.cpu_cap > 0 and b.lc or 0 end
+      if score < s or (score == s and bytes_lt(bucket, m)) then
+        out[#out + 1], placed = bucket, true
+      end
+    end
+    out[#out + 1] = m
+  end
+  if placed then FIRSTS[key] = out else FIRSTS_MORE[key] = true end
+end
+
 local function idx_remove(node_id, bucket)
   local bk = bucket_key(bucket)
   local left = SIZES[bucket]
@@ -187,9 +221,11 @@ local function idx_remove(node_id, bucket)
   SIZES[bucket] = left
   if left == 0 then
     local shape = shape_of(bucket)
-    redis.call('ZREM', dim_key('cpu', shape), bucket)
-    redis.call('ZREM', dim_key('mem', shape), bucket)
-    changed_shape(shape)
+    local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
+    redis.call('ZREM', kc, bucket)
+    redis.call('ZREM', km, bucket)
+    firsts_removed(kc, bucket)
+    firsts_removed(km, bucket)
     -- a shape left empty stays in idx-shapes until a pick finds it so
   end
 end
@@ -201,16 +237,27 @@ local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
   local size = SIZES[bucket]
   if redis.call('ZADD', bk, '0', node_id) == 1 and size then size = size + 1 end
-  if size == nil then size = redis.call('ZCARD', bk) end
+  local shape = shape_of(bucket)
+  -- scored by load (an integer: exact), 0 where the capacity is unknown
+  local lc, lm = 0, 0
+  if n.cpu_cap > 0 then lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu end
+  if n.mem_cap > 0 then lm = n.alloc_mem + n.paused_mem + n.pend_mem end
+  local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
+  local new
+  if size ~= nil then
+    new = size == 1
+    if new then redis.call('ZADD', kc, fmt(lc), bucket) end
+  else
+    -- a bucket is listed in its shape's streams exactly while it holds a
+    -- node, so listing it tells whether it was empty (no ZCARD)
+    new = redis.call('ZADD', kc, 'NX', fmt(lc), bucket) == 1
+    if new then size = 1 end
+  end
   SIZES[bucket] = size
-  if size == 1 then
-    local shape = shape_of(bucket)
-    local lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu
-    local lm = n.alloc_mem + n.paused_mem + n.pend_mem
-    -- scored by load (an integer: exact), 0 where the capacity is unknown
-    redis.call('ZADD', dim_key('cpu', shape), n.cpu_cap > 0 and fmt(lc) or '0', bucket)
-    redis.call('ZADD', dim_key('mem', shape), n.mem_cap > 0 and fmt(lm) or '0', bucket)
-    changed_shape(shape)
+  if new then
+    redis.call('ZADD', km, fmt(lm), bucket)
+    firsts_added(kc, bucket, lc, false)
+    firsts_added(km, bucket, lm, true)
     if from == '' or shape_of(from) ~= shape then shape_added(shape) end
   end
 end
@@ -281,7 +328,7 @@ local INDEX_FORMAT = '2'
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
-  SHAPES_READ, SHAPES_SET, FIRSTS, SIZES = nil, nil, {}, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES = nil, nil, {}, {}, {}
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -357,16 +404,17 @@ local function pick_fetch(st)
   -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
   -- a %.17g print and Lua a strtod)
   local batch
-  if st.rank == 0 then  -- a stream's opening: read once a call unless changed
+  if st.rank == 0 then  -- a stream's opening: read once a call (moves keep it)
     batch = FIRSTS[st.key]
     if batch == nil then
       batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
-      FIRSTS[st.key] = batch
+      FIRSTS[st.key], FIRSTS_MORE[st.key] = batch, #batch == st.size
     end
+    st.batch, st.pos, st.rank, st.full = batch, 1, #batch, FIRSTS_MORE[st.key]
   else
     batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
+    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
   end
-  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
   st.size = math.min(2 * st.size, SCAN_BATCH)
   st.lb = false
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
