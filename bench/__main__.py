@@ -24,6 +24,7 @@ from bench import (
     latency,
     memory,
     roster,
+    stages,
     throughput,
     versus,
 )
@@ -143,6 +144,13 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--rounds", type=int, help="rounds of bursts per library (default 12)")
     v.add_argument("--burst", type=int, help="calls per burst (default 200)")
     v.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
+    g = sub.add_parser("stages", parents=[common], help="where a coalesced placement's and a "
+                       "changed heartbeat's Redis time goes, stage by stage")
+    g.add_argument("--nodes", type=int, help="fleet size (default 1000)")
+    g.add_argument("--rounds", type=int, help="rounds of bursts (default 10)")
+    g.add_argument("--burst", type=int, help="placements per burst (default 200)")
+    g.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
     return p
 
 
@@ -177,6 +185,11 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
         mp = _params(args, memory.Params.quick() if args.quick else memory.Params(),
                      {"nodes": "nodes", "reservations": "reservations"})
         return lambda t: memory.run(t, mp)
+    if name == "stages":
+        gp = _params(args, stages.Params.quick() if args.quick else stages.Params(),
+                     {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        gp = replace(gp, seed=args.seed)
+        return lambda t: stages.run(t, gp)
     if name == "versus":
         vp = _params(args, versus.Params.quick() if args.quick else versus.Params(),
                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})

@@ -40,6 +40,7 @@
 ]]
 -- @include bindings
 -- @include snapshot
+-- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local endpoint = ARGV[3]
@@ -73,6 +74,7 @@ for i = 0, nfields - 1 do
   end
   values[name] = value
 end
+-- @stage checks
 
 local nkey = node_key(node_id)
 local prev = redis.call('HMGET', nkey, unpack(PREV))
@@ -82,6 +84,7 @@ if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (pre
 end
 local now = now_ms(P)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
+-- @stage record_read
 
 -- Stage "roster", planned before the first write: bindings follow the
 -- node's own list; only what changed since its previous roster costs work
@@ -109,8 +112,10 @@ end
 for sb, _ in pairs(before) do
   if not listed[sb] then gone[#gone + 1] = sb end
 end
+-- @stage roster_plan
 
 sweep_expired(now)
+-- @stage expiry_sweep
 
 -- Stage "record": the snapshot, stamped with Redis time, in one write.
 local generation = (tonumber(prev[8]) or 0) + 1
@@ -154,6 +159,7 @@ if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
   if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
   if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
 end
+-- @stage record_write
 
 local released = 0
 -- (the node's sets change in one call each, whatever the number of sandboxes)
@@ -163,6 +169,7 @@ for _, sb in ipairs(added) do
   if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
   write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, bound)
 end
+-- @stage joined_bindings_releases
 for _, sb in ipairs(gone) do
   local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
   if b[1] == node_id and b[2] == '1' then
@@ -170,10 +177,12 @@ for _, sb in ipairs(gone) do
     unbound[#unbound + 1] = sb
   end
 end
+-- @stage left_bindings
 call_chunked('SADD', node_sbx_key(node_id), bound)
 call_chunked('SREM', node_sbx_key(node_id), unbound)
 call_chunked('SREM', roster_key, gone)
 call_chunked('SADD', roster_key, added)
+-- @stage roster_sets
 -- Forget bindings that expired by themselves (assignments never listed):
 -- bounded work, every other heartbeat (two samples each).
 if generation % 2 == 0 then
@@ -183,6 +192,7 @@ if generation % 2 == 0 then
     end
   end
 end
+-- @stage binding_sample
 
 -- Stage "release", counter mode: as many reservations as create_successes
 -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
@@ -222,7 +232,10 @@ end
 if TOUCHED[node_id] then touch(node_id, true) end
 if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
 redis.call('ZADD', SEEN_KEY, fmt(now), node_id)
+-- @stage counter_releases_seen
 forget_sweep(P, now)
+-- @stage forget_sweep
 reindex_touched(P, now)
+-- @stage index_move
 return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now),
   incarnation }

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import balance, ceiling, grpc_path, latency, throughput, versus
+from bench import balance, ceiling, grpc_path, latency, stages, throughput, versus
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
 from scheduler.scripts import _files, build_library, library
@@ -231,6 +231,33 @@ def test_versus_rows_and_the_base_library_is_removed(target: Target) -> None:
               for lib in target.client.function_list()}
     assert library().name in loaded
     assert base.name not in loaded or base.name == library().name
+
+
+# -- stages --------------------------------------------------------------------
+def test_stages_rows_and_the_marked_library_is_removed(target: Target) -> None:
+    result = stages.run(target, stages.Params.quick())
+    _keys(result)
+    staged, order = stages.staged_library()
+    assert {"pick", "index_move", "reservation_writes", "record_read", "roster_plan"} <= set(order)
+    assert result.params["mark_us"] > 0
+    for op in stages.OPERATIONS:
+        rows = {r["stage"]: r for r in result.rows if r["operation"] == op}
+        named = [n for n in order if n in rows]
+        assert "index_move" in named and len(named) >= 5, (op, rows)
+        total = rows["total (plain library)"]["us"]
+        assert total > 0 and rows["total / floor"]["us"] > 0
+        # the stages and what lies outside them make the plain call's cost
+        parts = sum(rows[n]["us"] for n in named) + rows["outside"]["us"]
+        assert abs(parts - total) <= 0.1 * len(named) + 0.1
+    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+              for lib in target.client.function_list()}
+    assert staged.name not in loaded and "sched_bench_floor" not in loaded
+
+
+def test_stage_marks_are_comments_in_the_shipped_library() -> None:
+    text = library().text
+    assert "-- @stage pick" in text and "stage('pick')" not in text
+    assert "stage('pick')" in stages.staged_library()[0].text
 
 
 def test_versus_names_a_revision_git_does_not_know() -> None:

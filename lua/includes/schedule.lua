@@ -51,6 +51,7 @@ end
 
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
+  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local P = CALL.P or load_policy()
   if not P then return fail('PRECONDITION', NO_POLICY) end
   CALL.P = P
@@ -76,6 +77,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
 
   local now = CALL.now or now_ms(P)
   CALL.now = now
+  -- @stage arguments
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
@@ -95,6 +97,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
       return { prior[2], n.endpoint, rid, prior[5] or '0', req.cpu, req.mem, n.status, now }
     end
   end
+  -- @stage replay
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
   local rr_next = take_rr(RR_KEY, dry_run)
   local chosen = nil
@@ -106,10 +109,12 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not CALL.fresh then
       CALL.fresh = sweep_stale(P, now)
     end
+    -- @stage sweeps
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and CALL.fresh then
       local picked, among = pick_indexed(P, req, rr_next)
+      -- @stage pick
       if picked then
         -- The record must sit in one of the buckets it was chosen among; its
         -- bucket then holds every decision input, so nothing else is read.
@@ -130,6 +135,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
       end
     end
   end
+  -- @stage record_check
 
   -- Stage "filter": evaluate every node (byte order by id).
   local ids = {}
@@ -191,6 +197,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     return fail('NO_NODES', refusal)
   end
 
+  -- @stage full_scan
   -- Stage "reserve": the placement counts in every projection from now on.
   local out_rid = ''
   if req.create then
@@ -205,6 +212,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
       'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', fmt(chosen.pressure))
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
+    -- @stage reservation_writes
     -- the node's new pending load and index entry, in one write
     local n = chosen
     n.pend_count = n.pend_count + 1
@@ -213,11 +221,14 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     local want = ''
     if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
     move_index(n, want)
+    -- @stage index_move
     redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
       fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
+    -- @stage node_write
     out_rid = rid
   end
   reindex_touched(P, now)
+  -- @stage tail
   -- (whole numbers travel as integer replies; the pressure as exact text)
   return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), req.cpu, req.mem,
     chosen.status, now }

@@ -1,0 +1,202 @@
+"""Scenario ``stages``: where a placement's and a changed heartbeat's Redis
+time goes, stage by stage, on one fleet.
+
+Redis runs Lua without a profiler or a debug library, and its only clock is
+``TIME``.  So this builds this tree's function library with every
+``-- @stage NAME`` comment of ``lua/`` turned into a call that reads ``TIME``
+and adds the time since the previous mark to stage NAME (``-- @stage-begin``
+starts the count; in the shipped library the marks are comments and cost
+nothing), loads it beside the plain library, and sends through it the busy
+bursts of ``latency``: placements coalesced in batch calls of 16 (then
+cancelled) and heartbeats of nodes whose rosters changed (each lists a
+sandbox placed and assigned since, releasing its reservation, and drops
+one).  Each stage's figure is its time per placement or heartbeat less one
+mark's own cost (measured in the same run: a call making 100 marks in a row).
+``outside`` is what the plain library's call costs (``INFO commandstats``, the
+same bursts, interleaved) beyond the stages: dispatch, arguments, the reply
+and whatever runs between the marks.  ``floor`` is ``latency``'s bare
+reservation writes, one call each, for the ratio the placement targets use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.fleet import SIZES, mixed_fleet, send_heartbeats
+from bench.latency import FLOOR_LIBRARY
+from bench.runner import Result, Target, machine
+from bench.versus import Params as VersusParams
+from bench.versus import _Run
+from scheduler import Policy, Request, Scheduler
+from scheduler.scripts import FUNCTION, Library, _files, build_library, library
+
+COLUMNS = ["operation", "stage", "us", "share"]
+OPERATIONS = ("coalesced placement", "changed heartbeat")
+
+_BEGIN = re.compile(r"^([ \t]*)-- @stage-begin\b.*$", re.M)
+_MARK = re.compile(r"^([ \t]*)-- @stage ([a-z_]+)[ \t]*$", re.M)
+
+#: appended to the `base` include: the marks' clock and their sums (library
+#: state, kept from call to call)
+PROFILER = """
+local STAGE_SUMS, STAGE_LAST = {}, nil
+local function stage_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function stage_begin() STAGE_LAST = stage_now() end
+local function stage(name)
+  local t = stage_now()
+  local s = STAGE_SUMS[name]
+  if s == nil then s = { 0, 0 }; STAGE_SUMS[name] = s end
+  if STAGE_LAST then s[1], s[2] = s[1] + t - STAGE_LAST, s[2] + 1 end
+  STAGE_LAST = t
+end
+"""
+
+
+def _marked(text: str) -> str:
+    return _MARK.sub(r"\1stage('\2')", _BEGIN.sub(r"\1stage_begin()", text))
+
+
+def staged_library() -> tuple[Library, list[str]]:
+    """This tree's library with its stage marks live, plus two functions:
+    ``<name>_stage_report`` (ARGV[1] "reset" clears) and ``<name>_stage_probe``
+    (100 marks in a row); and the stage names in source order."""
+    includes, scripts = _files()
+    names: list[str] = []
+    for text in [*includes.values(), *(t for _, t in scripts.values())]:
+        names += [m.group(2) for m in _MARK.finditer(text) if m.group(2) not in names]
+    includes = {k: _marked(v) for k, v in includes.items()}
+    includes["base"] += PROFILER
+    lib = build_library(includes, {k: (n, _marked(t)) for k, (n, t) in scripts.items()})
+    extra = (
+        f"redis.register_function('{lib.name}_stage_report', function(keys, args)\n"
+        "  local out = {}\n"
+        "  for name, s in pairs(STAGE_SUMS) do out[#out + 1] = { name, s[1], s[2] } end\n"
+        "  if args[1] == 'reset' then STAGE_SUMS = {} end\n"
+        "  return out\nend)\n"
+        f"redis.register_function('{lib.name}_stage_probe', function(keys, args)\n"
+        "  stage_begin()\n  for _ = 1, 100 do stage('probe') end\n  return 1\nend)\n")
+    return Library(lib.name, lib.text + extra, lib.functions), names
+
+
+@dataclass(frozen=True)
+class Params:
+    nodes: int = 1000
+    rounds: int = 10
+    burst: int = 200
+    seed: int = 1
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(nodes=40, rounds=2, burst=32)
+
+
+def _report(s: Scheduler, lib: Library) -> dict[str, tuple[int, int]]:
+    rows = s.client.execute_command("FCALL", f"{lib.name}_stage_report", 0, "reset")
+    return {r[0].decode(): (int(r[1]), int(r[2])) for r in rows}
+
+
+def run(target: Target, p: Params | None = None) -> Result:
+    p = p or Params()
+    facts = machine(target)
+    staged, order = staged_library()
+    plain = library()
+    cell = target.new_cell("stages")
+    s = Scheduler.connect(target.url, cell=cell,
+                          policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000))
+    per: dict[str, dict[str, float]] = {}
+    plain_us: dict[str, list[float]] = {op: [] for op in OPERATIONS}
+    floor_us: list[float] = []
+    try:
+        s.stats()
+        if s.scripts.mode != FUNCTION:
+            raise SystemExit("bench stages needs a Redis with functions (FUNCTION / FCALL)")
+        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", staged.text)
+        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+        rng = random.Random(p.seed * 1_000_003 + p.nodes)
+        nodes = mixed_fleet(p.nodes, rng)
+        send_heartbeats(s, [n.heartbeat() for n in nodes], memo=s.beats)
+        r = _Run(target, s, nodes, plain, VersusParams(nodes=p.nodes, burst=p.burst,
+                                                       seed=p.seed))
+        for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
+            s.schedule(Request.cold(*rng.choice(SIZES)))
+        # one mark's own cost: TIME and the bookkeeping
+        _report(s, staged)
+        w = target.script_stats()
+        for _ in range(20):
+            s.client.execute_command("FCALL", f"{staged.name}_stage_probe", 0)
+        probe = _report(s, staged)["probe"]
+        mark_us = probe[0] / probe[1]
+        sums: dict[str, dict[str, list[int]]] = {op: {} for op in OPERATIONS}
+        counts = dict.fromkeys(OPERATIONS, 0)
+        keys = s.ops.schedule(Request.cold(1, 1)).keys
+        ids = list(r.by_id)
+        for i in range(p.rounds):
+            for op, burst in (("coalesced placement", r.coalesced),
+                              ("changed heartbeat", r.heartbeat)):
+                # the plain library and the marked one, alternating which goes first
+                for lib in ((plain, staged) if i % 2 else (staged, plain)):
+                    n, usec = burst(lib)
+                    if lib is plain:
+                        plain_us[op].append(usec / max(1, n))
+                        continue
+                    counts[op] += n
+                    for name, (us, _) in _report(s, staged).items():
+                        sums[op].setdefault(name, [0])[0] += us
+            pipe = s.client.pipeline(transaction=False)
+            for j in range(p.burst):
+                pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
+                                     f"stfloor{i}-{j}", rng.choice(ids))
+            w = target.script_stats()
+            pipe.execute()
+            calls, usec = target.script_stats_since(w)
+            floor_us.append(usec / max(1, calls))
+        for op in OPERATIONS:
+            per[op] = {name: sums[op][name][0] / max(1, counts[op]) for name in order
+                       if name in sums[op]}
+    finally:
+        for name in (staged.name, "sched_bench_floor"):
+            # (the server may be gone already: nothing to clean then)
+            with contextlib.suppress(Exception):
+                s.client.execute_command("FUNCTION", "DELETE", name)
+        s.close()
+        target.drop_cell(cell)
+    rows: list[dict[str, Any]] = []
+    floor = statistics.median(floor_us) if floor_us else None
+    for op in OPERATIONS:
+        total = statistics.median(plain_us[op]) if plain_us[op] else 0.0
+        # each stage's figure holds one mark (a stage a call passes twice, twice:
+        # a rare path, counted as once)
+        stages = {name: max(0.0, t - mark_us) for name, t in per[op].items()}
+        for name, t in stages.items():
+            rows.append({"operation": op, "stage": name, "us": round(t, 1),
+                         "share": round(t / total, 3) if total else None})
+        outside = total - sum(stages.values())
+        rows.append({"operation": op, "stage": "outside", "us": round(outside, 1),
+                     "share": round(outside / total, 3) if total else None})
+        rows.append({"operation": op, "stage": "total (plain library)", "us": round(total, 1),
+                     "share": 1.0})
+        if floor:
+            rows.append({"operation": op, "stage": "total / floor", "us": round(total / floor, 2),
+                         "share": None})
+    if floor:
+        rows.append({"operation": "floor (bare reservation writes, one call each)",
+                     "stage": "total", "us": round(floor, 1), "share": None})
+    params: dict[str, Any] = asdict(p)
+    params["mark_us"] = round(mark_us, 2)
+    notes = [
+        f"{p.nodes} nodes of mixed shapes; {p.rounds} rounds, each a burst of {p.burst} "
+        f"placements in batch calls of 16 and the changed heartbeats of the nodes they went "
+        f"to, through the marked library and the plain one in turn",
+        f"us: per placement or heartbeat, each stage less one mark ({mark_us:.2f} us, "
+        f"measured); share: of the plain library's cost per placement or heartbeat "
+        f"(INFO commandstats)",
+    ]
+    return Result("stages", COLUMNS, rows, params, facts, notes)
