@@ -10,11 +10,13 @@ nothing), loads it beside the plain library, and sends through it the busy
 bursts of ``latency``: placements coalesced in batch calls of 16 (then
 cancelled) and heartbeats of nodes whose rosters changed (each lists a
 sandbox placed and assigned since, releasing its reservation, and drops
-one).  Each stage's figure is its time per placement or heartbeat less one
-mark's own cost (measured in the same run: a call making 100 marks in a row).
-``outside`` is what the plain library's call costs (``INFO commandstats``, the
-same bursts, interleaved) beyond the stages: dispatch, arguments, the reply
-and whatever runs between the marks.  ``floor`` is ``latency``'s bare
+one).  Each stage's figure is the median over rounds of its time per
+placement or heartbeat, less one mark's own cost (measured in the same run: a
+call making 100 marks in a row).  ``outside`` is what the plain library's call
+costs (``INFO commandstats``, the same bursts, interleaved; median over rounds)
+beyond the stages: dispatch, arguments, the reply and whatever runs between
+the marks.  The marks read wall time: on a busy machine a stage can read high
+and ``outside`` negative.  ``floor`` is ``latency``'s bare
 reservation writes, one call each, for the ratio the placement targets use.
 """
 
@@ -134,8 +136,8 @@ def run(target: Target, p: Params | None = None) -> Result:
             s.client.execute_command("FCALL", f"{staged.name}_stage_probe", 0)
         probe = _report(s, staged)["probe"]
         mark_us = probe[0] / probe[1]
-        sums: dict[str, dict[str, list[int]]] = {op: {} for op in OPERATIONS}
-        counts = dict.fromkeys(OPERATIONS, 0)
+        # per round, each stage's time per placement or heartbeat
+        rounds: dict[str, dict[str, list[float]]] = {op: {} for op in OPERATIONS}
         keys = s.ops.schedule(Request.cold(1, 1)).keys
         ids = list(r.by_id)
         for i in range(p.rounds):
@@ -147,9 +149,8 @@ def run(target: Target, p: Params | None = None) -> Result:
                     if lib is plain:
                         plain_us[op].append(usec / max(1, n))
                         continue
-                    counts[op] += n
                     for name, (us, _) in _report(s, staged).items():
-                        sums[op].setdefault(name, [0])[0] += us
+                        rounds[op].setdefault(name, []).append(us / max(1, n))
             pipe = s.client.pipeline(transaction=False)
             for j in range(p.burst):
                 pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
@@ -158,9 +159,12 @@ def run(target: Target, p: Params | None = None) -> Result:
             pipe.execute()
             calls, usec = target.script_stats_since(w)
             floor_us.append(usec / max(1, calls))
+        # (medians over rounds: the marks read wall time, which a busy
+        # machine stretches now and then; a stage some rounds never reached
+        # counts 0 there)
         for op in OPERATIONS:
-            per[op] = {name: sums[op][name][0] / max(1, counts[op]) for name in order
-                       if name in sums[op]}
+            per[op] = {name: statistics.median(rounds[op][name] + [0.0] * (
+                p.rounds - len(rounds[op][name]))) for name in order if name in rounds[op]}
     finally:
         for name in (staged.name, "sched_bench_floor"):
             # (the server may be gone already: nothing to clean then)
@@ -195,8 +199,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"{p.nodes} nodes of mixed shapes; {p.rounds} rounds, each a burst of {p.burst} "
         f"placements in batch calls of 16 and the changed heartbeats of the nodes they went "
         f"to, through the marked library and the plain one in turn",
-        f"us: per placement or heartbeat, each stage less one mark ({mark_us:.2f} us, "
-        f"measured); share: of the plain library's cost per placement or heartbeat "
-        f"(INFO commandstats)",
+        f"us: per placement or heartbeat, median over rounds, each stage less one mark "
+        f"({mark_us:.2f} us, measured); share: of the plain library's cost per placement or "
+        f"heartbeat (INFO commandstats, median over rounds)",
     ]
     return Result("stages", COLUMNS, rows, params, facts, notes)
