@@ -182,12 +182,16 @@ end
 local function firsts_removed(key, bucket)
   local list = FIRSTS[key]
   if list == nil then return end
+  local at = nil
+  for i = 1, #list do
+    if list[i] == bucket then at = i end
+  end
+  if at == nil then return end -- it was further on: the first ones stay
+  if #list == 1 then FIRSTS[key] = nil return end
   local out = {}
   for i = 1, #list do
-    if list[i] ~= bucket then out[#out + 1] = list[i] end
+    if i ~= at then out[#out + 1] = list[i] end
   end
-  if #out == #list then return end -- it was further on: the first ones stay
-  if #out == 0 then out = nil end
   FIRSTS[key] = out
 end
 
@@ -296,6 +300,7 @@ local function unindex(node_id)
 end
 
 local function reindex_touched(P, now)
+  if next(TOUCHED) == nil then return end
   for node_id, how in pairs(TOUCHED) do reindex(node_id, P, now, how == 'registered') end
   TOUCHED = {}
 end
@@ -344,17 +349,6 @@ local function upgrade_index(P, now)
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
 end
 
--- Least-loaded choice through the index: the chosen node id and the set of
--- buckets it was chosen among (equal rank), or nil when the full scan must decide.
---
--- One stream per shape, along the dimension where the request weighs more:
--- a bucket's load L in that dimension gives (L + requested) / capacity, which
--- is exactly that dimension's projected share, so the bucket's pressure is
--- never below it (lb).  Streams are walked least lb first; a stream ends when
--- its lb passes the best pressure found, or when at the best pressure its
--- counts rank after the best's (the rest of that stream does too, being in
--- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
--- known bucket is eligible.
 -- One pick's state, shared by the helpers below (module-level so that a pick
 -- makes no closures): the policy, the request, the best bucket so far (a
 -- ranking table) and the buckets of its rank.  A pick runs to its end before
@@ -424,13 +418,16 @@ local function pick_stream(shape)
   local d = SHAPE_DESC[shape]
   if d == nil then
     local caps = shape_caps(shape)
-    d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape) }
+    -- the shape's stream, refilled by every pick of the call (a table costs
+    -- about 0.5 us to make here; every field in the constructor: a table
+    -- that grows is rebuilt)
+    d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape),
+      { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 2, batch = false, pos = 1,
+        full = false, lb = false } }
     SHAPE_DESC[shape] = d
   end
-  local c, m, req = d[1], d[2], PK_req
-  -- (every field in the constructor: a table that grows is rebuilt)
-  local st = { cap = c, add = req.cpu, mem = false, key = d[3], rank = 0, size = 2,
-    batch = false, pos = 1, full = false, lb = false }
+  local c, m, req, st = d[1], d[2], PK_req, d[5]
+  st.cap, st.add, st.mem, st.key, st.rank, st.size = c, req.cpu, false, d[3], 0, 2
   if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
     st.cap, st.add, st.mem, st.key = m, req.mem, true, d[4]
   end
@@ -464,7 +461,7 @@ local function pick_run(streams)
   end
 end
 
--- Least-loaded choice through the index: the chosen node id and the set of
+-- Least-loaded choice through the index: the chosen node id and the list of
 -- buckets it was chosen among (equal rank), or nil when the full scan must decide.
 --
 -- One stream per shape, along the dimension where the request weighs more:
@@ -478,16 +475,23 @@ end
 local function pick_indexed(P, req, rr_next)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, {}
   local streams, unknown = {}, false
-  local empty = {}
+  local empty = nil
   for _, shape in ipairs(shapes()) do
     if shape == '0:0' then
       unknown = true
     else
       local st = pick_stream(shape)
-      if st.lb then streams[#streams + 1] = st else empty[#empty + 1] = shape end
+      if st.lb then
+        streams[#streams + 1] = st
+      else
+        empty = empty or {}
+        empty[#empty + 1] = shape
+      end
     end
   end
-  for _, shape in ipairs(empty) do shape_gone(shape) end
+  if empty then
+    for _, shape in ipairs(empty) do shape_gone(shape) end
+  end
   pick_run(streams)
   if PK_best == nil and unknown then
     local st = pick_stream('0:0')
@@ -499,6 +503,13 @@ local function pick_indexed(P, req, rr_next)
   -- rotate among all equal nodes, in node-id byte order: small buckets are
   -- read whole and merged here; a large one goes through a union in Redis
   local picked
+  if #equals == 1 then  -- (the common case, without the merge's tables)
+    local members = redis.call('ZRANGE', bucket_key(equals[1]), '0', SMALL_BUCKET_TEXT)
+    if #members <= SMALL_BUCKET then
+      SIZES[equals[1]] = #members
+      return members[((rr_next - 1) % #members) + 1], equals
+    end
+  end
   local lists, total = {}, 0
   for i, bucket in ipairs(equals) do
     local members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
@@ -532,7 +543,5 @@ local function pick_indexed(P, req, rr_next)
     picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
     redis.call('DEL', IDX_TMP)
   end
-  local set = {}
-  for _, bucket in ipairs(equals) do set[bucket] = true end
-  return picked, set
+  return picked, equals
 end

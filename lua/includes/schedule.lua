@@ -120,7 +120,11 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
         -- bucket then holds every decision input, so nothing else is read.
         local v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
           'lingering', 'status')
-        if v[1] and among[v[1]] then
+        local listed = false
+        for i = 1, #among do
+          if among[i] == v[1] then listed = true end
+        end
+        if listed then
           local n = node_of_bucket(v[1])
           n.id, n.idx, n.endpoint = picked, v[1], v[2] or ''
           n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
