@@ -166,6 +166,7 @@ class AsyncScheduler(BaseClient):
             # a last chance for abandoned placements, then give up on them
             await asyncio.wait([self._reaper], timeout=1.0)
             self._reaper.cancel()
+        await self.scripts.close()
         await self.client.aclose()
 
     async def ping(self) -> None:
