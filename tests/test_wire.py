@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +15,9 @@ import redis
 from scheduler import Policy, Request
 from scheduler.aio import AsyncScheduler
 from scheduler.errors import NoNodesAvailable, NotFound, StoreUnavailable
-from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer, free_port
 from scheduler.wire import ScriptWire, pack, usable
+from tests.certs import Authority
 from tests.helpers import hb
 
 pytestmark = pytest.mark.real_only
@@ -127,6 +129,43 @@ def test_a_call_cut_short_by_its_deadline_closes_the_wire() -> None:
         assert (await a.schedule(REQ)).node_id == "n1"
 
     _with(scenario)
+
+
+@pytest.mark.parametrize("form", ["rediss", "unix"])
+def test_the_wire_connects_as_redis_py_does(form: str, tmp_path: Path) -> None:
+    """TLS, a password and a database, or a unix socket: redis-py makes and
+    sets up the wire's connection, so it speaks to Redis as the pool does."""
+    ca = Authority()
+    ca_path = ca.write(tmp_path)
+    cert, key = ca.issue("127.0.0.1", server=True).write(tmp_path, "server")
+    tls_port = free_port()
+    args = (["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file",
+             str(key), "--tls-ca-cert-file", str(ca_path), "--tls-auth-clients", "no"]
+            if form == "rediss" else [])
+    with RedisServer(unix_socket=form == "unix", extra_args=args) as rs:
+        admin = rs.client()
+        admin.config_set("requirepass", "s3cret")  # (set once the server answered a PING)
+        admin.close()
+        url = (f"rediss://:s3cret@127.0.0.1:{tls_port}/3?ssl_ca_certs={ca_path}"
+               if form == "rediss" else f"unix://:s3cret@{rs.socket}?db=3")
+
+        async def run() -> None:
+            a = await AsyncScheduler.connect(url, cell="wire", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1", cpu=64, mem_gib=256))
+                wire = await _up(a)
+                before = wire.carried
+                await asyncio.gather(*(a.schedule(REQ) for _ in range(10)))
+                assert wire.carried > before
+            finally:
+                await a.close()
+
+        asyncio.run(run())
+        admin = rs.client(password="s3cret", db=3)
+        try:
+            assert admin.keys("sched:{wire}:*")  # (the cell is in database 3)
+        finally:
+            admin.close()
 
 
 def test_only_one_plain_redis_gets_a_wire() -> None:
