@@ -1,19 +1,22 @@
 """A lean connection for the asyncio client's script calls (``FCALL``).
 
-redis-py's command path (pool, retry, observability, encoder, streams)
-costs about 70 us of CPU per call more than writing the command to the
-socket and reading its reply with hiredis (docs/performance.md), and a
-replica makes one such call per Schedule or coalesced batch.  :class:`ScriptWire`
-is that lean path: one connection, made and set up by redis-py (TLS, AUTH,
-db, client name: whatever the address says), whose socket is then read by a
-protocol that feeds hiredis and answers the calls in order, so calls in
-flight together share it (pipelined).
+redis-py's command path (pool, retry, observability, encoder, asyncio
+streams) costs several times what writing the command to the socket and
+reading its reply with hiredis costs (one call at a time on uvloop: about 110
+us of the process's CPU per call against 40, system calls included), and a
+replica makes one such call per Schedule or coalesced batch.
+:class:`ScriptWire` is that lean path: one connection, made and set up by
+redis-py (TLS, AUTH, db, client name: whatever the address says), whose
+socket is then read by a protocol that feeds hiredis and answers the calls
+in order, so calls in flight together share it (pipelined).
 
 It only carries calls, never decides anything: an error reply is raised as
 redis-py raises it (the same exception classes), and whenever it cannot
 carry a call (not connected yet, lost, its socket's buffer full) it raises
 :class:`WireDown` and the caller sends the call the ordinary way, through
-redis-py, which then retries, reconnects and fails as it always did.  A call
+redis-py, which then retries, reconnects and fails as it always did.  (A call
+lost with the connection may have run: sent again, it is one more retry of
+the kind redis-py makes, which the scripts are written to take.)  A call
 cut short (its deadline, a cancelled caller) closes the connection, as
 redis-py does, so a Redis that stopped answering leaves no connection behind.
 It serves one Redis server (``redis://``, ``rediss://``, ``unix://``), not
