@@ -88,6 +88,9 @@ class _Replies(asyncio.Protocol):
                 return
             if reply is False:
                 return
+            if not self.waiting:  # (a reply nobody asked for: this connection is lost)
+                self.close(redis.exceptions.InvalidResponse("an unexpected reply"))
+                return
             fut = self.waiting.popleft()
             if fut.done():  # (its caller gave up)
                 continue
