@@ -223,8 +223,9 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
               cell: str = "") -> None:
     """A minimal ``grpc.aio`` server of ``Schedule`` on ``127.0.0.1:port``
     until SIGTERM.  ``constant`` answers a constant: the floor of what one
-    gRPC call costs in Python.  ``redis`` first sends one ``PING`` through
-    the replica's Redis client (``url``); ``library`` places through
+    gRPC call costs in Python.  ``redis`` first sends one ``PING`` the way
+    the replica sends its script calls (``url``: over the lean connection of
+    scheduler/wire.py, through redis-py until it is up); ``library`` places through
     ``AsyncScheduler.schedule`` in ``cell`` (coalescing on) and answers with
     the node: the replica without its servicer, metrics and deadline."""
     import grpc
@@ -234,12 +235,14 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
     from scheduler.grpc import scheduler_pb2 as pb
     from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
     from scheduler.records import Request
+    from scheduler.wire import ScriptWire, WireDown
 
     reply = pb.ScheduleResponse(node=pb.Node(node_id="node-0001", endpoint="10.0.0.1:5000"))
 
     async def main() -> None:
         client = async_client(url, caller_bounds=True) if layer != "constant" else None
         sched = AsyncScheduler(client, cell) if layer == "library" else None
+        wire = ScriptWire(client) if layer == "redis" else None
         request = Request.cold(1, 1024)
 
         class Bare(pb_grpc.SchedulerServicer):  # type: ignore[misc]
@@ -248,8 +251,12 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
                     placed = await sched.schedule(request)
                     return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id,
                                                             endpoint=placed.endpoint))
-                if client is not None:
-                    await client.ping()
+                if wire is not None:
+                    try:
+                        await wire.call(["PING"])
+                    except WireDown:  # (not connected yet)
+                        assert client is not None
+                        await client.ping()
                 return reply
 
         server = grpc.aio.server()
@@ -264,6 +271,8 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
         if sched is not None:
             await sched.close()
         elif client is not None:
+            if wire is not None:
+                await wire.close()
             await client.aclose()
 
     choose(loop).run(main())

@@ -42,6 +42,7 @@ from typing import Any
 import redis
 
 from scheduler.connection import is_cluster_client
+from scheduler.wire import ScriptWire, WireDown, usable
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
 SCRIPT_NAME = re.compile(r"^(?P<name>[a-z_]+)-(?P<nkeys>\d+)\.lua$")
@@ -205,7 +206,7 @@ class _Registry:
             self.scripts[name] = client.register_script(text)
             self.nkeys[name] = nkeys
 
-    def _fcall(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    def _command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         return ["FCALL", self.library.functions[name], len(keys), *keys, *args]
 
     def _load_failed(self, e: redis.exceptions.ResponseError) -> None:
@@ -250,9 +251,9 @@ class ScriptRegistry(_Registry):
             except redis.exceptions.NoPermissionError as e:
                 raise self._evalsha_refused(e) from None
         if client is not None:
-            return client.execute_command(*self._fcall(name, keys, args))
+            return client.execute_command(*self._command(name, keys, args))
         try:
-            reply = self.client.execute_command(*self._fcall(name, keys, args))
+            reply = self.client.execute_command(*self._command(name, keys, args))
         except redis.exceptions.ResponseError as e:
             if self._answered(e):
                 raise
@@ -265,7 +266,7 @@ class ScriptRegistry(_Registry):
                 return self.scripts[name](keys=keys, args=args, client=self.client)
             except redis.exceptions.NoPermissionError as e:
                 raise self._evalsha_refused(e) from None
-        return self.client.execute_command(*self._fcall(name, keys, args))
+        return self.client.execute_command(*self._command(name, keys, args))
 
     def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int,
                    timeout_ms: int) -> tuple[Any, int]:
@@ -296,7 +297,26 @@ class ScriptRegistry(_Registry):
 
 
 class AsyncScriptRegistry(_Registry):
-    """The scripts of one asyncio client."""
+    """The scripts of one asyncio client.  Once the library is known to be
+    loaded, FCALLs go through a lean connection (:mod:`scheduler.wire`) where
+    the client is one plain Redis, and through redis-py when it cannot carry
+    them."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.wire = ScriptWire(client) if usable(client) else None
+
+    async def close(self) -> None:
+        if self.wire is not None:
+            await self.wire.close()
+
+    async def _fcall(self, command: list[Any]) -> Any:
+        if self.wire is not None and self.mode == FUNCTION:
+            try:
+                return await self.wire.call(command)
+            except WireDown:
+                pass  # not connected, or lost with the call: redis-py sends it
+        return await self.client.execute_command(*command)
 
     async def _load(self) -> None:
         if is_cluster_client(self.client):
@@ -321,7 +341,7 @@ class AsyncScriptRegistry(_Registry):
         if self.mode == EVAL:
             return await self.scripts[name](keys=keys, args=args)
         try:
-            reply = await self.client.execute_command(*self._fcall(name, keys, args))
+            reply = await self._fcall(self._command(name, keys, args))
         except redis.exceptions.ResponseError as e:
             if self._answered(e):
                 raise
@@ -331,7 +351,7 @@ class AsyncScriptRegistry(_Registry):
         await self._load()  # the server lost the library (or never had it): load, retry once
         if self.mode == EVAL:
             return await self.scripts[name](keys=keys, args=args)
-        return await self.client.execute_command(*self._fcall(name, keys, args))
+        return await self.client.execute_command(*self._command(name, keys, args))
 
     async def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any],
                          replicas: int, timeout_ms: int) -> tuple[Any, int]:
@@ -344,7 +364,7 @@ class AsyncScriptRegistry(_Registry):
             if self.mode == EVAL:
                 await self.scripts[name](keys=keys, args=args, client=pipe)
             else:
-                pipe.execute_command(*self._fcall(name, keys, args))
+                pipe.execute_command(*self._command(name, keys, args))
             pipe.execute_command("WAIT", replicas, timeout_ms)
             reply, acked = await pipe.execute(raise_on_error=False)
             if isinstance(reply, redis.exceptions.ResponseError) and attempt == 1 and \
