@@ -56,11 +56,21 @@ def usable(client: Any) -> bool:
     return kw.get("protocol") in (None, 2, "2") and not kw.get("decode_responses")
 
 
-def pack(command: Sequence[str | int]) -> bytes:
-    """``command`` in the Redis protocol (what redis-py's encoder writes)."""
+def pack(command: Sequence[str | bytes | int | float]) -> bytes:
+    """``command`` in the Redis protocol (what redis-py's encoder writes: text
+    as UTF-8, numbers as their repr; anything else is refused as it refuses it)."""
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
-        data = arg.encode() if isinstance(arg, str) else b"%d" % arg
+        if isinstance(arg, bytes):
+            data = arg
+        elif isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
+            raise redis.exceptions.DataError(
+                f"Invalid input of type: {type(arg).__name__!r}. Convert to a bytes, string, "
+                f"int or float first.")
+        else:
+            data = repr(arg).encode()
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
 
@@ -142,7 +152,7 @@ class ScriptWire:
         #: calls this connection carried (to see it work)
         self.carried = 0
 
-    async def call(self, command: Sequence[str | int]) -> Any:
+    async def call(self, command: Sequence[str | bytes | int | float]) -> Any:
         """Send ``command``, return its reply (an error reply raised)."""
         replies = self.replies
         if replies is None or not replies.open:

@@ -26,9 +26,16 @@ REQ = Request.cold(1, 1024)
 
 
 def test_pack_writes_what_redis_py_writes() -> None:
-    command = ["FCALL", "sched_x_schedule", 1, "sched:{c}:rr", "create", "ünï", ""]
+    command: list[str | bytes | int | float] = [
+        "FCALL", "sched_x_schedule", 1, "sched:{c}:rr", "create", "ünï", "", b"\x00raw", 0.37,
+        -12, 1e-7]
     conn = redis.connection.Connection()
     assert pack(command) == b"".join(conn.pack_command(*command))
+    for bad in (True, None, [1]):
+        with pytest.raises(redis.exceptions.DataError):
+            pack(["FCALL", bad])  # type: ignore[list-item]
+        with pytest.raises(redis.exceptions.DataError):
+            conn.pack_command("FCALL", bad)
 
 
 def _with(scenario: Callable[[AsyncScheduler, RedisServer], Awaitable[None]]) -> None:
