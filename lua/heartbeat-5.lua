@@ -82,7 +82,7 @@ if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (pre
     or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)) then
   return { 'RESYNC' }
 end
-local now = now_ms(P)
+local now = heard_ms(P)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 -- @stage record_read
 

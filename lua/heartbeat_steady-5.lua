@@ -33,7 +33,7 @@ local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'gener
 if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
   return { 'RESYNC' }
 end
-local now = now_ms(P)
+local now = heard_ms(P)
 if #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0', '1') > 0 then
   return { 'RESYNC' } -- the full heartbeat sweeps and reindexes
 end

@@ -5,6 +5,8 @@
   placement goes to it: its next heartbeat carries what it really runs and
   starts, the lost placements included once the gateways forwarded them.
   For one report TTL; after it, nodes not heard from are stale anyway.
+  "Since" is by ingestion: a heartbeat ingested after the mark is stamped
+  after it even within the same millisecond (heard_ms, includes/base.lua).
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   ARGV        none

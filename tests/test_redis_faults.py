@@ -341,6 +341,23 @@ def test_after_a_settle_nodes_take_placements_once_they_heartbeat(make_scheduler
     assert {s.schedule(REQ).node_id for _ in range(4)} == {"n1", "n3"}
 
 
+def test_a_heartbeat_in_the_same_millisecond_as_the_settle_counts(make_scheduler: Make) -> None:
+    """Milliseconds cannot order a settle and a heartbeat ingested right after
+    it: the heartbeat is stamped just past the mark, so it counts as heard
+    since (a replica that restored a lost cell replays the heartbeat that
+    found it lost at once, often within the same millisecond)."""
+    s = make_scheduler(Policy(report_ttl_ms=30_000))
+    s.heartbeat(hb("n1"))
+    s.heartbeat(hb("n2"))
+    s.advance_clock(0, mode="freeze")
+    s.settle()
+    with pytest.raises(NoNodesAvailable, match="2 awaiting heartbeat"):
+        s.schedule(REQ)
+    s.heartbeat(hb("n2"))  # the same frozen millisecond as the settle
+    assert s.schedule(REQ).node_id == "n2"
+    assert [v.reason for v in s.explain(REQ).verdicts] == ["awaiting heartbeat", None]
+
+
 def test_static_nodes_wait_for_a_heartbeat_after_a_restore(make_scheduler: Make) -> None:
     """Redis came back empty and a replica restored the policy and the static
     list: a static node never heard from since is no fallback until it is."""

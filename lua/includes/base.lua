@@ -58,9 +58,11 @@ end
 
 -- Just the clock fields of the policy (nil when the cell has no policy).
 local function load_clock()
-  local v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms')
+  local v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
+    'settle_ms')
   if not v[1] then return nil end
-  return { time_offset_ms = tonumber(v[2]) or 0, frozen_now_ms = tonumber(v[3]) }
+  return { time_offset_ms = tonumber(v[2]) or 0, frozen_now_ms = tonumber(v[3]),
+    settle_ms = tonumber(v[4]) }
 end
 
 -- Redis server time in ms, plus the cell's drill offset (0 outside drills and
@@ -69,5 +71,15 @@ local function now_ms(P)
   if P.frozen_now_ms then return P.frozen_now_ms end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
+end
+
+-- The instant a heartbeat is heard at: now, but never at or before the
+-- cell's settle mark (settle-5.lua): a heartbeat ingested after a settle
+-- must count as heard since it, even within the same millisecond, where the
+-- timestamps alone cannot order the two.
+local function heard_ms(P)
+  local now = now_ms(P)
+  if P.settle_ms and now <= P.settle_ms then now = P.settle_ms + 1 end
+  return now
 end
 
