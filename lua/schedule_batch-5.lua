@@ -18,6 +18,7 @@
           stats reserved_total once, at the end)
 ]]
 -- @include schedule
+-- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
   return fail('BADARG', 'n must count the requests that follow, 7 arguments each')
@@ -25,9 +26,11 @@ end
 if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
 CALL.batch = true
 local out = {}
+-- @stage batch_setup
 for i = 1, n do
   local a = 1 + 7 * (i - 1)
   if ARGV[a + 2] == '1' then return fail('BADARG', 'a batch holds no dry run') end
+  -- @stage batch_loop
   local r = schedule_one(KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6], tonumber(ARGV[a + 7]))
   if r.err then
@@ -38,4 +41,5 @@ for i = 1, n do
   end
 end
 finish_batch(KEYS[6])
+-- @stage batch_finish
 return out
