@@ -20,6 +20,7 @@ from scheduler.records import Placement
 from scheduler.testing.model import NodeState
 from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import GIB, hb, node_states, rr_value
+from tests.test_index import index_is_consistent
 from tests.test_model_equivalence import build, fleets, policies
 
 requests = st.one_of(
@@ -67,12 +68,16 @@ def test_a_batch_decides_as_the_same_requests_one_by_one(
             sequential.append(one.run(call))
         except SchedulerError as e:
             sequential.append(e)
+    now = many.advance_clock(0, "freeze")
     batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
     assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
     # (each cell heard its fleet at its own instant: the rest must be equal)
     assert untimed(node_states(many)) == untimed(node_states(one))
     assert rr_value(many) == rr_value(one)
     assert many.stats() == one.stats()
+    # the batch's index moves (and what the call kept of them) left every node
+    # in exactly the bucket its record implies
+    index_is_consistent(many, policy, now)
 
 
 def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) -> None:
@@ -99,10 +104,13 @@ def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) 
     stream = [(Request.cold(rng.choice([1, 2, 2, 4]), rng.choice([2048, 4096, 8192])), None, i)
               for i in range(64)]
     sequential = [one.run(call) for call in calls_for(one, stream)]
+    now = many.advance_clock(0, "freeze")
     batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
     assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
     assert len({r.node_id for r in sequential if isinstance(r, Placement)}) > 8
     assert untimed(node_states(many)) == untimed(node_states(one))
+    # every node in exactly the bucket its record implies, after the batch's moves
+    index_is_consistent(many, Policy(strategy="least_loaded"), now)
 
 
 def untimed(states: list[NodeState]) -> list[NodeState]:
