@@ -150,7 +150,6 @@ local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
 
 -- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
 local function kth_merged(lists, k)
-  if #lists == 1 then return lists[1][k + 1] end
   local pos = {}
   for i = 1, #lists do pos[i] = 1 end
   while true do
@@ -503,24 +502,20 @@ local function pick_indexed(P, req, rr_next)
   -- rotate among all equal nodes, in node-id byte order: small buckets are
   -- read whole and merged here; a large one goes through a union in Redis
   local picked
-  if #equals == 1 then  -- (the common case, without the merge's tables)
-    local members = redis.call('ZRANGE', bucket_key(equals[1]), '0', SMALL_BUCKET_TEXT)
-    if #members <= SMALL_BUCKET then
-      SIZES[equals[1]] = #members
-      return members[((rr_next - 1) % #members) + 1], equals
-    end
-  end
-  local lists, total = {}, 0
+  local lists, total, large = nil, 0, false
   for i, bucket in ipairs(equals) do
     local members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
     if #members > SMALL_BUCKET then
-      lists = nil
+      large = true
       break
     end
     SIZES[bucket] = #members
+    -- one bucket (the common case): its own byte order, no merge and no tables
+    if #equals == 1 then return members[((rr_next - 1) % #members) + 1], equals end
+    lists = lists or {}
     lists[i], total = members, total + #members
   end
-  if lists then
+  if not large then
     picked = kth_merged(lists, (rr_next - 1) % total)
   else
     total = 0
