@@ -87,6 +87,21 @@ redis.register_function('sched_bench_floor', function(keys, args)
   return { node, v[1] or '', rid, '0.5', 2, 4294967296, 'READY', now }
 end)
 """
+def floor_burst(target: Target, s: Scheduler, count: int, tag: str, node_ids: list[str],
+                rng: random.Random) -> tuple[int, int]:
+    """(calls, usec) of ``count`` pipelined FLOOR_LIBRARY calls (loaded by the
+    caller), each on a random node of ``node_ids``; ``tag`` keeps their
+    reservation ids apart from other bursts'."""
+    keys = s.ops.schedule(Request.cold(1, 1)).keys
+    pipe = s.client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys, f"{tag}-{i}",
+                             rng.choice(node_ids))
+    w = target.script_stats()
+    pipe.execute()
+    return target.script_stats_since(w)
+
+
 #: Creations per pipelined burst, and bursts per fleet size, for the busy figures.
 BURST = 200
 BURSTS = 5
@@ -187,7 +202,6 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
     if floor_ok:
         s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
     ids = list(stream.by_id)
-    keys = s.ops.schedule(Request.cold(1, 1)).keys
     clean = [n for n in stream.by_id.values()
              if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
              and n.node_id in s.beats]
@@ -215,13 +229,7 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
         run_pipelined(s, [s.ops.cancel(p.reservation_id or "") for p in done], errors=True)
         # the reference writes
         if floor_ok:
-            pipe = s.client.pipeline(transaction=False)
-            for i in range(BURST):
-                pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
-                                     f"floor{b}-{i}", rng.choice(ids))
-            w = target.script_stats()
-            pipe.execute()
-            add("floor", *target.script_stats_since(w))
+            add("floor", *floor_burst(target, s, BURST, f"floor{b}", ids, rng))
         # steady heartbeats
         sample = rng.sample(clean, min(BURST, len(clean)))
         w = target.script_stats()

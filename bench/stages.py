@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.fleet import SIZES, mixed_fleet, send_heartbeats
-from bench.latency import FLOOR_LIBRARY
+from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from bench.versus import Params as VersusParams
 from bench.versus import _Run
@@ -133,14 +133,12 @@ def run(target: Target, p: Params | None = None) -> Result:
             s.schedule(Request.cold(*rng.choice(SIZES)))
         # one mark's own cost: TIME and the bookkeeping
         _report(s, staged)
-        w = target.script_stats()
         for _ in range(20):
             s.client.execute_command("FCALL", f"{staged.name}_stage_probe", 0)
         probe = _report(s, staged)["probe"]
         mark_us = probe[0] / probe[1]
         # per round, each stage's time per placement or heartbeat
         rounds: dict[str, dict[str, list[float]]] = {op: {} for op in OPERATIONS}
-        keys = s.ops.schedule(Request.cold(1, 1)).keys
         ids = list(r.by_id)
         for i in range(p.rounds):
             for op, burst in (("coalesced placement", r.coalesced),
@@ -155,13 +153,7 @@ def run(target: Target, p: Params | None = None) -> Result:
                     for name, (us, times) in _report(s, staged).items():
                         rounds[op].setdefault(name, []).append(
                             max(0.0, us - mark_us * times) / max(1, n))
-            pipe = s.client.pipeline(transaction=False)
-            for j in range(p.burst):
-                pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys,
-                                     f"stfloor{i}-{j}", rng.choice(ids))
-            w = target.script_stats()
-            pipe.execute()
-            calls, usec = target.script_stats_since(w)
+            calls, usec = floor_burst(target, s, p.burst, f"stfloor{i}", ids, rng)
             floor_us.append(usec / max(1, calls))
         # (medians over rounds: the marks read wall time, which a busy
         # machine stretches now and then; a stage some rounds never reached
