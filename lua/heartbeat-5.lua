@@ -14,10 +14,15 @@
               heartbeat); a record gets a cell-unique incarnation when created,
               so a delta can never apply to a record deleted and made again
   ARGV[5]     roster digest (of the sorted roster; computed by the client)
-  ARGV[6]     "1" the roster follows, "0" unchanged since the base
+  ARGV[6]     "1" the roster follows, "0" unchanged since the base, "2" (a
+              delta only) what joined and left it since the base follows
   ARGV[7]     F, the number of field/value pairs that follow
   ARGV[8..7+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
-  ARGV[8+2F..]   roster: every sandbox id the node runs (may be empty)
+  ARGV[8+2F..]   "1": the roster, every sandbox id the node runs (may be empty);
+              "2": the base's roster digest, J, then J sandbox ids that joined,
+              then the ids that left (the roster held must still be the base's,
+              else RESYNC: only heartbeats add to it, so it is when it has as
+              many members as the base listed)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
@@ -46,15 +51,20 @@ local sid = ARGV[2]
 local endpoint = ARGV[3]
 local base_generation = ARGV[4]
 local digest = ARGV[5]
-local roster_sent = ARGV[6] == '1'
+local roster_full = ARGV[6] == '1'
+local roster_delta = ARGV[6] == '2'
+local roster_sent = roster_full or roster_delta
 local nfields = tonumber(ARGV[7])
 
 local P = load_policy()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 if node_id == '' then return fail('BADARG', 'node_id is required') end
+if roster_delta and base_generation == '' then
+  return fail('BADARG', 'a roster delta needs the record it is based on')
+end
 if sid == '' then return fail('BADARG', 'service_instance_id is required') end
 local first_sb = 8 + 2 * nfields
-if roster_sent and #ARGV - first_sb + 1 > P.max_roster_ids then
+if roster_full and #ARGV - first_sb + 1 > P.max_roster_ids then
   return fail('BADARG', 'sandbox_ids has ' .. (#ARGV - first_sb + 1) .. ' entries, more than '
     .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
 end
@@ -79,7 +89,9 @@ end
 local nkey = node_key(node_id)
 local prev = redis.call('HMGET', nkey, unpack(PREV))
 if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
-    or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)) then
+    or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
+    or (roster_delta and ((prev[10] or '') ~= ARGV[first_sb]
+      or redis.call('SCARD', node_roster_key(node_id)) ~= tonumber(prev[14])))) then
   return { 'RESYNC' }
 end
 local now = heard_ms(P)
@@ -89,29 +101,37 @@ local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 -- Stage "roster", planned before the first write: bindings follow the
 -- node's own list; only what changed since its previous roster costs work
 -- (includes/bindings.lua).
-local roster = {}
-local listed = {}
-for i = first_sb, #ARGV do
-  local sb = ARGV[i]
-  if sb ~= '' and not listed[sb] then
-    listed[sb] = true
-    roster[#roster + 1] = sb
+local roster_key = node_roster_key(node_id)
+local added, gone = {}, {}
+local roster_size
+if roster_full then
+  local listed, before = {}, {}
+  roster_size = 0
+  for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+  for i = first_sb, #ARGV do
+    local sb = ARGV[i]
+    if sb ~= '' and not listed[sb] then
+      listed[sb] = true
+      roster_size = roster_size + 1
+      if not before[sb] then added[#added + 1] = sb end
+    end
+  end
+  for sb, _ in pairs(before) do
+    if not listed[sb] then gone[#gone + 1] = sb end
+  end
+elseif roster_delta then
+  -- the base's roster is the one held (checked above): the client's diff is this one
+  local joined = tonumber(ARGV[first_sb + 1])
+  for i = first_sb + 2, first_sb + 1 + joined do added[#added + 1] = ARGV[i] end
+  for i = first_sb + 2 + joined, #ARGV do gone[#gone + 1] = ARGV[i] end
+  roster_size = (tonumber(prev[14]) or 0) + #added - #gone
+  if roster_size > P.max_roster_ids then
+    return fail('BADARG', 'sandbox_ids has ' .. roster_size .. ' entries, more than '
+      .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
   end
 end
-local roster_mode = (prev[3] == '1' and not restarted) or #roster > 0
+local roster_mode = (prev[3] == '1' and not restarted) or (roster_size or 0) > 0
 if not roster_sent then roster_mode = prev[3] == '1' end
-local roster_key = node_roster_key(node_id)
-local before = {}
-if roster_sent then
-  for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
-end
-local added, gone = {}, {}
-for _, sb in ipairs(roster) do
-  if not before[sb] then added[#added + 1] = sb end
-end
-for sb, _ in pairs(before) do
-  if not listed[sb] then gone[#gone + 1] = sb end
-end
 -- @stage roster_plan
 
 sweep_expired(now)
@@ -124,7 +144,7 @@ if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
   'generation', fmt(generation), 'incarnation', incarnation }
 if roster_sent then
-  for _, x in ipairs({ 'roster_size', fmt(#roster), 'roster_mode', roster_mode and '1' or '0',
+  for _, x in ipairs({ 'roster_size', fmt(roster_size), 'roster_mode', roster_mode and '1' or '0',
     'roster_digest', digest }) do hset[#hset + 1] = x end
 end
 for name, value in pairs(values) do

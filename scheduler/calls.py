@@ -77,6 +77,8 @@ class Beat:
     endpoint: str
     fields: dict[str, str]
     roster_digest: str
+    #: the roster it wrote (a later roster is sent as what joined and left)
+    roster: frozenset[str] = frozenset()
 
 
 def roster_digest(roster: list[str]) -> str:
@@ -163,8 +165,10 @@ class Ops:
         last wrote, as a delta: only changed fields, the roster only if its
         digest changed.  The script applies a delta only to the record it was
         based on (same generation); otherwise the parser raises Resync and
-        the caller sends it again in full.  Either way the memo learns the
-        result."""
+        the caller sends it again in full.  A changed roster goes as what
+        joined and what left since the base (the script checks that the
+        roster it holds is still the base's: same generation and digest).
+        Either way the memo learns the result."""
         at_most("sandbox_ids", hb.sandbox_ids, self.bounds.max_roster_ids,
                 f"max_roster_ids ({self.bounds.max_roster_ids})")
         node_id = validate_id("node_id", hb.node_id)
@@ -193,9 +197,12 @@ class Ops:
             if same_roster and set(changed[::2]) <= {"reported_at_unix_ms"}:
                 return self._steady_heartbeat(node_id, sid, endpoint, base, values,
                                               changed[1] if changed else "", memo)
-            args = [node_id, sid, endpoint, base.base, digest,
-                    "0" if same_roster else "1", str(len(changed) // 2), *changed,
-                    *([] if same_roster else roster)]
+            args = [node_id, sid, endpoint, base.base, digest, "0" if same_roster else "2",
+                    str(len(changed) // 2), *changed]
+            if not same_roster:
+                joined = [sb for sb in roster if sb not in base.roster]
+                left = sorted(base.roster.difference(seen))
+                args += [base.roster_digest, str(len(joined)), *joined, *left]
         else:
             args = [node_id, sid, endpoint, "", digest, "1", str(len(fields) // 2), *fields,
                     *roster]
@@ -210,7 +217,7 @@ class Ops:
                                      now_ms=int(r[4]))
             if memo is not None:
                 memo[node_id] = Beat(f"{s(r[5])}:{result.generation}", sid, endpoint, values,
-                                     digest)
+                                     digest, frozenset(seen))
             return result
 
         return self._call("heartbeat", args, parse)
@@ -227,7 +234,7 @@ class Ops:
             result = HeartbeatResult(generation=int(r[0]), restarted=False, released=0,
                                      roster_mode=r[1] == 1, now_ms=int(r[2]))
             memo[node_id] = Beat(f"{s(r[3])}:{result.generation}", sid, endpoint, values,
-                                 base.roster_digest)
+                                 base.roster_digest, base.roster)
             return result
 
         return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -372,6 +373,91 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     with pytest.raises(NotFound):
         a.lookup("s2")
     assert a.lookup("s1").node_id == "n1"
+
+
+def _roster_state(s: Scheduler, node_id: str) -> tuple[Any, ...]:
+    """What a roster leaves in Redis: the node's roster set and size, its
+    bindings, and the binding of every sandbox it ever listed."""
+    record = s.client.hgetall(s.keys.node(node_id))
+    binds = {}
+    for key in s.client.scan_iter(match=s.keys.base + "bind:*"):
+        b = s.client.hgetall(key)
+        binds[key.decode().rsplit(":", 1)[1]] = (b.get(b"node_id"), b.get(b"listed"),
+                                                 b.get(b"reservation_id"))
+    return (sorted(s.client.smembers(s.keys.node_roster(node_id))),
+            sorted(s.client.smembers(s.keys.node_sbx(node_id))),
+            record[b"roster_size"], record[b"roster_mode"], record[b"roster_digest"], binds)
+
+
+def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> None:
+    """A delta heartbeat sends a changed roster as the sandboxes that joined
+    and left since its base, and leaves Redis exactly as the whole roster
+    sent in full does."""
+    a = Scheduler(redis_client, cell="rdelta")
+    full = Scheduler(redis_client, cell="rfull")
+    rosters = [["s1", "s2", "s3"], ["s2", "s3", "s4", "s5"], ["s5", "s2"], [], ["s6"],
+               ["s6", "s1", "s2"]]
+    for s in (a, full):
+        s.sync_policy(Policy())
+        s.heartbeat(hb("n1", roster=rosters[0], sandbox_count=3))
+    for i, roster in enumerate(rosters[1:]):
+        call = a.ops.heartbeat(hb("n1", roster=roster, sandbox_count=len(roster)), a.beats)
+        joined = [sb for sb in roster if sb not in rosters[i]]
+        left = sorted(set(rosters[i]) - set(roster))
+        assert call.args[5] == "2"
+        assert call.args[-len(joined) - len(left) - 1:] == [str(len(joined)), *joined, *left]
+        a.run(call)
+        full.beats.clear()  # always sent whole
+        full.heartbeat(hb("n1", roster=roster, sandbox_count=len(roster)))
+        assert _roster_state(a, "n1") == _roster_state(full, "n1")
+    assert a.lookup("s6").node_id == "n1"
+    with pytest.raises(NotFound):
+        a.lookup("s3")
+
+
+def test_a_roster_delta_resyncs_when_its_roster_lost_a_sandbox(redis_client: Any) -> None:
+    """Only heartbeats add to a node's roster, but a sandbox another node now
+    lists leaves it: the delta, built on the roster as it was, is refused
+    (nothing written) and the whole roster goes, which takes the sandbox
+    back, as a changed roster sent in full always has."""
+    a = Scheduler(redis_client, cell="rmoved")
+    a.sync_policy(Policy())
+    a.heartbeat(hb("n1", roster=["s1", "s2"], sandbox_count=2))
+    a.heartbeat(hb("n2", roster=["s2"], sandbox_count=1))
+    assert a.lookup("s2").node_id == "n2"
+    assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1"}
+    call = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3), a.beats)
+    assert call.args[5] == "2"
+    before = a.client.hgetall(a.keys.node("n1"))
+    with pytest.raises(Resync):
+        a.run(call)
+    assert a.client.hgetall(a.keys.node("n1")) == before
+    r = a.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3))
+    assert r.generation == 2
+    assert a.lookup("s2").node_id == a.lookup("s3").node_id == "n1"
+    assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1", b"s2", b"s3"}
+    assert a.client.hget(a.keys.node("n1"), "roster_size") == b"3"
+
+
+def test_a_roster_delta_is_held_to_the_stored_limit(make_scheduler: Make) -> None:
+    """The script checks the roster a delta makes against the stored
+    max_roster_ids, before its first write (here from a client that has not
+    read the policy, so only the default bound was checked before Redis)."""
+    a = make_scheduler(Policy(max_roster_ids=4))
+    a.heartbeat(hb("n1", roster=["s1", "s2", "s3"]))
+    b = Scheduler(a.client, cell="test")
+    b.beats.update(a.beats)
+    call = b.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3", "s4", "s5"]), b.beats)
+    assert call.args[5] == "2"
+    before = a.client.hgetall(a.keys.node("n1"))
+    with pytest.raises(InvalidArgument) as e:
+        a.run(call)
+    assert e.value.field == "sandbox_ids"
+    assert "5 entries, more than max_roster_ids (4)" in e.value.message
+    assert a.client.hgetall(a.keys.node("n1")) == before
+    bare = [*call.args[:3], "", *call.args[4:]]  # a roster delta with no base
+    with pytest.raises(InvalidArgument, match="a roster delta needs the record it is based on"):
+        a.run(replace(call, args=bare))
 
 
 def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None:

@@ -8,4 +8,4 @@
 -- what a heartbeat reads of the record it updates
 local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
   'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation',
-  'forgetting' }
+  'forgetting', 'roster_size' }
