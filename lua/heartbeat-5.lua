@@ -87,7 +87,8 @@ end
 -- @stage checks
 
 local nkey = node_key(node_id)
-local prev = redis.call('HMGET', nkey, unpack(PREV))
+-- (prev[i]: PREV's fields; then the node as decisions read it)
+local prev = redis.call('HMGET', nkey, unpack(HB_READ))
 if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
     or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
     or (roster_delta and ((prev[10] or '') ~= ARGV[first_sb]
@@ -96,6 +97,16 @@ if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (pre
 end
 local now = heard_ms(P)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
+-- The record as it will be, held in hand to the end (includes/common.lua
+-- HELD): releases change its pending numbers there, its index entry is
+-- worked out from it, and it is written once.
+for i, name in ipairs(NODE_FIELDS) do
+  local value = values[name]
+  if value then prev[#PREV + i] = value end
+end
+local n = node_from(node_id, prev, #PREV)
+n.last_seen, n.pending, n.acked = now, prev[#PREV + 16] ~= nil, tonumber(prev[4]) or 0
+HELD = n
 -- @stage record_read
 
 -- Stage "roster", planned before the first write: bindings follow the
@@ -137,7 +148,8 @@ if not roster_sent then roster_mode = prev[3] == '1' end
 sweep_expired(now)
 -- @stage expiry_sweep
 
--- Stage "record": the snapshot, stamped with Redis time, in one write.
+-- Stage "record": the snapshot, stamped with Redis time, written in one call
+-- at the end (with the pending numbers and index entry worked out below).
 local generation = (tonumber(prev[8]) or 0) + 1
 local incarnation = prev[12]
 if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', 1)) end
@@ -171,7 +183,7 @@ if restarted then
   hset[#hset + 1] = fmt(now)
   redis.call('HINCRBY', nkey, 'restarts', 1)
 end
-redis.call('HSET', nkey, unpack(hset))
+n.endpoint = node_endpoint
 if prev[13] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
 local cluster = values.cluster_id or prev[6] or ''
 local p2p = values.p2p_address or prev[7] or ''
@@ -179,7 +191,7 @@ if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
   if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
   if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
 end
--- @stage record_write
+-- @stage record_plan
 
 local released = 0
 -- (the node's sets change in one call each, whatever the number of sandboxes)
@@ -241,21 +253,46 @@ if not roster_mode then
   end
 end
 -- Stage "index": only a change of what places the node moves it.
-if not registered or restarted or (prev[11] or '') == '' then touch(node_id, true) end
+local moved = not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
 for _, name in ipairs(INDEX_FIELDS) do
-  if values[name] then touch(node_id, true) end
+  if values[name] then moved = true end
 end
 for name, field in pairs(OBSERVED_CEILINGS) do
-  if values[field] and P.limits[name] then touch(node_id, true) end
+  if values[field] and P.limits[name] then moved = true end
 end
--- (a release touched it too; it is registered by now, so reindex need not ask)
-if TOUCHED[node_id] then touch(node_id, true) end
-if not TOUCHED[node_id] then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
+TOUCHED[node_id], HELD = nil, nil
+if moved then
+  read_status(n, P, now)
+  local want = ''
+  if indexable(n, P) then want = bucket_of(n) end
+  if want ~= n.idx then
+    move_index(n, want)
+    hset[#hset + 1] = 'idx'
+    hset[#hset + 1] = want
+  end
+  if want == '' then redis.call('ZREM', IDX_SEEN, node_id) end
+  moved = want ~= ''
+else
+  moved = true
+end
+if moved then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
+-- @stage index_move
+if n.dirty then
+  for _, x in ipairs({ 'pending_count', fmt(n.pend_count), 'pending_cpu', fmt(n.pend_cpu),
+    'pending_memory_bytes', fmt(n.pend_mem) }) do
+    hset[#hset + 1] = x
+  end
+  if n.acked ~= (tonumber(prev[4]) or 0) then
+    hset[#hset + 1] = 'acked_count'
+    hset[#hset + 1] = fmt(n.acked)
+  end
+end
+redis.call('HSET', nkey, unpack(hset))
 redis.call('ZADD', SEEN_KEY, fmt(now), node_id)
--- @stage counter_releases_seen
+-- @stage record_write
 forget_sweep(P, now)
 -- @stage forget_sweep
 reindex_touched(P, now)
--- @stage index_move
+-- @stage reindex_others
 return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now),
   incarnation }

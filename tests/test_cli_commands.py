@@ -25,7 +25,7 @@ from scheduler.cli import nodes as nodes_module
 from scheduler.cli.main import main
 
 from scheduler import Limits, NoNodesAvailable, Policy, Request, Scheduler
-from tests.helpers import hb
+from tests.helpers import hb, snapshot_keys
 
 GIB = 1024**3
 CELL = "cli"
@@ -47,9 +47,9 @@ class Fleet:
         return json.loads(result.stdout)
 
     def dump(self) -> dict[bytes, Any]:
-        """Every key of the cell with its serialised value (to prove nothing was written)."""
-        c = self.s.client
-        return {k: c.dump(k) for k in c.scan_iter(match=self.s.keys.base + "*")}
+        """Every key with its content (to prove nothing was written; not DUMP,
+        whose bytes follow a hash's internal order, which reads may rehash)."""
+        return snapshot_keys(self.s.client)
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from scheduler.records import DiskMetric
 from scheduler.scripts import _files as script_files
 from scheduler.scripts import library, sources
 from scheduler.testing.redis_server import free_port
-from tests.helpers import GIB, fleet, hb, rr_value
+from tests.helpers import GIB, fleet, hb, rr_value, snapshot_keys
 
 Make = Callable[..., Scheduler]
 
@@ -264,9 +264,9 @@ def test_explain_matches_schedule_and_writes_nothing(make_scheduler: Make) -> No
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
     fleet(s, 3)
     s.heartbeat(hb("n2", sandbox_count=2))
-    before = {k: s.client.dump(k) for k in s.client.keys("*")}
+    before = snapshot_keys(s.client)
     ex = s.explain(Request.cold(2, 4096))
-    assert {k: s.client.dump(k) for k in s.client.keys("*")} == before
+    assert snapshot_keys(s.client) == before
     by_id = {v.node_id: v for v in ex.verdicts}
     assert by_id["n2"].reason == "at max_sandbox_count (2)" and by_id["n2"].rank is None
     assert [by_id["n0"].rank, by_id["n1"].rank] == [1, 2]

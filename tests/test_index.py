@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,6 +105,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("route"), st.just(0), st.just(0)),
     st.tuples(st.just("advance"), st.sampled_from([5_000, 20_000]), st.just(0)),
     st.tuples(st.just("beat"), st.integers(0, 11), st.just(0)),
+    st.tuples(st.just("created"), st.integers(0, 11), st.integers(1, 3)),
     st.tuples(st.just("linger"), st.integers(0, 11), st.just(0)),
 ), min_size=1, max_size=25)
 
@@ -147,6 +149,15 @@ def test_index_decides_like_the_model_while_the_fleet_changes(
             node_id = ids[a % len(ids)]
             s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
                                   snapshot=snaps[node_id]))
+        elif kind == "created":
+            # the node counts b more creations (and runs them): as many of
+            # its reservations are released, oldest first
+            node_id = ids[a % len(ids)]
+            snap = snaps[node_id]
+            snaps[node_id] = snap = msgspec.structs.replace(
+                snap, create_successes=snap.create_successes + b,
+                sandbox_count=snap.sandbox_count + b, allocated_cpu=snap.allocated_cpu + b)
+            s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b", snapshot=snap))
         else:
             node_id = ids[a % len(ids)]
             s.set_lingering(node_id, not any(

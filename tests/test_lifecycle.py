@@ -18,7 +18,7 @@ from scheduler import (
     Scheduler,
     UnknownNode,
 )
-from tests.helpers import GIB, hb
+from tests.helpers import GIB, hb, snapshot_keys
 
 Make = Callable[..., Scheduler]
 EP = "n1.local:5000"
@@ -288,14 +288,14 @@ def test_listed_bindings_carry_no_key_expiry(make_scheduler: Make, redis_client:
 def test_assignment_to_an_unknown_node_writes_nothing(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1"))
-    before = {k: s.client.dump(k) for k in s.client.keys("*")}
+    before = snapshot_keys(s.client)
     with pytest.raises(UnknownNode, match="node is not in scheduler node list"):
         s.assign("sb1", "ghost", "ghost:1")
     with pytest.raises(UnknownNode, match="node is not in scheduler node list"):
         s.assign("sb1", "n1", "wrong-endpoint:1")
     with pytest.raises(InvalidArgument, match="node_id and endpoint are required"):
         s.assign("sb1", "n1", "")
-    assert {k: s.client.dump(k) for k in s.client.keys("*")} == before
+    assert snapshot_keys(s.client) == before
 
 
 def test_unregister(make_scheduler: Make) -> None:

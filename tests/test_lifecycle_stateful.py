@@ -39,6 +39,7 @@ from scheduler import (
 )
 from scheduler.testing.model import CellModel, NodeState
 from tests.helpers import GIB, node_states
+from tests.test_index import index_is_consistent
 
 MIB = 1024 * 1024
 ROSTER_NODES = ("r0",)
@@ -216,6 +217,12 @@ class Lifecycle(RuleBasedStateMachine):
             assert (r.state, r.sandbox_id, r.node_id) == (mr.state, mr.sandbox_id, mr.node_id)
         expired = sum(r.state == "expired" for r in self.m.ended.values())
         assert self.s.stats().expired_total == expired
+
+    @invariant()
+    def index_agrees(self) -> None:
+        """Every node sits in exactly the bucket its record implies (releases
+        and snapshots change a heartbeat's node in hand, written once)."""
+        index_is_consistent(self.s, POLICY, self.now())
 
     @invariant()
     def bindings_agree(self) -> None:

@@ -127,6 +127,13 @@ end
 -- What ending a reservation reads of it.
 local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
 
+-- A node record this call holds in hand (a read_node table, plus `acked`:
+-- its acked_count), to write once at its end: ending one of its reservations
+-- changes the held numbers (and sets `dirty`), not Redis.  Only a heartbeat
+-- holds one, from its read of the record to its write.
+local HELD
+ON_CALL[#ON_CALL + 1] = function() HELD = nil end
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
@@ -138,20 +145,32 @@ local function end_reservation(rid, outcome, now, r)
     return false
   end
   local node_id = r[2]
-  local nkey = node_key(node_id)
-  -- the node's pending load, less this reservation, in one read and one write
-  -- (no pending_count: the record is gone, or is a static node's bare record)
-  local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
-    'acked_count')
-  if n[1] then
-    local hset = { 'pending_count', fmt(tonumber(n[1]) - 1),
-      'pending_cpu', fmt((tonumber(n[2]) or 0) - tonumber(r[3])),
-      'pending_memory_bytes', fmt((tonumber(n[3]) or 0) - tonumber(r[4])) }
-    if r[1] == 'acked' then
-      hset[7], hset[8] = 'acked_count', fmt((tonumber(n[4]) or 0) - 1)
+  if HELD and HELD.id == node_id then
+    -- (the holder writes the record; HELD.pending: it has a pending_count)
+    if HELD.pending then
+      HELD.pend_count = HELD.pend_count - 1
+      HELD.pend_cpu = HELD.pend_cpu - tonumber(r[3])
+      HELD.pend_mem = HELD.pend_mem - tonumber(r[4])
+      if r[1] == 'acked' then HELD.acked = HELD.acked - 1 end
+      HELD.dirty = true
+      touch(node_id)
     end
-    redis.call('HSET', nkey, unpack(hset))
-    touch(node_id)
+  else
+    -- the node's pending load, less this reservation, in one read and one write
+    -- (no pending_count: the record is gone, or is a static node's bare record)
+    local nkey = node_key(node_id)
+    local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
+      'acked_count')
+    if n[1] then
+      local hset = { 'pending_count', fmt(tonumber(n[1]) - 1),
+        'pending_cpu', fmt((tonumber(n[2]) or 0) - tonumber(r[3])),
+        'pending_memory_bytes', fmt((tonumber(n[3]) or 0) - tonumber(r[4])) }
+      if r[1] == 'acked' then
+        hset[7], hset[8] = 'acked_count', fmt((tonumber(n[4]) or 0) - 1)
+      end
+      redis.call('HSET', nkey, unpack(hset))
+      touch(node_id)
+    end
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)

@@ -15,30 +15,34 @@ local NODE_FIELDS = {
   'pending_memory_bytes', 'idx',
 }
 
-local function read_node(id)
-  local v = redis.call('HMGET', node_key(id), unpack(NODE_FIELDS))
+-- A node from its NODE_FIELDS values, v[o + 1] ... v[o + #NODE_FIELDS].
+local function node_from(id, v, o)
   return {
     id = id,
-    endpoint = v[1] or '',
-    lingering = v[2] == '1',
-    last_seen = tonumber(v[3]),
-    reported = v[4] or '',
-    cpu_cap = tonumber(v[5]) or 0,
-    mem_cap = tonumber(v[6]) or 0,
-    alloc_cpu = tonumber(v[7]) or 0,
-    alloc_mem = tonumber(v[8]) or 0,
-    paused_cpu = tonumber(v[9]) or 0,
-    paused_mem = tonumber(v[10]) or 0,
-    running = tonumber(v[11]) or 0,
-    starting_reported = tonumber(v[12]) or 0,
-    paused = tonumber(v[13]) or 0,
-    cpu_percent = tonumber(v[14]) or 0,
-    mem_used = tonumber(v[15]) or 0,
-    pend_count = tonumber(v[16]) or 0,
-    pend_cpu = tonumber(v[17]) or 0,
-    pend_mem = tonumber(v[18]) or 0,
-    idx = v[19] or '',
+    endpoint = v[o + 1] or '',
+    lingering = v[o + 2] == '1',
+    last_seen = tonumber(v[o + 3]),
+    reported = v[o + 4] or '',
+    cpu_cap = tonumber(v[o + 5]) or 0,
+    mem_cap = tonumber(v[o + 6]) or 0,
+    alloc_cpu = tonumber(v[o + 7]) or 0,
+    alloc_mem = tonumber(v[o + 8]) or 0,
+    paused_cpu = tonumber(v[o + 9]) or 0,
+    paused_mem = tonumber(v[o + 10]) or 0,
+    running = tonumber(v[o + 11]) or 0,
+    starting_reported = tonumber(v[o + 12]) or 0,
+    paused = tonumber(v[o + 13]) or 0,
+    cpu_percent = tonumber(v[o + 14]) or 0,
+    mem_used = tonumber(v[o + 15]) or 0,
+    pend_count = tonumber(v[o + 16]) or 0,
+    pend_cpu = tonumber(v[o + 17]) or 0,
+    pend_mem = tonumber(v[o + 18]) or 0,
+    idx = v[o + 19] or '',
   }
+end
+
+local function read_node(id)
+  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)), 0)
 end
 
 -- Status derived at read time, first match wins (docs/contract.md).
