@@ -12,7 +12,9 @@ first.  Each burst's Redis CPU comes from ``INFO commandstats``.
 
 This tree's client builds every call, so the base must take the same KEYS
 and ARGV (a base from before a change of a script's arguments fails with that
-script's own error, shown).  Work that is not measured (cancelling the
+script's own error, shown).  One exception: a base from before roster deltas
+(a changed roster sent as what joined and left) gets the changed roster
+whole, as its own client sent it.  Work that is not measured (cancelling the
 burst's reservations, the gateway's assignments) goes through this tree's
 library.
 """
@@ -24,7 +26,7 @@ import random
 import statistics
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +87,29 @@ def library_at(rev: str) -> Library:
     return build_library(includes, scripts)
 
 
+def knows_roster_deltas(lib: Library) -> bool:
+    """Does this library's heartbeat take a changed roster as a delta (mode 2)?"""
+    return "ARGV[6] == '2'" in lib.text
+
+
+def _whole_roster(call: Call[Any], node: SimNode) -> Call[Any]:
+    """A roster delta heartbeat as the same heartbeat with its roster whole."""
+    if call.script != "heartbeat" or call.args[5] != "2":
+        return call
+    last_field = 7 + 2 * int(call.args[6])
+    return replace(call, args=[*call.args[:5], "1", *call.args[6:last_field],
+                               *node.heartbeat().sandbox_ids])
+
+
 class _Run:
     """One fleet and the two libraries; each method sends one measured burst
     through library ``lib`` and returns its (calls, usec)."""
 
     def __init__(self, target: Target, s: Scheduler, nodes: list[SimNode], ours: Library,
-                 p: Params) -> None:
+                 p: Params, whole_rosters: Library | None = None) -> None:
         self.target, self.s, self.ours, self.p = target, s, ours, p
+        #: a library that takes a changed roster only whole (a base from before deltas)
+        self.whole_rosters = whole_rosters
         self.by_id = {n.node_id: n for n in nodes}
         self.rng = random.Random(p.seed)
         self.seq = 0
@@ -159,6 +177,9 @@ class _Run:
         for node in touched.values():
             node.delete(next(iter(node.sandboxes)))
         calls = [self.s.ops.heartbeat(node.heartbeat(), self.s.beats) for node in touched.values()]
+        if lib is self.whole_rosters:
+            calls = [_whole_roster(c, node) for c, node in zip(calls, touched.values(),
+                                                                strict=True)]
         n, usec, out = self._send(lib, calls)
         self._resend(touched.values(), out)
         return n, usec
@@ -192,7 +213,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         rng = random.Random(p.seed * 1_000_003 + p.nodes)
         nodes = mixed_fleet(p.nodes, rng)
         send_heartbeats(s, [node.heartbeat() for node in nodes], memo=s.beats)
-        r = _Run(target, s, nodes, ours, p)
+        r = _Run(target, s, nodes, ours, p,
+                 whole_rosters=None if knows_roster_deltas(base) else base)
         for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
             s.schedule(Request.cold(*rng.choice(SIZES)))
         measure: dict[str, Callable[[Library], tuple[int, int]]] = {

@@ -20,7 +20,10 @@ import pytest
 from bench import balance, ceiling, grpc_path, latency, stages, throughput, versus
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
+from scheduler import Policy, Scheduler
+from scheduler.records import MIB
 from scheduler.scripts import _files, build_library, library
+from scheduler.simnode import SimNode
 from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only
@@ -231,6 +234,37 @@ def test_versus_rows_and_the_base_library_is_removed(target: Target) -> None:
               for lib in target.client.function_list()}
     assert library().name in loaded
     assert base.name not in loaded or base.name == library().name
+
+
+def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Target) -> None:
+    """A changed roster goes to this tree's library as a delta and to a base
+    that does not know deltas whole (which would otherwise answer RESYNC,
+    and be measured doing nothing)."""
+    assert versus.knows_roster_deltas(library())
+    includes, scripts = _files()
+    n, text = scripts["heartbeat"]
+    before_deltas = build_library(includes, {**scripts, "heartbeat": (
+        n, text.replace("ARGV[6] == '2'", "false"))})
+    assert not versus.knows_roster_deltas(before_deltas)
+    cell = target.new_cell("whole")
+    s = Scheduler.connect(target.url, cell=cell, policy=Policy())
+    try:
+        node = SimNode("w1", 16, 64 * 1024 * MIB)
+        node.create("sb-a", 1, 1024 * MIB)
+        s.heartbeat(node.heartbeat())
+        node.create("sb-b", 2, 2048 * MIB)
+        node.delete("sb-a")
+        call = s.ops.heartbeat(node.heartbeat(), s.beats)
+        assert call.args[5] == "2"
+        whole = versus._whole_roster(call, node)
+        assert whole.args[5] == "1" and whole.args[-1:] == ["sb-b"]
+        assert whole.args[6:7 + 2 * int(call.args[6])] == call.args[6:7 + 2 * int(call.args[6])]
+        s.run(whole)
+        assert s.client.smembers(s.keys.node_roster("w1")) == {b"sb-b"}
+        assert s.lookup("sb-b").node_id == "w1"
+    finally:
+        s.close()
+        target.drop_cell(cell)
 
 
 # -- stages --------------------------------------------------------------------
