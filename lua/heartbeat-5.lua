@@ -99,13 +99,27 @@ local now = heard_ms(P)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 -- The record as it will be, held in hand to the end (includes/common.lua
 -- HELD): releases change its pending numbers there, its index entry is
--- worked out from it, and it is written once.
-for i, name in ipairs(NODE_FIELDS) do
-  local value = values[name]
-  if value then prev[#PREV + i] = value end
+-- worked out from it, and it is written once.  An indexed node's bucket id
+-- spells its counts and capacities (the record's own pending numbers are
+-- read); any other node is read whole.
+local o = #PREV
+local n
+if (prev[11] or '') ~= '' and P.index_format == INDEX_FORMAT then
+  n = node_of_bucket(prev[11])
+  n.id, n.idx, n.endpoint = node_id, prev[11], prev[9] or ''
+else
+  n = read_node(node_id)
 end
-local n = node_from(node_id, prev, #PREV)
-n.last_seen, n.pending, n.acked = now, prev[#PREV + 16] ~= nil, tonumber(prev[4]) or 0
+n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
+n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
+n.pend_count, n.pend_cpu = tonumber(prev[o + 5]) or 0, tonumber(prev[o + 6]) or 0
+n.pend_mem, n.pending = tonumber(prev[o + 7]) or 0, prev[o + 5] ~= nil
+n.last_seen, n.acked = now, tonumber(prev[4]) or 0
+for name, value in pairs(values) do
+  local key = NODE_NUMBERS[name]
+  if key then n[key] = tonumber(value) or 0 end
+end
+if values.status then n.reported = values.status end
 HELD = n
 -- @stage record_read
 

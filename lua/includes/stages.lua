@@ -41,6 +41,15 @@ local function node_from(id, v, o)
   }
 end
 
+-- The snapshot's numbers among NODE_FIELDS: record field -> node_from key.
+local NODE_NUMBERS = {
+  cpu_count = 'cpu_cap', memory_total_bytes = 'mem_cap', allocated_cpu = 'alloc_cpu',
+  allocated_memory_bytes = 'alloc_mem', paused_allocated_cpu = 'paused_cpu',
+  paused_allocated_memory_bytes = 'paused_mem', sandbox_count = 'running',
+  sandbox_starting_count = 'starting_reported', paused_sandbox_count = 'paused',
+  cpu_percent = 'cpu_percent', memory_used_bytes = 'mem_used',
+}
+
 local function read_node(id)
   return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)), 0)
 end
