@@ -25,6 +25,17 @@ if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
 end
 if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
 CALL.batch = true
+-- Replay: when none of the batch's reservation ids exists yet (the common
+-- case), one EXISTS spares a read of each; CALL.new_ids then holds the ones
+-- this call reserves, which a repeated id must still find (schedule_one).
+local rkeys = {}
+for i = 1, n do
+  local a = 1 + 7 * (i - 1)
+  if ARGV[a + 1] == 'create' and ARGV[a + 6] ~= '' then rkeys[#rkeys + 1] = res_key(ARGV[a + 6]) end
+end
+if #rkeys > 0 and #rkeys <= UNPACK_CHUNK and redis.call('EXISTS', unpack(rkeys)) == 0 then
+  CALL.new_ids = {}
+end
 local out = {}
 -- @stage batch_setup
 for i = 1, n do

@@ -49,6 +49,9 @@ local function finish_batch(rr_key)
   if CALL.seq ~= nil then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(CALL.seq)) end
 end
 
+-- An empty list nobody writes to.
+local NONE = {}
+
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
@@ -81,7 +84,8 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
-  if req.create and not dry_run then
+  -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
+  if req.create and not dry_run and not (CALL.new_ids and not CALL.new_ids[rid]) then
     local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
       'pressure')
     if prior[1] then
@@ -141,12 +145,13 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   end
   -- @stage record_check
 
-  -- Stage "filter": evaluate every node (byte order by id).
-  local ids = {}
-  if chosen == nil then ids = redis.call('ZRANGE', NODES_KEY, 0, -1) end
-  local evaluated = {}
-  local known, unknown = {}, {}
-  local counts = {}
+  -- Stage "filter": evaluate every node (byte order by id).  (Decided
+  -- through the index, no node is evaluated: NONE stands for every list.)
+  local ids, evaluated, known, unknown, counts = NONE, NONE, NONE, NONE, NONE
+  if chosen == nil then
+    ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+    evaluated, known, unknown, counts = {}, {}, {}, {}
+  end
   for i, id in ipairs(ids) do
     local n = evaluate(id, P, req, now)
     evaluated[i] = n
@@ -214,6 +219,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
       'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', fmt(chosen.pressure))
+    if CALL.new_ids then CALL.new_ids[rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
     -- @stage reservation_writes
