@@ -47,6 +47,31 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- fmt(x), and a whole number padded to 9 digits, kept from call to call
+-- (Redis Functions keep a library's state; under EVAL every call starts
+-- empty): string.format goes through the C library's printf (a pressure's
+-- %.17g through its arbitrary-precision one), and the same counts,
+-- capacities, loads and pressures come back call after call.  For those, not
+-- for clocks or ids; at most TEXT_MAX of each, all dropped when full.
+local TEXT, TEXT_N, PADDED, PADDED_N = {}, 0, {}, 0
+local TEXT_MAX = 4096
+local function num_text(x)
+  local s = TEXT[x]
+  if s then return s end
+  s = fmt(x)
+  if TEXT_N >= TEXT_MAX then TEXT, TEXT_N = {}, 0 end
+  TEXT[x], TEXT_N = s, TEXT_N + 1
+  return s
+end
+local function pad9(x)
+  local s = PADDED[x]
+  if s then return s end
+  s = string.format('%09d', x)
+  if PADDED_N >= TEXT_MAX then PADDED, PADDED_N = {}, 0 end
+  PADDED[x], PADDED_N = s, PADDED_N + 1
+  return s
+end
+
 -- Run `cmd key m1 m2 ...` over every member of `list`, UNPACK_CHUNK at a
 -- time: unpack() of a long table fails past Lua's stack limit (about 8,000).
 local UNPACK_CHUNK = 1000

@@ -76,13 +76,14 @@ local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 -- zset's byte order among equal scores is rank order (starting, running,
 -- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
 local function bucket_of(n)
-  -- one format call, all integers (the heartbeat admits whole numbers only):
-  -- %d is a plain integer conversion, %.17g goes through the C library's
-  -- arbitrary-precision float printer
-  return string.format('%09d%09d%09d:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d',
-    n.starting_reported + n.pend_count, n.running, n.paused, n.cpu_cap, n.mem_cap,
-    n.alloc_cpu + n.paused_cpu + n.pend_cpu, n.alloc_mem + n.paused_mem + n.pend_mem,
-    n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem, n.starting_reported, n.pend_count)
+  -- all whole numbers (the heartbeat admits no other), as kept text: one
+  -- concatenation, no printf (includes/base.lua num_text)
+  return pad9(n.starting_reported + n.pend_count) .. pad9(n.running) .. pad9(n.paused) .. ':'
+    .. num_text(n.cpu_cap) .. ':' .. num_text(n.mem_cap) .. ':'
+    .. num_text(n.alloc_cpu + n.paused_cpu + n.pend_cpu) .. ':'
+    .. num_text(n.alloc_mem + n.paused_mem + n.pend_mem) .. ':' .. num_text(n.alloc_cpu) .. ':'
+    .. num_text(n.pend_cpu) .. ':' .. num_text(n.alloc_mem) .. ':' .. num_text(n.pend_mem) .. ':'
+    .. num_text(n.starting_reported) .. ':' .. num_text(n.pend_count)
 end
 
 -- A bucket id's numbers.  The id spells its whole content, so its parse never
@@ -93,18 +94,31 @@ end
 local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local PARSED, PARSED_N = {}, 0
 local PARSED_MAX = 1024 -- (4,096 parses measured 3.5 MB of Lua memory)
-local function parse_bucket(bucket)
-  local b = PARSED[bucket]
-  if b then return b end
-  local s, r, p, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
-  b = { starting = tonumber(s), running = tonumber(r), paused = tonumber(p),
-    cpu_cap = tonumber(c), mem_cap = tonumber(m), lc = tonumber(lc), lm = tonumber(lm),
-    alloc_cpu = tonumber(ac), pend_cpu = tonumber(rc), alloc_mem = tonumber(am),
-    pend_mem = tonumber(rm), starting_reported = tonumber(start), pend_count = tonumber(pend) }
+local function keep_parse(bucket, b)
   b.known = b.cpu_cap > 0 or b.mem_cap > 0
   if PARSED_N >= PARSED_MAX then PARSED, PARSED_N = {}, 0 end
   PARSED[bucket], PARSED_N = b, PARSED_N + 1
   return b
+end
+local function parse_bucket(bucket)
+  local b = PARSED[bucket]
+  if b then return b end
+  local s, r, p, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
+  return keep_parse(bucket, { starting = tonumber(s), running = tonumber(r),
+    paused = tonumber(p), cpu_cap = tonumber(c), mem_cap = tonumber(m), lc = tonumber(lc),
+    lm = tonumber(lm), alloc_cpu = tonumber(ac), pend_cpu = tonumber(rc),
+    alloc_mem = tonumber(am), pend_mem = tonumber(rm), starting_reported = tonumber(start),
+    pend_count = tonumber(pend) })
+end
+-- The parse of bucket_of(n), from n itself (a bucket a move creates is often
+-- the next one a pick reads: no string to take apart then).
+local function parsed_as(bucket, n)
+  if PARSED[bucket] then return end
+  keep_parse(bucket, { starting = n.starting_reported + n.pend_count, running = n.running,
+    paused = n.paused, cpu_cap = n.cpu_cap, mem_cap = n.mem_cap,
+    lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu, lm = n.alloc_mem + n.paused_mem + n.pend_mem,
+    alloc_cpu = n.alloc_cpu, pend_cpu = n.pend_cpu, alloc_mem = n.alloc_mem,
+    pend_mem = n.pend_mem, starting_reported = n.starting_reported, pend_count = n.pend_count })
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
@@ -249,16 +263,17 @@ local function idx_add(node_id, bucket, n, from)
   local new
   if size ~= nil then
     new = size == 1
-    if new then redis.call('ZADD', kc, fmt(lc), bucket) end
+    if new then redis.call('ZADD', kc, num_text(lc), bucket) end
   else
     -- a bucket is listed in its shape's streams exactly while it holds a
     -- node, so listing it tells whether it was empty (no ZCARD)
-    new = redis.call('ZADD', kc, 'NX', fmt(lc), bucket) == 1
+    new = redis.call('ZADD', kc, 'NX', num_text(lc), bucket) == 1
     if new then size = 1 end
   end
   SIZES[bucket] = size
   if new then
-    redis.call('ZADD', km, fmt(lm), bucket)
+    parsed_as(bucket, n)
+    redis.call('ZADD', km, num_text(lm), bucket)
     firsts_added(kc, bucket, lc, false)
     firsts_added(km, bucket, lm, true)
     if from == '' or shape_of(from) ~= shape then shape_added(shape) end
@@ -400,12 +415,12 @@ local function pick_fetch(st)
   if st.rank == 0 then  -- a stream's opening: read once a call (moves keep it)
     batch = FIRSTS[st.key]
     if batch == nil then
-      batch = redis.call('ZRANGE', st.key, '0', fmt(st.size - 1))
+      batch = redis.call('ZRANGE', st.key, '0', num_text(st.size - 1))
       FIRSTS[st.key], FIRSTS_MORE[st.key] = batch, #batch == st.size
     end
     st.batch, st.pos, st.rank, st.full = batch, 1, #batch, FIRSTS_MORE[st.key]
   else
-    batch = redis.call('ZRANGE', st.key, fmt(st.rank), fmt(st.rank + st.size - 1))
+    batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
     st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
   end
   st.size = math.min(2 * st.size, SCAN_BATCH)

@@ -217,8 +217,8 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     -- far slower than fmt's integer conversion)
     local s_expires = fmt(expires)
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-      'cpu', fmt(req.cpu), 'memory_bytes', fmt(req.mem), 'state', 'pending', 'seq', seq,
-      'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', fmt(chosen.pressure))
+      'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
+      'created_ms', fmt(now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
     if CALL.new_ids then CALL.new_ids[rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
@@ -232,14 +232,14 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
     move_index(n, want)
     -- @stage index_move
-    redis.call('HSET', node_key(n.id), 'pending_count', fmt(n.pend_count), 'pending_cpu',
-      fmt(n.pend_cpu), 'pending_memory_bytes', fmt(n.pend_mem), 'idx', want)
+    redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
+      num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
     -- @stage node_write
     out_rid = rid
   end
   reindex_touched(P, now)
   -- @stage tail
   -- (whole numbers travel as integer replies; the pressure as exact text)
-  return { chosen.id, chosen.endpoint, out_rid, fmt(chosen.pressure), req.cpu, req.mem,
+  return { chosen.id, chosen.endpoint, out_rid, num_text(chosen.pressure), req.cpu, req.mem,
     chosen.status, now }
 end
