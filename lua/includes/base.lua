@@ -59,6 +59,7 @@ local function num_text(x)
   local s = TEXT[x]
   if s then return s end
   s = fmt(x)
+  if x ~= x then return s end -- (NaN cannot be a key)
   if TEXT_N >= TEXT_MAX then TEXT, TEXT_N = {}, 0 end
   TEXT[x], TEXT_N = s, TEXT_N + 1
   return s
