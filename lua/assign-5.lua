@@ -78,7 +78,7 @@ if not rid and not charged(sb, node_id) then
   if attached then
     redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
       'assigned_ms', fmt(now))
-    redis.call('HINCRBY', STATS_KEY, 'assigned_total', 1)
+    redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     rid = attached
   end
 end

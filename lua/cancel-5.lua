@@ -26,7 +26,8 @@ if not r[1] then
   local s_now = fmt(now)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', '', 'state', 'cancelled',
     'cpu', '0', 'memory_bytes', '0', 'created_ms', s_now, 'expires_ms', s_now, 'ended_ms', s_now)
-  redis.call('PEXPIRE', res_key(rid), math.max(P.reservation_tombstone_ttl_ms, P.reservation_ttl_ms))
+  redis.call('PEXPIRE', res_key(rid), num_text(math.max(P.reservation_tombstone_ttl_ms,
+    P.reservation_ttl_ms)))
   return { '', s_now }
 end
 if not LIVE[r[1]] then

@@ -57,7 +57,7 @@ for i = 2, #ARGV, 2 do
       if end_reservation(rid, 'released', now) then released = released + 1 end
     elseif rid and creation and redis.call('HGET', res_key(rid), 'state') ~= 'acked' then
       redis.call('HSET', res_key(rid), 'state', 'acked', 'acked_ms', fmt(now))
-      redis.call('HINCRBY', node_key(node_id), 'acked_count', 1)
+      redis.call('HINCRBY', node_key(node_id), 'acked_count', '1')
       acked = acked + 1
     end
     write_binding(sb, node_id, endpoint, listed and '1' or '0', rid, now, P)

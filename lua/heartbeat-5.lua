@@ -166,7 +166,7 @@ sweep_expired(now)
 -- at the end (with the pending numbers and index entry worked out below).
 local generation = (tonumber(prev[8]) or 0) + 1
 local incarnation = prev[12]
-if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', 1)) end
+if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', '1')) end
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
   'generation', fmt(generation), 'incarnation', incarnation }
 if roster_sent then
@@ -195,7 +195,7 @@ end
 if restarted then
   hset[#hset + 1] = 'restarted_at_ms'
   hset[#hset + 1] = fmt(now)
-  redis.call('HINCRBY', nkey, 'restarts', 1)
+  redis.call('HINCRBY', nkey, 'restarts', '1')
 end
 n.endpoint = node_endpoint
 if prev[13] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
@@ -251,7 +251,7 @@ if not roster_mode then
   if restarted then baseline = 0 end
   local k = baseline and successes - baseline or 0
   if k > 0 then
-    local ids = redis.call('ZRANGE', node_res_key(node_id), 0, -1)
+    local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
     if (tonumber(prev[4]) or 0) > 0 then
       for _, rid in ipairs(ids) do
         if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'

@@ -98,7 +98,7 @@ end
 
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.
 local function oldest_unclaimed(node_id)
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
     if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
   end
   return nil
@@ -123,7 +123,7 @@ local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch =
 local function leave_cpucfg(node_id, cluster)
   local key = BASE .. 'cpucfg:' .. cluster
   local cur = redis.call('HGET', key, 'm:' .. node_id)
-  if cur == '' then redis.call('HINCRBY', key, 'missing', -1) end
+  if cur == '' then redis.call('HINCRBY', key, 'missing', '-1') end
   redis.call('HDEL', key, 'm:' .. node_id, 'sent:' .. node_id)
   if redis.call('HLEN', key) <= 4 then
     for _, f in ipairs(redis.call('HKEYS', key)) do
@@ -144,7 +144,7 @@ local function remove_node(node_id, now, last_seen)
     drop_binding(sb, node_id)
   end
   redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, -1)) do
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
     end_reservation(rid, 'cancelled', now)
   end
   redis.call('DEL', node_res_key(node_id))
@@ -177,7 +177,7 @@ end
 -- one over several calls, FORGET_WORK members at a time.  Before its first
 -- member goes, it leaves the index and its roster digest is cleared, so no
 -- delta or steady heartbeat can build on a half-removed roster (they RESYNC).
-local FORGET_NODES = 4 -- silent nodes looked at per call
+local FORGET_NODES_TEXT = '4' -- silent nodes looked at per call
 local FORGET_WORK = 1024 -- bindings, roster entries, artifacts, reservations dropped per call
 
 -- Drop up to `budget` of the node's members; returns how many went.
@@ -201,7 +201,7 @@ local function shed(node_id, now, budget)
     end
   end
   if spent < budget then
-    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), 0, budget - spent - 1)) do
+    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', num_text(budget - spent - 1))) do
       end_reservation(rid, 'cancelled', now)
       redis.call('ZREM', node_res_key(node_id), rid)
       spent = spent + 1
@@ -216,8 +216,8 @@ local function forget_sweep(P, now)
   if P.node_forget_after_ms <= 0 then return 0 end
   -- only stale nodes go, whatever the setting
   local cutoff = now - math.max(P.node_forget_after_ms, P.report_ttl_ms)
-  local due = redis.call('ZRANGEBYSCORE', SEEN_KEY, '-inf', '(' .. fmt(cutoff), 'LIMIT', 0,
-    FORGET_NODES)
+  local due = redis.call('ZRANGEBYSCORE', SEEN_KEY, '-inf', '(' .. fmt(cutoff), 'LIMIT', '0',
+    FORGET_NODES_TEXT)
   local budget, removed = FORGET_WORK, 0
   for _, node_id in ipairs(due) do
     if budget <= 0 then break end
@@ -237,7 +237,7 @@ local function forget_sweep(P, now)
       budget = budget - spent
       if budget > 0 then
         remove_node(node_id, now, seen)
-        redis.call('HINCRBY', STATS_KEY, 'forgotten_total', 1)
+        redis.call('HINCRBY', STATS_KEY, 'forgotten_total', '1')
         removed = removed + 1
         budget = budget - 1
       end

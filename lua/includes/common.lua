@@ -175,8 +175,8 @@ local function end_reservation(rid, outcome, now, r)
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', fmt(now))
-  redis.call('PEXPIRE', rkey, CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
-    or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms)
+  redis.call('PEXPIRE', rkey, num_text(CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
+    or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms))
   redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
   return true
 end

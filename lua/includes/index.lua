@@ -336,7 +336,7 @@ end
 
 -- Rebuild every entry (after a policy change: observed ceilings, report TTL).
 local function rebuild_index(P, now)
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do reindex(node_id, P, now) end
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(node_id, P, now) end
 end
 
 -- The layout of the index keys and bucket ids; the policy hash records the
@@ -351,7 +351,7 @@ local function upgrade_index(P, now)
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do
     local cur = redis.call('HGET', node_key(node_id), 'idx')
     if cur and cur ~= '' then
       redis.call('DEL', bucket_key(cur))

@@ -37,7 +37,7 @@ end
 -- The cell's count of reservations made, this one included (it orders a
 -- node's reservations).
 local function next_seq()
-  if not CALL.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', 1)) end
+  if not CALL.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
   if CALL.seq == nil then CALL.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
   CALL.seq = CALL.seq + 1
   return fmt(CALL.seq)
@@ -149,7 +149,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   -- through the index, no node is evaluated: NONE stands for every list.)
   local ids, evaluated, known, unknown, counts = NONE, NONE, NONE, NONE, NONE
   if chosen == nil then
-    ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+    ids = redis.call('ZRANGE', NODES_KEY, '0', '-1')
     evaluated, known, unknown, counts = {}, {}, {}, {}
   end
   for i, id in ipairs(ids) do
@@ -201,7 +201,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
 
   if chosen == nil then
     give_back_rr(RR_KEY)
-    redis.call('HINCRBY', STATS_KEY, 'refused_total', 1)
+    redis.call('HINCRBY', STATS_KEY, 'refused_total', '1')
     reindex_touched(P, now)
     return fail('NO_NODES', refusal)
   end
