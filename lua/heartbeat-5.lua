@@ -96,6 +96,7 @@ if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (pre
   return { 'RESYNC' }
 end
 local now = heard_ms(P)
+local s_now = fmt(now) -- (text: Redis prints a Lua number argument with %.17g)
 local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
 -- The record as it will be, held in hand to the end (includes/common.lua
 -- HELD): releases change its pending numbers there, its index entry is
@@ -167,14 +168,14 @@ sweep_expired(now)
 local generation = (tonumber(prev[8]) or 0) + 1
 local incarnation = prev[12]
 if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', '1')) end
-local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', fmt(now),
+local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', s_now,
   'generation', fmt(generation), 'incarnation', incarnation }
 if roster_sent then
   for _, x in ipairs({ 'roster_size', fmt(roster_size), 'roster_mode', roster_mode and '1' or '0',
     'roster_digest', digest }) do hset[#hset + 1] = x end
 end
 for name, value in pairs(values) do
-  if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = fmt(now) end
+  if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
   if not (name == 'cpu_config_json' and value == '') then
     hset[#hset + 1] = name
     hset[#hset + 1] = value
@@ -190,11 +191,11 @@ end
 if not registered then
   redis.call('ZADD', NODES_KEY, '0', node_id)
   hset[#hset + 1] = 'first_seen_ms'
-  hset[#hset + 1] = fmt(now)
+  hset[#hset + 1] = s_now
 end
 if restarted then
   hset[#hset + 1] = 'restarted_at_ms'
-  hset[#hset + 1] = fmt(now)
+  hset[#hset + 1] = s_now
   redis.call('HINCRBY', nkey, 'restarts', '1')
 end
 n.endpoint = node_endpoint
@@ -275,21 +276,25 @@ for name, field in pairs(OBSERVED_CEILINGS) do
   if values[field] and P.limits[name] then moved = true end
 end
 TOUCHED[node_id], HELD = nil, nil
+local indexed, entering = true, false -- (not moved: it stays in the index)
 if moved then
   read_status(n, P, now)
   local want = ''
   if indexable(n, P) then want = bucket_of(n) end
   if want ~= n.idx then
+    entering = n.idx == ''
     move_index(n, want)
     hset[#hset + 1] = 'idx'
     hset[#hset + 1] = want
   end
-  if want == '' then redis.call('ZREM', IDX_SEEN, node_id) end
-  moved = want ~= ''
-else
-  moved = true
+  indexed = want ~= ''
+  if not indexed then redis.call('ZREM', IDX_SEEN, node_id) end
 end
-if moved then redis.call('ZADD', IDX_SEEN, fmt(now), node_id) end
+if indexed and (entering or seen_lags(prev[15], now, P)) then
+  redis.call('ZADD', IDX_SEEN, s_now, node_id)
+  hset[#hset + 1] = 'idx_seen_ms'
+  hset[#hset + 1] = s_now
+end
 -- @stage index_move
 if n.dirty then
   for _, x in ipairs({ 'pending_count', fmt(n.pend_count), 'pending_cpu', fmt(n.pend_cpu),
@@ -301,12 +306,16 @@ if n.dirty then
     hset[#hset + 1] = fmt(n.acked)
   end
 end
+if seen_lags(prev[16], now, P) then
+  redis.call('ZADD', SEEN_KEY, s_now, node_id)
+  hset[#hset + 1] = 'seen_ms'
+  hset[#hset + 1] = s_now
+end
 redis.call('HSET', nkey, unpack(hset))
-redis.call('ZADD', SEEN_KEY, fmt(now), node_id)
 -- @stage record_write
 forget_sweep(P, now)
 -- @stage forget_sweep
 reindex_touched(P, now)
 -- @stage reindex_others
-return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, fmt(now),
+return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, s_now,
   incarnation }

@@ -17,7 +17,8 @@
 
   Returns {generation, roster mode 1/0, now_ms, incarnation} or {"RESYNC"}
   Errors: PRECONDITION (no policy)
-  Writes: node:<id> last_seen_ms, generation (reported_at_unix_ms), idx-seen
+  Writes: node:<id> last_seen_ms, generation (reported_at_unix_ms), and
+          idx-seen when its score lags (includes/base.lua seen_lags)
 ]]
 -- @include base
 local node_id = ARGV[1]
@@ -29,7 +30,7 @@ local P = load_clock()
 if not P then return fail('PRECONDITION', NO_POLICY) end
 local nkey = node_key(node_id)
 local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
-  'roster_mode')
+  'roster_mode', 'idx_seen_ms')
 if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
   return { 'RESYNC' }
 end
@@ -45,6 +46,10 @@ if reported ~= '' then
   hset[#hset + 1] = 'reported_at_unix_ms'
   hset[#hset + 1] = reported
 end
+if seen_lags(v[6], now, P) then
+  hset[#hset + 1] = 'idx_seen_ms'
+  hset[#hset + 1] = s_now
+  redis.call('ZADD', IDX_SEEN, s_now, node_id)
+end
 redis.call('HSET', nkey, unpack(hset))
-redis.call('ZADD', IDX_SEEN, s_now, node_id)
 return { generation, v[5] == '1' and 1 or 0, s_now, v[2] }

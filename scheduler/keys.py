@@ -21,9 +21,9 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>idx-cpu:<C>:<M>     zset    index buckets of one shape, scored by CPU load
     <base>idx-mem:<C>:<M>     zset    the same buckets, scored by memory load
     <base>idx-bucket:<bucket> zset    interchangeable nodes of one bucket, scored 0
-    <base>idx-seen            zset    indexed node -> last heartbeat (ms), for the stale sweep
+    <base>idx-seen            zset    indexed node -> a recent heartbeat (ms), for the stale sweep
     <base>idx-tmp             zset    scratch of one Schedule (deleted before it returns)
-    <base>seen                zset    node -> last full heartbeat (ms), for the forget sweep
+    <base>seen                zset    node -> a recent full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact

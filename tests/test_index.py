@@ -12,10 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler import Heartbeat, Limits, NodeSnapshot, Overcommit, Policy, Request, Scheduler
+from scheduler import (
+    Heartbeat,
+    Limits,
+    NodeSnapshot,
+    NoNodesAvailable,
+    Overcommit,
+    Policy,
+    Request,
+    Scheduler,
+)
 from scheduler.testing.model import Demand, NodeState, derive_status, evaluate
 from tests.helpers import GIB, node_states
 from tests.test_model_equivalence import check_stream
@@ -232,4 +242,55 @@ def test_an_index_of_an_earlier_layout_is_never_read_and_is_rebuilt(redis_client
     assert not c.exists(base + "idx-bucket:" + old)
     index_is_consistent(s, policy, now)
     check_stream(s, policy, [Request.cold(1, 1024)] * 6)
+    index_is_consistent(s, policy, now)
+
+
+def test_a_lagging_seen_score_makes_the_sweep_look_early_never_late(redis_client: Any) -> None:
+    """A heartbeat writes its node's idx-seen and seen scores only when they
+    lag its instant by more than a quarter of report_ttl (the record says
+    what it last wrote).  A lagging score makes the stale sweep look at a
+    fresh node early, which then stays and gets its score moved; a node that
+    did go stale still leaves on time."""
+    policy = Policy(report_ttl_ms=30_000)
+    s = Scheduler(redis_client, cell="lag")
+    s.client.flushall()
+    s.sync_policy(policy, overwrite=True)
+    t0 = s.advance_clock(0, "freeze")
+    base, node = s.keys.base, s.keys.node("a")
+
+    def beat(cpu: int = 0) -> None:
+        s.heartbeat(Heartbeat(node_id="a", service_instance_id="b", endpoint="a:1",
+                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
+                                                    allocated_cpu=cpu)))
+
+    def scores() -> tuple[float | None, float | None]:
+        return s.client.zscore(base + "idx-seen", "a"), s.client.zscore(s.keys.seen, "a")
+
+    beat()
+    assert scores() == (t0, t0)
+    s.advance_clock(5_000)
+    beat()  # steady: the record's clock moves, the scores stay
+    assert int(s.client.hget(node, "last_seen_ms")) == t0 + 5_000
+    assert scores() == (t0, t0)
+    s.advance_clock(2_000)
+    beat(cpu=2)  # changed, 7 s after the scores: under a quarter of report_ttl
+    assert scores() == (t0, t0)
+    s.advance_clock(1_000)
+    beat()  # 8 s: both are written again
+    assert scores() == (t0 + 8_000, t0 + 8_000)
+    assert s.client.hmget(node, "idx_seen_ms", "seen_ms") == [str(t0 + 8_000).encode()] * 2
+    s.advance_clock(5_000)
+    beat()  # steady at 13 s: the score stays at 8 s
+    assert scores()[0] == t0 + 8_000
+    # 39 s: the score is 31 s old, past the cutoff, but the node last beat 26 s
+    # ago: the sweep looks at it, it stays, and its score moves to its last beat
+    now = s.advance_clock(26_000)
+    assert s.schedule(Request.cold(1, 1024)).node_id == "a"
+    assert scores()[0] == t0 + 13_000
+    index_is_consistent(s, policy, now)
+    # 44 s: 31 s since its last heartbeat, it is stale and leaves the index
+    now = s.advance_clock(5_000)
+    with pytest.raises(NoNodesAvailable, match="stale heartbeat"):
+        s.schedule(Request.cold(1, 1024))
+    assert scores()[0] is None
     index_is_consistent(s, policy, now)

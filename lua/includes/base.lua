@@ -85,10 +85,10 @@ end
 -- Just the clock fields of the policy (nil when the cell has no policy).
 local function load_clock()
   local v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
-    'settle_ms')
+    'settle_ms', 'report_ttl_ms')
   if not v[1] then return nil end
   return { time_offset_ms = tonumber(v[2]) or 0, frozen_now_ms = tonumber(v[3]),
-    settle_ms = tonumber(v[4]) }
+    settle_ms = tonumber(v[4]), report_ttl_ms = tonumber(v[5]) or 0 }
 end
 
 -- Redis server time in ms, plus the cell's drill offset (0 outside drills and
@@ -97,6 +97,18 @@ local function now_ms(P)
   if P.frozen_now_ms then return P.frozen_now_ms end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
+end
+
+-- Must a heartbeat heard at `now` write its node's score in idx-seen (or
+-- seen) again, given the score it last wrote there (`written`, the record's
+-- idx_seen_ms or seen_ms)?  Only when that lags by more than a quarter of
+-- report_ttl (or the clock went back): a score that lags only makes a sweep
+-- look at a node early, and the sweep reads the record, the truth, and writes
+-- the score anew; a score is never ahead of the node's last heartbeat.  A
+-- steady heartbeat is five calls instead of six.
+local function seen_lags(written, now, P)
+  local w = tonumber(written)
+  return w == nil or now < w or now - w > P.report_ttl_ms / 4
 end
 
 -- The instant a heartbeat is heard at: now, but never at or before the

@@ -170,9 +170,10 @@ end
 ---------------------------------------------------------------------------
 -- Forgetting nodes that went silent
 ---------------------------------------------------------------------------
--- <base>seen scores every node that heartbeats by its last full heartbeat.
--- Steady heartbeats (heartbeat_steady-5.lua) do not move it, so a score may
--- lag: the record's last_seen_ms is the truth, read before anything goes.
+-- <base>seen scores every node that heartbeats by a recent full heartbeat.
+-- Steady heartbeats (heartbeat_steady-5.lua) do not move it, and a full one
+-- only when it lags (seen_lags, includes/base.lua), so a score may lag: the
+-- record's last_seen_ms is the truth, read before anything goes.
 -- A node silent for node_forget_after is removed as by an unregister; a big
 -- one over several calls, FORGET_WORK members at a time.  Before its first
 -- member goes, it leaves the index and its roster digest is cleared, so no

@@ -11,7 +11,7 @@
 -- counts and capacities, when it is indexed: includes/index.lua)
 local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
   'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation',
-  'forgetting', 'roster_size' }
+  'forgetting', 'roster_size', 'idx_seen_ms', 'seen_ms' }
 local HB_NODE = { 'lingering', 'status', 'cpu_percent', 'memory_used_bytes', 'pending_count',
   'pending_cpu', 'pending_memory_bytes' }
 local HB_READ = {}
