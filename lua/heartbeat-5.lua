@@ -68,7 +68,14 @@ if roster_full and #ARGV - first_sb + 1 > P.max_roster_ids then
   return fail('BADARG', 'sandbox_ids has ' .. (#ARGV - first_sb + 1) .. ' entries, more than '
     .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
 end
-local registered = redis.call('ZSCORE', NODES_KEY, node_id)
+local nkey = node_key(node_id)
+-- (prev[i]: PREV's fields; then the node as decisions read it)
+local prev = redis.call('HMGET', nkey, unpack(HB_READ))
+-- A record that names its node is registered: node_id is written only with
+-- the registration (a heartbeat's, the static list's, a static node's bare
+-- record that stays listed); a node without one, the cell is asked.
+-- (a field the record lacks comes back false)
+local registered = prev[17] or redis.call('ZSCORE', NODES_KEY, node_id)
 if not registered and P.static_nodes then
   return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
 end
@@ -86,9 +93,6 @@ for i = 0, nfields - 1 do
 end
 -- @stage checks
 
-local nkey = node_key(node_id)
--- (prev[i]: PREV's fields; then the node as decisions read it)
-local prev = redis.call('HMGET', nkey, unpack(HB_READ))
 if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
     or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
     or (roster_delta and ((prev[10] or '') ~= ARGV[first_sb]
@@ -114,7 +118,7 @@ end
 n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
 n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
 n.pend_count, n.pend_cpu = tonumber(prev[o + 5]) or 0, tonumber(prev[o + 6]) or 0
-n.pend_mem, n.pending = tonumber(prev[o + 7]) or 0, prev[o + 5] ~= nil
+n.pend_mem, n.pending = tonumber(prev[o + 7]) or 0, prev[o + 5] ~= false
 n.last_seen, n.acked = now, tonumber(prev[4]) or 0
 for name, value in pairs(values) do
   local key = NODE_NUMBERS[name]

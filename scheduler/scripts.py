@@ -130,7 +130,9 @@ def sources() -> dict[str, tuple[int, str]]:
         parts = ["local KEYS_IN, ARGV_IN = KEYS, ARGV\n"]
         order = _order(text, includes, [], _script_path(name, nkeys))
         parts += [_strip(includes[inc]) for inc in order]
-        parts += ["bind_call(KEYS_IN, ARGV_IN)\n", _strip(text)]
+        # (the body in a function of its own, as in the library: Lua allows a
+        # function 200 locals, and the includes hold most of them)
+        parts += ["bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n", _strip(text), "\nend)()\n"]
         out[name] = (nkeys, "".join(parts))
     return out
 

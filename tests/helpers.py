@@ -95,3 +95,13 @@ def snapshot_keys(client: Any) -> dict[bytes, Any]:
             out[key] = kind
     return out
 
+
+
+def records_name_only_registered_nodes(s: Scheduler) -> None:
+    """A node record names its node (`node_id`) only while the node is in the
+    cell's nodes zset: a heartbeat takes the one for the other."""
+    registered = {x.decode() for x in s.client.zrange(s.keys.nodes, 0, -1)}
+    prefix = s.keys.node("")
+    named = {key.decode()[len(prefix):] for key in s.client.scan_iter(match=prefix + "*")
+             if s.client.hexists(key, "node_id")}
+    assert named <= registered, named - registered

@@ -16,7 +16,7 @@ from scheduler import NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import LIFETIMES
 from scheduler.testing.replicas import ThreadedReplica
-from tests.helpers import endpoint_md, hb, hb_request
+from tests.helpers import endpoint_md, hb, hb_request, records_name_only_registered_nodes
 
 Make = Callable[..., Scheduler]
 HOUR = 3_600_000
@@ -61,6 +61,7 @@ def test_nodes_that_vanish_are_forgotten(make_scheduler: Make) -> None:
         assert not [k for k in left if k.endswith(f":gone{i:03d}") or f"sb{i}" in k], left
     assert not keys_of(s, "bind:*")
     assert s.client.zcard(s.keys.seen) == 1
+    records_name_only_registered_nodes(s)
 
 
 def test_node_forget_after_0_keeps_them(make_scheduler: Make) -> None:
@@ -93,6 +94,7 @@ def test_static_nodes_stay_listed_without_their_state(make_scheduler: Make) -> N
     assert not keys_of(s, "bind:*") and not keys_of(s, "node-roster:*")
     rec = {k.decode() for k in s.client.hgetall(s.keys.node("n1"))}
     assert rec == {"node_id", "endpoint", "static", "lingering", "forgotten_ms", "last_seen_ms"}
+    records_name_only_registered_nodes(s)
     # it comes back like any node
     s.heartbeat(hb("n1", endpoint="", roster=["a"], sandbox_count=1))
     assert s.lookup("a").node_id == "n1"

@@ -18,7 +18,7 @@ from scheduler import (
     Scheduler,
     UnknownNode,
 )
-from tests.helpers import GIB, hb, snapshot_keys
+from tests.helpers import GIB, hb, records_name_only_registered_nodes, snapshot_keys
 
 Make = Callable[..., Scheduler]
 EP = "n1.local:5000"
@@ -320,10 +320,14 @@ def test_static_node_unregister_keeps_a_bare_record(make_scheduler: Make) -> Non
     s.unregister("n1", "boot-1")
     v = next(v for v in s.nodes() if v.node_id == "n1")
     assert v.status == "CONNECTING" and v.endpoint == EP and v.last_seen_ms is None
+    records_name_only_registered_nodes(s)
     s.heartbeat(hb("n1", sid="boot-2"))  # it may come back
     # leaving the static list removes a node entirely
     s.sync_nodes([("n1", EP)])
     assert [v.node_id for v in s.nodes()] == ["n1"]
+    records_name_only_registered_nodes(s)
+    with pytest.raises(UnknownNode):
+        s.heartbeat(hb("n2"))
 
 
 def test_counters_for_operators(make_scheduler: Make, redis_client: Any) -> None:

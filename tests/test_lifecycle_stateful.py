@@ -38,7 +38,7 @@ from scheduler import (
     Scheduler,
 )
 from scheduler.testing.model import CellModel, NodeState
-from tests.helpers import GIB, node_states
+from tests.helpers import GIB, node_states, records_name_only_registered_nodes
 from tests.test_index import index_is_consistent
 
 MIB = 1024 * 1024
@@ -223,6 +223,7 @@ class Lifecycle(RuleBasedStateMachine):
         """Every node sits in exactly the bucket its record implies (releases
         and snapshots change a heartbeat's node in hand, written once)."""
         index_is_consistent(self.s, POLICY, self.now())
+        records_name_only_registered_nodes(self.s)
 
     @invariant()
     def bindings_agree(self) -> None:

@@ -6,15 +6,16 @@
   scheduler/records.py NodeSnapshot.
 ]]
 -- @include index
--- what a heartbeat reads of the record it updates: PREV, then HB_NODE, the
--- node as decisions read it but for what its bucket id spells (the snapshot's
--- counts and capacities, when it is indexed: includes/index.lua)
+-- what a heartbeat reads of the record it updates: PREV, then the node as
+-- decisions read it but for what its bucket id spells (the snapshot's counts
+-- and capacities, when it is indexed: includes/index.lua): NODE_FIELDS at
+-- HB_NODE_AT, that is lingering, status, the observed cpu and memory use, and
+-- the pending count, cpu and memory (includes/stages.lua)
 local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_count', 'static',
   'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation',
-  'forgetting', 'roster_size', 'idx_seen_ms', 'seen_ms' }
-local HB_NODE = { 'lingering', 'status', 'cpu_percent', 'memory_used_bytes', 'pending_count',
-  'pending_cpu', 'pending_memory_bytes' }
+  'forgetting', 'roster_size', 'idx_seen_ms', 'seen_ms', 'node_id' }
+local HB_NODE_AT = { 2, 4, 14, 15, 16, 17, 18 }
 local HB_READ = {}
 -- (plain loops: a library's load runs with no globals, not even ipairs)
 for i = 1, #PREV do HB_READ[i] = PREV[i] end
-for i = 1, #HB_NODE do HB_READ[#PREV + i] = HB_NODE[i] end
+for i = 1, #HB_NODE_AT do HB_READ[#PREV + i] = NODE_FIELDS[HB_NODE_AT[i]] end
