@@ -82,9 +82,27 @@ local function call_chunked(cmd, key, list)
   end
 end
 
--- Just the clock fields of the policy (nil when the cell has no policy).
+-- Just the clock fields of the policy (nil when the cell has no policy), from
+-- its packed copy (includes/common.lua), kept by that string from call to
+-- call as load_policy keeps whole policies (the string is the key: nothing
+-- goes stale); the named fields when there is no packed copy of this layout.
+local CLOCKS, NCLOCKS = {}, 0
 local function load_clock()
-  local v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
+  local packed = redis.call('HGET', POLICY_KEY, 'packed')
+  local C = packed and CLOCKS[packed]
+  if C then return C end
+  local v = packed and { string.match(packed, PACKED_RE) }
+  if v and v[1] then
+    local raw = {}
+    for i, name in ipairs(PACKED) do raw[name] = v[i] end
+    C = { time_offset_ms = tonumber(raw.time_offset_ms) or 0,
+      frozen_now_ms = tonumber(raw.frozen_now_ms), settle_ms = tonumber(raw.settle_ms),
+      report_ttl_ms = tonumber(raw.report_ttl_ms) or 0 }
+    if NCLOCKS >= 64 then CLOCKS, NCLOCKS = {}, 0 end
+    CLOCKS[packed], NCLOCKS = C, NCLOCKS + 1
+    return C
+  end
+  v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
     'settle_ms', 'report_ttl_ms')
   if not v[1] then return nil end
   return { time_offset_ms = tonumber(v[2]) or 0, frozen_now_ms = tonumber(v[3]),
