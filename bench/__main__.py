@@ -21,6 +21,7 @@ from bench import (
     cluster,
     durability,
     faults,
+    instructions,
     latency,
     memory,
     roster,
@@ -151,6 +152,16 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--rounds", type=int, help="rounds of bursts (default 10)")
     g.add_argument("--burst", type=int, help="placements per burst (default 200)")
     g.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
+    n = sub.add_parser("instructions", parents=[common], help="instructions Redis executes "
+                       "per call (valgrind callgrind), another revision's scripts against "
+                       "this tree's")
+    n.add_argument("--base", default="HEAD", metavar="REV",
+                   help="git revision to compare with (default HEAD: the last commit)")
+    n.add_argument("--nodes", type=int, help="fleet size (default 300)")
+    n.add_argument("--rounds", type=int, help="rounds of bursts (default 3)")
+    n.add_argument("--burst", type=int, help="calls per burst (default 160)")
+    n.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
     return p
 
 
@@ -190,6 +201,11 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
         gp = replace(gp, seed=args.seed)
         return lambda t: stages.run(t, gp)
+    if name == "instructions":
+        np_ = _params(args, instructions.Params.quick() if args.quick else instructions.Params(),
+                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        np_ = replace(np_, base=args.base, seed=args.seed)
+        return lambda t: instructions.run(t, np_)
     if name == "versus":
         vp = _params(args, versus.Params.quick() if args.quick else versus.Params(),
                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})

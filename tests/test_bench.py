@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import balance, ceiling, grpc_path, latency, stages, throughput, versus
+from bench import balance, ceiling, grpc_path, instructions, latency, stages, throughput, versus
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
 from scheduler import Policy, Scheduler
@@ -265,6 +266,24 @@ def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Targe
     finally:
         s.close()
         target.drop_cell(cell)
+
+
+# -- instructions --------------------------------------------------------------
+def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> None:
+    if shutil.which("valgrind") is None:
+        with pytest.raises(SystemExit, match="needs valgrind"):
+            instructions.run(target, instructions.Params.quick())
+        return
+    result = instructions.run(target, instructions.Params.quick())
+    _keys(result)
+    rows = {r["operation"]: r for r in result.rows}
+    assert list(rows)[:3] == list(instructions.OPERATIONS)
+    floor = rows["floor (bare reservation writes, one call each)"]["ours_per_call"]
+    assert floor > 10_000  # (a call of ten commands: tens of thousands of instructions)
+    for op in instructions.OPERATIONS:
+        r = rows[op]
+        assert r["base_per_call"] > 10_000 and r["ours_per_call"] > 10_000
+        assert r["ours_per_floor"] == round(r["ours_per_call"] / floor, 2)
 
 
 # -- stages --------------------------------------------------------------------
