@@ -47,30 +47,31 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- fmt(x), and a whole number padded to 9 digits, kept from call to call
--- (Redis Functions keep a library's state; under EVAL every call starts
--- empty): string.format goes through the C library's printf (a pressure's
--- %.17g through its arbitrary-precision one), and the same counts,
--- capacities, loads and pressures come back call after call.  For those, not
--- for clocks or ids; at most TEXT_MAX of each, all dropped when full.
-local TEXT, TEXT_N, PADDED, PADDED_N = {}, 0, {}, 0
-local TEXT_MAX = 4096
+-- Library state kept from call to call (Redis Functions keep a library's
+-- state; under EVAL every call starts empty): a table `t` of at most `max`
+-- entries, all dropped when full.  Only for values that never go stale, each
+-- fully determined by its key.
+local function kept_table(max) return { t = {}, n = 0, max = max } end
+local function keep(kept, key, value)
+  if kept.n >= kept.max then kept.t, kept.n = {}, 0 end
+  kept.t[key], kept.n = value, kept.n + 1
+  return value
+end
+
+-- fmt(x), and a whole number padded to 9 digits, kept: string.format goes
+-- through the C library's printf (a pressure's %.17g through its
+-- arbitrary-precision one), and the same counts, capacities, loads and
+-- pressures come back call after call.  For those, not for clocks or ids.
+local TEXT, PADDED = kept_table(4096), kept_table(4096)
 local function num_text(x)
-  local s = TEXT[x]
+  local s = TEXT.t[x]
   if s then return s end
   s = fmt(x)
   if x ~= x then return s end -- (NaN cannot be a key)
-  if TEXT_N >= TEXT_MAX then TEXT, TEXT_N = {}, 0 end
-  TEXT[x], TEXT_N = s, TEXT_N + 1
-  return s
+  return keep(TEXT, x, s)
 end
 local function pad9(x)
-  local s = PADDED[x]
-  if s then return s end
-  s = string.format('%09d', x)
-  if PADDED_N >= TEXT_MAX then PADDED, PADDED_N = {}, 0 end
-  PADDED[x], PADDED_N = s, PADDED_N + 1
-  return s
+  return PADDED.t[x] or keep(PADDED, x, string.format('%09d', x))
 end
 
 -- Run `cmd key m1 m2 ...` over every member of `list`, UNPACK_CHUNK at a
@@ -83,13 +84,13 @@ local function call_chunked(cmd, key, list)
 end
 
 -- Just the clock fields of the policy (nil when the cell has no policy), from
--- its packed copy (includes/common.lua), kept by that string from call to
--- call as load_policy keeps whole policies (the string is the key: nothing
--- goes stale); the named fields when there is no packed copy of this layout.
-local CLOCKS, NCLOCKS = {}, 0
+-- its packed copy (includes/common.lua), kept by that string as load_policy
+-- keeps whole policies (the string is the key: nothing goes stale); the named
+-- fields when there is no packed copy of this layout.
+local CLOCKS = kept_table(64)
 local function load_clock()
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
-  local C = packed and CLOCKS[packed]
+  local C = packed and CLOCKS.t[packed]
   if C then return C end
   local v = packed and { string.match(packed, PACKED_RE) }
   if v and v[1] then
@@ -98,9 +99,7 @@ local function load_clock()
     C = { time_offset_ms = tonumber(raw.time_offset_ms) or 0,
       frozen_now_ms = tonumber(raw.frozen_now_ms), settle_ms = tonumber(raw.settle_ms),
       report_ttl_ms = tonumber(raw.report_ttl_ms) or 0 }
-    if NCLOCKS >= 64 then CLOCKS, NCLOCKS = {}, 0 end
-    CLOCKS[packed], NCLOCKS = C, NCLOCKS + 1
-    return C
+    return keep(CLOCKS, packed, C)
   end
   v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
     'settle_ms', 'report_ttl_ms')

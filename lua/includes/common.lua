@@ -36,11 +36,10 @@ local function repack_policy()
   redis.call('HSET', POLICY_KEY, 'packed', table.concat(v, '\t'))
 end
 
--- Typed policies by packed string.  Library state (Redis Functions keep it
--- between calls): the string is the key, so a changed policy is a new entry
--- and nothing can go stale; the table is bounded for servers with many cells.
-local POLICIES, NPOLICIES = {}, 0
-local POLICIES_MAX = 64
+-- Typed policies by packed string, kept (kept_table, includes/base.lua): the
+-- string is the key, so a changed policy is a new entry and nothing can go
+-- stale; the table is bounded for servers with many cells.
+local POLICIES = kept_table(64)
 -- The policy this call loaded: what end_reservation keeps tombstones by.
 local CALL_POLICY
 ON_CALL[#ON_CALL + 1] = function() CALL_POLICY = nil end
@@ -49,8 +48,8 @@ ON_CALL[#ON_CALL + 1] = function() CALL_POLICY = nil end
 -- calls); nil when no replica has written one yet.
 local function load_policy()
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
-  if packed and POLICIES[packed] then
-    CALL_POLICY = POLICIES[packed]
+  if packed and POLICIES.t[packed] then
+    CALL_POLICY = POLICIES.t[packed]
     return CALL_POLICY
   end
   local raw = raw_policy(packed)
@@ -91,8 +90,7 @@ local function load_policy()
     end
   end
   if packed then
-    if NPOLICIES >= POLICIES_MAX then POLICIES, NPOLICIES = {}, 0 end
-    POLICIES[packed], NPOLICIES = P, NPOLICIES + 1
+    keep(POLICIES, packed, P)
   end
   CALL_POLICY = P
   return P

@@ -87,21 +87,18 @@ local function bucket_of(n)
 end
 
 -- A bucket id's numbers.  The id spells its whole content, so its parse never
--- goes stale: parses are kept from call to call (Redis Functions keep the
--- library's state; under EVAL every call starts empty), at most PARSED_MAX,
--- all dropped when full.  Nobody may change a parse.
+-- goes stale: parses are kept (kept_table, includes/base.lua), at most
+-- PARSED_MAX.  Nobody may change a parse.
 -- 13 captures (a literal: built once, at load)
 local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
-local PARSED, PARSED_N = {}, 0
 local PARSED_MAX = 1024 -- (4,096 parses measured 3.5 MB of Lua memory)
+local PARSED = kept_table(PARSED_MAX)
 local function keep_parse(bucket, b)
   b.known = b.cpu_cap > 0 or b.mem_cap > 0
-  if PARSED_N >= PARSED_MAX then PARSED, PARSED_N = {}, 0 end
-  PARSED[bucket], PARSED_N = b, PARSED_N + 1
-  return b
+  return keep(PARSED, bucket, b)
 end
 local function parse_bucket(bucket)
-  local b = PARSED[bucket]
+  local b = PARSED.t[bucket]
   if b then return b end
   local s, r, p, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
   return keep_parse(bucket, { starting = tonumber(s), running = tonumber(r),
@@ -113,7 +110,7 @@ end
 -- The parse of bucket_of(n), from n itself (a bucket a move creates is often
 -- the next one a pick reads: no string to take apart then).
 local function parsed_as(bucket, n)
-  if PARSED[bucket] then return end
+  if PARSED.t[bucket] then return end
   keep_parse(bucket, { starting = n.starting_reported + n.pend_count, running = n.running,
     paused = n.paused, cpu_cap = n.cpu_cap, mem_cap = n.mem_cap,
     lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu, lm = n.alloc_mem + n.paused_mem + n.pend_mem,
@@ -133,16 +130,14 @@ local function node_of_bucket(bucket)
   }
 end
 
--- A shape "C:M" as numbers {C, M}, kept from call to call like the parses above.
-local CAPS, CAPS_N = {}, 0
+-- A shape "C:M" as numbers {C, M}, kept like the parses above.
+local CAPS = kept_table(PARSED_MAX)
 local function shape_caps(shape)
-  local x = CAPS[shape]
+  local x = CAPS.t[shape]
   if x then return x end
   local c, m = string.match(shape, '^([^:]+):(.+)$')
   x = { tonumber(c), tonumber(m) }
-  if CAPS_N >= PARSED_MAX then CAPS, CAPS_N = {}, 0 end
-  CAPS[shape], CAPS_N = x, CAPS_N + 1
-  return x
+  return keep(CAPS, shape, x)
 end
 
 -- The shape "C:M" of a bucket id.
