@@ -200,13 +200,24 @@ end
 
 -- Byte-wise a < b.  Lua's own string `<` follows the server's collation
 -- locale, which must not decide anything here.
+-- Eight bytes a read (a byte past a string's end reads as -1: a prefix
+-- comes first).
 local function bytes_lt(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
+  if a == b then return false end
+  local byte = string.byte
+  for i = 1, math.max(#a, #b), 8 do
+    local a1, a2, a3, a4, a5, a6, a7, a8 = byte(a, i, i + 7)
+    local b1, b2, b3, b4, b5, b6, b7, b8 = byte(b, i, i + 7)
+    if a1 ~= b1 then return (a1 or -1) < (b1 or -1) end
+    if a2 ~= b2 then return (a2 or -1) < (b2 or -1) end
+    if a3 ~= b3 then return (a3 or -1) < (b3 or -1) end
+    if a4 ~= b4 then return (a4 or -1) < (b4 or -1) end
+    if a5 ~= b5 then return (a5 or -1) < (b5 or -1) end
+    if a6 ~= b6 then return (a6 or -1) < (b6 or -1) end
+    if a7 ~= b7 then return (a7 or -1) < (b7 or -1) end
+    if a8 ~= b8 then return (a8 or -1) < (b8 or -1) end
   end
-  return #a < #b
+  return false
 end
 
 -- "no nodes available" with the reasons counted: most frequent first, then by name.
