@@ -105,3 +105,15 @@ def records_name_only_registered_nodes(s: Scheduler) -> None:
     named = {key.decode()[len(prefix):] for key in s.client.scan_iter(match=prefix + "*")
              if s.client.hexists(key, "node_id")}
     assert named <= registered, named - registered
+
+
+def bound_sandboxes_are_in_their_nodes_sets(s: Scheduler) -> None:
+    """Every live binding (not a deletion's tombstone) is a member of its
+    node's node-sbx set: a heartbeat adds to the set only sandboxes whose
+    binding did not already name the node."""
+    prefix = s.keys.bind("")
+    for key in s.client.scan_iter(match=prefix + "*"):
+        node, deleted = s.client.hmget(key, "node_id", "deleted")
+        if node is not None and deleted != b"1":
+            sb = key.decode()[len(prefix):]
+            assert s.client.sismember(s.keys.node_sbx(node.decode()), sb), (sb, node)

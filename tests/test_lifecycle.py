@@ -18,7 +18,13 @@ from scheduler import (
     Scheduler,
     UnknownNode,
 )
-from tests.helpers import GIB, hb, records_name_only_registered_nodes, snapshot_keys
+from tests.helpers import (
+    GIB,
+    bound_sandboxes_are_in_their_nodes_sets,
+    hb,
+    records_name_only_registered_nodes,
+    snapshot_keys,
+)
 
 Make = Callable[..., Scheduler]
 EP = "n1.local:5000"
@@ -345,3 +351,23 @@ def test_counters_for_operators(make_scheduler: Make, redis_client: Any) -> None
     raw = redis_client.hgetall(s.keys.stats)
     assert raw[b"expired_total"] == b"1" and raw[b"reserved_total"] == b"3"
     assert c.reservation_id
+
+
+def test_a_sandbox_listed_again_after_its_delete_is_bound_and_in_its_nodes_set(
+        make_scheduler: Make) -> None:
+    """A heartbeat adds to a node's set only sandboxes whose binding did not
+    already name the node; a deletion's tombstone names it but is not in the
+    set, so a sandbox its roster lists again after a DELETE event is added."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1", roster=["a"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("b", "n1", EP, p.reservation_id)  # assigned before it is listed
+    s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=2))
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"b"}
+    s.events("n1", [SandboxEvent(sandbox_id="a", event_type="DELETE")])
+    s.heartbeat(hb("n1", roster=["b"], sandbox_count=1))
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"b"}
+    s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=2))  # listed again
+    assert s.lookup("a").node_id == "n1"
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"b"}
+    bound_sandboxes_are_in_their_nodes_sets(s)

@@ -38,7 +38,12 @@ from scheduler import (
     Scheduler,
 )
 from scheduler.testing.model import CellModel, NodeState
-from tests.helpers import GIB, node_states, records_name_only_registered_nodes
+from tests.helpers import (
+    GIB,
+    bound_sandboxes_are_in_their_nodes_sets,
+    node_states,
+    records_name_only_registered_nodes,
+)
 from tests.test_index import index_is_consistent
 
 MIB = 1024 * 1024
@@ -224,6 +229,7 @@ class Lifecycle(RuleBasedStateMachine):
         and snapshots change a heartbeat's node in hand, written once)."""
         index_is_consistent(self.s, POLICY, self.now())
         records_name_only_registered_nodes(self.s)
+        bound_sandboxes_are_in_their_nodes_sets(self.s)
 
     @invariant()
     def bindings_agree(self) -> None:

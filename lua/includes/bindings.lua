@@ -16,12 +16,13 @@
 -- Write (or refresh) sandbox -> node.  `rid` nil keeps the reservation
 -- already charged to the sandbox on this node (a sandbox is charged at most
 -- once).  Taking a sandbox from another node removes it from that node's sets.
--- `prev`: the binding's {node_id, reservation_id} if the caller just read them.
--- `sbx`: a list to put sb in for the caller to add to the node's set in one
--- call (nil: added here).
+-- `prev`: the binding's {node_id, reservation_id, deleted} if the caller just
+-- read them.  `sbx`: a list to put sb in for the caller to add to the node's
+-- set in one call (nil: added here); a live binding of this node is in the
+-- set already (every write of one adds it, and it leaves only with it).
 local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
-  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
   if prev[1] and prev[1] ~= node_id then
     redis.call('SREM', node_sbx_key(prev[1]), sb)
     redis.call('SREM', node_roster_key(prev[1]), sb)
@@ -36,7 +37,11 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
   else
     redis.call('PEXPIRE', bkey, fmt(P.binding_ttl_ms))
   end
-  if sbx then sbx[#sbx + 1] = sb else redis.call('SADD', node_sbx_key(node_id), sb) end
+  if not sbx then
+    redis.call('SADD', node_sbx_key(node_id), sb)
+  elseif prev[1] ~= node_id or prev[3] == '1' then
+    sbx[#sbx + 1] = sb
+  end
 end
 
 -- `owned`: whether the binding names node_id, if the caller read it in this
@@ -73,10 +78,10 @@ end
 
 -- A live reservation of `node_id` attached to binding `sb`, or nil; then what
 -- was read, for the caller's next step: the binding's {node_id,
--- reservation_id} (for write_binding) and the reservation's RES_READ fields
--- (for end_reservation).
+-- reservation_id, deleted} (for write_binding) and the reservation's RES_READ
+-- fields (for end_reservation).
 local function bound_reservation(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted')
   if b[1] ~= node_id or not b[2] or b[2] == '' then return nil, b end
   local r = redis.call('HMGET', res_key(b[2]), unpack(RES_READ))
   if LIVE[r[1]] and r[2] == node_id then return b[2], b, r end
