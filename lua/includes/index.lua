@@ -49,7 +49,7 @@ ON_CALL[#ON_CALL + 1] = function()
   SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES = nil, nil, {}, {}, {}
 end
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
-local SCAN_BATCH = 32 -- largest batch; a shape opens with one bucket and doubles
+local SCAN_BATCH = 32 -- largest batch; a stream opens with four buckets and doubles
 
 local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
 -- The shapes with buckets, read once a call (kept up to date by this call's moves).
@@ -431,12 +431,12 @@ local function pick_stream(shape)
     -- about 0.5 us to make here; every field in the constructor: a table
     -- that grows is rebuilt)
     d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape),
-      { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 2, batch = false, pos = 1,
+      { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 4, batch = false, pos = 1,
         full = false, lb = false } }
     SHAPE_DESC[shape] = d
   end
   local c, m, req, st = d[1], d[2], PK_req, d[5]
-  st.cap, st.add, st.mem, st.key, st.rank, st.size = c, req.cpu, false, d[3], 0, 2
+  st.cap, st.add, st.mem, st.key, st.rank, st.size = c, req.cpu, false, d[3], 0, 4
   if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
     st.cap, st.add, st.mem, st.key = m, req.mem, true, d[4]
   end
