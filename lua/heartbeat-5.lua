@@ -175,7 +175,7 @@ if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 
 local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', s_now,
   'generation', fmt(generation), 'incarnation', incarnation }
 if roster_sent then
-  for _, x in ipairs({ 'roster_size', fmt(roster_size), 'roster_mode', roster_mode and '1' or '0',
+  for _, x in ipairs({ 'roster_size', num_text(roster_size), 'roster_mode', roster_mode and '1' or '0',
     'roster_digest', digest }) do hset[#hset + 1] = x end
 end
 for name, value in pairs(values) do
@@ -301,13 +301,13 @@ if indexed and (entering or seen_lags(prev[15], now, P)) then
 end
 -- @stage index_move
 if n.dirty then
-  for _, x in ipairs({ 'pending_count', fmt(n.pend_count), 'pending_cpu', fmt(n.pend_cpu),
-    'pending_memory_bytes', fmt(n.pend_mem) }) do
+  for _, x in ipairs({ 'pending_count', num_text(n.pend_count), 'pending_cpu',
+    num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem) }) do
     hset[#hset + 1] = x
   end
   if n.acked ~= (tonumber(prev[4]) or 0) then
     hset[#hset + 1] = 'acked_count'
-    hset[#hset + 1] = fmt(n.acked)
+    hset[#hset + 1] = num_text(n.acked)
   end
 end
 if seen_lags(prev[16], now, P) then

@@ -35,7 +35,7 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
     -- (a binding made just now has no expiry to lift)
     if prev[1] then redis.call('PERSIST', bkey) end
   else
-    redis.call('PEXPIRE', bkey, fmt(P.binding_ttl_ms))
+    redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
   end
   if not sbx then
     redis.call('SADD', node_sbx_key(node_id), sb)
@@ -67,7 +67,7 @@ local function bury_binding(sb, node_id, now, P)
   drop_binding(sb, node_id, b[1] == node_id)
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
     'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
-  redis.call('PEXPIRE', bkey, fmt(P.binding_ttl_ms))
+  redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
 end
 
 -- Did `node_id` report `sb` deleted within binding_ttl?

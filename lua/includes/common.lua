@@ -160,11 +160,11 @@ local function end_reservation(rid, outcome, now, r)
     local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
       'acked_count')
     if n[1] then
-      local hset = { 'pending_count', fmt(tonumber(n[1]) - 1),
-        'pending_cpu', fmt((tonumber(n[2]) or 0) - tonumber(r[3])),
-        'pending_memory_bytes', fmt((tonumber(n[3]) or 0) - tonumber(r[4])) }
+      local hset = { 'pending_count', num_text(tonumber(n[1]) - 1),
+        'pending_cpu', num_text((tonumber(n[2]) or 0) - tonumber(r[3])),
+        'pending_memory_bytes', num_text((tonumber(n[3]) or 0) - tonumber(r[4])) }
       if r[1] == 'acked' then
-        hset[7], hset[8] = 'acked_count', fmt((tonumber(n[4]) or 0) - 1)
+        hset[7], hset[8] = 'acked_count', num_text((tonumber(n[4]) or 0) - 1)
       end
       redis.call('HSET', nkey, unpack(hset))
       touch(node_id)
@@ -182,7 +182,7 @@ end
 -- Expire what is due, oldest first, bounded work per call.
 local function sweep_expired(now)
   local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0',
-    fmt(SWEEP_BATCH))
+    num_text(SWEEP_BATCH))
   for _, rid in ipairs(due) do end_reservation(rid, 'expired', now) end
   return #due
 end
