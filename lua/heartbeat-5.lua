@@ -86,7 +86,8 @@ for i = 0, nfields - 1 do
   local value = ARGV[9 + 2 * i]
   -- the placement index spells these as whole numbers (the client checks
   -- their ranges; this keeps any other writer from slipping a fraction in)
-  if WHOLE_FIELDS[name] and not string.find(value, '^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') then
+  -- (1 to 16 digits: a length and one scan for a non-digit)
+  if WHOLE_FIELDS[name] and (#value < 1 or #value > 16 or string.find(value, '%D')) then
     return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
   end
   values[name] = value

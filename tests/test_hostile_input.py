@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,25 @@ def test_policy_set_changes_the_bounds_every_replica_holds(real_url: str) -> Non
                                                  "--cell", "pb", "--json"]).stdout)
     assert shown["max_roster_ids"] == 2 and shown["node_forget_after_ms"] == 0
     s.close()
+
+
+@pytest.mark.parametrize("value", ["1.5", "", "-1", " 5", "1e3", "0x10", "12345678901234567"])
+def test_the_script_takes_only_whole_numbers_for_the_index_fields(make_scheduler: Make,
+                                                                   value: str) -> None:
+    """A writer other than this client (its own checks bypassed) cannot slip a
+    fraction, a sign, a blank or 17 digits into a field the index spells:
+    1 to 16 digits, else BADARG naming the field, and nothing written."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1", allocated_cpu=2))
+    call = s.ops.heartbeat(hb("n1", allocated_cpu=3))
+    at = call.args.index("allocated_cpu")
+    args = [*call.args[:at + 1], value, *call.args[at + 2:]]
+    before = snapshot_keys(s.client)
+    with pytest.raises(InvalidArgument) as e:
+        s.run(replace(call, args=args))
+    assert e.value.field == "snapshot.allocated_cpu"
+    assert "must be a whole number below 10^16" in e.value.message
+    assert snapshot_keys(s.client) == before
+    args[at + 1] = "1234567890123456"  # 16 digits: taken
+    s.run(replace(call, args=args))
+    assert s.client.hget(s.keys.node("n1"), "allocated_cpu") == b"1234567890123456"
