@@ -65,6 +65,19 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+def _burst_options(p: argparse.ArgumentParser, defaults: Any, rounds: str, burst: str,
+                   base: bool = False) -> None:
+    """The options of the scenarios that send rounds of bursts over one fleet
+    (defaults from the scenario's Params)."""
+    if base:
+        p.add_argument("--base", default="HEAD", metavar="REV",
+                       help="git revision to compare with (default HEAD: the last commit)")
+    p.add_argument("--nodes", type=int, help=f"fleet size (default {defaults.nodes})")
+    p.add_argument("--rounds", type=int, help=f"{rounds} (default {defaults.rounds})")
+    p.add_argument("--burst", type=int, help=f"{burst} (default {defaults.burst})")
+    p.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--redis", metavar="URL",
@@ -139,29 +152,17 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("versus", parents=[common], help="Redis CPU per call of another "
                        "revision's scripts against this tree's, as ratios in one run")
-    v.add_argument("--base", default="HEAD", metavar="REV",
-                   help="git revision to compare with (default HEAD: the last commit)")
-    v.add_argument("--nodes", type=int, help="fleet size (default 1000)")
-    v.add_argument("--rounds", type=int, help="rounds of bursts per library (default 12)")
-    v.add_argument("--burst", type=int, help="calls per burst (default 200)")
-    v.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+    _burst_options(v, versus.Params(), "rounds of bursts per library", "calls per burst",
+                   base=True)
 
     g = sub.add_parser("stages", parents=[common], help="where a coalesced placement's and a "
                        "changed heartbeat's Redis time goes, stage by stage")
-    g.add_argument("--nodes", type=int, help="fleet size (default 1000)")
-    g.add_argument("--rounds", type=int, help="rounds of bursts (default 10)")
-    g.add_argument("--burst", type=int, help="placements per burst (default 200)")
-    g.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+    _burst_options(g, stages.Params(), "rounds of bursts", "placements per burst")
 
     n = sub.add_parser("instructions", parents=[common], help="instructions Redis executes "
                        "per call (valgrind callgrind), another revision's scripts against "
                        "this tree's")
-    n.add_argument("--base", default="HEAD", metavar="REV",
-                   help="git revision to compare with (default HEAD: the last commit)")
-    n.add_argument("--nodes", type=int, help="fleet size (default 300)")
-    n.add_argument("--rounds", type=int, help="rounds of bursts (default 3)")
-    n.add_argument("--burst", type=int, help="calls per burst (default 160)")
-    n.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+    _burst_options(n, instructions.Params(), "rounds of bursts", "calls per burst", base=True)
     return p
 
 
