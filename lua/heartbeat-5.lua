@@ -283,16 +283,13 @@ end
 TOUCHED[node_id], HELD = nil, nil
 local indexed, entering = true, false -- (not moved: it stays in the index)
 if moved then
-  read_status(n, P, now)
-  local want = ''
-  if indexable(n, P) then want = bucket_of(n) end
-  if want ~= n.idx then
-    entering = n.idx == ''
-    move_index(n, want)
+  local from = n.idx
+  if index_entry(n, P, now) then
+    entering = from == ''
     hset[#hset + 1] = 'idx'
-    hset[#hset + 1] = want
+    hset[#hset + 1] = n.idx
   end
-  indexed = want ~= ''
+  indexed = n.idx ~= ''
   if not indexed then redis.call('ZREM', IDX_SEEN, node_id) end
 end
 if indexed and (entering or seen_lags(prev[15], now, P)) then

@@ -83,29 +83,44 @@ local function call_chunked(cmd, key, list)
   end
 end
 
--- Just the clock fields of the policy (nil when the cell has no policy), from
--- its packed copy (includes/common.lua), kept by that string as load_policy
--- keeps whole policies (the string is the key: nothing goes stale); the named
--- fields when there is no packed copy of this layout.
+-- The policy hash also keeps its fields packed into one string, `packed`,
+-- in PACKED order (includes/constants): reading one value and one match
+-- costs a fraction of HGETALL.  The named fields stay the truth;
+-- repack_policy() (includes/common.lua) rebuilds the packed copy after every
+-- write (scripts only: sync_policy, advance_clock).  The policy's fields as
+-- text (absent or "" = unset), from the packed copy `packed` when it is of
+-- this layout, else from the named fields; nil when the cell has no policy.
+local function raw_policy(packed)
+  local raw = {}
+  local v = packed and { string.match(packed, PACKED_RE) }
+  if v and v[1] then
+    for i, name in ipairs(PACKED) do
+      if v[i] ~= '' then raw[name] = v[i] end
+    end
+    return raw
+  end
+  -- no packed copy, or one packed by an earlier version: the named fields
+  local flat = redis.call('HGETALL', POLICY_KEY)
+  if #flat == 0 then return nil end
+  for i = 1, #flat, 2 do raw[flat[i]] = flat[i + 1] end
+  return raw
+end
+
+-- Just the clock fields of the policy (nil when the cell has no policy),
+-- kept by its packed string as load_policy (includes/common.lua) keeps whole
+-- policies (the string is the key: nothing goes stale).
 local CLOCKS = kept_table(64)
 local function load_clock()
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
   local C = packed and CLOCKS.t[packed]
   if C then return C end
-  local v = packed and { string.match(packed, PACKED_RE) }
-  if v and v[1] then
-    local raw = {}
-    for i, name in ipairs(PACKED) do raw[name] = v[i] end
-    C = { time_offset_ms = tonumber(raw.time_offset_ms) or 0,
-      frozen_now_ms = tonumber(raw.frozen_now_ms), settle_ms = tonumber(raw.settle_ms),
-      report_ttl_ms = tonumber(raw.report_ttl_ms) or 0 }
-    return keep(CLOCKS, packed, C)
-  end
-  v = redis.call('HMGET', POLICY_KEY, 'strategy', 'time_offset_ms', 'frozen_now_ms',
-    'settle_ms', 'report_ttl_ms')
-  if not v[1] then return nil end
-  return { time_offset_ms = tonumber(v[2]) or 0, frozen_now_ms = tonumber(v[3]),
-    settle_ms = tonumber(v[4]), report_ttl_ms = tonumber(v[5]) or 0 }
+  local raw = raw_policy(packed)
+  if raw == nil then return nil end
+  C = { time_offset_ms = tonumber(raw.time_offset_ms) or 0,
+    frozen_now_ms = tonumber(raw.frozen_now_ms), settle_ms = tonumber(raw.settle_ms),
+    report_ttl_ms = tonumber(raw.report_ttl_ms) or 0 }
+  if packed then keep(CLOCKS, packed, C) end
+  return C
 end
 
 -- Redis server time in ms, plus the cell's drill offset (0 outside drills and

@@ -5,28 +5,7 @@
 ]]
 -- @include base
 
--- The policy hash also keeps its fields packed into one string, `packed`,
--- in PACKED order (includes/constants): reading one value and one match
--- costs a fraction of HGETALL.  The named fields stay the truth;
--- repack_policy() rebuilds the packed copy after every write (scripts only:
--- sync_policy, advance_clock).
-
-local function raw_policy(packed)
-  local raw = {}
-  local v = packed and { string.match(packed, PACKED_RE) }
-  if v and v[1] then
-    for i, name in ipairs(PACKED) do
-      if v[i] ~= '' then raw[name] = v[i] end
-    end
-    return raw
-  end
-  -- no packed copy, or one packed by an earlier version: the named fields
-  local flat = redis.call('HGETALL', POLICY_KEY)
-  if #flat == 0 then return nil end
-  for i = 1, #flat, 2 do raw[flat[i]] = flat[i + 1] end
-  return raw
-end
-
+-- (the policy's packed copy: raw_policy, includes/base.lua)
 local function repack_policy()
   local flat = redis.call('HGETALL', POLICY_KEY)
   local raw = {}
@@ -132,6 +111,13 @@ local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
 local HELD
 ON_CALL[#ON_CALL + 1] = function() HELD = nil end
 
+-- A node's pending count, cpu, memory and acked count less reservation `r`
+-- (its RES_READ fields).
+local function less_reservation(r, count, cpu, mem, acked)
+  if r[1] == 'acked' then acked = acked - 1 end
+  return count - 1, cpu - tonumber(r[3]), mem - tonumber(r[4]), acked
+end
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
@@ -143,29 +129,27 @@ local function end_reservation(rid, outcome, now, r)
     return false
   end
   local node_id = r[2]
+  -- the node's pending load, less this reservation (no pending_count: the
+  -- record is gone, or is a static node's bare record)
   if HELD and HELD.id == node_id then
     -- (the holder writes the record; HELD.pending: it has a pending_count)
     if HELD.pending then
-      HELD.pend_count = HELD.pend_count - 1
-      HELD.pend_cpu = HELD.pend_cpu - tonumber(r[3])
-      HELD.pend_mem = HELD.pend_mem - tonumber(r[4])
-      if r[1] == 'acked' then HELD.acked = HELD.acked - 1 end
+      HELD.pend_count, HELD.pend_cpu, HELD.pend_mem, HELD.acked = less_reservation(r,
+        HELD.pend_count, HELD.pend_cpu, HELD.pend_mem, HELD.acked)
       HELD.dirty = true
       touch(node_id)
     end
   else
-    -- the node's pending load, less this reservation, in one read and one write
-    -- (no pending_count: the record is gone, or is a static node's bare record)
+    -- (in one read and one write)
     local nkey = node_key(node_id)
     local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
       'acked_count')
     if n[1] then
-      local hset = { 'pending_count', num_text(tonumber(n[1]) - 1),
-        'pending_cpu', num_text((tonumber(n[2]) or 0) - tonumber(r[3])),
-        'pending_memory_bytes', num_text((tonumber(n[3]) or 0) - tonumber(r[4])) }
-      if r[1] == 'acked' then
-        hset[7], hset[8] = 'acked_count', num_text((tonumber(n[4]) or 0) - 1)
-      end
+      local count, cpu, mem, acked = less_reservation(r, tonumber(n[1]), tonumber(n[2]) or 0,
+        tonumber(n[3]) or 0, tonumber(n[4]) or 0)
+      local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
+        'pending_memory_bytes', num_text(mem) }
+      if r[1] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
       redis.call('HSET', nkey, unpack(hset))
       touch(node_id)
     end

@@ -107,15 +107,24 @@ local function parse_bucket(bucket)
     alloc_mem = tonumber(am), pend_mem = tonumber(rm), starting_reported = tonumber(start),
     pend_count = tonumber(pend) })
 end
--- The parse of bucket_of(n), from n itself (a bucket a move creates is often
--- the next one a pick reads: no string to take apart then).
+-- The parse of bucket `bucket` = bucket_of(n), from n itself when not kept
+-- (a bucket a move creates is often the next one a pick reads: no string to
+-- take apart then).
 local function parsed_as(bucket, n)
-  if PARSED.t[bucket] then return end
-  keep_parse(bucket, { starting = n.starting_reported + n.pend_count, running = n.running,
+  local b = PARSED.t[bucket]
+  if b then return b end
+  return keep_parse(bucket, { starting = n.starting_reported + n.pend_count, running = n.running,
     paused = n.paused, cpu_cap = n.cpu_cap, mem_cap = n.mem_cap,
     lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu, lm = n.alloc_mem + n.paused_mem + n.pend_mem,
     alloc_cpu = n.alloc_cpu, pend_cpu = n.pend_cpu, alloc_mem = n.alloc_mem,
     pend_mem = n.pend_mem, starting_reported = n.starting_reported, pend_count = n.pend_count })
+end
+
+-- A bucket's score in its shape's stream of dimension `mem` (true: memory):
+-- its load there, 0 where the shape's capacity is unknown.
+local function dim_score(b, mem)
+  if mem then return b.mem_cap > 0 and b.lm or 0 end
+  return b.cpu_cap > 0 and b.lc or 0
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
@@ -213,9 +222,7 @@ local function firsts_added(key, bucket, score, mem)
   for i = 1, #list do
     local m = list[i]
     if not placed then
-      local b = parse_bucket(m)
-      local s
-      if mem then s = b.mem_cap > 0 and b.lm or 0 else s = b.cpu_cap > 0 and b.lc or 0 end
+      local s = dim_score(parse_bucket(m), mem)
       if score < s or (score == s and bytes_lt(bucket, m)) then
         out[#out + 1], placed = bucket, true
       end
@@ -250,10 +257,9 @@ local function idx_add(node_id, bucket, n, from)
   local size = SIZES[bucket]
   if redis.call('ZADD', bk, '0', node_id) == 1 and size then size = size + 1 end
   local shape = shape_of(bucket)
-  -- scored by load (an integer: exact), 0 where the capacity is unknown
-  local lc, lm = 0, 0
-  if n.cpu_cap > 0 then lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu end
-  if n.mem_cap > 0 then lm = n.alloc_mem + n.paused_mem + n.pend_mem end
+  -- scored by load (an integer: exact)
+  local b = parsed_as(bucket, n)
+  local lc, lm = dim_score(b, false), dim_score(b, true)
   local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
   local new
   if size ~= nil then
@@ -267,7 +273,6 @@ local function idx_add(node_id, bucket, n, from)
   end
   SIZES[bucket] = size
   if new then
-    parsed_as(bucket, n)
     redis.call('ZADD', km, num_text(lm), bucket)
     firsts_added(kc, bucket, lc, false)
     firsts_added(km, bucket, lm, true)
@@ -284,18 +289,24 @@ local function move_index(n, want)
   n.idx = want
 end
 
+-- Move node `n` (a read_node table, as its record now is) to the bucket its
+-- numbers and status imply ("" = out of the index).  True when n.idx
+-- changed; the caller stores it in the record.
+local function index_entry(n, P, now)
+  read_status(n, P, now)
+  local want = ''
+  if indexable(n, P) then want = bucket_of(n) end
+  if want == n.idx then return false end
+  move_index(n, want)
+  return true
+end
+
 -- Bring one node's index entry up to date with its record.
 local function reindex(node_id, P, now, registered)
   if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
   local n = read_node(node_id)
-  read_status(n, P, now)
-  local want = ''
-  if indexable(n, P) then want = bucket_of(n) end
-  if want ~= n.idx then
-    move_index(n, want)
-    redis.call('HSET', node_key(node_id), 'idx', want)
-  end
-  if want ~= '' and n.last_seen then
+  if index_entry(n, P, now) then redis.call('HSET', node_key(node_id), 'idx', n.idx) end
+  if n.idx ~= '' and n.last_seen then
     redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
   else
     redis.call('ZREM', IDX_SEEN, node_id)
