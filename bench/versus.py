@@ -92,13 +92,12 @@ def knows_roster_deltas(lib: Library) -> bool:
     return "ARGV[6] == '2'" in lib.text
 
 
-def _whole_roster(call: Call[Any], node: SimNode) -> Call[Any]:
+def _whole_roster(call: Call[Any], roster: list[str]) -> Call[Any]:
     """A roster delta heartbeat as the same heartbeat with its roster whole."""
     if call.script != "heartbeat" or call.args[5] != "2":
         return call
     last_field = 7 + 2 * int(call.args[6])
-    return replace(call, args=[*call.args[:5], "1", *call.args[6:last_field],
-                               *node.heartbeat().sandbox_ids])
+    return replace(call, args=[*call.args[:5], "1", *call.args[6:last_field], *roster])
 
 
 class _Run:
@@ -176,10 +175,10 @@ class _Run:
             touched[node.node_id] = node
         for node in touched.values():
             node.delete(next(iter(node.sandboxes)))
-        calls = [self.s.ops.heartbeat(node.heartbeat(), self.s.beats) for node in touched.values()]
+        beats = [node.heartbeat() for node in touched.values()]
+        calls = [self.s.ops.heartbeat(hb, self.s.beats) for hb in beats]
         if lib is self.whole_rosters:
-            calls = [_whole_roster(c, node) for c, node in zip(calls, touched.values(),
-                                                                strict=True)]
+            calls = [_whole_roster(c, hb.sandbox_ids) for c, hb in zip(calls, beats, strict=True)]
         n, usec, out = self._send(lib, calls)
         self._resend(touched.values(), out)
         return n, usec

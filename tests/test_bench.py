@@ -257,7 +257,7 @@ def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Targe
         node.delete("sb-a")
         call = s.ops.heartbeat(node.heartbeat(), s.beats)
         assert call.args[5] == "2"
-        whole = versus._whole_roster(call, node)
+        whole = versus._whole_roster(call, node.heartbeat().sandbox_ids)
         assert whole.args[5] == "1" and whole.args[-1:] == ["sb-b"]
         assert whole.args[6:7 + 2 * int(call.args[6])] == call.args[6:7 + 2 * int(call.args[6])]
         s.run(whole)
