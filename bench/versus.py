@@ -89,7 +89,7 @@ def library_at(rev: str) -> Library:
 
 def knows_roster_deltas(lib: Library) -> bool:
     """Does this library's heartbeat take a changed roster as a delta (mode 2)?"""
-    return "ARGV[6] == '2'" in lib.text
+    return "ARGV[6] == '2'" in lib.text or "A[6] == '2'" in lib.text
 
 
 def _whole_roster(call: Call[Any], roster: list[str]) -> Call[Any]:
@@ -159,7 +159,18 @@ class _Run:
         run_pipelined(self.s, [self.s.ops.cancel(rid) for rid in ids], errors=True)
         return placed, usec
 
-    def heartbeat(self, lib: Library) -> tuple[int, int]:
+    def _beats(self, lib: Library, calls: list[Call[Any]],
+               coalesced: bool) -> tuple[int, int, list[Any]]:
+        """Send heartbeat calls, one each or (``coalesced``) in batch calls of
+        COALESCED; (heartbeats, usec, each one's result)."""
+        if not coalesced:
+            return self._send(lib, calls)
+        batches = [self.s.ops.heartbeat_batch(calls[i:i + COALESCED])
+                   for i in range(0, len(calls), COALESCED)]
+        _, usec, out = self._send(lib, batches)
+        return len(calls), usec, [r for batch in out for r in batch]
+
+    def heartbeat(self, lib: Library, coalesced: bool = False) -> tuple[int, int]:
         """Heartbeats of nodes whose rosters now list sandboxes placed and
         assigned since their last one (each releases a reservation), and drop
         one older sandbox (a binding to remove)."""
@@ -179,16 +190,24 @@ class _Run:
         calls = [self.s.ops.heartbeat(hb, self.s.beats) for hb in beats]
         if lib is self.whole_rosters:
             calls = [_whole_roster(c, hb.sandbox_ids) for c, hb in zip(calls, beats, strict=True)]
-        n, usec, out = self._send(lib, calls)
+        n, usec, out = self._beats(lib, calls, coalesced)
         self._resend(touched.values(), out)
         return n, usec
 
-    def steady(self, lib: Library) -> tuple[int, int]:
+    def steady(self, lib: Library, coalesced: bool = False) -> tuple[int, int]:
         sample = self.rng.sample(list(self.by_id.values()), min(self.p.burst, len(self.by_id)))
         calls = [self.s.ops.heartbeat(node.heartbeat(), self.s.beats) for node in sample]
-        n, usec, out = self._send(lib, calls)
+        n, usec, out = self._beats(lib, calls, coalesced)
         self._resend(sample, out)
         return n, usec
+
+    def coalesced_heartbeat(self, lib: Library) -> tuple[int, int]:
+        """:meth:`heartbeat` in batch calls of COALESCED; counted per heartbeat."""
+        return self.heartbeat(lib, coalesced=True)
+
+    def coalesced_steady(self, lib: Library) -> tuple[int, int]:
+        """:meth:`steady` in batch calls of COALESCED; counted per heartbeat."""
+        return self.steady(lib, coalesced=True)
 
     def _resend(self, nodes: Any, out: list[Any]) -> None:
         again = [node for node, r in zip(nodes, out, strict=True) if isinstance(r, Resync)]

@@ -87,6 +87,7 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
                            settings.cell, settings.prefix, settings.redis_url,
                            settings.durability, settings.redis_timeout_s)
     sched.coalescer.enabled = settings.coalesce_schedules
+    sched.beat_coalescer.enabled = settings.coalesce_heartbeats
     replica = Replica(settings, sched, overwrite_policy=overwrite_policy, reuse_port=worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -163,8 +164,9 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
               "certificates: clients must present one (mutual TLS); overrides "
               "scheduler.grpc_tls.client_ca_file.")
 @click.option("--coalesce/--no-coalesce", default=None,
-              help="Send Schedules that queue while one is on its way as one batch call "
-              "(default on); overrides scheduler.coalesce_schedules.")
+              help="Send Schedules, and heartbeats, that queue while one is on its way as "
+              "one batch call (default on); overrides scheduler.coalesce_schedules and "
+              "scheduler.coalesce_heartbeats.")
 @click.option("--loop", "loop_name", type=click.Choice(LOOP_CHOICES), default="auto",
               show_default=True, help="Event loop: auto = uvloop when it is installed (the "
               "'fast' extra, Linux), else asyncio.")

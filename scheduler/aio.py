@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
-from scheduler.calls import Call, Plan
+from scheduler.calls import HEARTBEAT_SCRIPTS, Call, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
@@ -48,6 +48,9 @@ from scheduler.translate import translated
 
 T = TypeVar("T")
 
+#: The calls each coalescer takes (by its name): what its batch script runs.
+BATCHED = {"schedule": frozenset({"schedule"}), "heartbeat": frozenset(HEARTBEAT_SCRIPTS)}
+
 
 class AsyncScheduler(BaseClient):
     """asyncio client of one cell; the same operations as :class:`Scheduler`."""
@@ -68,8 +71,12 @@ class AsyncScheduler(BaseClient):
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
-        #: Schedules that arrive while one is on its way go together as one call
-        self.coalescer = Coalescer(self)
+        #: Schedules, and heartbeats, that arrive while one is on its way go
+        #: together as one call
+        self.coalescer: Coalescer[Placement] = Coalescer(self, "schedule",
+                                                         self.ops.schedule_batch)
+        self.beat_coalescer: Coalescer[HeartbeatResult] = Coalescer(self, "heartbeat",
+                                                                    self.ops.heartbeat_batch)
 
     async def run(self, call: Call[T], timeout: float | None = None) -> T:
         """Run one call, bounded by ``timeout`` (a caller's deadline, also a
@@ -118,13 +125,17 @@ class AsyncScheduler(BaseClient):
                 unsettled.append(e)
                 await asyncio.sleep(SLOT_RETRY_S)  # (the caller's deadline bounds the loop)
 
-    async def _drive(self, plan: Plan[T]) -> T:
-        """Run a plan's calls one after another; its value is the answer."""
+    async def _drive(self, plan: Plan[T], via: Coalescer[Any] | None = None) -> T:
+        """Run a plan's calls one after another; its value is the answer.
+        ``via``: a coalescer its calls of that kind go through."""
         try:
             call = next(plan)
             while True:
                 try:
-                    reply = await self.run(call)
+                    if via is not None and via.enabled and call.script in BATCHED[via.name]:
+                        reply = await via.submit(call)
+                    else:
+                        reply = await self.run(call)
                 except Exception as e:  # the plan may handle it (Resync, a lost cell)
                     call = plan.throw(e)
                 else:
@@ -210,7 +221,7 @@ class AsyncScheduler(BaseClient):
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> Awaitable[HeartbeatResult]:
         """Record a node's heartbeat.  ``cpu_config``: also run the cluster's
         CPU config exchange; the result then carries what to hand the node."""
-        return self._drive(self._heartbeat(hb, cpu_config))
+        return self._drive(self._heartbeat(hb, cpu_config), self.beat_coalescer)
 
     def events(self, node_id: str, events: list[SandboxEvent]) -> Awaitable[EventsResult]:
         return self._one(self.ops.events(node_id, events))
@@ -245,9 +256,9 @@ class AsyncScheduler(BaseClient):
         rid = call.args[5]
         try:
             if timeout is None:
-                return await self.coalescer.place(call)
+                return await self.coalescer.submit(call)
             with self.scoped(timeout=timeout):
-                return await self.coalescer.place(call)
+                return await self.coalescer.submit(call)
         except (StoreUnavailable, asyncio.CancelledError):
             if rid:
                 self.forget(rid)
@@ -294,43 +305,47 @@ class AsyncScheduler(BaseClient):
 
 
 
-class Coalescer:
-    """Schedules go to Redis together, as one script call
-    (lua/schedule_batch-5.lua), which decides them in order exactly as if
-    they had come one by one, each getting its own answer or error.  A
-    request queues and wakes the batch task, which starts once the event
-    loop has run what was ready when the request came, so requests that
-    arrived in the same wake-up go together; while its call is in flight,
-    and for one turn of the loop after it answered, more queue, and go
-    together next.  No timer: a lone request goes at once (one turn of the
-    loop later), by itself, within its caller's deadline.  ``enabled``
-    False sends each on its own."""
+class Coalescer(Generic[T]):
+    """Calls of one kind go to Redis together, as one batch script call that
+    runs them in order exactly as if they had come one by one, each getting
+    its own answer or error: Schedules (lua/schedule_batch-5.lua) and
+    heartbeats (lua/heartbeat_batch-5.lua).  A call queues and wakes the
+    batch task, which starts once the event loop has run what was ready when
+    the call came, so calls that arrived in the same wake-up go together;
+    while its batch is in flight, and for one turn of the loop after it
+    answered, more queue, and go together next.  No timer: a lone call goes
+    at once (one turn of the loop later), by itself, within its caller's
+    deadline.  ``enabled`` False sends each on its own."""
 
-    #: most requests in one batch call
+    #: most calls in one batch call
     MAX = 64
 
-    def __init__(self, sched: AsyncScheduler, enabled: bool = True) -> None:
+    def __init__(self, sched: AsyncScheduler, name: str,
+                 batch: Callable[[list[Call[T]]], Call[list[Any]]],
+                 enabled: bool = True) -> None:
         self.sched = sched
+        self.name = name  # (of the single call, for metrics and errors)
+        self.batch = batch
         self.enabled = enabled
         self.busy = False
-        self.queue: list[tuple[Call[Placement], asyncio.Future[Placement], Any]] = []
+        self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []
         self.task: asyncio.Task[None] | None = None  # (referenced: the loop's is weak)
-        #: batch calls sent, and the requests they carried (to see it work)
+        #: batch calls sent, and the calls they carried (to see it work)
         self.batches = 0
         self.batched = 0
 
-    async def place(self, call: Call[Placement]) -> Placement:
+    async def submit(self, call: Call[T]) -> T:
         if not self.enabled:
             return await self.sched._one(call)
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Placement] = loop.create_future()
+        fut: asyncio.Future[T] = loop.create_future()
         scope = _SCOPE.get()
         self.queue.append((call, fut, scope))
         if not self.busy:
             self.busy = True
-            self.task = loop.create_task(self._drain(), name="schedule-batch")
+            self.task = loop.create_task(self._drain(), name=f"{self.name}-batch")
         left = self.sched._deadline_left()
-        # a request may wait for the call before its own, then for its own
+        # a call may wait for the batch before its own, then for its own
         limit = 2 * self.sched.timeout_s if left is None else max(0.0, left)
         start = time.perf_counter()
         # (a timer on the future, not asyncio.timeout: no Timeout, no shielded future)
@@ -344,18 +359,17 @@ class Coalescer:
         finally:
             timer.cancel()
 
-    def _expire(self, fut: asyncio.Future[Placement], scope: Any, limit: float,
-                start: float) -> None:
+    def _expire(self, fut: asyncio.Future[T], scope: Any, limit: float, start: float) -> None:
         if fut.done():
             return
         error = StoreUnavailable(f"Redis at {self.sched.target} did not answer within "
                                  f"{limit:.3g}s")
         if scope is not None and scope.observe is not None:
-            scope.observe("schedule", time.perf_counter() - start, error)
+            scope.observe(self.name, time.perf_counter() - start, error)
         fut.set_exception(error)
 
     async def _drain(self) -> None:
-        self.sched._unscoped()  # each waiting request keeps its own deadline
+        self.sched._unscoped()  # each waiting call keeps its own deadline
         try:
             while self.queue:
                 taken, self.queue = self.queue[:self.MAX], self.queue[self.MAX:]
@@ -363,28 +377,26 @@ class Coalescer:
                 if not batch:
                     continue
                 start = time.perf_counter()
-                results: list[Placement | BaseException]
+                results: list[Any]  # (each a T or the exception it raised)
                 try:
                     if len(batch) == 1:
-                        one: Placement = await self.sched._one(batch[0][0])
-                        results = [one]
+                        results = [await self.sched._one(batch[0][0])]
                     else:
                         self.batches += 1
                         self.batched += len(batch)
-                        many = await self.sched._one(
-                            self.sched.ops.schedule_batch([c for c, _, _ in batch]))
-                        results = list(many)
+                        together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
+                        results = await self.sched._one(together)
                 except Exception as e:  # the whole call failed: every request with it
                     results = [e] * len(batch)
                 elapsed = time.perf_counter() - start
-                script = "schedule" if len(batch) == 1 else "schedule_batch"
-                # (a request that gave up meanwhile was told, and metered, already)
-                for (_, fut, scope), result in zip(batch, results, strict=True):
+                # (a call that gave up meanwhile was told, and metered, already)
+                for (call, fut, scope), result in zip(batch, results, strict=True):
                     if fut.done():
                         continue
                     error = result if isinstance(result, BaseException) else None
                     if scope is not None and scope.observe is not None:
-                        scope.observe(script, elapsed, error)
+                        scope.observe(call.script if len(batch) == 1 else self.batch_name,
+                                      elapsed, error)
                     if isinstance(result, BaseException):
                         fut.set_exception(result)
                     else:
@@ -396,11 +408,15 @@ class Coalescer:
                 await asyncio.sleep(0)
         finally:
             self.busy = False
-            if self.queue:  # (only if this task was cancelled with requests waiting)
+            if self.queue:  # (only if this task was cancelled with calls waiting)
                 for _, fut, _ in self.queue:
                     if not fut.done():
                         fut.set_exception(StoreUnavailable("the scheduler client closed"))
                 self.queue = []
+
+    @property
+    def batch_name(self) -> str:
+        return f"{self.name}_batch"
 
 
 if sys.version_info >= (3, 11):

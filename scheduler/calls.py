@@ -68,6 +68,10 @@ class Resync(Exception):
     """A delta heartbeat met a record it was not based on: send it in full."""
 
 
+#: The scripts a heartbeat batch holds, by the kind it names them.
+HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady"}
+
+
 @dataclass(frozen=True)
 class Beat:
     """What a replica last wrote for a node: the base of its next delta."""
@@ -238,6 +242,33 @@ class Ops:
             return result
 
         return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
+
+    def heartbeat_batch(self, calls: Sequence[Call[HeartbeatResult]],
+                        ) -> Call[list[HeartbeatResult | Exception]]:
+        """Several :meth:`heartbeat` calls (full, delta or steady) as one
+        (lua/heartbeat_batch-5.lua), applied in order; each gets its result
+        or its own error (:class:`Resync` among them)."""
+        args = [str(len(calls))]
+        for call in calls:
+            if call.script not in HEARTBEAT_SCRIPTS:
+                raise ValueError(f"a heartbeat batch holds heartbeats, not {call.script}")
+            args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
+        parses = [call.parse for call in calls]
+
+        def parse(r: list[Any]) -> list[HeartbeatResult | Exception]:
+            out: list[HeartbeatResult | Exception] = []
+            for parse_one, item in zip(parses, r, strict=True):
+                if s(item[0]) == "err":
+                    text = s(item[1])
+                    out.append(from_reply(text) or SchedulerError(text))
+                else:
+                    try:
+                        out.append(parse_one(item[1:]))
+                    except Resync as e:
+                        out.append(e)
+            return out
+
+        return self._call("heartbeat_batch", args, parse)
 
     # -- schedule / explain ------------------------------------------------
     def _request_args(self, req: Request, strategy: str | None) -> list[str]:

@@ -78,6 +78,8 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     redis_timeout: str = "2s"
     #: Schedules that arrive while one is on its way to Redis go as one batch call
     coalesce_schedules: bool = True
+    #: heartbeats likewise
+    coalesce_heartbeats: bool = True
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -161,6 +163,7 @@ class Settings:
     durability: Durability
     redis_timeout_s: float
     coalesce_schedules: bool
+    coalesce_heartbeats: bool
     log_level: str
     log_format: str
     source: str = field(default="defaults")
@@ -230,7 +233,7 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
     if flags.cell is not None:
         sec.cell = flags.cell
     if flags.coalesce is not None:
-        sec.coalesce_schedules = flags.coalesce
+        sec.coalesce_schedules = sec.coalesce_heartbeats = flags.coalesce
     if flags.grpc_tls_cert is not None:
         sec.grpc_tls.cert_file = flags.grpc_tls_cert
     if flags.grpc_tls_key is not None:
@@ -320,6 +323,7 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         durability=durability,
         redis_timeout_s=parse_duration_ms("scheduler.redis_timeout", sec.redis_timeout) / 1000,
         coalesce_schedules=sec.coalesce_schedules,
+        coalesce_heartbeats=sec.coalesce_heartbeats,
         log_level=log_level, log_format=cfg.log_format, source=source,
         grpc_tls=_tls(sec.grpc_tls),
     )
@@ -356,7 +360,8 @@ def summary(s: Settings, target: str) -> list[str]:
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
         f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: "
         f"{s.metrics_listen or 'off'}",
-        f"coalesce_schedules: {'on' if s.coalesce_schedules else 'off'}; "
+        f"coalesce_schedules: {'on' if s.coalesce_schedules else 'off'}; coalesce_heartbeats: "
+        f"{'on' if s.coalesce_heartbeats else 'off'}; "
         f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; " + (
             f"writes acknowledged once {s.durability.replicas} Redis replica(s) have them "
             f"(min_replicas_acked; WAIT up to {s.durability.timeout_ms}ms)"

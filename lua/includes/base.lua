@@ -28,6 +28,12 @@ local function bind_call(keys, args)
   for i = 1, #ON_CALL do ON_CALL[i]() end
 end
 
+-- What the requests of one call share (a batch call's several): the policy,
+-- the instant, the sweeps already done (includes/schedule.lua,
+-- includes/heartbeat.lua).
+local CALL
+ON_CALL[#ON_CALL + 1] = function() CALL = {} end
+
 local function node_key(id) return BASE .. 'node:' .. id end
 local function node_res_key(id) return BASE .. 'node-res:' .. id end
 local function node_sbx_key(id) return BASE .. 'node-sbx:' .. id end

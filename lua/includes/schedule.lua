@@ -14,12 +14,10 @@ local function whole(arg, default)
   return v
 end
 
--- What the decisions of one call share: the policy, the instant, the sweeps
--- already done and, in a batch, the counters (read once, written once by
--- finish_batch).  A batch decides as if its requests came one by one within
--- the same millisecond.
-local CALL
-ON_CALL[#ON_CALL + 1] = function() CALL = {} end
+-- (CALL, includes/base.lua: what the decisions of one call share: the
+-- policy, the instant, the sweeps already done and, in a batch, the counters,
+-- read once and written once by finish_batch.  A batch decides as if its
+-- requests came one by one within the same millisecond.)
 
 -- The rotation counter's next value, taken (given back by give_back_rr).
 local function take_rr(rr_key, dry_run)

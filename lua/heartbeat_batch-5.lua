@@ -1,0 +1,67 @@
+--[[
+  heartbeat_batch-5.lua: several heartbeats in one call, applied in order:
+  the same records, releases, bindings and index entries as the same
+  heartbeats sent one at a time (heartbeat-5.lua, heartbeat_steady-5.lua),
+  for one call's fixed cost (the policy, the clock and the sweeps once).  A
+  replica sends what queued while its previous call was in flight.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     n, the number of heartbeats
+  ARGV[2..]   n times: "full" or "steady", m, then m arguments: heartbeat-5.lua's
+              ARGV (a heartbeat in full or as a delta) or heartbeat_steady-5.lua's
+
+  Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
+          (its RESYNC included) or {"err", "<CODE> <message>"} (that
+          heartbeat's own error: it wrote nothing)
+  Errors: PRECONDITION (no policy: nothing written), BADARG n or a kind or
+          count that does not add up (nothing written)
+  Writes: as the two scripts, once per heartbeat; the expiry sweep runs once
+          (again before a heartbeat only while a sweep finds a full batch
+          due), and a steady heartbeat after it needs no RESYNC for due
+          reservations; the forget sweep once at the end
+]]
+-- @include heartbeat
+-- @include heartbeat_steady
+local n = tonumber(ARGV[1])
+if n == nil or n < 1 or n ~= math.floor(n) then
+  return fail('BADARG', 'n must count the heartbeats that follow')
+end
+-- (every item's place, checked before anything is written)
+local at, kinds, counts = {}, {}, {}
+local a = 2
+for i = 1, n do
+  local kind, m = ARGV[a], tonumber(ARGV[a + 1])
+  if (kind ~= 'full' and kind ~= 'steady') or m == nil or m < 0 or m ~= math.floor(m) then
+    return fail('BADARG', 'heartbeat ' .. i .. ' must be "full" or "steady" and a count')
+  end
+  at[i], kinds[i], counts[i] = a + 1, kind, m
+  a = a + 2 + m
+end
+if a ~= #ARGV + 1 then return fail('BADARG', 'n must count the heartbeats that follow') end
+local P = load_policy()
+if not P then return fail('PRECONDITION', NO_POLICY) end
+CALL.P = P
+local now = heard_ms(P)
+CALL.heard = now
+CALL.more_due = sweep_expired(now) >= SWEEP_BATCH
+local out, applied = {}, false
+for i = 1, n do
+  local A = {}
+  for j = 1, counts[i] do A[j] = ARGV[at[i] + j] end
+  local r
+  if kinds[i] == 'full' then
+    r = heartbeat_one(A)
+  else
+    r = steady_one(A, P, now, CALL.more_due == false)
+  end
+  if r.err then
+    out[i] = { 'err', r.err }
+  else
+    applied = applied or r[1] ~= 'RESYNC'
+    table.insert(r, 1, 'ok')
+    out[i] = r
+  end
+end
+if applied then forget_sweep(P, now) end
+reindex_touched(P, now)
+return out

@@ -1,0 +1,288 @@
+--[[
+  includes/heartbeat.lua: one node's heartbeat (heartbeat-5.lua's ARGV as
+  `A`): checks, snapshot, roster, releases, index entry.  heartbeat-5.lua
+  makes one; heartbeat_batch-5.lua several in one call, in order, each as if
+  it had come alone within the same millisecond.  The callers then run the
+  forget sweep and reindex the other nodes this call touched.
+]]
+-- @include bindings
+-- @include snapshot
+
+local function heartbeat_one(A)
+  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
+  local node_id = A[1]
+  local sid = A[2]
+  local endpoint = A[3]
+  local base_generation = A[4]
+  local digest = A[5]
+  local roster_full = A[6] == '1'
+  local roster_delta = A[6] == '2'
+  local roster_sent = roster_full or roster_delta
+  local nfields = tonumber(A[7])
+
+  local P = CALL.P or load_policy()
+  if not P then return fail('PRECONDITION', NO_POLICY) end
+  CALL.P = P
+  if node_id == '' then return fail('BADARG', 'node_id is required') end
+  if roster_delta and base_generation == '' then
+    return fail('BADARG', 'a roster delta needs the record it is based on')
+  end
+  if sid == '' then return fail('BADARG', 'service_instance_id is required') end
+  local first_sb = 8 + 2 * nfields
+  if roster_full and #A - first_sb + 1 > P.max_roster_ids then
+    return fail('BADARG', 'sandbox_ids has ' .. (#A - first_sb + 1) .. ' entries, more than '
+      .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
+  end
+  local nkey = node_key(node_id)
+  -- (prev[i]: PREV's fields; then the node as decisions read it)
+  local prev = redis.call('HMGET', nkey, unpack(HB_READ))
+  -- A record that names its node is registered: node_id is written only with
+  -- the registration (a heartbeat's, the static list's, a static node's bare
+  -- record that stays listed); a node without one, the cell is asked.
+  -- (a field the record lacks comes back false)
+  local registered = prev[17] or redis.call('ZSCORE', NODES_KEY, node_id)
+  if not registered and P.static_nodes then
+    return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  end
+  local values = {}
+  for i = 0, nfields - 1 do
+    local name = A[8 + 2 * i]
+    if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
+    local value = A[9 + 2 * i]
+    -- the placement index spells these as whole numbers (the client checks
+    -- their ranges; this keeps any other writer from slipping a fraction in)
+    -- (1 to 16 digits: a length and one scan for a non-digit)
+    if WHOLE_FIELDS[name] and (#value < 1 or #value > 16 or string.find(value, '%D')) then
+      return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+    end
+    values[name] = value
+  end
+  -- @stage checks
+
+  if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
+      or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
+      or (roster_delta and ((prev[10] or '') ~= A[first_sb]
+        or redis.call('SCARD', node_roster_key(node_id)) ~= tonumber(prev[14])))) then
+    return { 'RESYNC' }
+  end
+  local now = CALL.heard or heard_ms(P)
+  CALL.heard = now
+  local s_now = fmt(now) -- (text: Redis prints a Lua number argument with %.17g)
+  local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
+  -- The record as it will be, held in hand to the end (includes/common.lua
+  -- HELD): releases change its pending numbers there, its index entry is
+  -- worked out from it, and it is written once.  An indexed node's bucket id
+  -- spells its counts and capacities (the record's own pending numbers are
+  -- read); any other node is read whole.
+  local o = #PREV
+  local n
+  if (prev[11] or '') ~= '' and P.index_format == INDEX_FORMAT then
+    n = node_of_bucket(prev[11])
+    n.id, n.idx, n.endpoint = node_id, prev[11], prev[9] or ''
+  else
+    n = read_node(node_id)
+  end
+  n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
+  n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
+  n.pend_count, n.pend_cpu = tonumber(prev[o + 5]) or 0, tonumber(prev[o + 6]) or 0
+  n.pend_mem, n.pending = tonumber(prev[o + 7]) or 0, prev[o + 5] ~= false
+  n.last_seen, n.acked = now, tonumber(prev[4]) or 0
+  for name, value in pairs(values) do
+    local key = NODE_NUMBERS[name]
+    if key then n[key] = tonumber(value) or 0 end
+  end
+  if values.status then n.reported = values.status end
+  -- @stage record_read
+
+  -- Stage "roster", planned before the first write: bindings follow the
+  -- node's own list; only what changed since its previous roster costs work
+  -- (includes/bindings.lua).
+  local roster_key = node_roster_key(node_id)
+  local added, gone = {}, {}
+  local roster_size
+  if roster_full then
+    local listed, before = {}, {}
+    roster_size = 0
+    for _, sb in ipairs(redis.call('SMEMBERS', roster_key)) do before[sb] = true end
+    for i = first_sb, #A do
+      local sb = A[i]
+      if sb ~= '' and not listed[sb] then
+        listed[sb] = true
+        roster_size = roster_size + 1
+        if not before[sb] then added[#added + 1] = sb end
+      end
+    end
+    for sb, _ in pairs(before) do
+      if not listed[sb] then gone[#gone + 1] = sb end
+    end
+  elseif roster_delta then
+    -- the base's roster is the one held (checked above): the client's diff is this one
+    local joined = tonumber(A[first_sb + 1])
+    for i = first_sb + 2, first_sb + 1 + joined do added[#added + 1] = A[i] end
+    for i = first_sb + 2 + joined, #A do gone[#gone + 1] = A[i] end
+    roster_size = (tonumber(prev[14]) or 0) + #added - #gone
+    if roster_size > P.max_roster_ids then
+      return fail('BADARG', 'sandbox_ids has ' .. roster_size .. ' entries, more than '
+        .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
+    end
+  end
+  local roster_mode = (prev[3] == '1' and not restarted) or (roster_size or 0) > 0
+  if not roster_sent then roster_mode = prev[3] == '1' end
+  -- @stage roster_plan
+
+  HELD = n -- (after the last check: an error leaves nothing held)
+  -- (at one instant, a sweep that found less than a full batch due leaves
+  -- nothing due for the batch's later heartbeats)
+  if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
+  -- @stage expiry_sweep
+
+  -- Stage "record": the snapshot, stamped with Redis time, written in one call
+  -- at the end (with the pending numbers and index entry worked out below).
+  local generation = (tonumber(prev[8]) or 0) + 1
+  local incarnation = prev[12]
+  if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', '1')) end
+  local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', s_now,
+    'generation', fmt(generation), 'incarnation', incarnation }
+  if roster_sent then
+    for _, x in ipairs({ 'roster_size', num_text(roster_size), 'roster_mode', roster_mode and '1' or '0',
+      'roster_digest', digest }) do hset[#hset + 1] = x end
+  end
+  for name, value in pairs(values) do
+    if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
+    if not (name == 'cpu_config_json' and value == '') then
+      hset[#hset + 1] = name
+      hset[#hset + 1] = value
+    end
+  end
+  local node_endpoint = prev[9] or ''
+  if endpoint ~= '' and prev[5] ~= '1' and endpoint ~= node_endpoint then
+    hset[#hset + 1] = 'endpoint'
+    hset[#hset + 1] = endpoint
+    node_endpoint = endpoint
+    touch(node_id)
+  end
+  if not registered then
+    redis.call('ZADD', NODES_KEY, '0', node_id)
+    hset[#hset + 1] = 'first_seen_ms'
+    hset[#hset + 1] = s_now
+  end
+  if restarted then
+    hset[#hset + 1] = 'restarted_at_ms'
+    hset[#hset + 1] = s_now
+    redis.call('HINCRBY', nkey, 'restarts', '1')
+  end
+  n.endpoint = node_endpoint
+  if prev[13] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
+  local cluster = values.cluster_id or prev[6] or ''
+  local p2p = values.p2p_address or prev[7] or ''
+  if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
+    if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
+    if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
+  end
+  -- @stage record_plan
+
+  local released = 0
+  -- (the node's sets change in one call each, whatever the number of sandboxes)
+  local bound, unbound = {}, {}
+  for _, sb in ipairs(added) do
+    local rid, b, r = bound_reservation(sb, node_id)
+    if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
+    write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, bound)
+  end
+  -- @stage joined_bindings_releases
+  for _, sb in ipairs(gone) do
+    local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
+    if b[1] == node_id and b[2] == '1' then
+      redis.call('DEL', bind_key(sb))
+      unbound[#unbound + 1] = sb
+    end
+  end
+  -- @stage left_bindings
+  call_chunked('SADD', node_sbx_key(node_id), bound)
+  call_chunked('SREM', node_sbx_key(node_id), unbound)
+  call_chunked('SREM', roster_key, gone)
+  call_chunked('SADD', roster_key, added)
+  -- @stage roster_sets
+  -- Forget bindings that expired by themselves (assignments never listed):
+  -- bounded work, every other heartbeat (two samples each).
+  if generation % 2 == 0 then
+    for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
+      if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
+        redis.call('SREM', node_sbx_key(node_id), sb)
+      end
+    end
+  end
+  -- @stage binding_sample
+
+  -- Stage "release", counter mode: as many reservations as create_successes
+  -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
+  -- heartbeat whose snapshot predates a creation has not counted it yet, so an
+  -- acknowledgement alone never releases (in roster mode the roster does).
+  if not roster_mode then
+    -- The first heartbeat we ever see gives no baseline: release nothing.
+    local successes = tonumber(values.create_successes or prev[2]) or 0
+    local baseline = tonumber(prev[2])
+    if restarted then baseline = 0 end
+    local k = baseline and successes - baseline or 0
+    if k > 0 then
+      local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+      if (tonumber(prev[4]) or 0) > 0 then
+        for _, rid in ipairs(ids) do
+          if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
+              and end_reservation(rid, 'released', now) then
+            released, k = released + 1, k - 1
+          end
+        end
+      end
+      for _, rid in ipairs(ids) do
+        if k <= 0 then break end
+        if end_reservation(rid, 'released', now) then released, k = released + 1, k - 1 end
+      end
+    end
+  end
+  -- Stage "index": only a change of what places the node moves it.
+  local moved = not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
+  for _, name in ipairs(INDEX_FIELDS) do
+    if values[name] then moved = true end
+  end
+  for name, field in pairs(OBSERVED_CEILINGS) do
+    if values[field] and P.limits[name] then moved = true end
+  end
+  TOUCHED[node_id], HELD = nil, nil
+  local indexed, entering = true, false -- (not moved: it stays in the index)
+  if moved then
+    local from = n.idx
+    if index_entry(n, P, now) then
+      entering = from == ''
+      hset[#hset + 1] = 'idx'
+      hset[#hset + 1] = n.idx
+    end
+    indexed = n.idx ~= ''
+    if not indexed then redis.call('ZREM', IDX_SEEN, node_id) end
+  end
+  if indexed and (entering or seen_lags(prev[15], now, P)) then
+    redis.call('ZADD', IDX_SEEN, s_now, node_id)
+    hset[#hset + 1] = 'idx_seen_ms'
+    hset[#hset + 1] = s_now
+  end
+  -- @stage index_move
+  if n.dirty then
+    for _, x in ipairs({ 'pending_count', num_text(n.pend_count), 'pending_cpu',
+      num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem) }) do
+      hset[#hset + 1] = x
+    end
+    if n.acked ~= (tonumber(prev[4]) or 0) then
+      hset[#hset + 1] = 'acked_count'
+      hset[#hset + 1] = num_text(n.acked)
+    end
+  end
+  if seen_lags(prev[16], now, P) then
+    redis.call('ZADD', SEEN_KEY, s_now, node_id)
+    hset[#hset + 1] = 'seen_ms'
+    hset[#hset + 1] = s_now
+  end
+  redis.call('HSET', nkey, unpack(hset))
+  -- @stage record_write
+  return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, s_now,
+    incarnation }
+end

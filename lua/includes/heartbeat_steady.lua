@@ -1,0 +1,42 @@
+--[[
+  includes/heartbeat_steady.lua: one heartbeat in which nothing changed
+  (heartbeat_steady-5.lua's ARGV as `A`); heartbeat_steady-5.lua makes one,
+  heartbeat_batch-5.lua any number.
+]]
+-- @include base
+
+-- `P`: the clock fields of the policy (load_clock, or a whole policy).
+-- `now`: the call's instant, nil to read it here.  `swept`: the call swept
+-- and nothing is left due at `now` (else a due reservation is a RESYNC: the
+-- full heartbeat sweeps and reindexes).
+local function steady_one(A, P, now, swept)
+  local node_id = A[1]
+  local sid = A[2]
+  local base = A[3]
+  local reported = A[4]
+  local nkey = node_key(node_id)
+  local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
+    'roster_mode', 'idx_seen_ms')
+  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
+    return { 'RESYNC' }
+  end
+  now = now or heard_ms(P)
+  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0', '1') > 0 then
+    return { 'RESYNC' }
+  end
+  local generation = tonumber(v[3]) + 1
+  local s_now = fmt(now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+  local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
+  if reported == '0' then reported = s_now end
+  if reported ~= '' then
+    hset[#hset + 1] = 'reported_at_unix_ms'
+    hset[#hset + 1] = reported
+  end
+  if seen_lags(v[6], now, P) then
+    hset[#hset + 1] = 'idx_seen_ms'
+    hset[#hset + 1] = s_now
+    redis.call('ZADD', IDX_SEEN, s_now, node_id)
+  end
+  redis.call('HSET', nkey, unpack(hset))
+  return { generation, v[5] == '1' and 1 or 0, s_now, v[2] }
+end

@@ -1,0 +1,230 @@
+"""Coalesced heartbeats: one batch call (lua/heartbeat_batch-5.lua) leaves
+Redis exactly as the same heartbeats sent one by one (a property, on real
+Redis and fakeredis), each heartbeat gets its own answer or error, and a
+replica's client batches the heartbeats that queue while a call is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from scheduler import InvalidArgument, Limits, Policy, Request, Scheduler
+from scheduler.aio import AsyncScheduler
+from scheduler.calls import Resync
+from scheduler.errors import FailedPrecondition, SchedulerError
+from scheduler.records import Heartbeat, HeartbeatResult
+from scheduler.simnode import SimNode
+from scheduler.testing.redis_server import RedisServer
+from tests.helpers import (
+    GIB,
+    bound_sandboxes_are_in_their_nodes_sets,
+    hb,
+    records_name_only_registered_nodes,
+    snapshot_keys,
+)
+from tests.test_index import index_is_consistent
+
+POLICY = Policy(strategy="least_loaded", limits=Limits(max_sandbox_count=6))
+MIB = 1 << 20
+#: what happens to a node before its heartbeat: a placement listed, a sandbox
+#: gone, nothing (a steady heartbeat), or a restart
+ACTIONS = ("create", "delete", "same", "restart")
+
+
+def _fleet() -> list[SimNode]:
+    # n3 sends no roster (counter mode: creations release by create_successes)
+    return [SimNode(f"n{i}", 8 + 8 * (i % 2), (16 + 16 * (i % 3)) * GIB) for i in range(4)]
+
+
+def _beat(node: SimNode) -> Heartbeat:
+    return node.heartbeat(roster=node.node_id != "n3")
+
+
+def _frozen_cells(client: Any) -> tuple[Scheduler, Scheduler]:
+    """Two cells of one server whose clocks stand still at the same instant:
+    the same history writes the same bytes in both."""
+    client.flushall()
+    one, many = Scheduler(client, cell="one"), Scheduler(client, cell="many")
+    for s in (one, many):
+        s.sync_policy(POLICY)
+    a = one.advance_clock(0, "freeze")
+    b = many.advance_clock(0, "freeze")
+    if a < b:
+        one.advance_clock(b - a)
+    elif b < a:
+        many.advance_clock(a - b)
+    return one, many
+
+
+def _cell_keys(s: Scheduler) -> dict[bytes, Any]:
+    """The cell's keys and content, named without the cell (the policy's
+    packed copy and drill clock aside, which the freeze wrote)."""
+    prefix = s.keys.base.encode()
+    out = {}
+    for key, value in snapshot_keys(s.client).items():
+        if key.startswith(prefix):
+            out[key[len(prefix):]] = value
+    return out
+
+
+def _results(r: HeartbeatResult | Exception) -> Any:
+    if isinstance(r, Exception):
+        return type(r).__name__
+    return (r.generation, r.restarted, r.released, r.roster_mode, r.now_ms)
+
+
+def _outcome(s: Scheduler, call: Any) -> HeartbeatResult | Exception:
+    try:
+        return s.run(call)
+    except (Resync, SchedulerError) as e:
+        return e
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(creations=st.integers(0, 6),
+       rounds=st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(ACTIONS)),
+                                min_size=1, max_size=10), min_size=1, max_size=3))
+def test_a_batch_of_heartbeats_leaves_redis_as_one_by_one(
+        redis_client: Any, creations: int, rounds: list[list[tuple[int, str]]]) -> None:
+    """Rounds of heartbeats, each built (as a replica builds them) from what
+    the replica last wrote, sent one by one to one cell and as one batch to
+    its twin: the same answers (a node's second heartbeat of a round was
+    built on a base its first replaced: RESYNC on both sides, then it goes in
+    full) and, after each round, the same keys byte for byte."""
+    one, many = _frozen_cells(redis_client)
+    twins = {s: {n.node_id: n for n in _fleet()} for s in (one, many)}
+    for s in (one, many):
+        for node in twins[s].values():
+            s.heartbeat(_beat(node))
+    for k in range(creations):
+        got = [s.schedule(Request.cold(1, 512), reservation_id=f"r{k}") for s in (one, many)]
+        assert got[0].node_id == got[1].node_id
+        for s in (one, many):
+            s.assign(f"sb{k}", got[0].node_id, got[0].endpoint, f"r{k}")
+            twins[s][got[0].node_id].create(f"sb{k}", 1, 512 * MIB)
+    for r, stream in enumerate(rounds):
+        beats: dict[Scheduler, list[Heartbeat]] = {one: [], many: []}
+        for i, (which, action) in enumerate(stream):
+            for s in (one, many):
+                node = twins[s][f"n{which}"]
+                if action == "delete" and node.sandboxes:
+                    node.delete(next(iter(node.sandboxes)))
+                elif action == "restart":
+                    node.instance = f"boot-{r}-{i}"
+                    node.sandboxes.clear()
+                beats[s].append(_beat(node))
+        calls = {s: [s.ops.heartbeat(b, s.beats) for b in beats[s]] for s in (one, many)}
+        sequential = [_outcome(one, call) for call in calls[one]]
+        batched = many.run(many.ops.heartbeat_batch(calls[many]))
+        assert [_results(x) for x in batched] == [_results(x) for x in sequential]
+        event(f"released: {sum(x.released for x in batched if isinstance(x, HeartbeatResult)) > 0}")
+        event(f"resync: {any(isinstance(x, Resync) for x in batched)}")
+        event(f"steady: {any(c.script == 'heartbeat_steady' for c in calls[many])}")
+        for s, got in ((one, sequential), (many, batched)):
+            for beat, x in zip(beats[s], got, strict=True):
+                if isinstance(x, Resync):
+                    s.heartbeat(beat)
+        assert _cell_keys(many) == _cell_keys(one)
+    index_is_consistent(many, POLICY, one.advance_clock(0))
+    records_name_only_registered_nodes(many)
+    bound_sandboxes_are_in_their_nodes_sets(many)
+
+
+def test_each_heartbeat_of_a_batch_gets_its_own_answer(make_scheduler: Any) -> None:
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    steady = s.ops.heartbeat(hb("n1"), s.beats)
+    assert steady.script == "heartbeat_steady"
+    changed = s.ops.heartbeat(hb("n2", cpu=8), s.beats)
+    bad = s.ops.heartbeat(hb("n3"), s.beats)
+    bad.args[6] = "1"
+    bad.args[7:9] = ["no_such_field", "1"]  # (past the client's checks: the script's)
+    stale = s.ops.heartbeat(hb("n1", cpu=32), s.beats)  # on the base `steady` replaces
+    before = snapshot_keys(s.client)
+    got = s.run(s.ops.heartbeat_batch([steady, changed, bad, stale]))
+    assert isinstance(got[0], HeartbeatResult) and got[0].generation == 2
+    assert isinstance(got[1], HeartbeatResult) and got[1].generation == 1
+    assert isinstance(got[2], InvalidArgument) and "no_such_field" in got[2].message
+    assert isinstance(got[3], Resync)
+    assert s.client.exists(s.keys.node("n2")) and not s.client.exists(s.keys.node("n3"))
+    assert snapshot_keys(s.client) != before
+    # a malformed batch writes nothing
+    before = snapshot_keys(s.client)
+    call = s.ops.heartbeat_batch([s.ops.heartbeat(hb("n4"), s.beats)])
+    call.args[1] = "sideways"
+    with pytest.raises(InvalidArgument, match="full"):
+        s.run(call)
+    call.args[1], call.args[2] = "full", "3"  # a count that does not add up
+    with pytest.raises(InvalidArgument, match="count"):
+        s.run(call)
+    assert snapshot_keys(s.client) == before
+    with pytest.raises(ValueError, match="heartbeats"):
+        s.ops.heartbeat_batch([s.ops.schedule(Request.cold(1, 1))])  # type: ignore[list-item]
+    # no policy: the whole call fails, writing nothing
+    s.client.delete(s.keys.policy)
+    with pytest.raises(FailedPrecondition):
+        s.run(s.ops.heartbeat_batch([s.ops.heartbeat(hb("n5"), None)]))
+
+
+@pytest.mark.real_only
+def test_a_replica_client_batches_heartbeats_that_queue() -> None:
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="beats", policy=Policy())
+            try:
+                nodes = [SimNode(f"n{i}", 16, 64 * GIB) for i in range(40)]
+                first = await asyncio.gather(*(a.heartbeat(n.heartbeat()) for n in nodes))
+                assert [r.generation for r in first] == [1] * 40
+                assert a.beat_coalescer.batches >= 1 and a.beat_coalescer.batched > 1
+                placed = await asyncio.gather(*(a.schedule(Request.cold(1, 512))
+                                                for _ in range(20)))
+                for i, p in enumerate(placed):
+                    await a.assign(f"sb{i}", p.node_id, p.endpoint, p.reservation_id)
+                    nodes[int(p.node_id[1:])].create(f"sb{i}", 1, 512 * MIB)
+                # steady, changed and twice the same node, all at once
+                beats = [n.heartbeat() for n in nodes] + [nodes[0].heartbeat()]
+                again = await asyncio.gather(*(a.heartbeat(b) for b in beats))
+                assert sum(r.released for r in again) == 20
+                assert sorted(r.generation for r in again)[-2:] == [2, 3]
+                stats = await a.stats()
+                assert stats.pending == 0
+                # coalescing off: the same, one call each
+                a.beat_coalescer.enabled = False
+                before = a.beat_coalescer.batches
+                more = await asyncio.gather(*(a.heartbeat(n.heartbeat()) for n in nodes))
+                assert a.beat_coalescer.batches == before
+                assert all(r.generation >= 3 for r in more)
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+
+def test_a_batch_sweeps_once_and_its_steady_heartbeats_need_no_resync(
+        make_scheduler: Any) -> None:
+    """Reservations due when a batch comes: it expires them first (one
+    sweep), so its steady heartbeats apply where alone each would answer
+    RESYNC; the nodes whose pending load fell are reindexed by the call."""
+    policy = Policy(strategy="least_loaded", reservation_ttl_ms=60_000)
+    s = make_scheduler(policy)
+    now = s.advance_clock(0, "freeze")
+    for i in range(3):
+        s.heartbeat(hb(f"n{i}"))
+    placed = [s.schedule(Request.cold(2, 1024)) for _ in range(6)]
+    assert s.stats().pending == 6
+    s.advance_clock(61_000)
+    steady = [s.ops.heartbeat(hb(f"n{i}"), s.beats) for i in range(3)]
+    assert {c.script for c in steady} == {"heartbeat_steady"}
+    # (alone, it would answer RESYNC and write nothing: the full one sweeps)
+    assert isinstance(_outcome(s, s.ops.heartbeat(hb("n0"), dict(s.beats))), Resync)
+    got = s.run(s.ops.heartbeat_batch(steady))
+    assert [type(x) for x in got] == [HeartbeatResult] * 3
+    stats = s.stats()
+    assert (stats.pending, stats.expired_total) == (0, len(placed))
+    index_is_consistent(s, policy, now + 61_000)
