@@ -61,7 +61,8 @@ SEED_NODES = 200
 COLUMNS = ["nodes", "ping_p50_us", "schedule_p50_us", "schedule_p99_us", "redis_us_per_schedule",
            "redis_us_per_heartbeat", "redis_us_per_steady_heartbeat", "redis_us_per_schedule_busy",
            "redis_us_per_schedule_coalesced", "redis_us_per_heartbeat_busy",
-           "redis_us_per_steady_heartbeat_busy", "redis_us_floor_busy"]
+           "redis_us_per_steady_heartbeat_busy", "redis_us_per_heartbeat_coalesced",
+           "redis_us_per_steady_heartbeat_coalesced", "redis_us_floor_busy"]
 
 #: The writes every reservation must make, and nothing else (no decision, no
 #: index): a reference for the busy figures, loaded as its own small library.
@@ -192,7 +193,8 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
     placement), of the reference writes, of steady heartbeats, and of changed
     heartbeats (nodes whose roster moved by 1 to 4 sandboxes, as deltas)."""
     sums: dict[str, list[int]] = {k: [0, 0] for k in
-                                  ("schedule", "coalesced", "floor", "steady", "changed")}
+                                  ("schedule", "coalesced", "floor", "steady", "changed",
+                                   "steady_coalesced", "changed_coalesced")}
 
     def add(kind: str, calls: int, usec: int) -> None:
         sums[kind][0] += calls
@@ -235,20 +237,46 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
         w = target.script_stats()
         run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in sample], errors=True)
         add("steady", *target.script_stats_since(w))
-        # changed heartbeats
+        # the same, coalesced
+        sample = rng.sample(clean, min(BURST, len(clean)))
+        add("steady_coalesced", *_coalesced_beats(target, s, sample))
+        # changed heartbeats, one call each, then the same nodes changed again, coalesced
         part = changing[b * len(changing) // BURSTS:(b + 1) * len(changing) // BURSTS][:BURST]
-        for k, node in enumerate(part):
-            for j in range(rng.randint(1, 4)):
-                if j % 2 == 0 or not node.sandboxes:
-                    node.create(f"chg{b}-{k}-{j}", 1, 1024 * MIB)
-                else:
-                    node.delete(next(iter(node.sandboxes)))
-        w = target.script_stats()
-        run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in part], errors=True)
-        add("changed", *target.script_stats_since(w))
+        for kind in ("changed", "changed_coalesced"):
+            for k, node in enumerate(part):
+                for j in range(rng.randint(1, 4)):
+                    if j % 2 == 0 or not node.sandboxes:
+                        node.create(f"chg{b}-{kind}-{k}-{j}", 1, 1024 * MIB)
+                    else:
+                        node.delete(next(iter(node.sandboxes)))
+            if kind == "changed":
+                w = target.script_stats()
+                run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in part],
+                              errors=True)
+                add(kind, *target.script_stats_since(w))
+            else:
+                add(kind, *_coalesced_beats(target, s, part))
     if floor_ok:
         s.client.execute_command("FUNCTION", "DELETE", "sched_bench_floor")
     return {k: (u / n if n else None) for k, (n, u) in sums.items()}
+
+
+def _coalesced_beats(target: Target, s: Scheduler, nodes: list[SimNode]) -> tuple[int, int]:
+    """(heartbeats, usec) of the nodes' heartbeats sent as batch calls of
+    COALESCED (what a replica sends when that many queued)."""
+    calls = [s.ops.heartbeat(n.heartbeat(), s.beats) for n in nodes]
+    batches = [s.ops.heartbeat_batch(calls[i:i + COALESCED])
+               for i in range(0, len(calls), COALESCED)]
+    w = target.script_stats()
+    replies = run_pipelined(s, batches, errors=True)
+    _, usec = target.script_stats_since(w)
+    results: list[Any] = []
+    for i, r in zip(range(0, len(calls), COALESCED), replies, strict=True):
+        results += [r] * len(calls[i:i + COALESCED]) if isinstance(r, Exception) else r
+    for n, r in zip(nodes, results, strict=True):
+        if isinstance(r, Exception):  # (a RESYNC: sent again in full, not measured)
+            s.heartbeat(n.heartbeat())
+    return len(calls), usec
 
 
 def _round(x: float | None) -> float | None:
@@ -340,6 +368,8 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         "redis_us_per_schedule_coalesced": _round(busy["coalesced"]),
         "redis_us_per_heartbeat_busy": _round(busy["changed"]),
         "redis_us_per_steady_heartbeat_busy": _round(busy["steady"]),
+        "redis_us_per_heartbeat_coalesced": _round(busy["changed_coalesced"]),
+        "redis_us_per_steady_heartbeat_coalesced": _round(busy["steady_coalesced"]),
         "redis_us_floor_busy": _round(busy["floor"]),
     }
     detail = {"nodes": n, "schedules": len(sched_ns), "heartbeats": hb_calls,
@@ -372,6 +402,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"*_busy: pipelined bursts of {BURST} (Redis busy, as under many replicas); "
         f"*_coalesced: the same bursts as batch calls of {COALESCED} Schedules (per "
         "placement); *_heartbeat_busy: nodes whose roster moved by 1 to 4, as deltas; "
+        f"*_heartbeat_coalesced: the same heartbeats as batch calls of {COALESCED} "
+        "(per heartbeat); "
         "redis_us_floor_busy: only the writes every reservation must make, same bursts "
         "(a reference, not our code)",
     ]
@@ -384,7 +416,9 @@ def run(target: Target, p: Params | None = None) -> Result:
         if busy and floor:
             line += f"; busy schedule = {busy / floor:.2f} x the floor"
             for name, label in (("redis_us_per_schedule_coalesced", "coalesced placement"),
-                                ("redis_us_per_heartbeat_busy", "busy changed heartbeat")):
+                                ("redis_us_per_heartbeat_busy", "busy changed heartbeat"),
+                                ("redis_us_per_heartbeat_coalesced",
+                                 "coalesced changed heartbeat")):
                 if row[name]:
                     line += f", {label} = {row[name] / floor:.2f} x"
         notes.append(line)

@@ -21,8 +21,9 @@
   ARGV[8+2F..]   "1": the roster, every sandbox id the node runs (may be empty);
               "2": the base's roster digest, J, then J sandbox ids that joined,
               then the ids that left (the roster held must still be the base's,
-              else RESYNC: only heartbeats add to it, so it is when it has as
-              many members as the base listed)
+              else RESYNC: it is while the record keeps the base's digest, which
+              whatever else takes a sandbox out of it clears, see
+              roster_changed in includes/bindings.lua)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)

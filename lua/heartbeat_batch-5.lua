@@ -15,7 +15,8 @@
           heartbeat's own error: it wrote nothing)
   Errors: PRECONDITION (no policy: nothing written), BADARG n or a kind or
           count that does not add up (nothing written)
-  Writes: as the two scripts, once per heartbeat; the expiry sweep runs once
+  Writes: as the two scripts, once per heartbeat (the stats counters once, at
+          the end); the expiry sweep runs once
           (again before a heartbeat only while a sweep finds a full batch
           due), and a steady heartbeat after it needs no RESYNC for due
           reservations; the forget sweep once at the end
@@ -43,6 +44,7 @@ if not P then return fail('PRECONDITION', NO_POLICY) end
 CALL.P = P
 local now = heard_ms(P)
 CALL.heard = now
+CALL.counts = {}
 CALL.more_due = sweep_expired(now) >= SWEEP_BATCH
 local out, applied = {}, false
 for i = 1, n do
@@ -64,4 +66,5 @@ for i = 1, n do
 end
 if applied then forget_sweep(P, now) end
 reindex_touched(P, now)
+flush_counts()
 return out

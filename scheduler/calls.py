@@ -164,7 +164,7 @@ class Ops:
 
     # -- heartbeat ---------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, memo: dict[str, Beat] | None = None,
-                  ) -> Call[HeartbeatResult]:
+                  full: bool = False) -> Call[HeartbeatResult]:
         """The heartbeat in full, or, given the ``memo`` of what this replica
         last wrote, as a delta: only changed fields, the roster only if its
         digest changed.  The script applies a delta only to the record it was
@@ -172,7 +172,8 @@ class Ops:
         the caller sends it again in full.  A changed roster goes as what
         joined and what left since the base (the script checks that the
         roster it holds is still the base's: same generation and digest).
-        Either way the memo learns the result."""
+        Either way the memo learns the result.  ``full``: in full whatever the
+        memo holds (it cannot meet RESYNC)."""
         at_most("sandbox_ids", hb.sandbox_ids, self.bounds.max_roster_ids,
                 f"max_roster_ids ({self.bounds.max_roster_ids})")
         node_id = validate_id("node_id", hb.node_id)
@@ -190,7 +191,7 @@ class Ops:
         endpoint = text("endpoint", hb.endpoint.strip())
         values = dict(zip(fields[::2], fields[1::2], strict=True))
         digest = roster_digest(roster)
-        base = memo.get(node_id) if memo is not None else None
+        base = memo.get(node_id) if memo is not None and not full else None
         if memo is not None and base is not None and \
                 (base.service_instance_id, base.endpoint) == (sid, endpoint):
             # reported_at 0 is stamped with the receive time: always send it

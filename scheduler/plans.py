@@ -240,8 +240,9 @@ class BaseClient:
     def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
         try:
             result = yield from self._step(self.ops.heartbeat(hb, self.beats))
-        except Resync:  # another writer came between: this one goes in full
-            result = yield from self._step(self.ops.heartbeat(hb, self.beats))
+        except Resync:  # another writer came between: this one goes in full (even
+            # if meanwhile another heartbeat of the node gave the memo a new base)
+            result = yield from self._step(self.ops.heartbeat(hb, self.beats, full=True))
         if cpu_config:
             config = yield from exchange(self._step, self.cpu_ops, hb.node_id.strip(),
                                          hb.cluster_id.strip(), hb.machine_info.cpu_config_json,

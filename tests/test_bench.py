@@ -153,6 +153,8 @@ def test_latency_rows(latency_result: Result) -> None:
         assert row["redis_us_per_steady_heartbeat"] > 0
         assert row["redis_us_per_schedule_busy"] > 0
         assert row["redis_us_per_steady_heartbeat_busy"] > 0
+        assert row["redis_us_per_heartbeat_coalesced"] > 0
+        assert row["redis_us_per_steady_heartbeat_coalesced"] > 0
         assert row["redis_us_floor_busy"] > 0  # the reference library loads and runs
         assert detail["steady_heartbeats"] > 0
         assert detail["schedules"] >= p.min_schedules

@@ -31,7 +31,7 @@ from scheduler import (
 )
 from scheduler.calls import Resync
 from scheduler.keys import CellKeys, validate_id
-from scheduler.records import DiskMetric
+from scheduler.records import DiskMetric, SandboxEvent
 from scheduler.scripts import _files as script_files
 from scheduler.scripts import library, sources
 from scheduler.testing.redis_server import free_port
@@ -494,3 +494,33 @@ def test_connects_by_unix_socket(backend: str) -> None:
             s.close()
     with pytest.raises(InvalidArgument, match="redis_addr"):
         Scheduler.connect("http://example.invalid:6379")
+
+
+def test_a_roster_delta_resyncs_after_an_event_or_an_assignment_took_a_sandbox(
+        redis_client: Any) -> None:
+    """Two more ways a sandbox leaves a node's roster besides its heartbeat:
+    the node reports it deleted (an event), or a gateway assigns it to
+    another node.  Each clears the record's roster digest, so the node's next
+    delta, built on the roster as it was, writes nothing and goes in full."""
+    a = Scheduler(redis_client, cell="runlisted")
+    a.sync_policy(Policy())
+    a.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3))
+    a.heartbeat(hb("n2"))
+    a.events("n1", [SandboxEvent(sandbox_id="s2", event_type="DELETE")])
+    a.assign("s3", "n2", "n2.local:5000")
+    assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1"}
+    assert a.client.hget(a.keys.node("n1"), "roster_digest") == b""
+    # the node still lists both (the event and the assignment raced it)
+    call = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3", "s4"], sandbox_count=4), a.beats)
+    assert call.args[5] == "2"
+    before = snapshot_keys(a.client)
+    with pytest.raises(Resync):
+        a.run(call)
+    assert snapshot_keys(a.client) == before
+    r = a.heartbeat(hb("n1", roster=["s1", "s2", "s3", "s4"], sandbox_count=4))
+    assert r.generation == 2
+    # sent in full, the roster is what the node lists: s3 back on n1, as a
+    # whole roster has always taken it; s2 stays buried (deleted on n1)
+    assert a.lookup("s3").node_id == "n1"
+    assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1", b"s2", b"s3", b"s4"}
+    assert a.client.hget(a.keys.node("n1"), "roster_size") == b"4"

@@ -228,3 +228,30 @@ def test_a_batch_sweeps_once_and_its_steady_heartbeats_need_no_resync(
     stats = s.stats()
     assert (stats.pending, stats.expired_total) == (0, len(placed))
     index_is_consistent(s, policy, now + 61_000)
+
+
+@pytest.mark.real_only
+def test_many_heartbeats_of_one_node_at_once_all_land() -> None:
+    """A node's heartbeats that race each other (retries, a slow link) meet
+    in one batch, built on the same base: all but one answer RESYNC, and
+    each of those goes again in full, whatever base the memo holds by then
+    (a second RESYNC would fail the heartbeat)."""
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="race", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1"))
+                # waves that overlap: a retry meets heartbeats built on a newer base
+                tasks = []
+                for k in range(200):
+                    tasks.append(asyncio.create_task(a.heartbeat(
+                        hb("n1", allocated_cpu=k % 4, roster=[f"s{k % 7}"]))))
+                    if k % 4 == 3:
+                        await asyncio.sleep(0.0005)
+                got = await asyncio.gather(*tasks)
+                assert len({r.generation for r in got}) == 200
+                assert a.beat_coalescer.batches >= 3
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())

@@ -20,12 +20,21 @@
 -- read them.  `sbx`: a list to put sb in for the caller to add to the node's
 -- set in one call (nil: added here); a live binding of this node is in the
 -- set already (every write of one adds it, and it leaves only with it).
+-- A sandbox that leaves a node's last roster other than by the node's own
+-- heartbeat (another node took it, the node reported it deleted) clears the
+-- record's roster digest: no delta heartbeat can then build on that roster
+-- (includes/heartbeat.lua checks the digest), and the next goes in full.
+-- `removed`: what SREM of the roster answered.
+local function roster_changed(node_id, removed)
+  if removed == 1 then redis.call('HSET', node_key(node_id), 'roster_digest', '') end
+end
+
 local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
   prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
   if prev[1] and prev[1] ~= node_id then
     redis.call('SREM', node_sbx_key(prev[1]), sb)
-    redis.call('SREM', node_roster_key(prev[1]), sb)
+    roster_changed(prev[1], redis.call('SREM', node_roster_key(prev[1]), sb))
   end
   if rid == nil and prev[1] == node_id then rid = prev[2] end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
@@ -45,13 +54,13 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
 end
 
 -- `owned`: whether the binding names node_id, if the caller read it in this
--- call (nil: read it here).
+-- call (nil: read it here).  Returns 1 when sb left the node's roster set.
 local function drop_binding(sb, node_id, owned)
   local bkey = bind_key(sb)
   if owned == nil then owned = redis.call('HGET', bkey, 'node_id') == node_id end
   if owned then redis.call('DEL', bkey) end
   redis.call('SREM', node_sbx_key(node_id), sb)
-  redis.call('SREM', node_roster_key(node_id), sb)
+  return redis.call('SREM', node_roster_key(node_id), sb)
 end
 
 -- The node reported the sandbox deleted: the binding goes, and a tombstone
@@ -64,7 +73,7 @@ local function bury_binding(sb, node_id, now, P)
   local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
   local charged_rid = ''
   if b[1] == node_id then charged_rid = b[2] or '' end
-  drop_binding(sb, node_id, b[1] == node_id)
+  roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
     'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))

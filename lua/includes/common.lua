@@ -118,6 +118,8 @@ local function less_reservation(r, count, cpu, mem, acked)
   return count - 1, cpu - tonumber(r[3]), mem - tonumber(r[4]), acked
 end
 
+local NO_COUNTS = {}
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
@@ -159,8 +161,19 @@ local function end_reservation(rid, outcome, now, r)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', fmt(now))
   redis.call('PEXPIRE', rkey, num_text(CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
     or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms))
-  redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
+  if CALL.counts then -- (a batch: counted once, at its end, by flush_counts)
+    CALL.counts[outcome] = (CALL.counts[outcome] or 0) + 1
+  else
+    redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
+  end
   return true
+end
+
+-- Write the counts a batch kept (CALL.counts) to stats.
+local function flush_counts()
+  for outcome, k in pairs(CALL.counts or NO_COUNTS) do
+    redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
+  end
 end
 
 -- Expire what is due, oldest first, bounded work per call.

@@ -61,8 +61,7 @@ local function heartbeat_one(A)
 
   if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
       or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
-      or (roster_delta and ((prev[10] or '') ~= A[first_sb]
-        or redis.call('SCARD', node_roster_key(node_id)) ~= tonumber(prev[14])))) then
+      or (roster_delta and (prev[10] or '') ~= A[first_sb])) then
     return { 'RESYNC' }
   end
   local now = CALL.heard or heard_ms(P)
