@@ -48,8 +48,15 @@ CALL.counts = {}
 CALL.more_due = sweep_expired(now) >= SWEEP_BATCH
 local out, applied = {}, false
 for i = 1, n do
-  local A = {}
-  for j = 1, counts[i] do A[j] = ARGV[at[i] + j] end
+  -- (a constructor sizes the table once, where appends grow it step by step;
+  -- unpack() of a long roster would pass Lua's stack limit)
+  local A
+  if counts[i] <= UNPACK_CHUNK then
+    A = { unpack(ARGV, at[i] + 1, at[i] + counts[i]) }
+  else
+    A = {}
+    for j = 1, counts[i] do A[j] = ARGV[at[i] + j] end
+  end
   local r
   if kinds[i] == 'full' then
     r = heartbeat_one(A)

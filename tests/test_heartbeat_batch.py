@@ -255,3 +255,16 @@ def test_many_heartbeats_of_one_node_at_once_all_land() -> None:
                 await a.close()
 
         asyncio.run(scenario())
+
+
+def test_a_batch_carries_a_long_roster(make_scheduler: Any) -> None:
+    """A heartbeat of more arguments than one unpack() may take (its roster)
+    is sliced out of the batch's arguments all the same."""
+    s = make_scheduler()
+    roster = [f"long-{i}" for i in range(1500)]
+    calls = [s.ops.heartbeat(hb("n1", roster=roster, sandbox_count=1500), s.beats),
+             s.ops.heartbeat(hb("n2", roster=["short"], sandbox_count=1), s.beats)]
+    got = s.run(s.ops.heartbeat_batch(calls))
+    assert [r.generation for r in got] == [1, 1]
+    assert s.client.scard(s.keys.node_roster("n1")) == 1500
+    assert s.lookup("long-1499").node_id == "n1" and s.lookup("short").node_id == "n2"
