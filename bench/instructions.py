@@ -68,6 +68,7 @@ class _Counted:
 
     def __init__(self, proc: subprocess.Popen[bytes], port: int, out: Path) -> None:
         self.proc, self.port, self.out = proc, port, out
+        self.counted: int | None = None
 
     @property
     def url(self) -> str:
@@ -85,12 +86,18 @@ class _Counted:
         finally:
             self._control("-i", "off")
 
-    def total(self) -> int:
-        """Instructions counted (after the server stopped)."""
+    def _read_total(self) -> int:
         for line in self.out.read_text().splitlines():
             if line.startswith("totals:"):
                 return int(line.split()[1])
         raise RuntimeError(f"callgrind wrote no totals to {self.out}")
+
+    def total(self) -> int:
+        """Instructions counted (read when the server stopped, before its
+        folder went)."""
+        if self.counted is None:
+            raise RuntimeError(f"callgrind wrote no totals to {self.out}")
+        return self.counted
 
 
 @contextmanager
@@ -130,6 +137,9 @@ def _counted_server() -> Iterator[_Counted]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(RuntimeError, OSError):  # (no count: total() says so)
+            server.counted = server._read_total()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _measure(lib: Library, kind: str, p: Params) -> float:

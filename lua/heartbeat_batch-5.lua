@@ -7,8 +7,11 @@
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     n, the number of heartbeats
-  ARGV[2..]   n times: "full" or "steady", m, then m arguments: heartbeat-5.lua's
-              ARGV (a heartbeat in full or as a delta) or heartbeat_steady-5.lua's
+  ARGV[2..]   n times: "full", "steady" or "cpucfg", m, then m arguments:
+              heartbeat-5.lua's ARGV (a heartbeat in full or as a delta),
+              heartbeat_steady-5.lua's, or cpu_config-6.lua's (the step of the CPU
+              config exchange a heartbeat RPC makes next; its cluster's key is
+              derived from the base, as scheduler/keys.py names it)
 
   Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
           (its RESYNC included) or {"err", "<CODE> <message>"} (that
@@ -23,6 +26,8 @@
 ]]
 -- @include heartbeat
 -- @include heartbeat_steady
+-- @include cpu_config
+local KINDS = { full = true, steady = true, cpucfg = true }
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
   return fail('BADARG', 'n must count the heartbeats that follow')
@@ -32,8 +37,8 @@ local at, kinds, counts = {}, {}, {}
 local a = 2
 for i = 1, n do
   local kind, m = ARGV[a], tonumber(ARGV[a + 1])
-  if (kind ~= 'full' and kind ~= 'steady') or m == nil or m < 0 or m ~= math.floor(m) then
-    return fail('BADARG', 'heartbeat ' .. i .. ' must be "full" or "steady" and a count')
+  if not KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
+    return fail('BADARG', 'heartbeat ' .. i .. ' must be "full", "steady" or "cpucfg" and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
   a = a + 2 + m
@@ -60,13 +65,15 @@ for i = 1, n do
   local r
   if kinds[i] == 'full' then
     r = heartbeat_one(A)
-  else
+  elseif kinds[i] == 'steady' then
     r = steady_one(A, P, now, CALL.more_due == false)
+  else
+    r = cpu_config_one(A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end
   if r.err then
     out[i] = { 'err', r.err }
   else
-    applied = applied or r[1] ~= 'RESYNC'
+    applied = applied or (kinds[i] ~= 'cpucfg' and r[1] ~= 'RESYNC')
     table.insert(r, 1, 'ok')
     out[i] = r
   end

@@ -75,8 +75,9 @@ class AsyncScheduler(BaseClient):
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(self, "schedule",
                                                          self.ops.schedule_batch)
-        self.beat_coalescer: Coalescer[HeartbeatResult] = Coalescer(self, "heartbeat",
-                                                                    self.ops.heartbeat_batch)
+        #: (heartbeats and the CPU config exchange's steps: results of either kind)
+        self.beat_coalescer: Coalescer[Any] = Coalescer(self, "heartbeat",
+                                                        self.ops.heartbeat_batch)
 
     async def run(self, call: Call[T], timeout: float | None = None) -> T:
         """Run one call, bounded by ``timeout`` (a caller's deadline, also a

@@ -68,8 +68,9 @@ class Resync(Exception):
     """A delta heartbeat met a record it was not based on: send it in full."""
 
 
-#: The scripts a heartbeat batch holds, by the kind it names them.
-HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady"}
+#: The scripts a heartbeat batch holds, by the kind it names them: heartbeats,
+#: and the step of the CPU config exchange a heartbeat RPC makes next.
+HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady", "cpu_config": "cpucfg"}
 
 
 @dataclass(frozen=True)
@@ -244,11 +245,11 @@ class Ops:
 
         return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
 
-    def heartbeat_batch(self, calls: Sequence[Call[HeartbeatResult]],
-                        ) -> Call[list[HeartbeatResult | Exception]]:
-        """Several :meth:`heartbeat` calls (full, delta or steady) as one
-        (lua/heartbeat_batch-5.lua), applied in order; each gets its result
-        or its own error (:class:`Resync` among them)."""
+    def heartbeat_batch(self, calls: Sequence[Call[Any]]) -> Call[list[Any]]:
+        """Several :meth:`heartbeat` calls (full, delta or steady), and steps of
+        the CPU config exchange, as one (lua/heartbeat_batch-5.lua), applied
+        in order; each gets its result or its own error (:class:`Resync`
+        among them)."""
         args = [str(len(calls))]
         for call in calls:
             if call.script not in HEARTBEAT_SCRIPTS:
@@ -256,8 +257,8 @@ class Ops:
             args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
         parses = [call.parse for call in calls]
 
-        def parse(r: list[Any]) -> list[HeartbeatResult | Exception]:
-            out: list[HeartbeatResult | Exception] = []
+        def parse(r: list[Any]) -> list[Any]:
+            out: list[Any] = []
             for parse_one, item in zip(parses, r, strict=True):
                 if s(item[0]) == "err":
                     text = s(item[1])

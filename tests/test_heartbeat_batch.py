@@ -6,15 +6,17 @@ replica's client batches the heartbeats that queue while a call is in flight."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from scheduler import InvalidArgument, Limits, Policy, Request, Scheduler
+from scheduler import InvalidArgument, Limits, MachineInfo, Policy, Request, Scheduler
 from scheduler.aio import AsyncScheduler
 from scheduler.calls import Resync
+from scheduler.cpuconfig import digest
 from scheduler.errors import FailedPrecondition, SchedulerError
 from scheduler.records import Heartbeat, HeartbeatResult
 from scheduler.simnode import SimNode
@@ -268,3 +270,69 @@ def test_a_batch_carries_a_long_roster(make_scheduler: Any) -> None:
     assert [r.generation for r in got] == [1, 1]
     assert s.client.scard(s.keys.node_roster("n1")) == 1500
     assert s.lookup("long-1499").node_id == "n1" and s.lookup("short").node_id == "n2"
+
+
+KVM = [json.dumps({"kvm_capabilities": ["171", str(i)]}) for i in range(6)]
+
+
+@pytest.mark.real_only
+def test_coalesced_heartbeat_rpcs_deliver_the_cpu_config_once_each() -> None:
+    """A heartbeat RPC's next step, the CPU config exchange, joins the batch
+    calls too: nodes heartbeating at once with their configs each get the
+    cluster's intersection exactly once, as one by one."""
+    def beat(i: int, config: str = "") -> Heartbeat:
+        b = hb(f"c{i}")
+        b.cluster_id = "k1"
+        b.machine_info = MachineInfo(cpu_config_json=config)
+        return b
+
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="cfg", policy=Policy())
+            try:
+                got: dict[int, list[str]] = {i: [] for i in range(6)}
+                first = await asyncio.gather(*(a.heartbeat(beat(i, KVM[i]), cpu_config=True)
+                                               for i in range(6)))
+                for i, r in enumerate(first):
+                    got[i].append(r.cpu_config_json)
+                for _ in range(3):
+                    more = await asyncio.gather(*(a.heartbeat(beat(i), cpu_config=True)
+                                                  for i in range(6)))
+                    for i, r in enumerate(more):
+                        got[i].append(r.cpu_config_json)
+                # (24 heartbeats; more only if the exchange steps went in batches too)
+                assert a.beat_coalescer.batched > 24, a.beat_coalescer.batched
+                for i in range(6):
+                    delivered = [json.loads(c) for c in got[i] if c]
+                    assert delivered[-1:] == [{"kvm_capabilities": ["171"], "cpuid_modifiers": [],
+                                               "msr_modifiers": []}], (i, got[i])
+                    # once the whole cluster's config is in, nothing more
+                    assert got[i][-1] == "" or len(delivered) == 1
+                assert all(got[i][-2:] == ["", ""] for i in range(6)), got
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+def test_a_batch_runs_cpu_config_steps_as_one_by_one(make_scheduler: Any) -> None:
+    """Steps of the CPU config exchange in a batch answer and write what the
+    same steps one by one do (cpu_config-6.lua), a node with no record too."""
+    one, many = make_scheduler(cell="one"), make_scheduler(cell="many")
+    for s in (one, many):
+        for i in range(3):
+            b = hb(f"c{i}")
+            b.cluster_id = "k1"
+            b.machine_info = MachineInfo(cpu_config_json=KVM[i])
+            s.heartbeat(b)
+
+    def steps(s: Scheduler) -> list[Any]:
+        out = [s.cpu_ops.ingest(f"c{i}", "k1", digest(KVM[i]), False) for i in range(3)]
+        return [*out, s.cpu_ops.ingest("nobody", "k1", "", False),
+                s.cpu_ops.ingest("c0", "k1", "", True)]
+
+    sequential = [one.run(c) for c in steps(one)]
+    batched = many.run(many.ops.heartbeat_batch(steps(many)))
+    assert batched == sequential
+    assert sequential[2].needs_compute  # (the last member in: the client computes)
+    assert many.client.hgetall(many.keys.cpucfg("k1")) == one.client.hgetall(one.keys.cpucfg("k1"))

@@ -1,0 +1,117 @@
+--[[
+  includes/cpu_config.lua: one step of a cluster's CPU config exchange
+  (cpu_config-6.lua's ARGV as `A`, its KEYS[6] as `cfg_key`); cpu_config-6.lua
+  runs one, heartbeat_batch-5.lua any number beside the heartbeats.
+]]
+-- @include common
+
+local function cfg_leave(key, id)
+  local cur = redis.call('HGET', key, 'm:' .. id)
+  if cur == false then return end
+  if cur == '' then redis.call('HINCRBY', key, 'missing', -1) end
+  redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
+end
+
+-- Drop members that left or moved; returns the member ids that remain.
+local function cfg_prune(cfg_key, cluster)
+  local members = {}
+  local flat = redis.call('HGETALL', cfg_key)
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    if string.sub(f, 1, 2) == 'm:' then
+      local id = string.sub(f, 3)
+      local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
+      if v[1] == cluster and v[2] == cluster then
+        members[#members + 1] = id
+      else
+        cfg_leave(cfg_key, id)
+      end
+    end
+  end
+  return members
+end
+
+local function cfg_epoch(cfg_key) return redis.call('HGET', cfg_key, 'epoch') or '0' end
+
+local function cfg_deliver(cfg_key, node_id)
+  if redis.call('HGET', cfg_key, 'result_epoch') ~= cfg_epoch(cfg_key) then return nil end
+  local result = redis.call('HGET', cfg_key, 'result')
+  if result == '' or redis.call('HGET', cfg_key, 'sent:' .. node_id) == cfg_epoch(cfg_key) then
+    return { 'none' }
+  end
+  redis.call('HSET', cfg_key, 'sent:' .. node_id, cfg_epoch(cfg_key))
+  return { 'deliver', result }
+end
+
+local function cpu_config_one(A, cfg_key)
+  local mode = A[1]
+  local node_id = A[2]
+  local cluster = A[3]
+
+  local P = CALL.P or load_policy()
+  if not P then return fail('PRECONDITION', NO_POLICY) end
+  CALL.P = P
+  local nkey = node_key(node_id)
+  if redis.call('EXISTS', nkey) == 0 then return { 'none' } end
+
+  if mode == 'store' then
+    if A[4] ~= cfg_epoch(cfg_key) then return { 'none' } end
+    if redis.call('HGET', cfg_key, 'result_epoch') ~= A[4] then
+      redis.call('HSET', cfg_key, 'result', A[5], 'result_epoch', A[4])
+    end
+    return cfg_deliver(cfg_key, node_id) or { 'none' }
+  end
+
+  -- mode ingest: membership and this node's digest.
+  local n = redis.call('HMGET', nkey, 'cpu_config_json', 'cpu_config_digest', 'cpucfg_cluster')
+  local digest = A[4]
+  if digest ~= '' then
+    if digest ~= n[2] then redis.call('HSET', nkey, 'cpu_config_digest', digest) end
+  elseif n[2] then
+    digest = n[2]
+  elseif n[1] and n[1] ~= '' then
+    digest = 'stored'
+  end
+  if n[3] ~= cluster then
+    if n[3] then cfg_leave(BASE .. 'cpucfg:' .. n[3], node_id) end
+    redis.call('HSET', nkey, 'cpucfg_cluster', cluster)
+  end
+  -- (the round as it stands, in one read: most heartbeats change nothing in it)
+  local c = redis.call('HMGET', cfg_key, 'm:' .. node_id, 'missing', 'epoch', 'result_epoch',
+    'result', 'sent:' .. node_id)
+  local cur = c[1]
+  if cur == digest and A[5] ~= '1' and (tonumber(c[2]) or 0) <= 0 then
+    -- a member with its config and nothing missing: cfg_deliver from that read
+    local e = c[3] or '0'
+    if c[4] == e then
+      if c[5] == '' or c[6] == e then return { 'none' } end
+      redis.call('HSET', cfg_key, 'sent:' .. node_id, e)
+      return { 'deliver', c[5] }
+    end
+  end
+  if cur ~= digest then
+    local was_missing = cur == ''
+    local is_missing = digest == ''
+    if cur == false then was_missing = false end
+    if is_missing and not was_missing then redis.call('HINCRBY', cfg_key, 'missing', 1) end
+    if was_missing and not is_missing then redis.call('HINCRBY', cfg_key, 'missing', -1) end
+    redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
+    redis.call('HINCRBY', cfg_key, 'epoch', 1)
+    redis.call('HDEL', cfg_key, 'result', 'result_epoch')
+  elseif A[5] == '1' then
+    redis.call('HDEL', cfg_key, 'sent:' .. node_id)
+  end
+
+  if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then
+    cfg_prune(cfg_key, cluster)
+    if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then return { 'none' } end
+  end
+  local done = cfg_deliver(cfg_key, node_id)
+  if done then return done end
+  local out = { 'compute', cfg_epoch(cfg_key) }
+  for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
+  end
+  return out
+end
