@@ -21,6 +21,7 @@ from bench import (
     cluster,
     durability,
     faults,
+    heartbeats,
     instructions,
     latency,
     memory,
@@ -123,6 +124,13 @@ def parser() -> argparse.ArgumentParser:
                    "server (default 0: as fast as each answers)")
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
+    h = sub.add_parser("heartbeats", parents=[common], help="client and Redis CPU per "
+                       "Heartbeat RPC (with its CPU config step), coalescing off and on")
+    h.add_argument("--nodes", type=int, help="fleet size (default 300)")
+    h.add_argument("--rounds", type=int, help="rounds, each measuring off and on (default 3)")
+    h.add_argument("--passes", type=int, help="heartbeats per node per round (default 5)")
+    h.add_argument("--concurrency", type=int, help="heartbeats in flight (default 32)")
+
     r = sub.add_parser("roster", parents=[common], help="Redis time of one heartbeat with a "
                        "long roster (max_roster_ids 100,000)")
     r.add_argument("--sizes", type=_ints, help="roster lengths (default 4096,100000)")
@@ -187,6 +195,11 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
                      {"nodes": "nodes", "seconds": "seconds"})
         lp = replace(lp, seed=args.seed)
         return lambda t: latency.run(t, lp)
+    if name == "heartbeats":
+        hp = _params(args, heartbeats.Params.quick() if args.quick else heartbeats.Params(),
+                     {"nodes": "nodes", "rounds": "rounds", "passes": "passes",
+                      "concurrency": "concurrency"})
+        return lambda t: heartbeats.run(t, hp)
     if name == "roster":
         rp = _params(args, roster.Params.quick() if args.quick else roster.Params(),
                      {"sizes": "sizes"})

@@ -18,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import balance, ceiling, grpc_path, instructions, latency, stages, throughput, versus
+from bench import (
+    balance,
+    ceiling,
+    grpc_path,
+    heartbeats,
+    instructions,
+    latency,
+    stages,
+    throughput,
+    versus,
+)
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
 from scheduler import Policy, Scheduler
@@ -434,3 +444,18 @@ def test_cluster_rows(redis_server: RedisServer, tmp_path: Path) -> None:
         assert row["schedules_per_s"] > 0
     assert len(doc["rows"][1]["redis_cpu_shares"].split(" / ")) == 3
     assert any(note.startswith("3 cells: cluster / single = ") for note in doc["notes"])
+
+
+# -- heartbeats ----------------------------------------------------------------
+def test_heartbeats_rows_show_coalescing_at_work(target: Target) -> None:
+    result = heartbeats.run(target, heartbeats.Params.quick())
+    _keys(result)
+    rows = {(r["heartbeats"], r["coalescing"]): r for r in result.rows}
+    assert set(rows) == {(k, c) for k in heartbeats.KINDS for c in ("off", "on")}
+    for kind in heartbeats.KINDS:
+        off, on = rows[(kind, "off")], rows[(kind, "on")]
+        # off: the heartbeat and the CPU config step, a call each; on: batches of them
+        assert off["calls"] == 2 and off["batch_mean"] == 1
+        assert on["calls"] < off["calls"] and on["batch_mean"] > 1
+        assert off["redis_us"] > 0 and on["redis_us"] > 0 and on["client_us"] > 0
+        assert off["client_ratio"] == off["redis_ratio"] == 1
