@@ -320,6 +320,11 @@ class Coalescer(Generic[T]):
 
     #: most calls in one batch call
     MAX = 64
+    #: most arguments in one (a call with more goes alone): a batch holds
+    #: Redis for as long as its calls' work, so heartbeats in full with long
+    #: rosters (every node's, after Redis lost its data) go a few at a time,
+    #: letting other clients' calls in between, as they would one by one
+    MAX_ARGS = 4096
 
     def __init__(self, sched: AsyncScheduler, name: str,
                  batch: Callable[[list[Call[T]]], Call[list[Any]]],
@@ -331,9 +336,10 @@ class Coalescer(Generic[T]):
         self.busy = False
         self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []
         self.task: asyncio.Task[None] | None = None  # (referenced: the loop's is weak)
-        #: batch calls sent, and the calls they carried (to see it work)
+        #: batch calls sent, the calls they carried, the most in one (to see it work)
         self.batches = 0
         self.batched = 0
+        self.largest = 0
 
     async def submit(self, call: Call[T]) -> T:
         if not self.enabled:
@@ -373,7 +379,7 @@ class Coalescer(Generic[T]):
         self.sched._unscoped()  # each waiting call keeps its own deadline
         try:
             while self.queue:
-                taken, self.queue = self.queue[:self.MAX], self.queue[self.MAX:]
+                taken, self.queue = self._take()
                 batch = [x for x in taken if not x[1].done()]
                 if not batch:
                     continue
@@ -385,6 +391,7 @@ class Coalescer(Generic[T]):
                     else:
                         self.batches += 1
                         self.batched += len(batch)
+                        self.largest = max(self.largest, len(batch))
                         together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
                         results = await self.sched._one(together)
                 except Exception as e:  # the whole call failed: every request with it
@@ -414,6 +421,16 @@ class Coalescer(Generic[T]):
                     if not fut.done():
                         fut.set_exception(StoreUnavailable("the scheduler client closed"))
                 self.queue = []
+
+    def _take(self) -> tuple[list[tuple[Call[T], asyncio.Future[T], Any]],
+                             list[tuple[Call[T], asyncio.Future[T], Any]]]:
+        """The next batch off the queue (at least one call), and what stays."""
+        args = 0
+        for i, (call, _, _) in enumerate(self.queue):
+            args += len(call.args)
+            if i == self.MAX or (i > 0 and args > self.MAX_ARGS):
+                return self.queue[:i], self.queue[i:]
+        return self.queue, []
 
     @property
     def batch_name(self) -> str:

@@ -336,3 +336,29 @@ def test_a_batch_runs_cpu_config_steps_as_one_by_one(make_scheduler: Any) -> Non
     assert batched == sequential
     assert sequential[2].needs_compute  # (the last member in: the client computes)
     assert many.client.hgetall(many.keys.cpucfg("k1")) == one.client.hgetall(one.keys.cpucfg("k1"))
+
+
+@pytest.mark.real_only
+def test_heartbeats_with_long_rosters_go_a_few_at_a_time() -> None:
+    """A batch holds Redis for all of its calls' work: heartbeats in full with
+    long rosters (every node's, after Redis lost its data) go in batches of
+    at most MAX_ARGS arguments, a longer one alone."""
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="long", policy=Policy())
+            try:
+                beats = [hb(f"n{i}", roster=[f"n{i}-s{k}" for k in range(1000)],
+                            sandbox_count=1000) for i in range(12)]
+                beats.append(hb("big", roster=[f"big-{k}" for k in range(4090)],
+                                sandbox_count=4090))
+                got = await asyncio.gather(*(a.heartbeat(b) for b in beats))
+                assert [r.generation for r in got] == [1] * 13
+                per_call = a.ops.heartbeat(beats[0], None)
+                assert 3 * len(per_call.args) <= a.beat_coalescer.MAX_ARGS < 4 * len(
+                    per_call.args)
+                assert a.beat_coalescer.batches >= 4 and a.beat_coalescer.largest == 3
+                assert (await a.lookup("big-4089")).node_id == "big"
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
