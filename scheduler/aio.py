@@ -314,9 +314,10 @@ class Coalescer(Generic[T]):
     batch task, which starts once the event loop has run what was ready when
     the call came, so calls that arrived in the same wake-up go together;
     while its batch is in flight, and for one turn of the loop after it
-    answered, more queue, and go together next.  No timer: a lone call goes
-    at once (one turn of the loop later), by itself, within its caller's
-    deadline.  ``enabled`` False sends each on its own."""
+    answered, more queue, and go together next (a batch in flight longer
+    than OVERDUE_S lets the next go behind it).  No timer delays a call: a
+    lone call goes at once (one turn of the loop later), by itself, within
+    its caller's deadline.  ``enabled`` False sends each on its own."""
 
     #: most calls in one batch call
     MAX = 64
@@ -325,6 +326,11 @@ class Coalescer(Generic[T]):
     #: rosters (every node's, after Redis lost its data) go a few at a time,
     #: letting other clients' calls in between, as they would one by one
     MAX_ARGS = 4096
+    #: a batch in flight this long lets the next one go, pipelined behind it:
+    #: a Redis that stalled still receives what queues meanwhile, as it did
+    #: one call at a time (it runs it when it resumes), instead of the queue
+    #: holding it past its callers' deadlines
+    OVERDUE_S = 0.05
 
     def __init__(self, sched: AsyncScheduler, name: str,
                  batch: Callable[[list[Call[T]]], Call[list[Any]]],
@@ -377,50 +383,70 @@ class Coalescer(Generic[T]):
 
     async def _drain(self) -> None:
         self.sched._unscoped()  # each waiting call keeps its own deadline
+        flying: list[tuple[asyncio.Task[None], float]] = []  # (batch, when it went)
         try:
-            while self.queue:
-                taken, self.queue = self._take()
-                batch = [x for x in taken if not x[1].done()]
-                if not batch:
+            while self.queue or flying:
+                flying = [(task, at) for task, at in flying if not task.done()]
+                now = time.perf_counter()
+                if self.queue and (not flying or now - flying[-1][1] >= self.OVERDUE_S):
+                    taken, self.queue = self._take()
+                    batch = [x for x in taken if not x[1].done()]
+                    if batch:
+                        flying.append((asyncio.ensure_future(self._send(batch)), now))
+                    await asyncio.sleep(0)  # (the call is written before anything else)
                     continue
-                start = time.perf_counter()
-                results: list[Any]  # (each a T or the exception it raised)
-                try:
-                    if len(batch) == 1:
-                        results = [await self.sched._one(batch[0][0])]
-                    else:
-                        self.batches += 1
-                        self.batched += len(batch)
-                        self.largest = max(self.largest, len(batch))
-                        together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
-                        results = await self.sched._one(together)
-                except Exception as e:  # the whole call failed: every request with it
-                    results = [e] * len(batch)
-                elapsed = time.perf_counter() - start
-                # (a call that gave up meanwhile was told, and metered, already)
-                for (call, fut, scope), result in zip(batch, results, strict=True):
-                    if fut.done():
-                        continue
-                    error = result if isinstance(result, BaseException) else None
-                    if scope is not None and scope.observe is not None:
-                        scope.observe(call.script if len(batch) == 1 else self.batch_name,
-                                      elapsed, error)
-                    if isinstance(result, BaseException):
-                        fut.set_exception(result)
-                    else:
-                        fut.set_result(result)
-                # one turn of the loop before the next call: the callers just
-                # answered finish their RPCs, and what arrives meanwhile joins
-                # the next batch (about 2.2 Schedules a call at 32 in flight
-                # instead of 1.7, docs/performance.md); never a timer
-                await asyncio.sleep(0)
+                if not flying:
+                    continue
+                # until a batch answers, or the last one sent is overdue (then,
+                # while it stays so, every OVERDUE_S for what queued meanwhile)
+                age = now - flying[-1][1]
+                _, pending = await asyncio.wait(
+                    [task for task, _ in flying], return_when=asyncio.FIRST_COMPLETED,
+                    timeout=self.OVERDUE_S - age if age < self.OVERDUE_S else self.OVERDUE_S)
+                if len(pending) < len(flying):
+                    # one turn of the loop before the next call: the callers just
+                    # answered finish their RPCs, and what arrives meanwhile joins
+                    # the next batch (about 2.2 Schedules a call at 32 in flight
+                    # instead of 1.7, docs/performance.md)
+                    await asyncio.sleep(0)
         finally:
             self.busy = False
+            for task, _ in flying:
+                task.cancel()
             if self.queue:  # (only if this task was cancelled with calls waiting)
                 for _, fut, _ in self.queue:
                     if not fut.done():
                         fut.set_exception(StoreUnavailable("the scheduler client closed"))
                 self.queue = []
+
+    async def _send(self, batch: list[tuple[Call[T], asyncio.Future[T], Any]]) -> None:
+        """One batch call (a lone call as itself); each caller gets its answer."""
+        start = time.perf_counter()
+        results: list[Any]  # (each a T or the exception it raised)
+        try:
+            if len(batch) == 1:
+                results = [await self.sched._one(batch[0][0])]
+            else:
+                self.batches += 1
+                self.batched += len(batch)
+                self.largest = max(self.largest, len(batch))
+                together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
+                results = await self.sched._one(together)
+        except Exception as e:  # the whole call failed: every request with it
+            results = [e] * len(batch)
+        elapsed = time.perf_counter() - start
+        # (a call that gave up meanwhile was told, and metered, already)
+        for (call, fut, scope), result in zip(batch, results, strict=True):
+            if fut.done():
+                continue
+            error = result if isinstance(result, BaseException) else None
+            if scope is not None and scope.observe is not None:
+                scope.observe(call.script if len(batch) == 1 else self.batch_name,
+                              elapsed, error)
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
 
     def _take(self) -> tuple[list[tuple[Call[T], asyncio.Future[T], Any]],
                              list[tuple[Call[T], asyncio.Future[T], Any]]]:

@@ -20,7 +20,7 @@ from scheduler.cpuconfig import digest
 from scheduler.errors import FailedPrecondition, SchedulerError
 from scheduler.records import Heartbeat, HeartbeatResult
 from scheduler.simnode import SimNode
-from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import (
     GIB,
     bound_sandboxes_are_in_their_nodes_sets,
@@ -358,6 +358,44 @@ def test_heartbeats_with_long_rosters_go_a_few_at_a_time() -> None:
                     per_call.args)
                 assert a.beat_coalescer.batches >= 4 and a.beat_coalescer.largest == 3
                 assert (await a.lookup("big-4089")).node_id == "big"
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.real_only
+def test_what_queues_behind_a_stalled_call_still_reaches_redis() -> None:
+    """A batch in flight too long lets the next go behind it: heartbeats that
+    arrive while Redis is stopped are written to it, and run when it
+    resumes (the nodes' reports of that moment), as one call each would
+    have been, instead of waiting in the queue past their deadlines."""
+    with RedisServer() as rs:
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="stall", policy=Policy())
+            try:
+                for node in ("n1", "n2"):
+                    await a.heartbeat(hb(node))
+
+                async def beat(node: str, cpu: int) -> Any:
+                    with a.scoped(timeout=1.0):
+                        return await a.heartbeat(hb(node, allocated_cpu=cpu))
+
+                rs.pause()
+                try:
+                    first = asyncio.create_task(beat("n1", 1))
+                    await asyncio.sleep(0.2)  # (the first is in flight, stalled)
+                    got = await asyncio.gather(first, beat("n2", 2), return_exceptions=True)
+                    assert all(isinstance(x, SchedulerError) for x in got), got
+                finally:
+                    rs.resume()
+                s = Scheduler.connect(rs.url, cell="stall")
+                try:
+                    await asyncio.to_thread(wait_until, lambda: [
+                        s.client.hget(s.keys.node(n), "allocated_cpu") for n in ("n1", "n2")]
+                        == [b"1", b"2"], 5, "both stalled heartbeats run on resume")
+                finally:
+                    s.close()
             finally:
                 await a.close()
 
