@@ -14,6 +14,8 @@ Ours:
     sched_redis_up                              1 while this replica reaches Redis
     sched_redis_errors_total                    calls this replica failed on Redis
     sched_script_duration_seconds{script}       Lua script call latency, this replica
+    sched_batches_total{kind}                   batch calls sent (schedule, heartbeat), this replica
+    sched_batched_calls_total{kind}             the calls they carried (their mean size: the ratio)
 
 Cell-wide values are read from Redis by the replica's monitor loop (every
 replica reports the same numbers: aggregate them with max, not sum).
@@ -71,6 +73,25 @@ class _CellCollector(Collector):
             yield c
 
 
+class _BatchCollector(Collector):
+    """The coalescers' own counters, read when scraped: batch calls sent and
+    the calls they carried, by kind."""
+
+    def __init__(self, coalescers: dict[str, Any]) -> None:
+        self.coalescers = coalescers
+
+    def collect(self) -> Iterator[Metric]:
+        sent = CounterMetricFamily("sched_batches", "Batch calls this replica sent, by kind.",
+                                   labels=["kind"])
+        carried = CounterMetricFamily("sched_batched_calls", "Calls those batch calls carried, "
+                                      "by kind.", labels=["kind"])
+        for kind, c in self.coalescers.items():
+            sent.add_metric([kind], c.batches)
+            carried.add_metric([kind], c.batched)
+        yield sent
+        yield carried
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -94,6 +115,10 @@ class Metrics:
         self.cell = _CellCollector()
         r.register(self.cell)
         self._server: Any = None
+
+    def watch_batches(self, coalescers: dict[str, Any]) -> None:
+        """Report these coalescers' counters (kind -> ``scheduler.aio.Coalescer``)."""
+        self.registry.register(_BatchCollector(coalescers))
 
     def serve(self, listen: str) -> int:
         """Start /metrics on ``host:port`` (a thread); returns the bound port."""

@@ -4,6 +4,7 @@ writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler import DefaultRequest, Limits, Policy, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.testing.replicas import ThreadedReplica
-from tests.helpers import cold, endpoint_md, hb_request, snapshot_keys
+from tests.helpers import cold, endpoint_md, hb, hb_request, snapshot_keys
 
 MIB = 1024 * 1024
 Make = Callable[..., ThreadedReplica]
@@ -369,6 +370,15 @@ def test_health_serving_and_metrics(make_replica: Make, sched: Scheduler) -> Non
     r.call(r.replica.refresh_cell_metrics())
     assert value("sched_reservations_ended_total", outcome="cancelled") == 1
     assert value("sched_reservations_pending") == 0
+    # (one at a time so far: no batch; the coalescers' counters, read when scraped)
+    assert value("sched_batches_total", kind="schedule") == 0
+
+    async def together() -> None:  # ten heartbeats that arrive at once: one batch
+        await asyncio.gather(*(r.replica.sched.heartbeat(hb(f"b{i}")) for i in range(10)))
+
+    r.call(together())
+    assert value("sched_batches_total", kind="heartbeat") == 1
+    assert value("sched_batched_calls_total", kind="heartbeat") == 10
 
 
 @pytest.mark.real_only
