@@ -457,17 +457,18 @@ end
 
 local function pick_run(streams)
   while true do
-    local st = nil
+    local st, lb = nil, nil -- (lb: st.lb, read once)
     for i = 1, #streams do
       local x = streams[i]
-      if x.lb and (st == nil or x.lb < st.lb) then st = x end
+      local xlb = x.lb
+      if xlb and (lb == nil or xlb < lb) then st, lb = x, xlb end
     end
     local best = PK_best
-    if st == nil or (best and st.lb > best.pressure) then return end
+    if st == nil or (best and lb > best.pressure) then return end
     local bucket = st.batch[st.pos]
     if bucket == nil then
       pick_fetch(st) -- the batch ran out; st.lb was the last one's, a floor
-    elseif best and st.lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
+    elseif best and lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
       st.lb = false -- ranks after the best, and so does the rest of the stream
     else
       pick_consider(bucket)
