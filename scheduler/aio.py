@@ -48,9 +48,6 @@ from scheduler.translate import translated
 
 T = TypeVar("T")
 
-#: The calls each coalescer takes (by its name): what its batch script runs.
-BATCHED = {"schedule": frozenset({"schedule"}), "heartbeat": frozenset(HEARTBEAT_SCRIPTS)}
-
 
 class AsyncScheduler(BaseClient):
     """asyncio client of one cell; the same operations as :class:`Scheduler`."""
@@ -73,11 +70,11 @@ class AsyncScheduler(BaseClient):
         self._reaper: asyncio.Task[None] | None = None
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
-        self.coalescer: Coalescer[Placement] = Coalescer(self, "schedule",
-                                                         self.ops.schedule_batch)
+        self.coalescer: Coalescer[Placement] = Coalescer(
+            self, "schedule", self.ops.schedule_batch, frozenset({"schedule"}))
         #: (heartbeats and the CPU config exchange's steps: results of either kind)
-        self.beat_coalescer: Coalescer[Any] = Coalescer(self, "heartbeat",
-                                                        self.ops.heartbeat_batch)
+        self.beat_coalescer: Coalescer[Any] = Coalescer(
+            self, "heartbeat", self.ops.heartbeat_batch, frozenset(HEARTBEAT_SCRIPTS))
 
     async def run(self, call: Call[T], timeout: float | None = None) -> T:
         """Run one call, bounded by ``timeout`` (a caller's deadline, also a
@@ -133,7 +130,7 @@ class AsyncScheduler(BaseClient):
             call = next(plan)
             while True:
                 try:
-                    if via is not None and via.enabled and call.script in BATCHED[via.name]:
+                    if via is not None and via.enabled and call.script in via.takes:
                         reply = await via.submit(call)
                     else:
                         reply = await self.run(call)
@@ -333,11 +330,13 @@ class Coalescer(Generic[T]):
     OVERDUE_S = 0.05
 
     def __init__(self, sched: AsyncScheduler, name: str,
-                 batch: Callable[[list[Call[T]]], Call[list[Any]]],
+                 batch: Callable[[list[Call[T]]], Call[list[Any]]], takes: frozenset[str],
                  enabled: bool = True) -> None:
         self.sched = sched
         self.name = name  # (of the single call, for metrics and errors)
         self.batch = batch
+        #: the scripts whose calls ``batch`` runs
+        self.takes = takes
         self.enabled = enabled
         self.busy = False
         self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []

@@ -73,6 +73,23 @@ class Resync(Exception):
 HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady", "cpu_config": "cpucfg"}
 
 
+def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list[Any]:
+    """A batch script's replies ({"ok", reply...} or {"err", "<CODE> message"}),
+    each parsed by its own call's parser: its answer, or its own error (a
+    Resync among them)."""
+    out: list[Any] = []
+    for parse_one, item in zip(parses, replies, strict=True):
+        if s(item[0]) == "err":
+            text = s(item[1])
+            out.append(from_reply(text) or SchedulerError(text))
+        else:
+            try:
+                out.append(parse_one(item[1:]))
+            except Resync as e:
+                out.append(e)
+    return out
+
+
 @dataclass(frozen=True)
 class Beat:
     """What a replica last wrote for a node: the base of its next delta."""
@@ -256,21 +273,7 @@ class Ops:
                 raise ValueError(f"a heartbeat batch holds heartbeats, not {call.script}")
             args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
         parses = [call.parse for call in calls]
-
-        def parse(r: list[Any]) -> list[Any]:
-            out: list[Any] = []
-            for parse_one, item in zip(parses, r, strict=True):
-                if s(item[0]) == "err":
-                    text = s(item[1])
-                    out.append(from_reply(text) or SchedulerError(text))
-                else:
-                    try:
-                        out.append(parse_one(item[1:]))
-                    except Resync as e:
-                        out.append(e)
-            return out
-
-        return self._call("heartbeat_batch", args, parse)
+        return self._call("heartbeat_batch", args, lambda r: _each_answer(parses, r))
 
     # -- schedule / explain ------------------------------------------------
     def _request_args(self, req: Request, strategy: str | None) -> list[str]:
@@ -305,18 +308,8 @@ class Ops:
         for call in calls:
             args += call.args
         parses = [call.parse for call in calls]
-
-        def parse(r: list[Any]) -> list[Placement | SchedulerError]:
-            out: list[Placement | SchedulerError] = []
-            for parse_one, item in zip(parses, r, strict=True):
-                if s(item[0]) == "err":
-                    text = s(item[1])
-                    out.append(from_reply(text) or SchedulerError(text))
-                else:
-                    out.append(parse_one(item[1:]))
-            return out
-
-        return self._call("schedule_batch", args, parse, (self.k.rr,))
+        return self._call("schedule_batch", args, lambda r: _each_answer(parses, r),
+                          (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
