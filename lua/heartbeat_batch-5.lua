@@ -27,7 +27,6 @@
 -- @include heartbeat
 -- @include heartbeat_steady
 -- @include cpu_config
-local KINDS = { full = true, steady = true, cpucfg = true }
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
   return fail('BADARG', 'n must count the heartbeats that follow')
@@ -37,8 +36,8 @@ local at, kinds, counts = {}, {}, {}
 local a = 2
 for i = 1, n do
   local kind, m = ARGV[a], tonumber(ARGV[a + 1])
-  if not KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
-    return fail('BADARG', 'heartbeat ' .. i .. ' must be "full", "steady" or "cpucfg" and a count')
+  if not HEARTBEAT_KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
+    return fail('BADARG', 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
   a = a + 2 + m

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from scheduler import catalog
-from scheduler.calls import HEARTBEAT_FIELDS
+from scheduler.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
 from scheduler.errors import NO_POLICY
 from scheduler.records import snapshot_fields
 
@@ -43,6 +43,7 @@ def render() -> str:
     packed = catalog.PACKED
     snapshot = snapshot_fields()
     strategies = catalog.STRATEGIES
+    kinds = list(HEARTBEAT_SCRIPTS.values())
     lines = [
         "--[[",
         "  includes/constants.lua: written by the script loader from the Python tables",
@@ -74,6 +75,10 @@ def render() -> str:
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
+        "-- The kinds of call a heartbeat batch holds (heartbeat_batch-5.lua).",
+        f"local HEARTBEAT_KINDS = {_set(HEARTBEAT_SCRIPTS.values())}",
+        "local HEARTBEAT_KIND_CHOICES = "
+        + _str(", ".join(f'"{k}"' for k in kinds[:-1]) + f' or "{kinds[-1]}"'),
         "-- What a heartbeat may write to a node record.",
         f"local SNAPSHOT_FIELDS = {_set(HEARTBEAT_FIELDS)}",
         "-- Snapshot fields that can move a node in the placement index (or in or",
