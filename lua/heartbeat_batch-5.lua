@@ -35,7 +35,7 @@ end
 local at, kinds, counts = {}, {}, {}
 local a = 2
 for i = 1, n do
-  local kind, m = ARGV[a], tonumber(ARGV[a + 1])
+  local kind, m = ARGV[a], number_of(ARGV[a + 1])
   if not HEARTBEAT_KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
     return fail('BADARG', 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
   end

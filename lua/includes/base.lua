@@ -46,8 +46,9 @@ local function fail(code, message)
 end
 
 -- A number as a string that round-trips exactly (tostring keeps 14 digits only).
+-- (x % 1, not math.floor: arithmetic, no call; NaN and infinities fail it)
 local function fmt(x)
-  if x == math.floor(x) and math.abs(x) < 1e15 then
+  if x % 1 == 0 and x < 1e15 and x > -1e15 then
     return string.format('%d', x)
   end
   return string.format('%.17g', x)
@@ -78,6 +79,17 @@ local function num_text(x)
 end
 local function pad9(x)
   return PADDED.t[x] or keep(PADDED, x, string.format('%09d', x))
+end
+-- tonumber(s), kept the same way (tonumber runs strtod twice): for the
+-- counts, capacities and sizes that come back call after call; not for
+-- clocks or ids.
+local NUMBERS = kept_table(4096)
+local function number_of(s)
+  local x = NUMBERS.t[s]
+  if x then return x end
+  x = tonumber(s)
+  if x == nil then return nil end
+  return keep(NUMBERS, s, x)
 end
 
 -- Run `cmd key m1 m2 ...` over every member of `list`, UNPACK_CHUNK at a

@@ -115,7 +115,7 @@ ON_CALL[#ON_CALL + 1] = function() HELD = nil end
 -- (its RES_READ fields).
 local function less_reservation(r, count, cpu, mem, acked)
   if r[1] == 'acked' then acked = acked - 1 end
-  return count - 1, cpu - tonumber(r[3]), mem - tonumber(r[4]), acked
+  return count - 1, cpu - number_of(r[3]), mem - number_of(r[4]), acked
 end
 
 local NO_COUNTS = {}
@@ -147,8 +147,8 @@ local function end_reservation(rid, outcome, now, r)
     local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
       'acked_count')
     if n[1] then
-      local count, cpu, mem, acked = less_reservation(r, tonumber(n[1]), tonumber(n[2]) or 0,
-        tonumber(n[3]) or 0, tonumber(n[4]) or 0)
+      local count, cpu, mem, acked = less_reservation(r, number_of(n[1]), number_of(n[2]) or 0,
+        number_of(n[3]) or 0, number_of(n[4]) or 0)
       local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
         'pending_memory_bytes', num_text(mem) }
       if r[1] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end

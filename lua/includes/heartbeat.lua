@@ -18,7 +18,7 @@ local function heartbeat_one(A)
   local roster_full = A[6] == '1'
   local roster_delta = A[6] == '2'
   local roster_sent = roster_full or roster_delta
-  local nfields = tonumber(A[7])
+  local nfields = number_of(A[7])
 
   local P = CALL.P or load_policy()
   if not P then return fail('PRECONDITION', NO_POLICY) end
@@ -82,13 +82,13 @@ local function heartbeat_one(A)
     n = read_node(node_id)
   end
   n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
-  n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
-  n.pend_count, n.pend_cpu = tonumber(prev[o + 5]) or 0, tonumber(prev[o + 6]) or 0
-  n.pend_mem, n.pending = tonumber(prev[o + 7]) or 0, prev[o + 5] ~= false
-  n.last_seen, n.acked = now, tonumber(prev[4]) or 0
+  n.cpu_percent, n.mem_used = number_of(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
+  n.pend_count, n.pend_cpu = number_of(prev[o + 5]) or 0, number_of(prev[o + 6]) or 0
+  n.pend_mem, n.pending = number_of(prev[o + 7]) or 0, prev[o + 5] ~= false
+  n.last_seen, n.acked = now, number_of(prev[4]) or 0
   for name, value in pairs(values) do
     local key = NODE_NUMBERS[name]
-    if key then n[key] = tonumber(value) or 0 end
+    if key then n[key] = number_of(value) or 0 end
   end
   if values.status then n.reported = values.status end
   -- @stage record_read
@@ -116,10 +116,10 @@ local function heartbeat_one(A)
     end
   elseif roster_delta then
     -- the base's roster is the one held (checked above): the client's diff is this one
-    local joined = tonumber(A[first_sb + 1])
+    local joined = number_of(A[first_sb + 1])
     for i = first_sb + 2, first_sb + 1 + joined do added[#added + 1] = A[i] end
     for i = first_sb + 2 + joined, #A do gone[#gone + 1] = A[i] end
-    roster_size = (tonumber(prev[14]) or 0) + #added - #gone
+    roster_size = (number_of(prev[14]) or 0) + #added - #gone
     if roster_size > P.max_roster_ids then
       return fail('BADARG', 'sandbox_ids has ' .. roster_size .. ' entries, more than '
         .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
@@ -225,7 +225,7 @@ local function heartbeat_one(A)
     local k = baseline and successes - baseline or 0
     if k > 0 then
       local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      if (tonumber(prev[4]) or 0) > 0 then
+      if (number_of(prev[4]) or 0) > 0 then
         for _, rid in ipairs(ids) do
           if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
               and end_reservation(rid, 'released', now) then
@@ -270,7 +270,7 @@ local function heartbeat_one(A)
       num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem) }) do
       hset[#hset + 1] = x
     end
-    if n.acked ~= (tonumber(prev[4]) or 0) then
+    if n.acked ~= (number_of(prev[4]) or 0) then
       hset[#hset + 1] = 'acked_count'
       hset[#hset + 1] = num_text(n.acked)
     end

@@ -105,7 +105,7 @@ local function parse_bucket(bucket)
     paused = tonumber(p), cpu_cap = tonumber(c), mem_cap = tonumber(m), lc = tonumber(lc),
     lm = tonumber(lm), alloc_cpu = tonumber(ac), pend_cpu = tonumber(rc),
     alloc_mem = tonumber(am), pend_mem = tonumber(rm), starting_reported = tonumber(start),
-    pend_count = tonumber(pend) })
+    pend_count = tonumber(pend), shape = c .. ':' .. m })
 end
 -- The parse of bucket `bucket` = bucket_of(n), from n itself when not kept
 -- (a bucket a move creates is often the next one a pick reads: no string to
@@ -117,7 +117,8 @@ local function parsed_as(bucket, n)
     paused = n.paused, cpu_cap = n.cpu_cap, mem_cap = n.mem_cap,
     lc = n.alloc_cpu + n.paused_cpu + n.pend_cpu, lm = n.alloc_mem + n.paused_mem + n.pend_mem,
     alloc_cpu = n.alloc_cpu, pend_cpu = n.pend_cpu, alloc_mem = n.alloc_mem,
-    pend_mem = n.pend_mem, starting_reported = n.starting_reported, pend_count = n.pend_count })
+    pend_mem = n.pend_mem, starting_reported = n.starting_reported, pend_count = n.pend_count,
+    shape = num_text(n.cpu_cap) .. ':' .. num_text(n.mem_cap) })
 end
 
 -- A bucket's score in its shape's stream of dimension `mem` (true: memory):
@@ -149,8 +150,10 @@ local function shape_caps(shape)
   return keep(CAPS, shape, x)
 end
 
--- The shape "C:M" of a bucket id.
+-- The shape "C:M" of a bucket id (kept with its parse, when it is).
 local function shape_of(bucket)
+  local b = PARSED.t[bucket]
+  if b then return b.shape end
   return string.match(bucket, '^%d+:([^:]+:[^:]+):')
 end
 
@@ -196,20 +199,17 @@ end
 
 -- A stream's first members after this call removed `bucket` from its zset:
 -- the same list without it (nil, to be read again, when none is left).
+-- (Changed in place: a list is this call's own, and no pick is under way.)
 local function firsts_removed(key, bucket)
   local list = FIRSTS[key]
   if list == nil then return end
-  local at = nil
   for i = 1, #list do
-    if list[i] == bucket then at = i end
+    if list[i] == bucket then
+      if #list == 1 then FIRSTS[key] = nil else table.remove(list, i) end
+      return
+    end
   end
-  if at == nil then return end -- it was further on: the first ones stay
-  if #list == 1 then FIRSTS[key] = nil return end
-  local out = {}
-  for i = 1, #list do
-    if i ~= at then out[#out + 1] = list[i] end
-  end
-  FIRSTS[key] = out
+  -- it was further on: the first ones stay
 end
 
 -- ... after this call added `bucket` at `score` to the zset of dimension `mem`
@@ -218,18 +218,33 @@ end
 local function firsts_added(key, bucket, score, mem)
   local list = FIRSTS[key]
   if list == nil then return end
-  local out, placed = {}, false
   for i = 1, #list do
     local m = list[i]
-    if not placed then
-      local s = dim_score(parse_bucket(m), mem)
-      if score < s or (score == s and bytes_lt(bucket, m)) then
-        out[#out + 1], placed = bucket, true
-      end
+    local s = dim_score(parse_bucket(m), mem)
+    if score < s or (score == s and bytes_lt(bucket, m)) then
+      table.insert(list, i, bucket)
+      return
     end
-    out[#out + 1] = m
   end
-  if placed then FIRSTS[key] = out else FIRSTS_MORE[key] = true end
+  FIRSTS_MORE[key] = true
+end
+
+-- Per call: a shape's capacities, its two streams' keys and its pick stream
+-- (pick_stream), made once: a batch decides and moves many times over the
+-- same shapes.
+local SHAPE_DESC
+ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
+local function shape_desc(shape)
+  local d = SHAPE_DESC[shape]
+  if d then return d end
+  local caps = shape_caps(shape)
+  -- (a table costs about 0.5 us to make here; every field in the
+  -- constructor: a table that grows is rebuilt)
+  d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape),
+    { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 4, batch = false, pos = 1,
+      full = false, lb = false } }
+  SHAPE_DESC[shape] = d
+  return d
 end
 
 local function idx_remove(node_id, bucket)
@@ -239,8 +254,8 @@ local function idx_remove(node_id, bucket)
   if left == nil then left = redis.call('ZCARD', bk) end
   SIZES[bucket] = left
   if left == 0 then
-    local shape = shape_of(bucket)
-    local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
+    local d = shape_desc(shape_of(bucket))
+    local kc, km = d[3], d[4]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
     firsts_removed(kc, bucket)
@@ -256,11 +271,12 @@ local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
   local size = SIZES[bucket]
   if redis.call('ZADD', bk, '0', node_id) == 1 and size then size = size + 1 end
-  local shape = shape_of(bucket)
   -- scored by load (an integer: exact)
   local b = parsed_as(bucket, n)
   local lc, lm = dim_score(b, false), dim_score(b, true)
-  local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
+  local shape = b.shape
+  local d = shape_desc(shape)
+  local kc, km = d[3], d[4]
   local new
   if size ~= nil then
     new = size == 1
@@ -374,12 +390,9 @@ end
 -- ranking table) and the buckets of its rank.  A pick runs to its end before
 -- another starts (a script is never re-entered).
 local PK_P, PK_req, PK_best, PK_equals
--- (one stand-in table for the projected load, refilled per bucket)
-local PK_load = {}
--- Per call: a shape's capacities and its two streams' keys (a batch decides
--- many times over the same shapes).
-local SHAPE_DESC
-ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
+-- (one stand-in table for the projected load, refilled per bucket; one list
+-- of streams, refilled per pick: tables that grow are rebuilt as they grow)
+local PK_load, PK_streams = {}, {}
 
 -- The stages on one bucket, reading only what each needs: the pressure and
 -- capacity from its first numbers, the rest only when ceilings are set.
@@ -429,23 +442,15 @@ local function pick_fetch(st)
     batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
     st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
   end
-  st.size = math.min(2 * st.size, SCAN_BATCH)
+  st.size = 2 * st.size
+  if st.size > SCAN_BATCH then st.size = SCAN_BATCH end
   st.lb = false
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
 end
 
 local function pick_stream(shape)
-  local d = SHAPE_DESC[shape]
-  if d == nil then
-    local caps = shape_caps(shape)
-    -- the shape's stream, refilled by every pick of the call (a table costs
-    -- about 0.5 us to make here; every field in the constructor: a table
-    -- that grows is rebuilt)
-    d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape),
-      { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 4, batch = false, pos = 1,
-        full = false, lb = false } }
-    SHAPE_DESC[shape] = d
-  end
+  -- (d[5]: the shape's stream, refilled by every pick of the call)
+  local d = shape_desc(shape)
   local c, m, req, st = d[1], d[2], PK_req, d[5]
   st.cap, st.add, st.mem, st.key, st.rank, st.size = c, req.cpu, false, d[3], 0, 4
   if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
@@ -494,8 +499,8 @@ end
 -- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
 -- known bucket is eligible.
 local function pick_indexed(P, req, rr_next)
-  PK_P, PK_req, PK_best, PK_equals = P, req, nil, {}
-  local streams, unknown = {}, false
+  PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
+  local streams, k, unknown = PK_streams, 0, false
   local empty = nil
   for _, shape in ipairs(shapes()) do
     if shape == '0:0' then
@@ -503,13 +508,15 @@ local function pick_indexed(P, req, rr_next)
     else
       local st = pick_stream(shape)
       if st.lb then
-        streams[#streams + 1] = st
+        k = k + 1
+        streams[k] = st
       else
         empty = empty or {}
         empty[#empty + 1] = shape
       end
     end
   end
+  for i = #streams, k + 1, -1 do streams[i] = nil end -- (the last pick's)
   if empty then
     for _, shape in ipairs(empty) do shape_gone(shape) end
   end

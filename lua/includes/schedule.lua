@@ -9,8 +9,8 @@
 -- A whole number argument ("" = the default), or nil when it is not one.
 local function whole(arg, default)
   if arg == '' then return default end
-  local v = tonumber(arg)
-  if v == nil or v < 0 or v ~= math.floor(v) then return nil end
+  local v = number_of(arg)
+  if v == nil or v < 0 or v % 1 ~= 0 then return nil end
   return v
 end
 
