@@ -214,7 +214,8 @@ end
 
 -- ... after this call added `bucket` at `score` to the zset of dimension `mem`
 -- (true: memory): it joins the list where the zset orders it (by score, then
--- byte order), or it comes after every listed member.
+-- byte order), or it comes after every listed member.  (So a list is empty
+-- only when its zset is.)
 local function firsts_added(key, bucket, score, mem)
   local list = FIRSTS[key]
   if list == nil then return end
@@ -226,7 +227,10 @@ local function firsts_added(key, bucket, score, mem)
       return
     end
   end
-  FIRSTS_MORE[key] = true
+  -- (a list that held the whole zset still does with it; any other stays
+  -- exactly the first members, and the zset holds more)
+  if FIRSTS_MORE[key] then return end
+  list[#list + 1] = bucket
 end
 
 -- Per call: a shape's capacities, its two streams' keys and its pick stream
@@ -427,36 +431,39 @@ local function pick_lb(st, bucket)
   return (b.lc + st.add) / st.cap
 end
 
+-- A stream's next batch of members, twice the last one's size (at most
+-- SCAN_BATCH).  (No WITHSCORES: the load is in the member, and a score reply
+-- costs Redis a %.17g print and Lua a strtod.)
 local function pick_fetch(st)
-  -- (no WITHSCORES: the load is in the member, and a score reply costs Redis
-  -- a %.17g print and Lua a strtod)
-  local batch
-  if st.rank == 0 then  -- a stream's opening: read once a call (moves keep it)
-    batch = FIRSTS[st.key]
-    if batch == nil then
-      batch = redis.call('ZRANGE', st.key, '0', num_text(st.size - 1))
-      FIRSTS[st.key], FIRSTS_MORE[st.key] = batch, #batch == st.size
-    end
-    st.batch, st.pos, st.rank, st.full = batch, 1, #batch, FIRSTS_MORE[st.key]
-  else
-    batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
-    st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
-  end
+  local batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
+  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
   st.size = 2 * st.size
   if st.size > SCAN_BATCH then st.size = SCAN_BATCH end
   st.lb = false
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
 end
 
+-- The shape's stream for this pick (d[5], refilled by every pick of the call),
+-- along the dimension where the request weighs more, opened at its first
+-- OPEN_SIZE members: read once a call, and kept up to date by its moves
+-- (FIRSTS).
+local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
-  -- (d[5]: the shape's stream, refilled by every pick of the call)
   local d = shape_desc(shape)
   local c, m, req, st = d[1], d[2], PK_req, d[5]
-  st.cap, st.add, st.mem, st.key, st.rank, st.size = c, req.cpu, false, d[3], 0, 4
+  local cap, add, mem, key = c, req.cpu, false, d[3]
   if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-    st.cap, st.add, st.mem, st.key = m, req.mem, true, d[4]
+    cap, add, mem, key = m, req.mem, true, d[4]
   end
-  pick_fetch(st)
+  local batch = FIRSTS[key]
+  if batch == nil then
+    batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
+    FIRSTS[key], FIRSTS_MORE[key] = batch, #batch == OPEN_SIZE
+  end
+  st.cap, st.add, st.mem, st.key, st.batch, st.pos, st.rank = cap, add, mem, key, batch, 1, #batch
+  st.full, st.size, st.lb = FIRSTS_MORE[key], 2 * OPEN_SIZE, false
+  local first = batch[1]
+  if first then st.lb = pick_lb(st, first) end
   return st
 end
 
