@@ -77,13 +77,19 @@ local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 -- paused), then "C:M:Lc:Lm:acpu:rcpu:amem:rmem:start:pending".
 local function bucket_of(n)
   -- all whole numbers (the heartbeat admits no other), as kept text: one
-  -- concatenation, no printf (includes/base.lua num_text)
-  return pad9(n.starting_reported + n.pend_count) .. pad9(n.running) .. pad9(n.paused) .. ':'
-    .. num_text(n.cpu_cap) .. ':' .. num_text(n.mem_cap) .. ':'
-    .. num_text(n.alloc_cpu + n.paused_cpu + n.pend_cpu) .. ':'
-    .. num_text(n.alloc_mem + n.paused_mem + n.pend_mem) .. ':' .. num_text(n.alloc_cpu) .. ':'
-    .. num_text(n.pend_cpu) .. ':' .. num_text(n.alloc_mem) .. ':' .. num_text(n.pend_mem) .. ':'
-    .. num_text(n.starting_reported) .. ':' .. num_text(n.pend_count)
+  -- concatenation, no printf (includes/base.lua num_text).  The kept tables
+  -- are read here, num_text / pad9 called only for a number not kept yet: a
+  -- lookup costs a fraction of a call, and this runs on every index move.
+  local T, Z = TEXT.t, PADDED.t
+  local start, running, paused = n.starting_reported + n.pend_count, n.running, n.paused
+  local c, m, ac, pc, am, pm = n.cpu_cap, n.mem_cap, n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem
+  local lc, lm = ac + n.paused_cpu + pc, am + n.paused_mem + pm
+  local sr, pend = n.starting_reported, n.pend_count
+  return (Z[start] or pad9(start)) .. (Z[running] or pad9(running)) .. (Z[paused] or pad9(paused))
+    .. ':' .. (T[c] or num_text(c)) .. ':' .. (T[m] or num_text(m)) .. ':' .. (T[lc] or num_text(lc))
+    .. ':' .. (T[lm] or num_text(lm)) .. ':' .. (T[ac] or num_text(ac)) .. ':'
+    .. (T[pc] or num_text(pc)) .. ':' .. (T[am] or num_text(am)) .. ':' .. (T[pm] or num_text(pm))
+    .. ':' .. (T[sr] or num_text(sr)) .. ':' .. (T[pend] or num_text(pend))
 end
 
 -- A bucket id's numbers.  The id spells its whole content, so its parse never
@@ -129,6 +135,8 @@ local function dim_score(b, mem)
 end
 
 -- A stand-in node with a bucket's inputs (observed ceilings were met at indexing).
+-- The fields its callers and the stages add come named (nil) too: a table is
+-- made at the size of its constructor, and one that grows is rebuilt.
 local function node_of_bucket(bucket)
   local b = parse_bucket(bucket)
   return {
@@ -137,6 +145,9 @@ local function node_of_bucket(bucket)
     pend_mem = b.pend_mem, paused_mem = b.lm - b.alloc_mem - b.pend_mem, running = b.running,
     starting_reported = b.starting_reported, paused = b.paused, pend_count = b.pend_count,
     cpu_percent = 0, mem_used = 0,
+    id = nil, idx = nil, endpoint = nil, last_seen = nil, lingering = nil, reported = nil,
+    status = nil, stale = nil, settling = nil, known = nil, proj_cpu = nil, proj_mem = nil,
+    pressure = nil, starting = nil,
   }
 end
 
