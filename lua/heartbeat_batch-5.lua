@@ -73,8 +73,7 @@ for i = 1, n do
     out[i] = { 'err', r.err }
   else
     applied = applied or (kinds[i] ~= 'cpucfg' and r[1] ~= 'RESYNC')
-    table.insert(r, 1, 'ok')
-    out[i] = r
+    out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
   end
 end
 if applied then forget_sweep(P, now) end
