@@ -275,3 +275,29 @@ def test_the_script_takes_only_whole_numbers_for_the_index_fields(make_scheduler
     args[at + 1] = "1234567890123456"  # 16 digits: taken
     s.run(replace(call, args=args))
     assert s.client.hget(s.keys.node("n1"), "allocated_cpu") == b"1234567890123456"
+
+
+@pytest.mark.parametrize("value", ["1.5", "-1", "inf", "nan", "abc"])
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
+def test_the_script_takes_only_whole_numbers_for_a_request(make_scheduler: Make, value: str,
+                                                           batch: bool) -> None:
+    """A Schedule's cpu and memory reach the script as text: anything but a
+    whole number (a fraction, a sign, an infinity, NaN) is BADARG naming the
+    field, alone or in a batch, and nothing is written."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1"))
+    for at, field in ((3, "cpu"), (4, "memory_bytes")):
+        call = s.ops.schedule(Request.cold(1, 1024), reservation_id=f"r-{field}")
+        args = [*call.args[:at], value, *call.args[at + 1:]]
+        before = snapshot_keys(s.client)
+        if batch:
+            answer = s.run(s.ops.schedule_batch([replace(call, args=args)]))[0]
+            assert isinstance(answer, InvalidArgument)
+            error = answer
+        else:
+            with pytest.raises(InvalidArgument) as e:
+                s.run(replace(call, args=args))
+            error = e.value
+        assert error.field == field
+        assert "must be a non-negative whole number" in str(error)
+        assert snapshot_keys(s.client) == before
