@@ -54,6 +54,19 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- fmt(x) for an instant of this call (its clock, or the clock plus a TTL):
+-- the requests of one call share their instant, so each text is made once.
+local INSTANTS
+ON_CALL[#ON_CALL + 1] = function() INSTANTS = {} end
+local function instant_text(x)
+  local s = INSTANTS[x]
+  if s == nil then
+    s = fmt(x)
+    INSTANTS[x] = s
+  end
+  return s
+end
+
 -- Library state kept from call to call (Redis Functions keep a library's
 -- state; under EVAL every call starts empty): a table `t` of at most `max`
 -- entries, all dropped when full.  Only for values that never go stale, each
@@ -97,7 +110,9 @@ end
 local UNPACK_CHUNK = 1000
 local function call_chunked(cmd, key, list)
   for i = 1, #list, UNPACK_CHUNK do
-    redis.call(cmd, key, unpack(list, i, math.min(i + UNPACK_CHUNK - 1, #list)))
+    local last = i + UNPACK_CHUNK - 1
+    if last > #list then last = #list end
+    redis.call(cmd, key, unpack(list, i, last))
   end
 end
 

@@ -38,7 +38,7 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
   end
   if rid == nil and prev[1] == node_id then rid = prev[2] end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
-    'listed', listed, 'reservation_id', rid or '', 'expires_ms', fmt(now + P.binding_ttl_ms),
+    'listed', listed, 'reservation_id', rid or '', 'expires_ms', instant_text(now + P.binding_ttl_ms),
     'deleted', '0')
   if listed == '1' then
     -- (a binding made just now has no expiry to lift)
@@ -75,7 +75,7 @@ local function bury_binding(sb, node_id, now, P)
   if b[1] == node_id then charged_rid = b[2] or '' end
   roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
-    'reservation_id', charged_rid, 'expires_ms', fmt(now + P.binding_ttl_ms))
+    'reservation_id', charged_rid, 'expires_ms', instant_text(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
 end
 

@@ -158,7 +158,7 @@ local function end_reservation(rid, outcome, now, r)
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
-  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', fmt(now))
+  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(now))
   redis.call('PEXPIRE', rkey, num_text(CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
     or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms))
   if CALL.counts then -- (a batch: counted once, at its end, by flush_counts)
@@ -178,7 +178,7 @@ end
 
 -- Expire what is due, oldest first, bounded work per call.
 local function sweep_expired(now)
-  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0',
+  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(now), 'LIMIT', '0',
     num_text(SWEEP_BATCH))
   for _, rid in ipairs(due) do end_reservation(rid, 'expired', now) end
   return #due

@@ -8,6 +8,9 @@
 -- @include bindings
 -- @include snapshot
 
+-- Texts that passed the whole-number check (kept_table, includes/base.lua).
+local WHOLE_TEXTS = kept_table(4096)
+
 local function heartbeat_one(A)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local node_id = A[1]
@@ -52,8 +55,12 @@ local function heartbeat_one(A)
     -- the placement index spells these as whole numbers (the client checks
     -- their ranges; this keeps any other writer from slipping a fraction in)
     -- (1 to 16 digits: a length and one scan for a non-digit)
-    if WHOLE_FIELDS[name] and (#value < 1 or #value > 16 or string.find(value, '%D')) then
-      return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+    -- (a text that passed is kept: the same counts and sizes come back)
+    if WHOLE_FIELDS[name] and not WHOLE_TEXTS.t[value] then
+      if #value < 1 or #value > 16 or string.find(value, '%D') then
+        return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+      end
+      keep(WHOLE_TEXTS, value, true)
     end
     values[name] = value
   end
@@ -66,7 +73,7 @@ local function heartbeat_one(A)
   end
   local now = CALL.heard or heard_ms(P)
   CALL.heard = now
-  local s_now = fmt(now) -- (text: Redis prints a Lua number argument with %.17g)
+  local s_now = instant_text(now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
   -- The record as it will be, held in hand to the end (includes/common.lua
   -- HELD): releases change its pending numbers there, its index entry is

@@ -21,11 +21,11 @@ local function steady_one(A, P, now, swept)
     return { 'RESYNC' }
   end
   now = now or heard_ms(P)
-  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', fmt(now), 'LIMIT', '0', '1') > 0 then
+  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
   local generation = tonumber(v[3]) + 1
-  local s_now = fmt(now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+  local s_now = instant_text(now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
   if reported == '0' then reported = s_now end
   if reported ~= '' then
