@@ -89,13 +89,14 @@ local function heartbeat_one(A)
     n = read_node(node_id)
   end
   n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
-  n.cpu_percent, n.mem_used = number_of(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
+  n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
   n.pend_count, n.pend_cpu = number_of(prev[o + 5]) or 0, number_of(prev[o + 6]) or 0
   n.pend_mem, n.pending = number_of(prev[o + 7]) or 0, prev[o + 5] ~= false
   n.last_seen, n.acked = now, number_of(prev[4]) or 0
   for name, value in pairs(values) do
     local key = NODE_NUMBERS[name]
-    if key then n[key] = number_of(value) or 0 end
+    -- (the whole numbers come back; observed use moves all the time)
+    if key then n[key] = (WHOLE_FIELDS[name] and number_of(value) or tonumber(value)) or 0 end
   end
   if values.status then n.reported = values.status end
   -- @stage record_read

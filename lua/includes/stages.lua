@@ -32,7 +32,7 @@ local function node_from(id, v, o)
     running = number_of(v[o + 11]) or 0,
     starting_reported = number_of(v[o + 12]) or 0,
     paused = number_of(v[o + 13]) or 0,
-    cpu_percent = number_of(v[o + 14]) or 0,
+    cpu_percent = tonumber(v[o + 14]) or 0,
     mem_used = tonumber(v[o + 15]) or 0,
     pend_count = number_of(v[o + 16]) or 0,
     pend_cpu = number_of(v[o + 17]) or 0,
