@@ -210,18 +210,13 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   if req.create then
     -- the cell's count of reservations made, this one included, orders a node's reservations
     local seq = next_seq()
-    -- (fmt, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
+    -- (text, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
     -- far slower than fmt's integer conversion; the decisions of one call share
-    -- their instant, so its text is made once)
-    local texts = CALL.texts
-    if texts == nil then
-      texts = { fmt(now), fmt(now + P.reservation_ttl_ms) }
-      CALL.texts = texts
-    end
-    local s_expires = texts[2]
+    -- their instant, so instant_text makes each text once a call)
+    local s_expires = instant_text(now + P.reservation_ttl_ms)
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
-      'created_ms', texts[1], 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
+      'created_ms', instant_text(now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
     if CALL.new_ids then CALL.new_ids[rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
