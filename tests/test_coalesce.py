@@ -113,6 +113,33 @@ def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) 
     index_is_consistent(many, Policy(strategy="least_loaded"), now)
 
 
+def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
+        redis_client: Any) -> None:
+    """Identical nodes share a bucket: a batch rotates through it, and the
+    nodes it moved meet again in buckets its own moves made, which later
+    decisions of the same call choose among (the call knows their members
+    instead of reading them; ids whose byte order is not the order they
+    arrive in, nor their length's)."""
+    ids = ["n7", "n10", "n2", "n31", "n3", "n100", "n0", "n9", "n21"]
+    one, many = Scheduler(redis_client, cell="one"), Scheduler(redis_client, cell="many")
+    redis_client.flushall()
+    for s in (one, many):
+        s.sync_policy(Policy(strategy="least_loaded"))
+        for node_id in ids:
+            s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2,
+                           allocated_memory_bytes=4 * GIB, sandbox_count=1))
+    stream = [(Request.cold(1, 1024), None, i) for i in range(5 * len(ids) + 3)]
+    sequential = [one.run(call) for call in calls_for(one, stream)]
+    now = many.advance_clock(0, "freeze")
+    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
+    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    # every node took five or six: the rotation went round each bucket whole
+    taken = [r.node_id for r in sequential if isinstance(r, Placement)]
+    assert sorted(taken.count(i) for i in ids) == [5] * 6 + [6] * 3
+    assert untimed(node_states(many)) == untimed(node_states(one))
+    index_is_consistent(many, Policy(strategy="least_loaded"), now)
+
+
 def untimed(states: list[NodeState]) -> list[NodeState]:
     return [replace(n, last_seen_ms=None) for n in states]
 

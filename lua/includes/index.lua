@@ -42,12 +42,19 @@ local IDX_SHAPES, IDX_TMP
 -- is always what Redis holds.
 local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
 -- Bucket sizes this call knows (a pick read the bucket whole; a move keeps
--- them up to date), so a move asks Redis for none of them.
-local SIZES
+-- them up to date), so a move asks Redis for none of them.  And the members
+-- of small buckets it knows (MEMBERS[bucket]: exactly the zset's members, in
+-- its byte order, at most SMALL_BUCKET of them): a pick read them, or a move
+-- made the bucket; moves keep them up to date, so a pick that comes back to
+-- a bucket within the call (a batch's next decision among the same equals)
+-- reads nothing.
+local SIZES, MEMBERS
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
-  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES = nil, nil, {}, {}, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
 end
+-- Buckets of at most this many nodes are read whole when equals are rotated.
+local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 local SCAN_BATCH = 32 -- largest batch; a stream opens with four buckets and doubles
 
@@ -177,8 +184,6 @@ end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
 
--- Buckets of at most this many nodes are read whole when equals are rotated.
-local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
 
 -- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
 local function kth_merged(lists, k)
@@ -265,7 +270,18 @@ end
 local function idx_remove(node_id, bucket)
   local bk = bucket_key(bucket)
   local left = SIZES[bucket]
-  if redis.call('ZREM', bk, node_id) == 1 and left then left = left - 1 end
+  if redis.call('ZREM', bk, node_id) == 1 then
+    if left then left = left - 1 end
+    local list = MEMBERS[bucket]
+    if list then
+      for i = 1, #list do
+        if list[i] == node_id then
+          table.remove(list, i)
+          break
+        end
+      end
+    end
+  end
   if left == nil then left = redis.call('ZCARD', bk) end
   SIZES[bucket] = left
   if left == 0 then
@@ -285,7 +301,8 @@ end
 local function idx_add(node_id, bucket, n, from)
   local bk = bucket_key(bucket)
   local size = SIZES[bucket]
-  if redis.call('ZADD', bk, '0', node_id) == 1 and size then size = size + 1 end
+  local added = redis.call('ZADD', bk, '0', node_id) == 1
+  if added and size then size = size + 1 end
   -- scored by load (an integer: exact)
   local b = parsed_as(bucket, n)
   local lc, lm = dim_score(b, false), dim_score(b, true)
@@ -303,6 +320,23 @@ local function idx_add(node_id, bucket, n, from)
     if new then size = 1 end
   end
   SIZES[bucket] = size
+  local list = MEMBERS[bucket]
+  if new then
+    MEMBERS[bucket] = { node_id }
+  elseif list and added then
+    if #list >= SMALL_BUCKET then
+      MEMBERS[bucket] = nil
+    else
+      local at = #list + 1
+      for i = 1, #list do
+        if bytes_lt(node_id, list[i]) then
+          at = i
+          break
+        end
+      end
+      table.insert(list, at, node_id)
+    end
+  end
   if new then
     redis.call('ZADD', km, num_text(lm), bucket)
     firsts_added(kc, bucket, lc, false)
@@ -384,7 +418,7 @@ local INDEX_FORMAT = '2'
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
-  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES = nil, nil, {}, {}, {}
+  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -551,10 +585,14 @@ local function pick_indexed(P, req, rr_next)
   local picked
   local lists, total, large = nil, 0, false
   for i, bucket in ipairs(equals) do
-    local members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
-    if #members > SMALL_BUCKET then
-      large = true
-      break
+    local members = MEMBERS[bucket]
+    if members == nil then
+      members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
+      if #members > SMALL_BUCKET then
+        large = true
+        break
+      end
+      MEMBERS[bucket] = members
     end
     SIZES[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
