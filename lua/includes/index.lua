@@ -249,19 +249,22 @@ local function firsts_added(key, bucket, score, mem)
   list[#list + 1] = bucket
 end
 
--- Per call: a shape's capacities, its two streams' keys and its pick stream
--- (pick_stream), made once: a batch decides and moves many times over the
--- same shapes.
+-- Per call: a shape's capacities, its two streams' keys and its two pick
+-- streams (pick_stream: the CPU one, the memory one), made once: a batch
+-- decides and moves many times over the same shapes.
 local SHAPE_DESC
 ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
 local function shape_desc(shape)
   local d = SHAPE_DESC[shape]
   if d then return d end
   local caps = shape_caps(shape)
+  local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
   -- (a table costs about 0.5 us to make here; every field in the
   -- constructor: a table that grows is rebuilt)
-  d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape),
-    { cap = 0, add = 0, mem = false, key = '', rank = 0, size = 4, batch = false, pos = 1,
+  d = { caps[1], caps[2], kc, km,
+    { cap = caps[1], add = 0, mem = false, key = kc, rank = 0, size = 4, batch = false, pos = 1,
+      full = false, lb = false },
+    { cap = caps[2], add = 0, mem = true, key = km, rank = 0, size = 4, batch = false, pos = 1,
       full = false, lb = false } }
   SHAPE_DESC[shape] = d
   return d
@@ -488,27 +491,26 @@ local function pick_fetch(st)
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
 end
 
--- The shape's stream for this pick (d[5], refilled by every pick of the call),
--- along the dimension where the request weighs more, opened at its first
--- OPEN_SIZE members: read once a call, and kept up to date by its moves
--- (FIRSTS).
+-- The shape's stream for this pick (d[5] or d[6], refilled by every pick of
+-- the call), along the dimension where the request weighs more, opened at
+-- its first OPEN_SIZE members: read once a call, and kept up to date by its
+-- moves (FIRSTS).
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
-  local d = shape_desc(shape)
-  local c, m, req, st = d[1], d[2], PK_req, d[5]
-  local cap, add, mem, key = c, req.cpu, false, d[3]
-  if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then
-    cap, add, mem, key = m, req.mem, true, d[4]
-  end
+  local d = SHAPE_DESC[shape] or shape_desc(shape)
+  local c, m, req = d[1], d[2], PK_req
+  local st, add = d[5], req.cpu
+  if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then st, add = d[6], req.mem end
+  local key = st.key
   local batch = FIRSTS[key]
   if batch == nil then
     batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
     FIRSTS[key], FIRSTS_MORE[key] = batch, #batch == OPEN_SIZE
   end
-  st.cap, st.add, st.mem, st.key, st.batch, st.pos, st.rank = cap, add, mem, key, batch, 1, #batch
-  st.full, st.size, st.lb = FIRSTS_MORE[key], 2 * OPEN_SIZE, false
+  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, FIRSTS_MORE[key],
+    2 * OPEN_SIZE
   local first = batch[1]
-  if first then st.lb = pick_lb(st, first) end
+  if first then st.lb = pick_lb(st, first) else st.lb = false end
   return st
 end
 
