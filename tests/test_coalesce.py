@@ -140,6 +140,40 @@ def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
     index_is_consistent(many, Policy(strategy="least_loaded"), now)
 
 
+def test_a_batch_decides_again_after_a_sweep_between_its_decisions(redis_client: Any) -> None:
+    """A batch reuses what a pick found for the same size only while nothing
+    but its own placements moved the index: here the second decision's
+    expiry sweep (the first ended a full sweep batch, 64) frees a node that
+    now ranks before the nodes the first decision chose among."""
+    policy = Policy(strategy="least_loaded", reservation_ttl_ms=1_000, report_ttl_ms=3_600_000)
+    one, many = Scheduler(redis_client, cell="one"), Scheduler(redis_client, cell="many")
+    redis_client.flushall()
+    for s in (one, many):
+        s.sync_policy(policy)
+        s.advance_clock(0, "freeze")
+        s.heartbeat(hb("big", cpu=128, mem_gib=512))
+        for i in range(64):  # expire first: the first decision's sweep ends exactly these
+            s.schedule(Request.cold(1, 0), reservation_id=f"w1-{i}")
+        s.advance_clock(100)
+        for i in range(32):  # the second decision's sweep ends these
+            s.schedule(Request.cold(1, 0), reservation_id=f"w2-{i}")
+        s.advance_clock(100)
+        for node_id in ("n1", "n3", "n4"):
+            s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2,
+                           allocated_memory_bytes=4 * GIB))
+        s.advance_clock(2_000)  # every reservation expired
+    stream = [(Request.cold(1, 1024), None, i) for i in range(4)]
+    sequential = [one.run(call) for call in calls_for(one, stream)]
+    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
+    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    # big, loaded by the second wave at the first decision (33/128 of its CPU
+    # against 3/16), is free at the second (1/128)
+    placed = [r.node_id for r in sequential if isinstance(r, Placement)]
+    assert placed[0] in ("n1", "n3", "n4") and placed[1] == "big"
+    assert untimed(node_states(many)) == untimed(node_states(one))
+    index_is_consistent(many, policy, many.advance_clock(0))
+
+
 def untimed(states: list[NodeState]) -> list[NodeState]:
     return [replace(n, last_seen_ms=None) for n in states]
 

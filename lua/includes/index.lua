@@ -49,9 +49,14 @@ local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
 -- a bucket within the call (a batch's next decision among the same equals)
 -- reads nothing.
 local SIZES, MEMBERS
+-- What this call's picks found (PICKS[cpu][mem]: the buckets of the best rank
+-- for a creation of that size), kept while the index changes only by
+-- placements' moves (pick_indexed says why that keeps them right).
+local PICKS
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
   SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
+  PICKS = {}
 end
 -- Buckets of at most this many nodes are read whole when equals are rotated.
 local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
@@ -350,8 +355,11 @@ end
 
 -- Move node `n` (a read_node table) from bucket n.idx to bucket `want`
 -- ("" = out of the index).  The caller stores `want` in the record's idx.
-local function move_index(n, want)
+-- `placing`: the move of a placement, n's load grown by it (this call's
+-- picks stay right, pick_indexed); any other move forgets them.
+local function move_index(n, want, placing)
   if want == n.idx then return end
+  if not placing and next(PICKS) then PICKS = {} end
   if n.idx ~= '' then idx_remove(n.id, n.idx) end
   if want ~= '' then idx_add(n.id, want, n, n.idx) end
   n.idx = want
@@ -383,7 +391,10 @@ end
 
 local function unindex(node_id)
   local cur = redis.call('HGET', node_key(node_id), 'idx')
-  if cur and cur ~= '' then idx_remove(node_id, cur) end
+  if cur and cur ~= '' then
+    if next(PICKS) then PICKS = {} end
+    idx_remove(node_id, cur)
+  end
   redis.call('ZREM', IDX_SEEN, node_id)
 end
 
@@ -422,6 +433,7 @@ local INDEX_FORMAT = '2'
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
   SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
+  PICKS = {}
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -541,8 +553,7 @@ local function pick_run(streams)
   end
 end
 
--- Least-loaded choice through the index: the chosen node id and the list of
--- buckets it was chosen among (equal rank), or nil when the full scan must decide.
+-- The buckets of the best rank for `req` (nil when the full scan must decide).
 --
 -- One stream per shape, along the dimension where the request weighs more:
 -- a bucket's load L in that dimension gives (L + requested) / capacity, which
@@ -552,7 +563,7 @@ end
 -- counts rank after the best's (the rest of that stream does too, being in
 -- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
 -- known bucket is eligible.
-local function pick_indexed(P, req, rr_next)
+local function pick_walk(P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
   local streams, k, unknown = PK_streams, 0, false
   local empty = nil
@@ -579,12 +590,16 @@ local function pick_indexed(P, req, rr_next)
     local st = pick_stream('0:0')
     if st.lb then pick_run({ st }) else shape_gone('0:0') end
   end
-  if PK_best == nil then return nil end
   local equals = PK_equals
   PK_best, PK_equals = nil, nil
-  -- rotate among all equal nodes, in node-id byte order: small buckets are
-  -- read whole and merged here; a large one goes through a union in Redis
-  local picked
+  return equals
+end
+
+-- One node of the buckets `equals`, turn `rr_next` of the rotation among
+-- all their nodes in node-id byte order (nil: they hold none).  Small
+-- buckets are read whole (or known, MEMBERS) and merged here; a large one
+-- goes through a union in Redis.
+local function pick_rotate(equals, rr_next)
   local lists, total, large = nil, 0, false
   for i, bucket in ipairs(equals) do
     local members = MEMBERS[bucket]
@@ -598,32 +613,67 @@ local function pick_indexed(P, req, rr_next)
     end
     SIZES[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
-    if #equals == 1 then return members[((rr_next - 1) % #members) + 1], equals end
+    if #equals == 1 then
+      if #members == 0 then return nil end
+      return members[((rr_next - 1) % #members) + 1]
+    end
     lists = lists or {}
     lists[i], total = members, total + #members
   end
   if not large then
-    picked = kth_merged(lists, (rr_next - 1) % total)
-  else
-    total = 0
-    for _, bucket in ipairs(equals) do
-      SIZES[bucket] = redis.call('ZCARD', bucket_key(bucket))
-      total = total + SIZES[bucket]
-    end
-    local k = (rr_next - 1) % total
-    local keys = {}
-    for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
-    -- in chunks (unpack's limit): each later chunk unions into what is there
-    for i = 1, #keys, UNPACK_CHUNK do
-      local last = math.min(i + UNPACK_CHUNK - 1, #keys)
-      if i == 1 then
-        redis.call('ZUNIONSTORE', IDX_TMP, last, unpack(keys, 1, last))
-      else
-        redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
-      end
-    end
-    picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
-    redis.call('DEL', IDX_TMP)
+    if total == 0 then return nil end
+    return kth_merged(lists, (rr_next - 1) % total)
   end
-  return picked, equals
+  total = 0
+  for _, bucket in ipairs(equals) do
+    SIZES[bucket] = redis.call('ZCARD', bucket_key(bucket))
+    total = total + SIZES[bucket]
+  end
+  if total == 0 then return nil end
+  local k = (rr_next - 1) % total
+  local keys = {}
+  for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
+  -- in chunks (unpack's limit): each later chunk unions into what is there
+  for i = 1, #keys, UNPACK_CHUNK do
+    local last = math.min(i + UNPACK_CHUNK - 1, #keys)
+    if i == 1 then
+      redis.call('ZUNIONSTORE', IDX_TMP, last, unpack(keys, 1, last))
+    else
+      redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
+    end
+  end
+  local picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
+  redis.call('DEL', IDX_TMP)
+  return picked
+end
+
+-- Least-loaded choice through the index: the chosen node id and the list of
+-- buckets it was chosen among (equal rank), or nil when the full scan must
+-- decide.
+--
+-- A creation of a size this call already placed reuses what that pick found
+-- while the index changed only by placements' moves since (PICKS): such a
+-- move takes its node to a bucket of more load and one more starting, which
+-- ranks strictly after the one it left for every request and is eligible
+-- for none that the one it left was not, so no bucket came to rank before
+-- or with the best found, and the best ones left are those buckets' nodes
+-- still in them.  When none is left, the walk decides again.
+local function pick_indexed(P, req, rr_next)
+  local memo = req.create and PICKS[req.cpu]
+  local equals = memo and memo[req.mem]
+  if equals then
+    local picked = pick_rotate(equals, rr_next)
+    if picked then return picked, equals end
+  end
+  equals = pick_walk(P, req)
+  if equals == nil then return nil end
+  if req.create then
+    memo = PICKS[req.cpu]
+    if memo == nil then
+      memo = {}
+      PICKS[req.cpu] = memo
+    end
+    memo[req.mem] = equals
+  end
+  return pick_rotate(equals, rr_next), equals
 end

@@ -228,7 +228,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     n.pend_mem = n.pend_mem + req.mem
     local want = ''
     if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
-    move_index(n, want)
+    move_index(n, want, true)
     -- @stage index_move
     redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
       num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
