@@ -50,13 +50,15 @@ local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
 -- reads nothing.
 local SIZES, MEMBERS
 -- What this call's picks found (PICKS[cpu][mem]: the buckets of the best rank
--- for a creation of that size), kept while the index changes only by
--- placements' moves (pick_indexed says why that keeps them right).
+-- for a creation of that size; false: none), kept while the index changes
+-- only by placements' moves (pick_indexed says why that keeps them right).
+-- Members and picks are kept only by a batch of Schedules, the one kind of
+-- call that decides again.
 local PICKS
 ON_CALL[#ON_CALL + 1] = function()
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
   SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
-  PICKS = {}
+  PICKS = false
 end
 -- Buckets of at most this many nodes are read whole when equals are rotated.
 local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
@@ -255,24 +257,29 @@ local function firsts_added(key, bucket, score, mem)
 end
 
 -- Per call: a shape's capacities, its two streams' keys and its two pick
--- streams (pick_stream: the CPU one, the memory one), made once: a batch
--- decides and moves many times over the same shapes.
+-- streams (pick_stream: the CPU one, the memory one, each made when a pick
+-- first needs it), made once: a batch decides and moves many times over the
+-- same shapes.
 local SHAPE_DESC
 ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
 local function shape_desc(shape)
   local d = SHAPE_DESC[shape]
   if d then return d end
   local caps = shape_caps(shape)
-  local kc, km = dim_key('cpu', shape), dim_key('mem', shape)
-  -- (a table costs about 0.5 us to make here; every field in the
-  -- constructor: a table that grows is rebuilt)
-  d = { caps[1], caps[2], kc, km,
-    { cap = caps[1], add = 0, mem = false, key = kc, rank = 0, size = 4, batch = false, pos = 1,
-      full = false, lb = false },
-    { cap = caps[2], add = 0, mem = true, key = km, rank = 0, size = 4, batch = false, pos = 1,
-      full = false, lb = false } }
+  -- (the streams' slots in the constructor: a table that grows is rebuilt)
+  d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape), false, false }
   SHAPE_DESC[shape] = d
   return d
+end
+
+-- Shape description d's pick stream of dimension `mem` (true: memory), made.
+local function new_stream(d, mem)
+  -- (a table costs about 0.5 us to make here; every field in the
+  -- constructor: a table that grows is rebuilt)
+  local st = { cap = mem and d[2] or d[1], add = 0, mem = mem, key = mem and d[4] or d[3],
+    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false }
+  if mem then d[6] = st else d[5] = st end
+  return st
 end
 
 local function idx_remove(node_id, bucket)
@@ -330,7 +337,7 @@ local function idx_add(node_id, bucket, n, from)
   SIZES[bucket] = size
   local list = MEMBERS[bucket]
   if new then
-    MEMBERS[bucket] = { node_id }
+    if CALL.batch then MEMBERS[bucket] = { node_id } end
   elseif list and added then
     if #list >= SMALL_BUCKET then
       MEMBERS[bucket] = nil
@@ -359,7 +366,7 @@ end
 -- picks stay right, pick_indexed); any other move forgets them.
 local function move_index(n, want, placing)
   if want == n.idx then return end
-  if not placing and next(PICKS) then PICKS = {} end
+  if PICKS and not placing then PICKS = false end
   if n.idx ~= '' then idx_remove(n.id, n.idx) end
   if want ~= '' then idx_add(n.id, want, n, n.idx) end
   n.idx = want
@@ -392,7 +399,7 @@ end
 local function unindex(node_id)
   local cur = redis.call('HGET', node_key(node_id), 'idx')
   if cur and cur ~= '' then
-    if next(PICKS) then PICKS = {} end
+    PICKS = false
     idx_remove(node_id, cur)
   end
   redis.call('ZREM', IDX_SEEN, node_id)
@@ -433,7 +440,7 @@ local INDEX_FORMAT = '2'
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(P, now)
   SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
-  PICKS = {}
+  PICKS = false
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -511,8 +518,10 @@ local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
   local d = SHAPE_DESC[shape] or shape_desc(shape)
   local c, m, req = d[1], d[2], PK_req
+  local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
   local st, add = d[5], req.cpu
-  if m > 0 and (c <= 0 or req.mem / m > req.cpu / c) then st, add = d[6], req.mem end
+  if mem then st, add = d[6], req.mem end
+  if not st then st = new_stream(d, mem) end
   local key = st.key
   local batch = FIRSTS[key]
   if batch == nil then
@@ -609,7 +618,7 @@ local function pick_rotate(equals, rr_next)
         large = true
         break
       end
-      MEMBERS[bucket] = members
+      if CALL.batch then MEMBERS[bucket] = members end
     end
     SIZES[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
@@ -659,7 +668,7 @@ end
 -- or with the best found, and the best ones left are those buckets' nodes
 -- still in them.  When none is left, the walk decides again.
 local function pick_indexed(P, req, rr_next)
-  local memo = req.create and PICKS[req.cpu]
+  local memo = req.create and PICKS and PICKS[req.cpu]
   local equals = memo and memo[req.mem]
   if equals then
     local picked = pick_rotate(equals, rr_next)
@@ -667,7 +676,8 @@ local function pick_indexed(P, req, rr_next)
   end
   equals = pick_walk(P, req)
   if equals == nil then return nil end
-  if req.create then
+  if req.create and CALL.batch then
+    PICKS = PICKS or {}
     memo = PICKS[req.cpu]
     if memo == nil then
       memo = {}
