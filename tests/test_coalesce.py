@@ -103,14 +103,8 @@ def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) 
                            sandbox_count=f["sandbox_count"]))
     stream = [(Request.cold(rng.choice([1, 2, 2, 4]), rng.choice([2048, 4096, 8192])), None, i)
               for i in range(64)]
-    sequential = [one.run(call) for call in calls_for(one, stream)]
-    now = many.advance_clock(0, "freeze")
-    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
-    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    sequential = one_by_one_and_batched(one, many, stream, Policy(strategy="least_loaded"))
     assert len({r.node_id for r in sequential if isinstance(r, Placement)}) > 8
-    assert untimed(node_states(many)) == untimed(node_states(one))
-    # every node in exactly the bucket its record implies, after the batch's moves
-    index_is_consistent(many, Policy(strategy="least_loaded"), now)
 
 
 def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
@@ -129,15 +123,10 @@ def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
             s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2,
                            allocated_memory_bytes=4 * GIB, sandbox_count=1))
     stream = [(Request.cold(1, 1024), None, i) for i in range(5 * len(ids) + 3)]
-    sequential = [one.run(call) for call in calls_for(one, stream)]
-    now = many.advance_clock(0, "freeze")
-    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
-    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    sequential = one_by_one_and_batched(one, many, stream, Policy(strategy="least_loaded"))
     # every node took five or six: the rotation went round each bucket whole
     taken = [r.node_id for r in sequential if isinstance(r, Placement)]
     assert sorted(taken.count(i) for i in ids) == [5] * 6 + [6] * 3
-    assert untimed(node_states(many)) == untimed(node_states(one))
-    index_is_consistent(many, Policy(strategy="least_loaded"), now)
 
 
 def test_a_batch_decides_again_after_a_sweep_between_its_decisions(redis_client: Any) -> None:
@@ -163,15 +152,28 @@ def test_a_batch_decides_again_after_a_sweep_between_its_decisions(redis_client:
                            allocated_memory_bytes=4 * GIB))
         s.advance_clock(2_000)  # every reservation expired
     stream = [(Request.cold(1, 1024), None, i) for i in range(4)]
-    sequential = [one.run(call) for call in calls_for(one, stream)]
-    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
-    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
+    sequential = one_by_one_and_batched(one, many, stream, policy)
     # big, loaded by the second wave at the first decision (33/128 of its CPU
     # against 3/16), is free at the second (1/128)
     placed = [r.node_id for r in sequential if isinstance(r, Placement)]
     assert placed[0] in ("n1", "n3", "n4") and placed[1] == "big"
+
+
+def one_by_one_and_batched(one: Scheduler, many: Scheduler,
+                           stream: list[tuple[Request, str | None, int]],
+                           policy: Policy) -> list[Placement | SchedulerError]:
+    """``stream`` one by one in cell ``one`` and as one batch call in cell
+    ``many`` (its clock frozen first): the same answers and node records, and
+    every node in exactly the bucket its record implies after the batch's
+    moves.  Returns the answers."""
+    sequential: list[Placement | SchedulerError] = [one.run(call)
+                                                    for call in calls_for(one, stream)]
+    now = many.advance_clock(0, "freeze")
+    batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
+    assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
     assert untimed(node_states(many)) == untimed(node_states(one))
-    index_is_consistent(many, policy, many.advance_clock(0))
+    index_is_consistent(many, policy, now)
+    return sequential
 
 
 def untimed(states: list[NodeState]) -> list[NodeState]:

@@ -282,20 +282,42 @@ local function new_stream(d, mem)
   return st
 end
 
+-- A bucket's known members (MEMBERS) after this call removed `node_id` from
+-- its zset, or added it: in place, in byte order; a list that would pass
+-- SMALL_BUCKET is dropped (read again if a pick needs it).
+local function members_removed(bucket, node_id)
+  local list = MEMBERS[bucket]
+  if list == nil then return end
+  for i = 1, #list do
+    if list[i] == node_id then
+      table.remove(list, i)
+      return
+    end
+  end
+end
+local function members_added(bucket, node_id)
+  local list = MEMBERS[bucket]
+  if list == nil then return end
+  if #list >= SMALL_BUCKET then
+    MEMBERS[bucket] = nil
+    return
+  end
+  local at = #list + 1
+  for i = 1, #list do
+    if bytes_lt(node_id, list[i]) then
+      at = i
+      break
+    end
+  end
+  table.insert(list, at, node_id)
+end
+
 local function idx_remove(node_id, bucket)
   local bk = bucket_key(bucket)
   local left = SIZES[bucket]
   if redis.call('ZREM', bk, node_id) == 1 then
     if left then left = left - 1 end
-    local list = MEMBERS[bucket]
-    if list then
-      for i = 1, #list do
-        if list[i] == node_id then
-          table.remove(list, i)
-          break
-        end
-      end
-    end
+    members_removed(bucket, node_id)
   end
   if left == nil then left = redis.call('ZCARD', bk) end
   SIZES[bucket] = left
@@ -335,28 +357,14 @@ local function idx_add(node_id, bucket, n, from)
     if new then size = 1 end
   end
   SIZES[bucket] = size
-  local list = MEMBERS[bucket]
   if new then
     if CALL.batch then MEMBERS[bucket] = { node_id } end
-  elseif list and added then
-    if #list >= SMALL_BUCKET then
-      MEMBERS[bucket] = nil
-    else
-      local at = #list + 1
-      for i = 1, #list do
-        if bytes_lt(node_id, list[i]) then
-          at = i
-          break
-        end
-      end
-      table.insert(list, at, node_id)
-    end
-  end
-  if new then
     redis.call('ZADD', km, num_text(lm), bucket)
     firsts_added(kc, bucket, lc, false)
     firsts_added(km, bucket, lm, true)
     if from == '' or shape_of(from) ~= shape then shape_added(shape) end
+  elseif added then
+    members_added(bucket, node_id)
   end
 end
 
@@ -366,7 +374,7 @@ end
 -- picks stay right, pick_indexed); any other move forgets them.
 local function move_index(n, want, placing)
   if want == n.idx then return end
-  if PICKS and not placing then PICKS = false end
+  if not placing then PICKS = false end
   if n.idx ~= '' then idx_remove(n.id, n.idx) end
   if want ~= '' then idx_add(n.id, want, n, n.idx) end
   n.idx = want
@@ -678,12 +686,8 @@ local function pick_indexed(P, req, rr_next)
   if equals == nil then return nil end
   if req.create and CALL.batch then
     PICKS = PICKS or {}
-    memo = PICKS[req.cpu]
-    if memo == nil then
-      memo = {}
-      PICKS[req.cpu] = memo
-    end
-    memo[req.mem] = equals
+    memo = PICKS[req.cpu] or {}
+    PICKS[req.cpu], memo[req.mem] = memo, equals
   end
   return pick_rotate(equals, rr_next), equals
 end
