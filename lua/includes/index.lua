@@ -220,19 +220,24 @@ local function indexable(n, P)
   return true
 end
 
--- A stream's first members after this call removed `bucket` from its zset:
--- the same list without it (nil, to be read again, when none is left).
--- (Changed in place: a list is this call's own, and no pick is under way.)
-local function firsts_removed(key, bucket)
-  local list = FIRSTS[key]
-  if list == nil then return end
+-- Take `x` out of `list` (in place); true when it was there.
+local function list_remove(list, x)
   for i = 1, #list do
-    if list[i] == bucket then
-      if #list == 1 then FIRSTS[key] = nil else table.remove(list, i) end
-      return
+    if list[i] == x then
+      table.remove(list, i)
+      return true
     end
   end
-  -- it was further on: the first ones stay
+  return false
+end
+
+-- A stream's first members after this call removed `bucket` from its zset:
+-- the same list without it (nil, to be read again, when none is left; when
+-- it was further on, the first ones stay).  (Changed in place: a list is
+-- this call's own, and no pick is under way.)
+local function firsts_removed(key, bucket)
+  local list = FIRSTS[key]
+  if list and list_remove(list, bucket) and #list == 0 then FIRSTS[key] = nil end
 end
 
 -- ... after this call added `bucket` at `score` to the zset of dimension `mem`
@@ -287,13 +292,7 @@ end
 -- SMALL_BUCKET is dropped (read again if a pick needs it).
 local function members_removed(bucket, node_id)
   local list = MEMBERS[bucket]
-  if list == nil then return end
-  for i = 1, #list do
-    if list[i] == node_id then
-      table.remove(list, i)
-      return
-    end
-  end
+  if list then list_remove(list, node_id) end
 end
 local function members_added(bucket, node_id)
   local list = MEMBERS[bucket]
