@@ -32,9 +32,9 @@ from typing import Any
 
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
-from scheduler import Policy, Request, Scheduler
+from scheduler import Policy, Request, Scheduler, lua_constants
 from scheduler.calls import Call, Resync
-from scheduler.records import MIB
+from scheduler.records import MIB, snapshot_fields
 from scheduler.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
 from scheduler.simnode import SimNode
 
@@ -84,7 +84,16 @@ def library_at(rev: str) -> Library:
             scripts[m.group("name")] = (int(m.group("nkeys")), text)
     if not scripts:
         raise SystemExit(f"revision {rev} has no lua/ scripts")
+    includes[lua_constants.NAME] = lua_constants.render() + _retired_constants()
     return build_library(includes, scripts)
+
+
+def _retired_constants() -> str:
+    """Generated constants this tree no longer has, which older revisions' Lua
+    reads (their own tables, rendered the way those revisions rendered them)."""
+    index_fields = [n for n, m in lua_constants.index_movers(snapshot_fields()).items()
+                    if m is True]
+    return "local INDEX_FIELDS = { " + ", ".join(f"'{n}'" for n in index_fields) + " }\n"
 
 
 def knows_roster_deltas(lib: Library) -> bool:

@@ -9,6 +9,7 @@ function library's load-time code may not call functions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from scheduler import catalog
 from scheduler.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
@@ -35,6 +36,20 @@ def _set(items: Iterable[str]) -> str:
 def _map(items: Mapping[str, str | int]) -> str:
     return "{ " + ", ".join(
         f"[{_str(k)}] = {_str(v) if isinstance(v, str) else v}" for k, v in items.items()) + " }"
+
+
+def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
+    """Snapshot field -> True (it places the node) or the observed ceiling that
+    reads it (it matters while that ceiling is set)."""
+    movers: dict[str, str | bool] = {c.observed: c.name for c in catalog.CEILINGS
+                                     if c.observed is not None}
+    movers.update({n: True for n, f in snapshot.items() if f.index})
+    return movers
+
+
+def _movers(items: Mapping[str, str | bool]) -> str:
+    return "{ " + ", ".join(f"[{_str(k)}] = {_str(v) if isinstance(v, str) else 'true'}"
+                            for k, v in items.items()) + " }"
 
 
 def render() -> str:
@@ -82,8 +97,9 @@ def render() -> str:
         "-- What a heartbeat may write to a node record.",
         f"local SNAPSHOT_FIELDS = {_set(HEARTBEAT_FIELDS)}",
         "-- Snapshot fields that can move a node in the placement index (or in or",
-        "-- out of it); observed utilisation only matters under an OBSERVED_CEILINGS one.",
-        f"local INDEX_FIELDS = {_list(n for n, f in snapshot.items() if f.index)}",
+        "-- out of it): true, or the OBSERVED_CEILINGS one under which observed",
+        "-- utilisation matters (a heartbeat looks each field it sends up once).",
+        "local INDEX_MOVERS = " + _movers(index_movers(snapshot)),
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
     ]

@@ -47,7 +47,7 @@ return cjson.encode({
   BOUNDS_DEFAULTS = BOUNDS_DEFAULTS, STRATEGIES = STRATEGIES,
   DEFAULT_STRATEGY = DEFAULT_STRATEGY, STRATEGY_CHOICES = STRATEGY_CHOICES,
   EVENT_TYPES = EVENT_TYPES, LIVE = LIVE, SWEEP_BATCH = SWEEP_BATCH, NO_POLICY = NO_POLICY,
-  SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_FIELDS = INDEX_FIELDS, WHOLE_FIELDS = WHOLE_FIELDS,
+  SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_MOVERS = INDEX_MOVERS, WHOLE_FIELDS = WHOLE_FIELDS,
   PACKED_MATCH = { string.match(table.concat(PACKED, '\\t'), PACKED_RE) },
 })
 """
@@ -77,7 +77,9 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["NO_POLICY"] == NO_POLICY
     assert got["SNAPSHOT_FIELDS"] == truth(HEARTBEAT_FIELDS)
     fields = snapshot_fields()
-    assert got["INDEX_FIELDS"] == [n for n, f in fields.items() if f.index]
+    assert got["INDEX_MOVERS"] == {**{c.observed: c.name for c in catalog.CEILINGS
+                                      if c.observed},
+                                   **{n: True for n, f in fields.items() if f.index}}
     assert got["WHOLE_FIELDS"] == truth(n for n, f in fields.items() if f.decides)
 
 

@@ -37,9 +37,15 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
     roster_changed(prev[1], redis.call('SREM', node_roster_key(prev[1]), sb))
   end
   if rid == nil and prev[1] == node_id then rid = prev[2] end
-  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
-    'listed', listed, 'reservation_id', rid or '', 'expires_ms', instant_text(now + P.binding_ttl_ms),
-    'deleted', '0')
+  local expires = instant_text(now + P.binding_ttl_ms)
+  if prev[1] == node_id and prev[3] == '0' then
+    -- (this node's live binding: its ids and deleted "0" are written already)
+    redis.call('HSET', bkey, 'endpoint', endpoint, 'listed', listed, 'reservation_id', rid or '',
+      'expires_ms', expires)
+  else
+    redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'endpoint', endpoint,
+      'listed', listed, 'reservation_id', rid or '', 'expires_ms', expires, 'deleted', '0')
+  end
   if listed == '1' then
     -- (a binding made just now has no expiry to lift)
     if prev[1] then redis.call('PERSIST', bkey) end

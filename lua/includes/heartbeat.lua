@@ -48,10 +48,13 @@ local function heartbeat_one(A)
     return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
   end
   local values = {}
+  local moves = false -- (does a field sent move the node in the index?)
   for i = 0, nfields - 1 do
     local name = A[8 + 2 * i]
     if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
     local value = A[9 + 2 * i]
+    local mover = INDEX_MOVERS[name]
+    if mover and (mover == true or P.limits[mover]) then moves = true end
     -- the placement index spells these as whole numbers (the client checks
     -- their ranges; this keeps any other writer from slipping a fraction in)
     -- (1 to 16 digits: a length and one scan for a non-digit)
@@ -148,11 +151,18 @@ local function heartbeat_one(A)
   local generation = (tonumber(prev[8]) or 0) + 1
   local incarnation = prev[12]
   if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', '1')) end
-  local hset = { 'node_id', node_id, 'service_instance_id', sid, 'last_seen_ms', s_now,
-    'generation', fmt(generation), 'incarnation', incarnation }
+  -- (what the record holds already is not written again: its ids, its
+  -- incarnation and roster mode while they stay)
+  local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
+  if not prev[17] then hset[5], hset[6] = 'node_id', node_id end
+  if prev[1] ~= sid then hset[#hset + 1], hset[#hset + 2] = 'service_instance_id', sid end
+  if prev[12] ~= incarnation then hset[#hset + 1], hset[#hset + 2] = 'incarnation', incarnation end
   if roster_sent then
-    for _, x in ipairs({ 'roster_size', num_text(roster_size), 'roster_mode', roster_mode and '1' or '0',
-      'roster_digest', digest }) do hset[#hset + 1] = x end
+    local mode = roster_mode and '1' or '0'
+    local k = #hset
+    hset[k + 1], hset[k + 2] = 'roster_size', num_text(roster_size)
+    hset[k + 3], hset[k + 4] = 'roster_digest', digest
+    if prev[3] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
   end
   for name, value in pairs(values) do
     if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
@@ -248,13 +258,7 @@ local function heartbeat_one(A)
     end
   end
   -- Stage "index": only a change of what places the node moves it.
-  local moved = not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
-  for _, name in ipairs(INDEX_FIELDS) do
-    if values[name] then moved = true end
-  end
-  for name, field in pairs(OBSERVED_CEILINGS) do
-    if values[field] and P.limits[name] then moved = true end
-  end
+  local moved = moves or not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
   TOUCHED[node_id], HELD = nil, nil
   local indexed, entering = true, false -- (not moved: it stays in the index)
   if moved then
@@ -274,10 +278,10 @@ local function heartbeat_one(A)
   end
   -- @stage index_move
   if n.dirty then
-    for _, x in ipairs({ 'pending_count', num_text(n.pend_count), 'pending_cpu',
-      num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem) }) do
-      hset[#hset + 1] = x
-    end
+    local k = #hset
+    hset[k + 1], hset[k + 2] = 'pending_count', num_text(n.pend_count)
+    hset[k + 3], hset[k + 4] = 'pending_cpu', num_text(n.pend_cpu)
+    hset[k + 5], hset[k + 6] = 'pending_memory_bytes', num_text(n.pend_mem)
     if n.acked ~= (number_of(prev[4]) or 0) then
       hset[#hset + 1] = 'acked_count'
       hset[#hset + 1] = num_text(n.acked)

@@ -2,7 +2,7 @@
   includes/snapshot.lua: what a heartbeat reads of the record it updates,
   defined once (a library's includes load once per server; a script body
   runs per call).  The heartbeat's field tables (SNAPSHOT_FIELDS,
-  INDEX_FIELDS, WHOLE_FIELDS) are in includes/constants, generated from
+  INDEX_MOVERS, WHOLE_FIELDS) are in includes/constants, generated from
   scheduler/records.py NodeSnapshot.
 ]]
 -- @include index
