@@ -109,6 +109,13 @@ def test_heartbeat_stores_every_snapshot_field_with_redis_time(make_scheduler: M
     rec = {k.decode(): v.decode() for k, v in s.client.hgetall(s.keys.node("n1")).items()}
     assert rec["cpu_config_json"] == "{}" and rec["restarts"] == "1"
     assert rec["reported_at_unix_ms"] == "123"
+    assert rec["service_instance_id"] == "boot-2" and rec["node_id"] == "n1"
+    # the new instance is the record's now: its next heartbeat is no restart
+    r3 = s.heartbeat(Heartbeat(node_id="n1", service_instance_id="boot-2",
+                               snapshot=NodeSnapshot(cpu_count=32, reported_at_unix_ms=124)))
+    assert (r3.generation, r3.restarted) == (3, False)
+    assert s.client.hmget(s.keys.node("n1"), "restarts", "incarnation") == [
+        b"1", rec["incarnation"].encode()]
 
 
 def test_static_node_list_refuses_unknown_heartbeats(make_scheduler: Make) -> None:

@@ -137,6 +137,26 @@ def test_a_batch_of_heartbeats_leaves_redis_as_one_by_one(
     bound_sandboxes_are_in_their_nodes_sets(many)
 
 
+def test_a_bucket_a_batch_moved_into_then_emptied_leaves_the_streams(redis_client: Any) -> None:
+    """A batch moves a node into a bucket another node holds (listed in its
+    shape's streams, its size not known to the call), then both nodes out:
+    the bucket leaves the streams as it does one heartbeat at a time."""
+    one, many = _frozen_cells(redis_client)
+
+    def beat(node_id: str, running: int) -> Heartbeat:
+        return hb(node_id, cpu=16, mem_gib=64, sandbox_count=running, allocated_cpu=running)
+
+    for s in (one, many):
+        s.heartbeat(beat("n1", 1))
+        s.heartbeat(beat("n2", 0))
+    batch = [beat("n2", 1), beat("n2", 2), beat("n1", 3)]  # n2 joins n1, then both leave
+    for b in batch:
+        one.run(one.ops.heartbeat(b, full=True))
+    many.run(many.ops.heartbeat_batch([many.ops.heartbeat(b, full=True) for b in batch]))
+    assert _cell_keys(many) == _cell_keys(one)
+    index_is_consistent(many, POLICY, one.advance_clock(0))
+
+
 def test_each_heartbeat_of_a_batch_gets_its_own_answer(make_scheduler: Any) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1"))

@@ -291,6 +291,58 @@ def test_listed_bindings_carry_no_key_expiry(make_scheduler: Make, redis_client:
     assert 0 < redis_client.pttl(s.keys.bind("direct")) <= 60_000
 
 
+def test_a_listed_binding_is_the_whole_record(make_scheduler: Make, redis_client: Any) -> None:
+    """A roster that lists an assigned sandbox rewrites only what changed of
+    its binding, a tombstone it lists again is rewritten whole: either way
+    the record reads as if written afresh (the node's endpoint of now)."""
+    s = make_scheduler(Policy(binding_ttl_ms=60_000))
+    s.heartbeat(hb("n1", endpoint="old.local:1"))
+    p = s.schedule(Request.cold(1, 0))
+    s.assign("sb", "n1", "old.local:1", p.reservation_id)
+
+    def record(sb: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in redis_client.hgetall(s.keys.bind(sb)).items()}
+
+    def expiry() -> str:  # binding_ttl after the node's last heartbeat
+        seen = int(redis_client.hget(s.keys.node("n1"), "last_seen_ms"))
+        return str(seen + 60_000)
+
+    r = s.heartbeat(hb("n1", endpoint="new.local:2", roster=["sb"], sandbox_count=1))
+    assert r.released == 1
+    assert record("sb") == {"sandbox_id": "sb", "node_id": "n1", "endpoint": "new.local:2",
+                            "listed": "1", "reservation_id": p.reservation_id,
+                            "expires_ms": expiry(), "deleted": "0"}
+    s.heartbeat(hb("n1", endpoint="new.local:2", roster=[], sandbox_count=0))
+    s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="DELETE")])
+    assert record("sb")["deleted"] == "1"
+    s.advance_clock(1000)
+    s.heartbeat(hb("n1", endpoint="third.local:3", roster=["sb"], sandbox_count=1))
+    # (the roster dropped it before the delete: its binding, and the charge
+    # with it, went; the tombstone charged nothing)
+    assert record("sb") == {"sandbox_id": "sb", "node_id": "n1", "endpoint": "third.local:3",
+                            "listed": "1", "reservation_id": "", "expires_ms": expiry(),
+                            "deleted": "0"}
+    assert s.lookup("sb").endpoint == "third.local:3"
+
+
+def test_heartbeats_collect_assignments_whose_binding_expired(make_scheduler: Make,
+                                                              redis_client: Any) -> None:
+    """An assignment never listed leaves its node's set once Redis expired its
+    binding: every other heartbeat samples two members (never a binding it
+    just wrote as listed, which is this node's)."""
+    s = make_scheduler(Policy(binding_ttl_ms=60_000))
+    s.heartbeat(hb("n1", roster=["a"], sandbox_count=1))
+    for sb in ("x1", "x2", "x3"):
+        s.assign(sb, "n1", EP)
+    for sb in ("x1", "x2"):
+        redis_client.delete(s.keys.bind(sb))  # (as Redis expires a key past its TTL)
+    for i in range(80):  # each a delta: j<i> joins, j<i-1> leaves
+        s.heartbeat(hb("n1", roster=["a", f"j{i}"], sandbox_count=2))
+    # (missing either expired one over 40 samples of two: below 1e-8)
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"x3", b"j79"}
+    assert [s.lookup(sb).node_id for sb in ("a", "x3", "j79")] == ["n1"] * 3
+
+
 def test_assignment_to_an_unknown_node_writes_nothing(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1"))
