@@ -29,13 +29,21 @@ def _list(items: Iterable[str]) -> str:
     return "{ " + ", ".join(_str(i) for i in items) + " }"
 
 
+def _value(v: str | int | bool) -> str:
+    """A Lua literal of a string, a number or a boolean."""
+    if isinstance(v, str):
+        return _str(v)
+    if isinstance(v, bool):  # (before int: a bool is one)
+        return "true" if v else "false"
+    return str(v)
+
+
+def _map(items: Mapping[str, str | int | bool]) -> str:
+    return "{ " + ", ".join(f"[{_str(k)}] = {_value(v)}" for k, v in items.items()) + " }"
+
+
 def _set(items: Iterable[str]) -> str:
-    return "{ " + ", ".join(f"[{_str(i)}] = true" for i in items) + " }"
-
-
-def _map(items: Mapping[str, str | int]) -> str:
-    return "{ " + ", ".join(
-        f"[{_str(k)}] = {_str(v) if isinstance(v, str) else v}" for k, v in items.items()) + " }"
+    return _map(dict.fromkeys(items, True))
 
 
 def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
@@ -45,11 +53,6 @@ def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
                                      if c.observed is not None}
     movers.update({n: True for n, f in snapshot.items() if f.index})
     return movers
-
-
-def _movers(items: Mapping[str, str | bool]) -> str:
-    return "{ " + ", ".join(f"[{_str(k)}] = {_str(v) if isinstance(v, str) else 'true'}"
-                            for k, v in items.items()) + " }"
 
 
 def render() -> str:
@@ -99,7 +102,7 @@ def render() -> str:
         "-- Snapshot fields that can move a node in the placement index (or in or",
         "-- out of it): true, or the OBSERVED_CEILINGS one under which observed",
         "-- utilisation matters (a heartbeat looks each field it sends up once).",
-        "local INDEX_MOVERS = " + _movers(index_movers(snapshot)),
+        "local INDEX_MOVERS = " + _map(index_movers(snapshot)),
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
     ]

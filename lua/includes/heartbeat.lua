@@ -154,9 +154,18 @@ local function heartbeat_one(A)
   -- (what the record holds already is not written again: its ids, its
   -- incarnation and roster mode while they stay)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
-  if not prev[17] then hset[5], hset[6] = 'node_id', node_id end
-  if prev[1] ~= sid then hset[#hset + 1], hset[#hset + 2] = 'service_instance_id', sid end
-  if prev[12] ~= incarnation then hset[#hset + 1], hset[#hset + 2] = 'incarnation', incarnation end
+  if not prev[17] then
+    hset[#hset + 1] = 'node_id'
+    hset[#hset + 1] = node_id
+  end
+  if prev[1] ~= sid then
+    hset[#hset + 1] = 'service_instance_id'
+    hset[#hset + 1] = sid
+  end
+  if prev[12] ~= incarnation then
+    hset[#hset + 1] = 'incarnation'
+    hset[#hset + 1] = incarnation
+  end
   if roster_sent then
     local mode = roster_mode and '1' or '0'
     local k = #hset
