@@ -232,10 +232,8 @@ local function heartbeat_one(A)
   -- Forget bindings that expired by themselves (assignments never listed):
   -- bounded work, every other heartbeat (two samples each).
   if generation % 2 == 0 then
-    local fresh = {} -- (bindings this heartbeat wrote: this node's, no read needed)
-    for _, sb in ipairs(added) do fresh[sb] = true end
     for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
-      if not fresh[sb] and redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
+      if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
         redis.call('SREM', node_sbx_key(node_id), sb)
       end
     end

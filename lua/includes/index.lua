@@ -42,8 +42,7 @@ local IDX_SHAPES, IDX_TMP
 -- is always what Redis holds.
 local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
 -- Bucket sizes this call knows (a pick read the bucket whole; a move keeps
--- them up to date), so a move asks Redis for none of them; false: a bucket
--- a move found listed (not empty) without learning its size.  And the members
+-- them up to date), so a move asks Redis for none of them.  And the members
 -- of small buckets it knows (MEMBERS[bucket]: exactly the zset's members, in
 -- its byte order, at most SMALL_BUCKET of them): a pick read them, or a move
 -- made the bucket; moves keep them up to date, so a pick that comes back to
@@ -319,7 +318,7 @@ local function idx_remove(node_id, bucket)
     if left then left = left - 1 end
     members_removed(bucket, node_id)
   end
-  if not left then left = redis.call('ZCARD', bk) end
+  if left == nil then left = redis.call('ZCARD', bk) end
   SIZES[bucket] = left
   if left == 0 then
     local d = shape_desc(shape_of(bucket))
@@ -347,17 +346,14 @@ local function idx_add(node_id, bucket, n, from)
   local d = shape_desc(shape)
   local kc, km = d[3], d[4]
   local new
-  if size then
+  if size ~= nil then
     new = size == 1
     if new then redis.call('ZADD', kc, num_text(lc), bucket) end
-  elseif size == nil then
-    -- a bucket is listed in its shape's streams exactly while it holds a
-    -- node, so listing it tells whether it was empty (no ZCARD); one that
-    -- was not stays known as listed (false: of a size not known)
-    new = redis.call('ZADD', kc, 'NX', num_text(lc), bucket) == 1
-    size = new and 1 or false
   else
-    new = false -- (known listed this call, and nothing emptied it since)
+    -- a bucket is listed in its shape's streams exactly while it holds a
+    -- node, so listing it tells whether it was empty (no ZCARD)
+    new = redis.call('ZADD', kc, 'NX', num_text(lc), bucket) == 1
+    if new then size = 1 end
   end
   SIZES[bucket] = size
   if new then
