@@ -34,7 +34,7 @@ end
 local now = now_ms(P)
 sweep_expired(now)
 
-local already_listed = listed_on(sb, node_id, now, P)
+local already_listed = listed_on(sb, node_id)
 if buried_on(sb, node_id, now) then
   -- The node already reported this sandbox deleted.  If a reservation was
   -- charged to it before, that was its one: nothing more.  Otherwise, in

@@ -51,7 +51,7 @@ for i = 2, #ARGV, 2 do
       rid = oldest_unclaimed(node_id)
       if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
     end
-    local listed = listed_on(sb, node_id, now, P)
+    local listed = listed_on(sb, node_id)
     if rid and creation and listed then
       -- a roster already listed it: the node's numbers include it now
       if end_reservation(rid, 'released', now) then released = released + 1 end

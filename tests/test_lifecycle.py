@@ -76,6 +76,30 @@ def test_assignment_after_the_roster_listed_it_releases_at_once(make_scheduler: 
     assert pending(s) == (0, 0, 0) and projected_cpu(s) == 2
 
 
+@pytest.mark.parametrize("how", ["assign", "CREATE", "FORK"])
+def test_a_sandbox_listed_by_a_node_gone_silent_is_still_counted_once(make_scheduler: Make,
+                                                                       how: str) -> None:
+    """Past binding_ttl without a heartbeat, lookups no longer answer for a
+    node's listed sandboxes, but its last numbers still include them: a
+    reservation charged to one then is released at once, never left pending
+    beside the snapshot that counts the sandbox (counted twice)."""
+    s = make_scheduler(Policy(binding_ttl_ms=30_000, reservation_ttl_ms=600_000))
+    s.heartbeat(hb("n1", roster=["a"], sandbox_count=1, allocated_cpu=1))
+    p = s.schedule(Request.cold(2, 0))
+    s.advance_clock(31_000)
+    with pytest.raises(NotFound):
+        s.lookup("a")  # (expired for lookups)
+    if how == "assign":
+        a = s.assign("a", "n1", EP)  # no reservation id: the node's oldest unclaimed one
+        assert a.reservation_id == p.reservation_id and a.released
+    else:
+        ev = s.events("n1", [SandboxEvent(sandbox_id="a", event_type=how)])
+        assert (ev.acked, ev.released) == (0, 1)
+    assert s.reservation(p.reservation_id or "").state == "released"
+    assert pending(s) == (0, 0, 0) and projected_cpu(s) == 1
+    assert s.lookup("a").node_id == "n1"  # (the node just reported it: bound again)
+
+
 def test_counter_mode_releases_oldest_first_never_more_than_there_are(make_scheduler: Make) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1", create_successes=5))

@@ -110,10 +110,14 @@ local function charged(sb, node_id)
   return b[1] == node_id and b[2] and b[2] ~= ''
 end
 
--- Is `sb` bound to `node_id` and listed by one of its rosters (unexpired)?
-local function listed_on(sb, node_id, now, P)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'expires_ms')
-  return b[1] == node_id and b[2] == '1' and binding_expires(b, P) > now
+-- Is `sb` bound to `node_id` and listed by its last roster, so that the
+-- node's numbers include it?  However long ago that roster came: a binding
+-- that lookups no longer answer (its node silent past binding_ttl) is still
+-- in the numbers the node last sent, and a reservation charged to it now
+-- would count the sandbox twice.
+local function listed_on(sb, node_id)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted')
+  return b[1] == node_id and b[2] == '1' and b[3] ~= '1'
 end
 
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.

@@ -358,9 +358,10 @@ class CellModel:
         b = self.bind.get(sb)
         return b is not None and b.node_id == node_id and bool(b.rid)
 
-    def listed_on(self, sb: str, node_id: str, now: int) -> bool:
+    def listed_on(self, sb: str, node_id: str) -> bool:
+        """Listed by the node's last roster, however long ago it came."""
         b = self.bind.get(sb)
-        return b is not None and b.node_id == node_id and b.listed and b.expires_ms > now
+        return b is not None and b.node_id == node_id and b.listed and not b.deleted
 
     def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None,
                       now: int) -> None:
@@ -445,7 +446,7 @@ class CellModel:
 
     def assign(self, sb: str, node_id: str, wanted: str | None, now: int) -> str | None:
         self.sweep(now)
-        already_listed = self.listed_on(sb, node_id, now)
+        already_listed = self.listed_on(sb, node_id)
         b = self.bind.get(sb)
         if b is not None and b.deleted and b.node_id == node_id and b.expires_ms > now:
             buried = None
@@ -498,7 +499,7 @@ class CellModel:
                 rid = self.oldest_unclaimed(node_id)
                 if rid is not None:
                     self.res[rid].sandbox_id = sb
-            listed = self.listed_on(sb, node_id, now)
+            listed = self.listed_on(sb, node_id)
             if rid is not None and creation and listed:
                 self.end(rid, "released")
             elif rid is not None and creation:
