@@ -12,7 +12,8 @@ entries in shared keys (indexes, sets).
 - ``node``: a node registered by heartbeat: snapshot with one disk, P2P
   endpoint, cluster, CPU config digest fields, index entry; no sandboxes.
 - ``roster entry``: one more sandbox listed by its node's roster: its
-  binding and its place in the node's roster and bound sets.
+  binding and its place in the node's roster set (a listed sandbox is in
+  no other).
 - ``live reservation``: a placement not yet accounted for (record, expiry
   and per-node entries, the node's pending sums).
 - ``tombstone``: an ended reservation, kept ``reservation_tombstone_ttl``

@@ -34,7 +34,7 @@
           writes nothing
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
           roster_mode, roster_digest), nodes (registration), seen, bind:* and
-          node-sbx:<id> / node-roster:<id> for sandboxes that joined or left
+          node-roster:<id> / node-sbx:<id> for sandboxes that joined or left
           the roster, the node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it

@@ -13,8 +13,8 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
     <base>node:<node>         hash    node record: identity, latest snapshot, pending aggregates
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
-    <base>node-sbx:<node>     set     sandbox ids bound to the node
-    <base>node-roster:<node>  set     the node's last heartbeat roster
+    <base>node-sbx:<node>     set     sandbox ids bound to the node that its roster does not list
+    <base>node-roster:<node>  set     the node's last heartbeat roster (its listed bindings)
     <base>res:<reservation>   hash    reservation record (a tombstone once ended)
     <base>bind:<sandbox>      hash    sandbox -> node binding (expires with binding_ttl)
     <base>idx-shapes          set     node shapes ("C:M") present in the placement index

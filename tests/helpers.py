@@ -109,11 +109,19 @@ def records_name_only_registered_nodes(s: Scheduler) -> None:
 
 def bound_sandboxes_are_in_their_nodes_sets(s: Scheduler) -> None:
     """Every live binding (not a deletion's tombstone) is a member of its
-    node's node-sbx set: a heartbeat adds to the set only sandboxes whose
-    binding did not already name the node."""
+    node's roster set when listed and of its node-sbx set when not, and a
+    listed one is not in node-sbx: whatever removes a node's bindings reads
+    both sets, and a sandbox leaving the roster leaves one set.  (A binding
+    rewritten unlisted may stay in the roster set as well.)"""
     prefix = s.keys.bind("")
     for key in s.client.scan_iter(match=prefix + "*"):
-        node, deleted = s.client.hmget(key, "node_id", "deleted")
+        node, deleted, listed = s.client.hmget(key, "node_id", "deleted", "listed")
         if node is not None and deleted != b"1":
             sb = key.decode()[len(prefix):]
-            assert s.client.sismember(s.keys.node_sbx(node.decode()), sb), (sb, node)
+            node_id = node.decode()
+            in_sbx = s.client.sismember(s.keys.node_sbx(node_id), sb)
+            if listed == b"1":
+                assert s.client.sismember(s.keys.node_roster(node_id), sb), (sb, node)
+                assert not in_sbx, (sb, node)
+            else:
+                assert in_sbx, (sb, node)

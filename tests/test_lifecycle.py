@@ -351,19 +351,22 @@ def test_a_listed_binding_is_the_whole_record(make_scheduler: Make, redis_client
 
 def test_heartbeats_collect_assignments_whose_binding_expired(make_scheduler: Make,
                                                               redis_client: Any) -> None:
-    """An assignment never listed leaves its node's set once Redis expired its
-    binding: every other heartbeat samples two members (never a binding it
-    just wrote as listed, which is this node's)."""
+    """An assignment never listed leaves its node's node-sbx set once Redis
+    expired its binding: every other heartbeat samples two members.  So does
+    a listed sandbox a version that kept every binding there left in it (a
+    listed one belongs to the roster set only)."""
     s = make_scheduler(Policy(binding_ttl_ms=60_000))
     s.heartbeat(hb("n1", roster=["a"], sandbox_count=1))
     for sb in ("x1", "x2", "x3"):
         s.assign(sb, "n1", EP)
     for sb in ("x1", "x2"):
         redis_client.delete(s.keys.bind(sb))  # (as Redis expires a key past its TTL)
+    redis_client.sadd(s.keys.node_sbx("n1"), "a")  # (as an older version left it)
     for i in range(80):  # each a delta: j<i> joins, j<i-1> leaves
         s.heartbeat(hb("n1", roster=["a", f"j{i}"], sandbox_count=2))
-    # (missing either expired one over 40 samples of two: below 1e-8)
-    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"x3", b"j79"}
+    # (missing one of the three over 40 samples of two among at most four: below 1e-9)
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"x3"}
+    assert s.client.smembers(s.keys.node_roster("n1")) == {b"a", b"j79"}
     assert [s.lookup(sb).node_id for sb in ("a", "x3", "j79")] == ["n1"] * 3
 
 
@@ -431,19 +434,24 @@ def test_counters_for_operators(make_scheduler: Make, redis_client: Any) -> None
 
 def test_a_sandbox_listed_again_after_its_delete_is_bound_and_in_its_nodes_set(
         make_scheduler: Make) -> None:
-    """A heartbeat adds to a node's set only sandboxes whose binding did not
-    already name the node; a deletion's tombstone names it but is not in the
-    set, so a sandbox its roster lists again after a DELETE event is added."""
+    """An assignment is in its node's node-sbx set until a roster lists it,
+    then in the roster set only; a deletion's tombstone names the node but is
+    in neither, so a sandbox its roster lists again after a DELETE event is
+    bound and in the roster set again."""
     s = make_scheduler()
     s.heartbeat(hb("n1", roster=["a"], sandbox_count=1))
     p = s.schedule(Request.cold(1, 1024))
     s.assign("b", "n1", EP, p.reservation_id)  # assigned before it is listed
+    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"b"}
+    bound_sandboxes_are_in_their_nodes_sets(s)
     s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=2))
-    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"b"}
+    assert s.client.smembers(s.keys.node_sbx("n1")) == set()
+    assert s.client.smembers(s.keys.node_roster("n1")) == {b"a", b"b"}
     s.events("n1", [SandboxEvent(sandbox_id="a", event_type="DELETE")])
     s.heartbeat(hb("n1", roster=["b"], sandbox_count=1))
-    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"b"}
+    assert s.client.smembers(s.keys.node_roster("n1")) == {b"b"}
     s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=2))  # listed again
     assert s.lookup("a").node_id == "n1"
-    assert s.client.smembers(s.keys.node_sbx("n1")) == {b"a", b"b"}
+    assert s.client.smembers(s.keys.node_roster("n1")) == {b"a", b"b"}
+    assert s.client.smembers(s.keys.node_sbx("n1")) == set()
     bound_sandboxes_are_in_their_nodes_sets(s)

@@ -105,14 +105,20 @@ local function number_of(s)
   return keep(NUMBERS, s, x)
 end
 
--- Run `cmd key m1 m2 ...` over every member of `list`, UNPACK_CHUNK at a
--- time: unpack() of a long table fails past Lua's stack limit (about 8,000).
+-- SADD or SREM (`add`) every member of `list`, UNPACK_CHUNK at a time:
+-- unpack() of a long table fails past Lua's stack limit (about 8,000).  (Each
+-- command is spelled at its call: an ACL refusal names the line, and
+-- scheduler/acl.py reads the command there.)
 local UNPACK_CHUNK = 1000
-local function call_chunked(cmd, key, list)
+local function set_all(add, key, list)
   for i = 1, #list, UNPACK_CHUNK do
     local last = i + UNPACK_CHUNK - 1
     if last > #list then last = #list end
-    redis.call(cmd, key, unpack(list, i, last))
+    if add then
+      redis.call('SADD', key, unpack(list, i, last))
+    else
+      redis.call('SREM', key, unpack(list, i, last))
+    end
   end
 end
 

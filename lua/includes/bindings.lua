@@ -12,14 +12,22 @@
 -- refreshes it, so it expires binding_ttl after the node's last heartbeat.
 -- Heartbeats therefore only touch bindings whose roster membership changed
 -- (node-roster:<node> holds the last roster).  Key TTLs only collect garbage.
+-- A node's bindings are found through two sets: node-roster:<node> holds the
+-- listed ones, node-sbx:<node> the others (assignments and events its roster
+-- does not list yet), so a sandbox is a member of one set, not two.
+-- node-sbx may also hold a sandbox whose binding expired (heartbeats sample
+-- it and drop those); whatever removes a node's bindings reads both sets.
 
 -- Write (or refresh) sandbox -> node.  `rid` nil keeps the reservation
 -- already charged to the sandbox on this node (a sandbox is charged at most
 -- once).  Taking a sandbox from another node removes it from that node's sets.
--- `prev`: the binding's {node_id, reservation_id, deleted} if the caller just
--- read them.  `sbx`: a list to put sb in for the caller to add to the node's
--- set in one call (nil: added here); a live binding of this node is in the
--- set already (every write of one adds it, and it leaves only with it).
+-- `prev`: the binding's {node_id, reservation_id, deleted, listed} if the
+-- caller just read them (bound_reservation reads the same).
+-- A binding written unlisted joins node-sbx (unless it is this node's
+-- unlisted one, a member already); one written listed leaves it, unless it
+-- was this node's listed one, never a member (the caller adds a listed one
+-- to the roster set).  `sbx`: a list to put sb in for the caller to take out
+-- of node-sbx in one call (listed writes only; nil: taken out here).
 -- A sandbox that leaves a node's last roster other than by the node's own
 -- heartbeat (another node took it, the node reported it deleted) clears the
 -- record's roster digest: no delta heartbeat can then build on that roster
@@ -31,7 +39,7 @@ end
 
 local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
-  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
+  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted', 'listed')
   if prev[1] and prev[1] ~= node_id then
     redis.call('SREM', node_sbx_key(prev[1]), sb)
     roster_changed(prev[1], redis.call('SREM', node_roster_key(prev[1]), sb))
@@ -52,10 +60,15 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
   else
     redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
   end
-  if not sbx then
+  -- (this node's live binding: unlisted, a member of node-sbx; listed, not)
+  local live = prev[1] == node_id and prev[3] == '0'
+  if listed == '1' then
+    -- (no live binding: an assignment whose binding expired may be a member)
+    if not (live and prev[4] == '1') then
+      if sbx then sbx[#sbx + 1] = sb else redis.call('SREM', node_sbx_key(node_id), sb) end
+    end
+  elseif not (live and prev[4] ~= '1') then
     redis.call('SADD', node_sbx_key(node_id), sb)
-  elseif prev[1] ~= node_id or prev[3] == '1' then
-    sbx[#sbx + 1] = sb
   end
 end
 
@@ -92,11 +105,10 @@ local function buried_on(sb, node_id, now)
 end
 
 -- A live reservation of `node_id` attached to binding `sb`, or nil; then what
--- was read, for the caller's next step: the binding's {node_id,
--- reservation_id, deleted} (for write_binding) and the reservation's RES_READ
--- fields (for end_reservation).
+-- was read, for the caller's next step: the binding's fields write_binding
+-- takes as `prev` and the reservation's RES_READ fields (for end_reservation).
 local function bound_reservation(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted')
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted', 'listed')
   if b[1] ~= node_id or not b[2] or b[2] == '' then return nil, b end
   local r = redis.call('HMGET', res_key(b[2]), unpack(RES_READ))
   if LIVE[r[1]] and r[2] == node_id then return b[2], b, r end
@@ -164,8 +176,8 @@ end
 -- is forgotten.
 local function remove_node(node_id, now, last_seen)
   local nkey = node_key(node_id)
-  for _, sb in ipairs(redis.call('SMEMBERS', node_sbx_key(node_id))) do
-    drop_binding(sb, node_id)
+  for _, key in ipairs({ node_sbx_key(node_id), node_roster_key(node_id) }) do
+    for _, sb in ipairs(redis.call('SMEMBERS', key)) do drop_binding(sb, node_id) end
   end
   redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
   for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
@@ -203,7 +215,7 @@ end
 -- member goes, it leaves the index and its roster digest is cleared, so no
 -- delta or steady heartbeat can build on a half-removed roster (they RESYNC).
 local FORGET_NODES_TEXT = '4' -- silent nodes looked at per call
-local FORGET_WORK = 1024 -- bindings, roster entries, artifacts, reservations dropped per call
+local FORGET_WORK = 1024 -- bindings (unlisted, then listed), artifacts, reservations dropped per call
 
 -- Drop up to `budget` of the node's members; returns how many went.
 local function shed(node_id, now, budget)
@@ -214,7 +226,7 @@ local function shed(node_id, now, budget)
   end
   if spent < budget then
     for _, sb in ipairs(redis.call('SRANDMEMBER', node_roster_key(node_id), budget - spent)) do
-      redis.call('SREM', node_roster_key(node_id), sb)
+      drop_binding(sb, node_id)
       spent = spent + 1
     end
   end

@@ -209,33 +209,31 @@ local function heartbeat_one(A)
 
   local released = 0
   -- (the node's sets change in one call each, whatever the number of sandboxes)
-  local bound, unbound = {}, {}
+  local unsbx = {} -- (listed now: out of node-sbx)
   for _, sb in ipairs(added) do
     local rid, b, r = bound_reservation(sb, node_id)
     if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
-    write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, bound)
+    write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
   end
   -- @stage joined_bindings_releases
+  -- (a listed binding is in the roster set only: leaving it is all there is)
   for _, sb in ipairs(gone) do
     local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
-    if b[1] == node_id and b[2] == '1' then
-      redis.call('DEL', bind_key(sb))
-      unbound[#unbound + 1] = sb
-    end
+    if b[1] == node_id and b[2] == '1' then redis.call('DEL', bind_key(sb)) end
   end
   -- @stage left_bindings
-  call_chunked('SADD', node_sbx_key(node_id), bound)
-  call_chunked('SREM', node_sbx_key(node_id), unbound)
-  call_chunked('SREM', roster_key, gone)
-  call_chunked('SADD', roster_key, added)
+  set_all(false, node_sbx_key(node_id), unsbx)
+  set_all(false, roster_key, gone)
+  set_all(true, roster_key, added)
   -- @stage roster_sets
-  -- Forget bindings that expired by themselves (assignments never listed):
-  -- bounded work, every other heartbeat (two samples each).
+  -- node-sbx's members that are no longer this node's unlisted bindings
+  -- (assignments whose binding expired; listed ones a version that kept
+  -- every binding there left): bounded work, every other heartbeat (two
+  -- samples each).
   if generation % 2 == 0 then
     for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
-      if redis.call('HGET', bind_key(sb), 'node_id') ~= node_id then
-        redis.call('SREM', node_sbx_key(node_id), sb)
-      end
+      local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
+      if b[1] ~= node_id or b[2] == '1' then redis.call('SREM', node_sbx_key(node_id), sb) end
     end
   end
   -- @stage binding_sample
