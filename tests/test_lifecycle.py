@@ -194,6 +194,30 @@ def test_assignment_after_the_node_reported_the_delete(make_scheduler: Make) -> 
         s.lookup("brief")
 
 
+def test_a_late_delete_from_the_node_a_sandbox_left_keeps_the_new_nodes_binding(
+        make_scheduler: Make) -> None:
+    """The sandbox moved to n2 (its roster lists it); n1's DELETE of its own
+    copy comes after.  n2's binding stays: lookups answer n2, and n2's
+    numbers still count the sandbox, so a reservation charged to it now is
+    released at once."""
+    s = make_scheduler()
+    s.heartbeat(hb("n1", cpu=1, roster=["a"], sandbox_count=1, allocated_cpu=1))  # (full)
+    s.heartbeat(hb("n2", roster=["a"], sandbox_count=1))
+    assert s.lookup("a").node_id == "n2"
+    s.events("n1", [SandboxEvent(sandbox_id="a", event_type="DELETE")])
+    assert s.lookup("a").node_id == "n2"
+    bound_sandboxes_are_in_their_nodes_sets(s)
+    p = s.schedule(Request.cold(1, 0))
+    assert p.node_id == "n2"
+    a = s.assign("a", "n2", "n2.local:5000", p.reservation_id)
+    assert a.reservation_id == p.reservation_id and a.released
+    assert pending(s, "n2")[0] == 0
+    # and a roster of n2 without it ends its binding as before
+    s.heartbeat(hb("n2", roster=[], sandbox_count=0))
+    with pytest.raises(NotFound):
+        s.lookup("a")
+
+
 def test_a_late_assignment_never_charges_a_deleted_sandbox_twice(make_scheduler: Make) -> None:
     """CREATE claimed a reservation for the sandbox and a roster released it;
     the node deleted the sandbox; the gateway's RecordAssignment comes last.

@@ -86,10 +86,16 @@ end
 -- remembers the deletion (and the reservation already charged to the
 -- sandbox, if any) for binding_ttl, so that an assignment arriving after it
 -- cannot charge a reservation no roster would ever release, nor charge the
--- sandbox twice.
+-- sandbox twice.  A live binding of another node stays: that node holds the
+-- sandbox now (it moved; the deletion is of this node's copy, or late), and
+-- only its own roster or events end its binding.
 local function bury_binding(sb, node_id, now, P)
   local bkey = bind_key(sb)
-  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id')
+  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
+  if b[1] and b[1] ~= node_id and b[3] ~= '1' then
+    roster_changed(node_id, drop_binding(sb, node_id, false))
+    return
+  end
   local charged_rid = ''
   if b[1] == node_id then charged_rid = b[2] or '' end
   roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))

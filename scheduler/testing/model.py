@@ -489,6 +489,9 @@ class CellModel:
                 if rid and self.meta[node_id].roster_mode:
                     self.end(rid, "released")
                 prev = self.bind.get(sb)
+                if prev is not None and prev.node_id != node_id and not prev.deleted:
+                    self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
+                    continue
                 charged = prev.rid if prev is not None and prev.node_id == node_id else None
                 self.drop_binding(sb, node_id)
                 self.bind[sb] = BindModel(node_id, "", False, charged,
