@@ -1,6 +1,7 @@
 """Hypothesis stateful test: schedules, creations, assignments, heartbeats
-(with and without roster), events, cancels and expiries interleaved at
-random, on Redis (real and fake) and in the reference model (CellModel).
+(with and without roster, through two replicas whose deltas may meet each
+other's records), events, cancels and expiries interleaved at random, on
+Redis (real and fake) and in the reference model (CellModel).
 
 After every step:
 - the stored node records (snapshot + pending aggregates) equal the model's;
@@ -47,7 +48,7 @@ from tests.helpers import (
 from tests.test_index import index_is_consistent
 
 MIB = 1024 * 1024
-ROSTER_NODES = ("r0",)
+ROSTER_NODES = ("r0", "r1")
 COUNTER_NODES = ("c0",)
 NODES = ROSTER_NODES + COUNTER_NODES
 POLICY = Policy(limits=Limits(max_sandbox_count=5), reservation_ttl_ms=20_000,
@@ -92,6 +93,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.s.sync_policy(POLICY, overwrite=True)
         self.s.sync_nodes([(n, ep(n)) for n in NODES])
         self.s.advance_clock(0, "freeze")
+        #: a second replica: its own memo of what it last wrote, so heartbeats
+        #: through both go as deltas that may meet the other's record (RESYNC)
+        self.s2 = Scheduler(self.client, cell="life")
         self.m = CellModel(POLICY)
         self.w = World()
         self.placements: dict[str, Placement] = {}
@@ -147,8 +151,8 @@ class Lifecycle(RuleBasedStateMachine):
         got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
         assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
 
-    @rule(node_id=st.sampled_from(NODES))
-    def heartbeat(self, node_id: str) -> None:
+    @rule(node_id=st.sampled_from(NODES), second=st.booleans())
+    def heartbeat(self, node_id: str, second: bool = False) -> None:
         running = self.w.running[node_id]
         cpu = sum(c for c, _ in running.values())
         mem = sum(m for _, m in running.values())
@@ -157,7 +161,8 @@ class Lifecycle(RuleBasedStateMachine):
         snap = NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=cpu,
                             allocated_memory_bytes=mem, sandbox_count=len(running),
                             create_successes=cs)
-        r = self.s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="boot",
+        replica = self.s2 if second else self.s
+        r = replica.heartbeat(Heartbeat(node_id=node_id, service_instance_id="boot",
                                        snapshot=snap, sandbox_ids=roster))
         state = NodeState(node_id=node_id, reported_status="READY", cpu_count=16,
                           memory_total_bytes=64 * GIB, allocated_cpu=cpu,
