@@ -463,6 +463,11 @@ local function upgrade_index(P, now)
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
 end
 
+-- The pick: pick_indexed and its helpers.  (The helpers and their state are
+-- locals of a block, out of scope after it: Lua allows a function 200 local
+-- variables, and the library's main chunk holds all of the includes'.)
+local pick_indexed
+do
 -- One pick's state, shared by the helpers below (module-level so that a pick
 -- makes no closures): the policy, the request, the best bucket so far (a
 -- ranking table) and the buckets of its rank.  A pick runs to its end before
@@ -674,7 +679,7 @@ end
 -- for none that the one it left was not, so no bucket came to rank before
 -- or with the best found, and the best ones left are those buckets' nodes
 -- still in them.  When none is left, the walk decides again.
-local function pick_indexed(P, req, rr_next)
+function pick_indexed(P, req, rr_next)
   local memo = req.create and PICKS and PICKS[req.cpu]
   local equals = memo and memo[req.mem]
   if equals then
@@ -690,3 +695,4 @@ local function pick_indexed(P, req, rr_next)
   end
   return pick_rotate(equals, rr_next), equals
 end
+end -- (the pick)
