@@ -1,7 +1,8 @@
 """Hypothesis stateful test: schedules, creations, assignments, heartbeats
 (with and without roster, through two replicas whose deltas may meet each
-other's records), events, cancels and expiries interleaved at random, on
-Redis (real and fake) and in the reference model (CellModel).
+other's records), node agents starting again, events, cancels and expiries
+interleaved at random, on Redis (real and fake) and in the reference model
+(CellModel).
 
 After every step:
 - the stored node records (snapshot + pending aggregates) equal the model's;
@@ -68,6 +69,7 @@ class Placement:
     sandbox: str
     created: bool = False
     created_index: int = 0
+    created_epoch: int = 0
     assigned: bool = False
     cancelled: bool = False
 
@@ -77,7 +79,12 @@ class World:
     """What really runs on the simulated nodes."""
 
     running: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    #: creations since the node's agent last started (its create_successes)
     created_total: dict[str, int] = field(default_factory=dict)
+    #: how many times each node's agent started again, and the start the
+    #: last ingested heartbeat came from
+    epoch: dict[str, int] = field(default_factory=dict)
+    ingested_epoch: dict[str, int] = field(default_factory=dict)
     ingested_roster: dict[str, set[str]] = field(default_factory=dict)
     ingested_cs: dict[str, int] = field(default_factory=dict)
     deleted: set[str] = field(default_factory=set)
@@ -105,6 +112,7 @@ class Lifecycle(RuleBasedStateMachine):
             self.m.add_node(node_id, ep(node_id))
             self.w.running[node_id] = {}
             self.w.created_total[node_id] = 0
+            self.w.epoch[node_id] = 0
             self.heartbeat(node_id)
 
     def now(self) -> int:
@@ -136,6 +144,7 @@ class Lifecycle(RuleBasedStateMachine):
         p.created = True
         self.w.created_total[p.node_id] += 1
         p.created_index = self.w.created_total[p.node_id]
+        p.created_epoch = self.w.epoch[p.node_id]
         self.w.running[p.node_id][p.sandbox] = (p.cpu, p.mem)
         self.seen_sandboxes.add(p.sandbox)
 
@@ -162,14 +171,24 @@ class Lifecycle(RuleBasedStateMachine):
                             allocated_memory_bytes=mem, sandbox_count=len(running),
                             create_successes=cs)
         replica = self.s2 if second else self.s
-        r = replica.heartbeat(Heartbeat(node_id=node_id, service_instance_id="boot",
+        sid = f"boot-{self.w.epoch[node_id]}"
+        r = replica.heartbeat(Heartbeat(node_id=node_id, service_instance_id=sid,
                                        snapshot=snap, sandbox_ids=roster))
         state = NodeState(node_id=node_id, reported_status="READY", cpu_count=16,
                           memory_total_bytes=64 * GIB, allocated_cpu=cpu,
                           allocated_memory_bytes=mem, sandbox_count=len(running))
-        assert r.released == self.m.heartbeat(node_id, "boot", state, cs, roster, r.now_ms)
+        assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
+        self.w.ingested_epoch[node_id] = self.w.epoch[node_id]
+
+    @rule(node_id=st.sampled_from(NODES))
+    def node_agent_restarts(self, node_id: str) -> None:
+        """The node's agent starts again (a new service_instance_id): its
+        sandboxes keep running, its create_successes counts from 0."""
+        note(f"{node_id} restarts")
+        self.w.epoch[node_id] += 1
+        self.w.created_total[node_id] = 0
 
     @rule(data=st.data(), kind=st.sampled_from(["CREATE", "PAUSE"]))
     def node_reports_event(self, data: st.DataObject, kind: str) -> None:
@@ -266,7 +285,11 @@ class Lifecycle(RuleBasedStateMachine):
                     accounted = (p.sandbox in self.w.ingested_roster.get(node_id, set())
                                  or p.sandbox in self.w.deleted)
                 else:
-                    accounted = p.created and p.created_index <= self.w.ingested_cs[node_id]
+                    # (in the numbers of a heartbeat after it: counted by a
+                    # later start's snapshot, or by this start's counter)
+                    seen = self.w.ingested_epoch[node_id]
+                    accounted = p.created and (p.created_epoch < seen or (
+                        p.created_epoch == seen and p.created_index <= self.w.ingested_cs[node_id]))
                 outstanding += not accounted
             assert views[node_id] >= outstanding, node_id
 
