@@ -92,13 +92,10 @@ end
 local function bury_binding(sb, node_id, now, P)
   local bkey = bind_key(sb)
   local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
-  if b[1] and b[1] ~= node_id and b[3] ~= '1' then
-    roster_changed(node_id, drop_binding(sb, node_id, false))
-    return
-  end
+  roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
+  if b[1] and b[1] ~= node_id and b[3] ~= '1' then return end
   local charged_rid = ''
   if b[1] == node_id then charged_rid = b[2] or '' end
-  roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
     'reservation_id', charged_rid, 'expires_ms', instant_text(now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))

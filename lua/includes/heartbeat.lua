@@ -218,8 +218,7 @@ local function heartbeat_one(A)
   -- @stage joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)
   for _, sb in ipairs(gone) do
-    local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
-    if b[1] == node_id and b[2] == '1' then redis.call('DEL', bind_key(sb)) end
+    if listed_on(sb, node_id) then redis.call('DEL', bind_key(sb)) end
   end
   -- @stage left_bindings
   set_all(false, node_sbx_key(node_id), unsbx)
