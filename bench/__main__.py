@@ -40,7 +40,8 @@ def _ints(text: str) -> tuple[int, ...]:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers, not {text!r}") from None
+            f"expected comma-separated whole numbers, not {text!r}"
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive whole numbers, not {text!r}")
     return values
@@ -51,7 +52,8 @@ def _paths(text: str) -> tuple[str, ...]:
     bad = [v for v in values if v not in throughput.PATHS]
     if not values or bad:
         raise argparse.ArgumentTypeError(
-            f"paths are {', '.join(throughput.PATHS)}, comma-separated; not {text!r}")
+            f"paths are {', '.join(throughput.PATHS)}, comma-separated; not {text!r}"
+        )
     return values
 
 
@@ -61,18 +63,25 @@ def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
         bad = [v for v in values if v not in allowed]
         if not values or bad:
             raise argparse.ArgumentTypeError(
-                f"expected some of {', '.join(allowed)}, comma-separated; not {text!r}")
+                f"expected some of {', '.join(allowed)}, comma-separated; not {text!r}"
+            )
         return values
+
     return parse
 
 
-def _burst_options(p: argparse.ArgumentParser, defaults: Any, rounds: str, burst: str,
-                   base: bool = False) -> None:
+def _burst_options(
+    p: argparse.ArgumentParser, defaults: Any, rounds: str, burst: str, base: bool = False
+) -> None:
     """The options of the scenarios that send rounds of bursts over one fleet
     (defaults from the scenario's Params)."""
     if base:
-        p.add_argument("--base", default="HEAD", metavar="REV",
-                       help="git revision to compare with (default HEAD: the last commit)")
+        p.add_argument(
+            "--base",
+            default="HEAD",
+            metavar="REV",
+            help="git revision to compare with (default HEAD: the last commit)",
+        )
     p.add_argument("--nodes", type=int, help=f"fleet size (default {defaults.nodes})")
     p.add_argument("--rounds", type=int, help=f"{rounds} (default {defaults.rounds})")
     p.add_argument("--burst", type=int, help=f"{burst} (default {defaults.burst})")
@@ -81,38 +90,53 @@ def _burst_options(p: argparse.ArgumentParser, defaults: Any, rounds: str, burst
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", metavar="URL",
-                        help="use this Redis instead of starting a redis-server")
+    common.add_argument(
+        "--redis", metavar="URL", help="use this Redis instead of starting a redis-server"
+    )
     common.add_argument("--json", metavar="FILE", help='also write {"scenario", "rows", ...}')
-    common.add_argument("--markdown", action="store_true",
-                        help="also print the table as markdown (for docs/performance.md)")
-    common.add_argument("--quick", action="store_true",
-                        help="tiny sizes: checks the scenario works, measures nothing useful")
+    common.add_argument(
+        "--markdown",
+        action="store_true",
+        help="also print the table as markdown (for docs/performance.md)",
+    )
+    common.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes: checks the scenario works, measures nothing useful",
+    )
 
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
 
-    c = sub.add_parser("ceiling", parents=[common], help="per-node ceiling with many replicas, "
-                       "ours vs the reference design")
+    c = sub.add_parser(
+        "ceiling",
+        parents=[common],
+        help="per-node ceiling with many replicas, ours vs the reference design",
+    )
     c.add_argument("--replicas", type=_ints, help="replica counts (default 1,3,8)")
     c.add_argument("--creates", type=int, help="creations per run (default 200)")
     c.add_argument("--lag", type=int, help="heartbeat lag in batches, paced mode (default 3)")
     c.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
-    b = sub.add_parser("balance", parents=[common], help="peak pressure by strategy vs the "
-                       "exact optimum")
+    b = sub.add_parser(
+        "balance", parents=[common], help="peak pressure by strategy vs the exact optimum"
+    )
     b.add_argument("--replicas", type=_ints, help="replica counts (default 1,8)")
     b.add_argument("--requests", type=int, help="requests per run (default 300)")
 
-    lat = sub.add_parser("latency", parents=[common], help="Schedule latency and Redis CPU per "
-                         "call by fleet size")
+    lat = sub.add_parser(
+        "latency", parents=[common], help="Schedule latency and Redis CPU per call by fleet size"
+    )
     lat.add_argument("--nodes", type=_ints, help="fleet sizes (default 100,1000,10000)")
     lat.add_argument("--seconds", type=float, help="measuring time per fleet size (default 10)")
     lat.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet and stream")
     lat.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
-    t = sub.add_parser("throughput", parents=[common], help="schedules per second by replica "
-                       "processes, library and gRPC")
+    t = sub.add_parser(
+        "throughput",
+        parents=[common],
+        help="schedules per second by replica processes, library and gRPC",
+    )
     t.add_argument("--replicas", type=_ints, help="replica process counts (default 1,2,4,8)")
     t.add_argument("--nodes", type=int, help="fleet size (default 1000)")
     t.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
@@ -120,115 +144,194 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--concurrency", type=int, help="cpu path: calls in flight (default 32)")
     t.add_argument("--channels", type=int, help="cpu path: connections they use (default 8)")
     t.add_argument("--rounds", type=int, help="cpu path: rounds over the servers (default 3)")
-    t.add_argument("--rate", type=float, help="cpu path: calls a second, the same for every "
-                   "server (default 0: as fast as each answers)")
+    t.add_argument(
+        "--rate",
+        type=float,
+        help="cpu path: calls a second, the same for every "
+        "server (default 0: as fast as each answers)",
+    )
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
-    h = sub.add_parser("heartbeats", parents=[common], help="client and Redis CPU per "
-                       "Heartbeat RPC (with its CPU config step), coalescing off and on")
+    h = sub.add_parser(
+        "heartbeats",
+        parents=[common],
+        help="client and Redis CPU per "
+        "Heartbeat RPC (with its CPU config step), coalescing off and on",
+    )
     h.add_argument("--nodes", type=int, help="fleet size (default 300)")
     h.add_argument("--rounds", type=int, help="rounds, each measuring off and on (default 3)")
     h.add_argument("--passes", type=int, help="heartbeats per node per round (default 5)")
     h.add_argument("--concurrency", type=int, help="heartbeats in flight (default 32)")
 
-    r = sub.add_parser("roster", parents=[common], help="Redis time of one heartbeat with a "
-                       "long roster (max_roster_ids 100,000)")
+    r = sub.add_parser(
+        "roster",
+        parents=[common],
+        help="Redis time of one heartbeat with a long roster (max_roster_ids 100,000)",
+    )
     r.add_argument("--sizes", type=_ints, help="roster lengths (default 4096,100000)")
 
-    m = sub.add_parser("memory", parents=[common], help="Redis memory per node, roster entry, "
-                       "reservation, tombstone and artifact")
+    m = sub.add_parser(
+        "memory",
+        parents=[common],
+        help="Redis memory per node, roster entry, reservation, tombstone and artifact",
+    )
     m.add_argument("--nodes", type=int, help="nodes (default 2000)")
     m.add_argument("--reservations", type=int, help="reservations (default 20000)")
-    f = sub.add_parser("faults", parents=[common], help="Redis faults under load (kill -9, "
-                       "SIGSTOP, replica kill, Sentinel failover): ceilings, lost and phantom "
-                       "placements, health")
-    f.add_argument("--scenarios", type=_names(faults.SCENARIOS),
-                   help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)")
+    f = sub.add_parser(
+        "faults",
+        parents=[common],
+        help="Redis faults under load (kill -9, "
+        "SIGSTOP, replica kill, Sentinel failover): ceilings, lost and phantom "
+        "placements, health",
+    )
+    f.add_argument(
+        "--scenarios",
+        type=_names(faults.SCENARIOS),
+        help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)",
+    )
     f.add_argument("--seed", type=int, default=1, help="seed of the load")
 
-    cl = sub.add_parser("cluster", parents=[common], help="N cells on a 3-primary Redis "
-                        "Cluster against the same cells on one Redis")
+    cl = sub.add_parser(
+        "cluster",
+        parents=[common],
+        help="N cells on a 3-primary Redis Cluster against the same cells on one Redis",
+    )
     cl.add_argument("--cells", type=_ints, help="cell counts (default 3,6)")
     cl.add_argument("--nodes", type=int, help="nodes per cell (default 200)")
     cl.add_argument("--seconds", type=float, help="measuring time per row (default 4)")
 
-    d = sub.add_parser("durability", parents=[common], help="Schedule p50/p99 at "
-                       "min_replicas_acked 0 and 1 (a primary and a replica)")
-    d.add_argument("--calls", type=int, help="Schedules per setting and concurrency "
-                   "(default 3000)")
+    d = sub.add_parser(
+        "durability",
+        parents=[common],
+        help="Schedule p50/p99 at min_replicas_acked 0 and 1 (a primary and a replica)",
+    )
+    d.add_argument("--calls", type=int, help="Schedules per setting and concurrency (default 3000)")
     d.add_argument("--nodes", type=int, help="fleet size (default 100)")
 
-    v = sub.add_parser("versus", parents=[common], help="Redis CPU per call of another "
-                       "revision's scripts against this tree's, as ratios in one run")
-    _burst_options(v, versus.Params(), "rounds of bursts per library", "calls per burst",
-                   base=True)
+    v = sub.add_parser(
+        "versus",
+        parents=[common],
+        help="Redis CPU per call of another "
+        "revision's scripts against this tree's, as ratios in one run",
+    )
+    _burst_options(v, versus.Params(), "rounds of bursts per library", "calls per burst", base=True)
 
-    g = sub.add_parser("stages", parents=[common], help="where a coalesced placement's and a "
-                       "changed heartbeat's Redis time goes, stage by stage")
+    g = sub.add_parser(
+        "stages",
+        parents=[common],
+        help="where a coalesced placement's and a "
+        "changed heartbeat's Redis time goes, stage by stage",
+    )
     _burst_options(g, stages.Params(), "rounds of bursts", "placements per burst")
 
-    n = sub.add_parser("instructions", parents=[common], help="instructions Redis executes "
-                       "per call (valgrind callgrind), another revision's scripts against "
-                       "this tree's")
+    n = sub.add_parser(
+        "instructions",
+        parents=[common],
+        help="instructions Redis executes "
+        "per call (valgrind callgrind), another revision's scripts against "
+        "this tree's",
+    )
     _burst_options(n, instructions.Params(), "rounds of bursts", "calls per burst", base=True)
     return p
 
 
 def _params(args: argparse.Namespace, base: Any, mapping: dict[str, str]) -> Any:
-    changes = {field: getattr(args, opt) for opt, field in mapping.items()
-               if getattr(args, opt, None) is not None}
+    changes = {
+        field: getattr(args, opt)
+        for opt, field in mapping.items()
+        if getattr(args, opt, None) is not None
+    }
     return replace(base, **changes)
 
 
 def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
     name = args.scenario
     if name == "ceiling":
-        cp = _params(args, ceiling.Params.quick() if args.quick else ceiling.Params(),
-                     {"replicas": "replicas", "creates": "creates", "lag": "lag"})
+        cp = _params(
+            args,
+            ceiling.Params.quick() if args.quick else ceiling.Params(),
+            {"replicas": "replicas", "creates": "creates", "lag": "lag"},
+        )
         return lambda t: ceiling.run(t, cp)
     if name == "balance":
-        bp = _params(args, balance.Params.quick() if args.quick else balance.Params(),
-                     {"replicas": "replicas", "requests": "requests"})
+        bp = _params(
+            args,
+            balance.Params.quick() if args.quick else balance.Params(),
+            {"replicas": "replicas", "requests": "requests"},
+        )
         return lambda t: balance.run(t, bp)
     if name == "latency":
-        lp = _params(args, latency.Params.quick() if args.quick else latency.Params(),
-                     {"nodes": "nodes", "seconds": "seconds"})
+        lp = _params(
+            args,
+            latency.Params.quick() if args.quick else latency.Params(),
+            {"nodes": "nodes", "seconds": "seconds"},
+        )
         lp = replace(lp, seed=args.seed)
         return lambda t: latency.run(t, lp)
     if name == "heartbeats":
-        hp = _params(args, heartbeats.Params.quick() if args.quick else heartbeats.Params(),
-                     {"nodes": "nodes", "rounds": "rounds", "passes": "passes",
-                      "concurrency": "concurrency"})
+        hp = _params(
+            args,
+            heartbeats.Params.quick() if args.quick else heartbeats.Params(),
+            {
+                "nodes": "nodes",
+                "rounds": "rounds",
+                "passes": "passes",
+                "concurrency": "concurrency",
+            },
+        )
         return lambda t: heartbeats.run(t, hp)
     if name == "roster":
-        rp = _params(args, roster.Params.quick() if args.quick else roster.Params(),
-                     {"sizes": "sizes"})
+        rp = _params(
+            args, roster.Params.quick() if args.quick else roster.Params(), {"sizes": "sizes"}
+        )
         if max(rp.sizes) > rp.max_roster_ids:
             rp = replace(rp, max_roster_ids=max(rp.sizes))
         return lambda t: roster.run(t, rp)
     if name == "memory":
-        mp = _params(args, memory.Params.quick() if args.quick else memory.Params(),
-                     {"nodes": "nodes", "reservations": "reservations"})
+        mp = _params(
+            args,
+            memory.Params.quick() if args.quick else memory.Params(),
+            {"nodes": "nodes", "reservations": "reservations"},
+        )
         return lambda t: memory.run(t, mp)
     if name == "stages":
-        gp = _params(args, stages.Params.quick() if args.quick else stages.Params(),
-                     {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        gp = _params(
+            args,
+            stages.Params.quick() if args.quick else stages.Params(),
+            {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
+        )
         gp = replace(gp, seed=args.seed)
         return lambda t: stages.run(t, gp)
     if name == "instructions":
-        np_ = _params(args, instructions.Params.quick() if args.quick else instructions.Params(),
-                      {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        np_ = _params(
+            args,
+            instructions.Params.quick() if args.quick else instructions.Params(),
+            {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
+        )
         np_ = replace(np_, base=args.base, seed=args.seed)
         return lambda t: instructions.run(t, np_)
     if name == "versus":
-        vp = _params(args, versus.Params.quick() if args.quick else versus.Params(),
-                     {"nodes": "nodes", "rounds": "rounds", "burst": "burst"})
+        vp = _params(
+            args,
+            versus.Params.quick() if args.quick else versus.Params(),
+            {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
+        )
         vp = replace(vp, base=args.base, seed=args.seed)
         return lambda t: versus.run(t, vp)
-    tp = _params(args, throughput.Params.quick() if args.quick else throughput.Params(),
-                 {"replicas": "replicas", "nodes": "nodes", "seconds": "seconds",
-                  "paths": "paths", "concurrency": "concurrency", "channels": "channels",
-                  "rounds": "rounds", "rate": "rate"})
+    tp = _params(
+        args,
+        throughput.Params.quick() if args.quick else throughput.Params(),
+        {
+            "replicas": "replicas",
+            "nodes": "nodes",
+            "seconds": "seconds",
+            "paths": "paths",
+            "concurrency": "concurrency",
+            "channels": "channels",
+            "rounds": "rounds",
+            "rate": "rate",
+        },
+    )
     tp = replace(tp, seed=args.seed)
     return lambda t: throughput.run(t, tp)
 
@@ -243,24 +346,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in ("faults", "durability", "cluster") and args.redis:
         parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
     if args.scenario == "cluster":
-        cp = _params(args, cluster.Params.quick() if args.quick else cluster.Params(),
-                     {"cells": "cells", "nodes": "nodes", "seconds": "seconds"})
+        cp = _params(
+            args,
+            cluster.Params.quick() if args.quick else cluster.Params(),
+            {"cells": "cells", "nodes": "nodes", "seconds": "seconds"},
+        )
         result = cluster.run(cp)
     elif args.scenario == "durability":
-        dp = _params(args, durability.Params.quick() if args.quick else durability.Params(),
-                     {"calls": "calls", "nodes": "nodes"})
+        dp = _params(
+            args,
+            durability.Params.quick() if args.quick else durability.Params(),
+            {"calls": "calls", "nodes": "nodes"},
+        )
         result = durability.run(dp)
     elif args.scenario == "faults":
         fp = faults.Params.quick() if args.quick else faults.Params()
-        fp = replace(fp, seed=args.seed, **({"scenarios": args.scenarios} if args.scenarios
-                                             else {}))
+        fp = replace(
+            fp, seed=args.seed, **({"scenarios": args.scenarios} if args.scenarios else {})
+        )
         result = faults.run(fp)
     else:
         run = runner(args)
         with redis_target(args.redis) as target:
             result = run(target)
     result.params["command"] = "python -m bench " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     show(result)
     if args.markdown:
         print(markdown(result))

@@ -51,8 +51,10 @@ def unit_pressure(cpu_capacity: int, memory_capacity: int, cpu: int, memory: int
 
 
 def peak_pressure(nodes: Sequence[SimNode]) -> Fraction:
-    return max(max(Fraction(n.allocated_cpu, n.cpu), Fraction(n.allocated_memory_bytes,
-                                                               n.memory_bytes)) for n in nodes)
+    return max(
+        max(Fraction(n.allocated_cpu, n.cpu), Fraction(n.allocated_memory_bytes, n.memory_bytes))
+        for n in nodes
+    )
 
 
 def optimal_peak(units: Sequence[Fraction], requests: int) -> Fraction:
@@ -79,13 +81,15 @@ def _nodes(p: Params) -> list[SimNode]:
     return [SimNode(f"cpu{c}", c, c * p.memory_gib_per_cpu * GIB) for c in p.node_cpus]
 
 
-def run_one(p: Params, target: Target, pool: LibraryReplicas, strategy: str,
-            replicas: int) -> dict[str, object]:
+def run_one(
+    p: Params, target: Target, pool: LibraryReplicas, strategy: str, replicas: int
+) -> dict[str, object]:
     nodes = _nodes(p)
     by_id = {n.node_id: n for n in nodes}
     cell = target.new_cell("balance")
-    policy = Policy(strategy=strategy, overcommit=Overcommit(cpu=1000.0, memory=1000.0),
-                    report_ttl_ms=3_600_000)
+    policy = Policy(
+        strategy=strategy, overcommit=Overcommit(cpu=1000.0, memory=1000.0), report_ttl_ms=3_600_000
+    )
     s = Scheduler.connect(target.url, cell=cell, policy=policy)
     try:
         send_heartbeats(s, [n.heartbeat() for n in nodes])
@@ -105,10 +109,16 @@ def run_one(p: Params, target: Target, pool: LibraryReplicas, strategy: str,
     units = [unit_pressure(n.cpu, n.memory_bytes, p.cpu, p.memory_mb * MIB) for n in nodes]
     peak = peak_pressure(nodes)
     optimum = optimal_peak(units, placed)
-    return {"strategy": strategy, "replicas": replicas, "peak_pressure": float(peak),
-            "optimal_peak_pressure": float(optimum), "placed": placed,
-            # exact values, so the optimum can be checked without rounding
-            "_peak": peak, "_optimum": optimum}
+    return {
+        "strategy": strategy,
+        "replicas": replicas,
+        "peak_pressure": float(peak),
+        "optimal_peak_pressure": float(optimum),
+        "placed": placed,
+        # exact values, so the optimum can be checked without rounding
+        "_peak": peak,
+        "_optimum": optimum,
+    }
 
 
 def run(target: Target, p: Params | None = None) -> Result:

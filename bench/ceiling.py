@@ -36,8 +36,16 @@ from scheduler.records import MIB
 from scheduler.simnode import Observed, SimNode
 from scheduler.testing.replicas import Creates, LibraryReplicas, Outcome
 
-COLUMNS = ["system", "replicas", "paced", "placed", "refused", "max_node_sandboxes", "limit",
-           "nodes_over_limit"]
+COLUMNS = [
+    "system",
+    "replicas",
+    "paced",
+    "placed",
+    "refused",
+    "max_node_sandboxes",
+    "limit",
+    "nodes_over_limit",
+]
 
 
 @dataclass(frozen=True)
@@ -67,30 +75,52 @@ def _batches(p: Params, paced: bool) -> list[list[int]]:
     idx = list(range(p.creates))
     if not paced:
         return [idx]
-    return [idx[i:i + p.batch] for i in range(0, p.creates, p.batch)]
+    return [idx[i : i + p.batch] for i in range(0, p.creates, p.batch)]
 
 
-def _row(system: str, replicas: int, paced: bool, placed: int, refused: int,
-         nodes: Sequence[SimNode], limit: int) -> dict[str, object]:
+def _row(
+    system: str,
+    replicas: int,
+    paced: bool,
+    placed: int,
+    refused: int,
+    nodes: Sequence[SimNode],
+    limit: int,
+) -> dict[str, object]:
     counts = [len(n.sandboxes) for n in nodes]
-    return {"system": system, "replicas": replicas, "paced": paced, "placed": placed,
-            "refused": refused, "max_node_sandboxes": max(counts), "limit": limit,
-            "nodes_over_limit": sum(1 for c in counts if c > limit)}
+    return {
+        "system": system,
+        "replicas": replicas,
+        "paced": paced,
+        "placed": placed,
+        "refused": refused,
+        "max_node_sandboxes": max(counts),
+        "limit": limit,
+        "nodes_over_limit": sum(1 for c in counts if c > limit),
+    }
 
 
 def run_reference(p: Params, replicas: int, paced: bool) -> dict[str, object]:
     nodes = _fleet(p)
     by_id = {n.node_id: n for n in nodes}
-    cluster = ReferenceCluster([n.node_id for n in nodes], replicas, p.limit,
-                               overcommit_cpu=p.overcommit_cpu)
+    cluster = ReferenceCluster(
+        [n.node_id for n in nodes], replicas, p.limit, overcommit_cpu=p.overcommit_cpu
+    )
 
     def heartbeat_all(seen: list[Observed]) -> None:
         for n, o in zip(nodes, seen, strict=True):
-            cluster.heartbeat(n.node_id, RefSnapshot(
-                cpu_count=n.cpu, memory_total_bytes=n.memory_bytes,
-                allocated_cpu=o.allocated_cpu, allocated_memory_bytes=o.allocated_memory_bytes,
-                sandbox_count=len(o.sandboxes), sandbox_starting_count=0,
-                create_successes=o.create_successes))
+            cluster.heartbeat(
+                n.node_id,
+                RefSnapshot(
+                    cpu_count=n.cpu,
+                    memory_total_bytes=n.memory_bytes,
+                    allocated_cpu=o.allocated_cpu,
+                    allocated_memory_bytes=o.allocated_memory_bytes,
+                    sandbox_count=len(o.sandboxes),
+                    sandbox_starting_count=0,
+                    create_successes=o.create_successes,
+                ),
+            )
 
     history = [[n.observe() for n in nodes]]
     heartbeat_all(history[0])
@@ -109,13 +139,18 @@ def run_reference(p: Params, replicas: int, paced: bool) -> dict[str, object]:
     return _row("reference-model", replicas, paced, placed, refused, nodes, p.limit)
 
 
-def run_ours(p: Params, target: Target, pool: LibraryReplicas, replicas: int,
-             paced: bool) -> dict[str, object]:
+def run_ours(
+    p: Params, target: Target, pool: LibraryReplicas, replicas: int, paced: bool
+) -> dict[str, object]:
     nodes = _fleet(p)
     by_id = {n.node_id: n for n in nodes}
     cell = target.new_cell("ceiling")
-    policy = Policy(strategy="least_loaded", limits=Limits(max_sandbox_count=p.limit),
-                    overcommit=Overcommit(cpu=p.overcommit_cpu), report_ttl_ms=3_600_000)
+    policy = Policy(
+        strategy="least_loaded",
+        limits=Limits(max_sandbox_count=p.limit),
+        overcommit=Overcommit(cpu=p.overcommit_cpu),
+        report_ttl_ms=3_600_000,
+    )
     s = Scheduler.connect(target.url, cell=cell, policy=policy)
     try:
         history = [[n.observe() for n in nodes]]
@@ -123,8 +158,10 @@ def run_ours(p: Params, target: Target, pool: LibraryReplicas, replicas: int,
         placed = refused = 0
         refusals: set[str] = set()
         for batch in _batches(p, paced):
-            jobs = [Creates(cell, [(f"sb{j}", p.cpu, p.memory_mb) for j in batch
-                                   if j % replicas == r]) for r in range(replicas)]
+            jobs = [
+                Creates(cell, [(f"sb{j}", p.cpu, p.memory_mb) for j in batch if j % replicas == r])
+                for r in range(replicas)
+            ]
             results, _ = pool.run(jobs)
             for outcomes in results:
                 for o in outcomes:
@@ -142,9 +179,15 @@ def run_ours(p: Params, target: Target, pool: LibraryReplicas, replicas: int,
         row = _row("ours", replicas, paced, placed, refused, nodes, p.limit)
         st = s.stats()
         # how the reservations were accounted for: the lagging rosters released some
-        row["_detail"] = {"replicas": replicas, "paced": paced, "reserved": st.reserved_total,
-                          "released_by_heartbeats": st.released_total, "pending_at_end": st.pending,
-                          "refused": st.refused_total, "refusal_messages": sorted(refusals)}
+        row["_detail"] = {
+            "replicas": replicas,
+            "paced": paced,
+            "reserved": st.reserved_total,
+            "released_by_heartbeats": st.released_total,
+            "pending_at_end": st.pending,
+            "refused": st.refused_total,
+            "refusal_messages": sorted(refusals),
+        }
         return row
     finally:
         s.close()

@@ -73,8 +73,9 @@ def _cell_names(n: int, owner: Any) -> list[str]:
     return out
 
 
-def _row(label: str, url: str, servers: list[RedisServer], cells: list[str],
-         p: Params) -> dict[str, Any]:
+def _row(
+    label: str, url: str, servers: list[RedisServer], cells: list[str], p: Params
+) -> dict[str, Any]:
     rng = random.Random(p.seed)
     opened = []
     try:
@@ -93,18 +94,23 @@ def _row(label: str, url: str, servers: list[RedisServer], cells: list[str],
             s.close()
     done = [r for r in results if isinstance(r, StreamResult)]
     total = sum(r.schedules for r in done)
-    return {"redis": label, "cells": len(cells),
-            "schedules_per_s": round(total / wall, 1) if wall else 0.0,
-            "redis_cpu_shares": " / ".join(f"{c / wall:.2f}" for c in cpu) if wall else "",
-            "per_cell_per_s": round(total / wall / len(cells), 1) if wall else 0.0,
-            "refused": sum(r.refused for r in done)}
+    return {
+        "redis": label,
+        "cells": len(cells),
+        "schedules_per_s": round(total / wall, 1) if wall else 0.0,
+        "redis_cpu_shares": " / ".join(f"{c / wall:.2f}" for c in cpu) if wall else "",
+        "per_cell_per_s": round(total / wall / len(cells), 1) if wall else 0.0,
+        "refused": sum(r.refused for r in done),
+    }
 
 
 def run(p: Params) -> Result:
     rows: list[dict[str, Any]] = []
-    notes = [f"{p.nodes}-node mixed fleet per cell; one replica process per cell scheduling "
-             f"0 CPU / 1 MiB back to back for {p.seconds} s; redis_cpu_shares: CPU seconds "
-             "per wall second of each redis-server (the cluster's three primaries in order)."]
+    notes = [
+        f"{p.nodes}-node mixed fleet per cell; one replica process per cell scheduling "
+        f"0 CPU / 1 MiB back to back for {p.seconds} s; redis_cpu_shares: CPU seconds "
+        "per wall second of each redis-server (the cluster's three primaries in order)."
+    ]
     with ClusterTopology(primaries=3, replicas=0) as topo, RedisServer() as single:
         version = str(single.client().info("server").get("redis_version", "?"))
         primaries = topo.primaries()
@@ -123,9 +129,19 @@ def run(p: Params) -> Result:
             one, many = got["single"]["schedules_per_s"], got["cluster"]["schedules_per_s"]
             if one:
                 notes.append(f"{n} cells: cluster / single = {many / one:.2f}")
-    return Result(scenario="cluster", columns=COLUMNS, rows=rows, params=asdict(p), notes=notes,
-                  machine={"nproc": os.cpu_count(), "cpu_model": cpu_model(),
-                           "redis_version": version, "python": platform.python_version(),
-                           "redis": "started by the benchmark",
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "loadavg_1m": round(os.getloadavg()[0], 2)})
+    return Result(
+        scenario="cluster",
+        columns=COLUMNS,
+        rows=rows,
+        params=asdict(p),
+        notes=notes,
+        machine={
+            "nproc": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "redis_version": version,
+            "python": platform.python_version(),
+            "redis": "started by the benchmark",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+        },
+    )

@@ -66,8 +66,16 @@ from scheduler.simnode import SimNode
 from scheduler.testing.redis_server import ClusterTopology, RedisServer, SentinelTopology
 from scheduler.testing.replicas import ServeProcess
 
-SCENARIOS = ("kill-empty", "kill-aof", "pause", "replica-kill", "failover-0", "failover-1",
-             "slot-move", "cluster-failover")
+SCENARIOS = (
+    "kill-empty",
+    "kill-aof",
+    "pause",
+    "replica-kill",
+    "failover-0",
+    "failover-1",
+    "slot-move",
+    "cluster-failover",
+)
 GIB = 1 << 30
 CELL = "faults"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -109,10 +117,18 @@ def fleet_node(k: int, params: Params) -> SimNode:
     """A node of the fleet (:class:`~scheduler.simnode.SimNode`): 32 CPUs and
     64 GiB; its sandboxes start for ``create_s``, then run for ``lifetime_s``."""
     node_id = f"node-{k + 1:02d}"
-    return SimNode(node_id, 32, 64 * GIB, endpoint=f"{node_id}.faults:5007",
-                   instance=f"{node_id}-boot", cluster_id="c1", busy_percent=0,
-                   memory_used_percent=0, starting_s=params.create_s,
-                   lifetime_s=params.lifetime_s)
+    return SimNode(
+        node_id,
+        32,
+        64 * GIB,
+        endpoint=f"{node_id}.faults:5007",
+        instance=f"{node_id}-boot",
+        cluster_id="c1",
+        busy_percent=0,
+        memory_used_percent=0,
+        starting_s=params.create_s,
+        lifetime_s=params.lifetime_s,
+    )
 
 
 @dataclass
@@ -147,8 +163,14 @@ class Run:
         order = [(first + i) % n for i in range(n)]
         return [i for i in order if i not in self.dead] or order
 
-    async def _call(self, rpc: str, first: int, request: Any, timeout: float,
-                    metadata: tuple[tuple[str, str], ...] = ()) -> tuple[Any, Any]:
+    async def _call(
+        self,
+        rpc: str,
+        first: int,
+        request: Any,
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> tuple[Any, Any]:
         """One RPC to the first live replica from ``first``; a replica that is
         gone (connection refused) hands the call to the next, as a load
         balancer would.  Returns (response, call) or raises grpc.aio.AioRpcError."""
@@ -159,8 +181,9 @@ class Run:
             try:
                 response = await call
             except grpc.aio.AioRpcError as e:
-                self.outcomes.append(Outcome(rpc, start, time.monotonic(), e.code(),
-                                             e.details() or ""))
+                self.outcomes.append(
+                    Outcome(rpc, start, time.monotonic(), e.code(), e.details() or "")
+                )
                 last = e
                 if e.code() == grpc.StatusCode.UNAVAILABLE and "Redis" not in (e.details() or ""):
                     continue  # the replica itself is unreachable: try another
@@ -174,13 +197,21 @@ class Run:
         await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
         while not self.stop.is_set():
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await self._call("Heartbeat", k, heartbeat_request(node.heartbeat()), 2.0,
-                                 (("x-node-endpoint", node.endpoint),))
+                await self._call(
+                    "Heartbeat",
+                    k,
+                    heartbeat_request(node.heartbeat()),
+                    2.0,
+                    (("x-node-endpoint", node.endpoint),),
+                )
             await asyncio.sleep(self.p.heartbeat_s)
 
     async def gateway(self, w: int, t0: float, counter: list[int], until: float) -> None:
-        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
-            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=1024)))
+        req = pb.ScheduleRequest(
+            hint=pb.ScheduleRequestHint(
+                new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=1024)
+            )
+        )
         while True:
             i = counter[0]
             counter[0] += 1
@@ -206,9 +237,13 @@ class Run:
         give_up = time.monotonic() + 10
         while time.monotonic() < give_up:
             try:
-                await self._call("RecordAssignment", first,
-                                 pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=node),
-                                 2.0, (("x-reservation-id", rid),))
+                await self._call(
+                    "RecordAssignment",
+                    first,
+                    pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=node),
+                    2.0,
+                    (("x-reservation-id", rid),),
+                )
                 return
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.2)
@@ -252,8 +287,9 @@ class Topology:
         elif scenario.startswith("failover"):
             # min_replicas_acked 1 needs a replica left after the promotion (the old
             # primary rejoins as one only about 10 s later): a second replica
-            self.sentinels = SentinelTopology(replicas=2 if scenario == "failover-1" else 1,
-                                              sentinels=3)
+            self.sentinels = SentinelTopology(
+                replicas=2 if scenario == "failover-1" else 1, sentinels=3
+            )
         else:
             extra = ["--appendonly", "yes"] if scenario == "kill-aof" else []
             self.server = RedisServer(extra_args=extra)
@@ -324,8 +360,7 @@ class Topology:
             assert self.cluster is not None
             source = self.cluster.slot_owner(self.slot)
             target = next(p for p in self.cluster.primaries() if p.port != source.port)
-            self.cluster.migrate_slot(self.slot, target, batch=10,
-                                      between=lambda: time.sleep(0.02))
+            self.cluster.migrate_slot(self.slot, target, batch=10, between=lambda: time.sleep(0.02))
         elif s == "cluster-failover":
             assert self.cluster is not None
             self.cluster.failover(self.slot)
@@ -344,8 +379,12 @@ class Topology:
 
 
 def _replica_config(params: Params, acked: int) -> dict[str, Any]:
-    return {"scheduler": {"node_resource_limit": {"max_sandbox_count": params.ceiling},
-                          "min_replicas_acked": acked}}
+    return {
+        "scheduler": {
+            "node_resource_limit": {"max_sandbox_count": params.ceiling},
+            "min_replicas_acked": acked,
+        }
+    }
 
 
 async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -> dict[str, Any]:
@@ -356,10 +395,12 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     await asyncio.sleep(params.heartbeat_s * 2)  # every node heard of before the load
     t0 = time.monotonic()
     counter = [0]
-    loop_end = t0 + params.before_s + params.after_s + (
-        params.pause_s if topo.scenario == "pause" else 0)
-    gateways = [asyncio.create_task(run.gateway(w, t0, counter, loop_end))
-                for w in range(params.gateways)]
+    loop_end = (
+        t0 + params.before_s + params.after_s + (params.pause_s if topo.scenario == "pause" else 0)
+    )
+    gateways = [
+        asyncio.create_task(run.gateway(w, t0, counter, loop_end)) for w in range(params.gateways)
+    ]
     await asyncio.sleep(params.before_s)
     fault_start, fault_end = await asyncio.to_thread(topo.inject, replicas, run)
     # the load goes on for after_s past the fault (the gateways stop at loop_end)
@@ -374,8 +415,9 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     return _measure(params, topo, run, fault_start, fault_end, load_end)
 
 
-def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault_end: float,
-             load_end: float) -> dict[str, Any]:
+def _measure(
+    params: Params, topo: Topology, run: Run, fault_start: float, fault_end: float, load_end: float
+) -> dict[str, Any]:
     primary = topo.primary()
     base = f"sched:{{{CELL}}}:"
     missing = 0
@@ -396,8 +438,9 @@ def _measure(params: Params, topo: Topology, run: Run, fault_start: float, fault
     firsts = [o.end for o in schedules if o.code == grpc.StatusCode.OK and o.start >= fault_start]
     after_switch = None
     if topo.switched_at is not None:
-        ok = [o.end for o in schedules if o.code == grpc.StatusCode.OK and
-              o.start >= topo.switched_at]
+        ok = [
+            o.end for o in schedules if o.code == grpc.StatusCode.OK and o.start >= topo.switched_at
+        ]
         after_switch = round(min(ok) - topo.switched_at, 3) if ok else None
     window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
     codes = Counter(o.code.name for o in window)
@@ -460,8 +503,10 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     replicas: list[ServeProcess] = []
     try:
         acked = 1 if scenario == "failover-1" else 0
-        replicas = [ServeProcess(_replica_config(params, acked), topo.url, cell=CELL)
-                    for _ in range(params.replicas)]
+        replicas = [
+            ServeProcess(_replica_config(params, acked), topo.url, cell=CELL)
+            for _ in range(params.replicas)
+        ]
         for r in replicas:
             r.wait_serving(30)
         row = asyncio.run(_drive(params, topo, replicas))
@@ -473,8 +518,19 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
         topo.close()
 
 
-COLUMNS = ["scenario", "peak", "ceiling", "placed", "acked_missing", "phantoms", "stuck",
-           "to_first_ok_s", "after_switch_s", "health_honest", "codes"]
+COLUMNS = [
+    "scenario",
+    "peak",
+    "ceiling",
+    "placed",
+    "acked_missing",
+    "phantoms",
+    "stuck",
+    "to_first_ok_s",
+    "after_switch_s",
+    "health_honest",
+    "codes",
+]
 
 
 def run(params: Params) -> Result:
@@ -492,14 +548,25 @@ def run(params: Params) -> Result:
         "reservations no gateway was answered; stuck: answered ones still live "
         f"{params.settle_s:g} s after the load.",
     ]
-    return Result(scenario="faults", columns=COLUMNS, rows=rows, params=asdict(params),
-                  machine=_machine(), notes=notes)
+    return Result(
+        scenario="faults",
+        columns=COLUMNS,
+        rows=rows,
+        params=asdict(params),
+        machine=_machine(),
+        notes=notes,
+    )
 
 
 def _machine() -> dict[str, Any]:
     with RedisServer() as rs:
         version = str(rs.client().info("server").get("redis_version", "?"))
-    return {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "redis_version": version,
-            "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "loadavg_1m": round(os.getloadavg()[0], 2), "redis": "started by the benchmark"}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "redis_version": version,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "redis": "started by the benchmark",
+    }

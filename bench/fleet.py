@@ -26,8 +26,9 @@ SHAPES: tuple[tuple[int, int], ...] = ((16, 64), (32, 128), (64, 256), (96, 384)
 SIZES: tuple[tuple[int, int], ...] = ((1, 2048), (2, 4096), (2, 4096), (4, 8192))
 
 
-def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500,
-                  errors: bool = False) -> list[Any]:
+def run_pipelined(
+    s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500, errors: bool = False
+) -> list[Any]:
     """Run library operations in pipelines of ``batch`` (one round trip each).
 
     Each call is exactly the FCALL (or EVALSHA) the library would send on its
@@ -36,7 +37,7 @@ def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500,
     """
     out: list[Any] = []
     for i in range(0, len(calls), batch):
-        chunk = calls[i:i + batch]
+        chunk = calls[i : i + batch]
         pipe = s.client.pipeline(transaction=False)
         for c in chunk:
             s.scripts[c.script](keys=c.keys, args=c.args, client=pipe)
@@ -53,8 +54,12 @@ def run_pipelined(s: Scheduler, calls: Sequence[Call[Any]], batch: int = 500,
     return out
 
 
-def send_heartbeats(s: Scheduler, heartbeats: Iterable[Heartbeat], batch: int = 500,
-                    memo: dict[str, Any] | None = None) -> int:
+def send_heartbeats(
+    s: Scheduler,
+    heartbeats: Iterable[Heartbeat],
+    batch: int = 500,
+    memo: dict[str, Any] | None = None,
+) -> int:
     """Full heartbeats, pipelined; with ``memo`` (``Scheduler.beats``) the
     client remembers them, so its later heartbeats go as deltas."""
     calls = [s.ops.heartbeat(hb, memo) for hb in heartbeats]
@@ -62,8 +67,9 @@ def send_heartbeats(s: Scheduler, heartbeats: Iterable[Heartbeat], batch: int = 
     return len(calls)
 
 
-def mixed_fleet(n: int, rng: random.Random, load: tuple[float, float] = (0.3, 0.7),
-                prefix: str = "node") -> list[SimNode]:
+def mixed_fleet(
+    n: int, rng: random.Random, load: tuple[float, float] = (0.3, 0.7), prefix: str = "node"
+) -> list[SimNode]:
     """``n`` nodes of mixed shapes, each already running sandboxes that fill a
     uniformly drawn share (``load``) of its CPU."""
     width = len(str(max(0, n - 1)))

@@ -48,8 +48,9 @@ def unavailable() -> str | None:
     except ImportError as e:
         return f"generated stubs scheduler/grpc/scheduler_pb2_grpc.py cannot be imported ({e})"
     try:
-        r = subprocess.run([*SCHEDCTL, "serve", "--help"], capture_output=True, text=True,
-                           timeout=60, check=False)
+        r = subprocess.run(
+            [*SCHEDCTL, "serve", "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"`schedctl serve --help` could not run ({e})"
     if r.returncode != 0:
@@ -70,14 +71,15 @@ def config(policy: Policy) -> dict[str, Any]:
             "placement_reservation_ttl": f"{policy.reservation_ttl_ms}ms",
             "node_resource_limit": {k: v for k, v in policy.limits.active().items()},
             "overcommit": {"cpu": policy.overcommit.cpu, "memory": policy.overcommit.memory},
-            "default_request": {"cpu": policy.default_request.cpu,
-                                "memory_mb": policy.default_request.memory_mb},
+            "default_request": {
+                "cpu": policy.default_request.cpu,
+                "memory_mb": policy.default_request.memory_mb,
+            },
         },
     }
 
 
-def _load(port: int, cpu: int, memory_mb: int, seconds: float, conn: Connection,
-          go: Any) -> None:
+def _load(port: int, cpu: int, memory_mb: int, seconds: float, conn: Connection, go: Any) -> None:
     """One gateway-like load process: Schedule RPCs back to back on one channel."""
     import grpc
 
@@ -88,8 +90,11 @@ def _load(port: int, cpu: int, memory_mb: int, seconds: float, conn: Connection,
     try:
         grpc.channel_ready_future(channel).result(timeout=60)
         stub = pb_grpc.SchedulerStub(channel)
-        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
-            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
+        req = pb.ScheduleRequest(
+            hint=pb.ScheduleRequestHint(
+                new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)
+            )
+        )
         stub.Schedule(req, timeout=60)  # warm: first call pays for connection set-up
         conn.send(("ready", None))
         go.wait()
@@ -126,8 +131,9 @@ class Replicas:
             raise
         self.ports = [p.port for p in self.procs]
 
-    def load(self, seconds: float, cpu: int, memory_mb: int,
-             meter: Callable[[], float]) -> tuple[int, int, float, float]:
+    def load(
+        self, seconds: float, cpu: int, memory_mb: int, meter: Callable[[], float]
+    ) -> tuple[int, int, float, float]:
         """One load process per replica, all released together.  Returns
         (schedules, refusals, wall seconds from the release to the last finish,
         increase of ``meter()`` over that same window)."""
@@ -138,8 +144,9 @@ class Replicas:
         try:
             for port in self.ports:
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_load, args=(port, cpu, memory_mb, seconds, child, go),
-                                daemon=True)
+                p = ctx.Process(
+                    target=_load, args=(port, cpu, memory_mb, seconds, child, go), daemon=True
+                )
                 p.start()
                 child.close()
                 conns.append(parent)
@@ -171,8 +178,6 @@ class Replicas:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -219,8 +224,7 @@ def cpu_unmeasurable() -> str | None:
 LAYERS = ("constant", "redis", "library")
 
 
-def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
-              cell: str = "") -> None:
+def bare_main(port: int, loop: str, layer: str = "constant", url: str = "", cell: str = "") -> None:
     """A minimal ``grpc.aio`` server of ``Schedule`` on ``127.0.0.1:port``
     until SIGTERM.  ``constant`` answers a constant: the floor of what one
     gRPC call costs in Python.  ``redis`` first sends one ``PING`` the way
@@ -249,8 +253,9 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
             async def Schedule(self, req: Any, context: Any) -> Any:
                 if sched is not None:
                     placed = await sched.schedule(request)
-                    return pb.ScheduleResponse(node=pb.Node(node_id=placed.node_id,
-                                                            endpoint=placed.endpoint))
+                    return pb.ScheduleResponse(
+                        node=pb.Node(node_id=placed.node_id, endpoint=placed.endpoint)
+                    )
                 if wire is not None:
                     try:
                         await wire.call(["PING"])
@@ -281,11 +286,22 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "",
 class BareServer:
     """``bare_main`` in its own process."""
 
-    def __init__(self, loop: str, layer: str = "constant", url: str = "",
-                 cell: str = "") -> None:
+    def __init__(self, loop: str, layer: str = "constant", url: str = "", cell: str = "") -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_path", "bare",
-                                      str(self.port), loop, layer, url, cell], cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.grpc_path",
+                "bare",
+                str(self.port),
+                loop,
+                layer,
+                url,
+                cell,
+            ],
+            cwd=ROOT,
+        )
         self.pid = self.proc.pid
 
     def wait_listening(self, timeout: float = 60) -> BareServer:
@@ -317,8 +333,17 @@ class BareServer:
         self.close()
 
 
-def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concurrency: int,
-                     channels: int, conn: Connection, go: Any, rate: float = 0.0) -> None:
+def _load_concurrent(
+    port: int,
+    cpu: int,
+    memory_mb: int,
+    seconds: float,
+    concurrency: int,
+    channels: int,
+    conn: Connection,
+    go: Any,
+    rate: float = 0.0,
+) -> None:
     """A gateway-like load process: ``concurrency`` Schedule RPCs in flight at
     all times over ``channels`` connections (each its own TCP connection, so
     the kernel can spread them over the workers of one port)."""
@@ -328,11 +353,17 @@ def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concur
     from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 
     async def main() -> tuple[int, int]:
-        req = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
-            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
-        opened = [grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                            options=[("grpc.use_local_subchannel_pool", 1)])
-                  for _ in range(channels)]
+        req = pb.ScheduleRequest(
+            hint=pb.ScheduleRequestHint(
+                new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)
+            )
+        )
+        opened = [
+            grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            for _ in range(channels)
+        ]
         try:
             stubs = [pb_grpc.SchedulerStub(ch) for ch in opened]
             for stub in stubs:
@@ -355,8 +386,9 @@ def _load_concurrent(port: int, cpu: int, memory_mb: int, seconds: float, concur
                         await stub.Schedule(req, timeout=60)
                         n += 1
                     except grpc.aio.AioRpcError as e:
-                        if e.code() != grpc.StatusCode.UNAVAILABLE \
-                                or "no nodes" not in str(e.details()):
+                        if e.code() != grpc.StatusCode.UNAVAILABLE or "no nodes" not in str(
+                            e.details()
+                        ):
                             raise
                         refused += 1
 
@@ -385,17 +417,29 @@ class Measured:
     redis_cpu: float
 
 
-def measure(port: int, server_pid: int, *, seconds: float, concurrency: int, channels: int,
-            cpu: int, memory_mb: int, redis_cpu: Callable[[], float],
-            rate: float = 0.0) -> Measured:
+def measure(
+    port: int,
+    server_pid: int,
+    *,
+    seconds: float,
+    concurrency: int,
+    channels: int,
+    cpu: int,
+    memory_mb: int,
+    redis_cpu: Callable[[], float],
+    rate: float = 0.0,
+) -> Measured:
     """Load ``port`` with ``concurrency`` calls in flight for ``seconds``
     (``rate`` > 0: paced to that many calls a second); the server's and
     Redis' CPU over the same window."""
     ctx = mp.get_context("spawn")
     go = ctx.Event()
     parent, child = ctx.Pipe()
-    p = ctx.Process(target=_load_concurrent, args=(port, cpu, memory_mb, seconds, concurrency,
-                                                   channels, child, go, rate), daemon=True)
+    p = ctx.Process(
+        target=_load_concurrent,
+        args=(port, cpu, memory_mb, seconds, concurrency, channels, child, go, rate),
+        daemon=True,
+    )
     p.start()
     child.close()
     try:

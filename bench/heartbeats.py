@@ -30,8 +30,17 @@ from scheduler.aio import AsyncScheduler
 from scheduler.records import Heartbeat
 from scheduler.simnode import SimNode
 
-COLUMNS = ["heartbeats", "coalescing", "client_us", "redis_us", "calls", "batch_mean",
-           "client_ratio", "redis_ratio", "rounds"]
+COLUMNS = [
+    "heartbeats",
+    "coalescing",
+    "client_us",
+    "redis_us",
+    "calls",
+    "batch_mean",
+    "client_ratio",
+    "redis_ratio",
+    "rounds",
+]
 KINDS = ("steady", "changed")
 #: what every node carries until its first heartbeat (the exchange needs one)
 CPU_CONFIG = '{"kvm_capabilities": ["171", "56"]}'
@@ -56,8 +65,7 @@ def _cpu_s() -> float:
 
 async def _measure(target: Target, kind: str, coalesce: bool, p: Params) -> dict[str, float]:
     cell = target.new_cell("heartbeats")
-    a = await AsyncScheduler.connect(target.url, cell=cell,
-                                     policy=Policy(report_ttl_ms=3_600_000))
+    a = await AsyncScheduler.connect(target.url, cell=cell, policy=Policy(report_ttl_ms=3_600_000))
     a.beat_coalescer.enabled = coalesce
     try:
         fleet = [SimNode(f"n{i}", 32, 128 << 30, cluster_id="c1") for i in range(p.nodes)]
@@ -96,15 +104,20 @@ async def _measure(target: Target, kind: str, coalesce: bool, p: Params) -> dict
         await a.close()
         target.drop_cell(cell)
     n = p.passes * p.nodes
-    return {"client_us": 1e6 * cpu / n, "redis_us": usec / n, "calls": calls / n,
-            "batch_mean": batched / batches if batches else 1.0}
+    return {
+        "client_us": 1e6 * cpu / n,
+        "redis_us": usec / n,
+        "calls": calls / n,
+        "batch_mean": batched / batches if batches else 1.0,
+    }
 
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)
     got: dict[tuple[str, bool], list[dict[str, float]]] = {
-        (k, c): [] for k in KINDS for c in (False, True)}
+        (k, c): [] for k in KINDS for c in (False, True)
+    }
     # (a first pass in this process pays for code paths run once: not measured)
     asyncio.run(_measure(target, "changed", True, replace(p, nodes=min(p.nodes, 20), passes=1)))
     for i in range(p.rounds):
@@ -119,12 +132,18 @@ def run(target: Target, p: Params | None = None) -> Result:
             off = got[(kind, False)]
             row: dict[str, Any] = {"heartbeats": kind, "coalescing": "on" if coalesce else "off"}
             for key in ("client_us", "redis_us", "calls", "batch_mean"):
-                row[key] = round(statistics.median(r[key] for r in runs), 2 if key in (
-                    "calls", "batch_mean") else 1)
+                row[key] = round(
+                    statistics.median(r[key] for r in runs),
+                    2 if key in ("calls", "batch_mean") else 1,
+                )
             # (each round's on against the same round's off)
             for key, name in (("client_us", "client_ratio"), ("redis_us", "redis_ratio")):
-                row[name] = round(statistics.median(
-                    r[key] / o[key] for r, o in zip(runs, off, strict=True) if o[key]), 3)
+                row[name] = round(
+                    statistics.median(
+                        r[key] / o[key] for r, o in zip(runs, off, strict=True) if o[key]
+                    ),
+                    3,
+                )
             row["rounds"] = len(runs)
             rows.append(row)
     notes = [

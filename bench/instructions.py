@@ -44,8 +44,13 @@ from scheduler.scripts import Library, library
 from scheduler.testing.redis_server import free_port
 
 COLUMNS = ["operation", "base_per_call", "ours_per_call", "ratio", "ours_per_floor"]
-OPERATIONS = ("coalesced placement", "changed heartbeat", "steady heartbeat",
-              "coalesced changed heartbeat", "coalesced steady heartbeat")
+OPERATIONS = (
+    "coalesced placement",
+    "changed heartbeat",
+    "steady heartbeat",
+    "coalesced changed heartbeat",
+    "coalesced steady heartbeat",
+)
 #: operations only a library with heartbeat batches has (else measured for ours alone)
 HEARTBEAT_BATCHES = frozenset({"coalesced changed heartbeat", "coalesced steady heartbeat"})
 
@@ -75,8 +80,9 @@ class _Counted:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _control(self, *args: str) -> None:
-        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], capture_output=True,
-                       check=True)
+        subprocess.run(
+            ["callgrind_control", *args, str(self.proc.pid)], capture_output=True, check=True
+        )
 
     @contextmanager
     def counting(self) -> Iterator[None]:
@@ -104,16 +110,33 @@ class _Counted:
 def _counted_server() -> Iterator[_Counted]:
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"bench instructions needs {tool} (apt-get install valgrind "
-                             "redis-server)")
+            raise SystemExit(
+                f"bench instructions needs {tool} (apt-get install valgrind redis-server)"
+            )
     folder = Path(tempfile.mkdtemp(prefix="sched-callgrind-"))
     port = free_port()
     out = folder / "callgrind.out"
     proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     server = _Counted(proc, port, out)
     client = redis.Redis(port=port, socket_connect_timeout=0.5)
     try:
@@ -146,16 +169,25 @@ def _measure(lib: Library, kind: str, p: Params) -> float:
     """Instructions per call of ``kind`` through ``lib`` on a fresh counted server."""
     with _counted_server() as server:
         target = Target(server.url, owned=False)
-        s = Scheduler.connect(server.url, cell="instructions",
-                              policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000))
+        s = Scheduler.connect(
+            server.url,
+            cell="instructions",
+            policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000),
+        )
         try:
             s.stats()  # (loads this tree's library: the fleet is set up through it)
             rng = random.Random(p.seed)
             nodes = mixed_fleet(p.nodes, rng)
             send_heartbeats(s, [n.heartbeat() for n in nodes], memo=s.beats)
             vp = versus.Params(nodes=p.nodes, rounds=p.rounds, burst=p.burst, seed=p.seed)
-            run = versus._Run(target, s, nodes, library(), vp, whole_rosters=None
-                              if versus.knows_roster_deltas(lib) else lib)
+            run = versus._Run(
+                target,
+                s,
+                nodes,
+                library(),
+                vp,
+                whole_rosters=None if versus.knows_roster_deltas(lib) else lib,
+            )
             for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
                 s.schedule(Request.cold(*rng.choice(SIZES)))
             send = run._send
@@ -173,10 +205,12 @@ def _measure(lib: Library, kind: str, p: Params) -> float:
                     calls += p.burst
             else:
                 burst: Callable[[Library], tuple[int, int]] = {
-                    "coalesced placement": run.coalesced, "changed heartbeat": run.heartbeat,
+                    "coalesced placement": run.coalesced,
+                    "changed heartbeat": run.heartbeat,
                     "steady heartbeat": run.steady,
                     "coalesced changed heartbeat": run.coalesced_heartbeat,
-                    "coalesced steady heartbeat": run.coalesced_steady}[kind]
+                    "coalesced steady heartbeat": run.coalesced_steady,
+                }[kind]
                 # Every library is measured the same way: loaded afresh and
                 # alone (the burst's own unmeasured calls, such as the cancels,
                 # go through it too), then warmed by one burst not counted.  (A
@@ -222,14 +256,29 @@ def run(target: Target, p: Params | None = None) -> Result:
     rows = []
     for op in OPERATIONS:
         o = _measure(ours, op, p)
-        b = _measure(base, op, p) if op not in HEARTBEAT_BATCHES or \
-            "heartbeat_batch" in base.functions else None
-        rows.append({"operation": op, "base_per_call": None if b is None else round(b),
-                     "ours_per_call": round(o), "ratio": None if b is None else round(o / b, 3),
-                     "ours_per_floor": round(o / floor, 2)})
-    rows.append({"operation": "floor (bare reservation writes, one call each)",
-                 "base_per_call": None, "ours_per_call": round(floor), "ratio": None,
-                 "ours_per_floor": 1.0})
+        b = (
+            _measure(base, op, p)
+            if op not in HEARTBEAT_BATCHES or "heartbeat_batch" in base.functions
+            else None
+        )
+        rows.append(
+            {
+                "operation": op,
+                "base_per_call": None if b is None else round(b),
+                "ours_per_call": round(o),
+                "ratio": None if b is None else round(o / b, 3),
+                "ours_per_floor": round(o / floor, 2),
+            }
+        )
+    rows.append(
+        {
+            "operation": "floor (bare reservation writes, one call each)",
+            "base_per_call": None,
+            "ours_per_call": round(floor),
+            "ratio": None,
+            "ours_per_floor": 1.0,
+        }
+    )
     params: dict[str, Any] = asdict(p)
     params["base_library"], params["our_library"] = base.name, ours.name
     notes = [

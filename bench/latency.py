@@ -58,11 +58,22 @@ from scheduler.simnode import SimNode
 #: Nodes registered before the pending reservations are made (see run_size).
 SEED_NODES = 200
 
-COLUMNS = ["nodes", "ping_p50_us", "schedule_p50_us", "schedule_p99_us", "redis_us_per_schedule",
-           "redis_us_per_heartbeat", "redis_us_per_steady_heartbeat", "redis_us_per_schedule_busy",
-           "redis_us_per_schedule_coalesced", "redis_us_per_heartbeat_busy",
-           "redis_us_per_steady_heartbeat_busy", "redis_us_per_heartbeat_coalesced",
-           "redis_us_per_steady_heartbeat_coalesced", "redis_us_floor_busy"]
+COLUMNS = [
+    "nodes",
+    "ping_p50_us",
+    "schedule_p50_us",
+    "schedule_p99_us",
+    "redis_us_per_schedule",
+    "redis_us_per_heartbeat",
+    "redis_us_per_steady_heartbeat",
+    "redis_us_per_schedule_busy",
+    "redis_us_per_schedule_coalesced",
+    "redis_us_per_heartbeat_busy",
+    "redis_us_per_steady_heartbeat_busy",
+    "redis_us_per_heartbeat_coalesced",
+    "redis_us_per_steady_heartbeat_coalesced",
+    "redis_us_floor_busy",
+]
 
 #: The writes every reservation must make, and nothing else (no decision, no
 #: index): a reference for the busy figures, loaded as its own small library.
@@ -88,16 +99,20 @@ redis.register_function('sched_bench_floor', function(keys, args)
   return { node, v[1] or '', rid, '0.5', 2, 4294967296, 'READY', now }
 end)
 """
-def floor_burst(target: Target, s: Scheduler, count: int, tag: str, node_ids: list[str],
-                rng: random.Random) -> tuple[int, int]:
+
+
+def floor_burst(
+    target: Target, s: Scheduler, count: int, tag: str, node_ids: list[str], rng: random.Random
+) -> tuple[int, int]:
     """(calls, usec) of ``count`` pipelined FLOOR_LIBRARY calls (loaded by the
     caller), each on a random node of ``node_ids``; ``tag`` keeps their
     reservation ids apart from other bursts'."""
     keys = s.ops.schedule(Request.cold(1, 1)).keys
     pipe = s.client.pipeline(transaction=False)
     for i in range(count):
-        pipe.execute_command("FCALL", "sched_bench_floor", len(keys), *keys, f"{tag}-{i}",
-                             rng.choice(node_ids))
+        pipe.execute_command(
+            "FCALL", "sched_bench_floor", len(keys), *keys, f"{tag}-{i}", rng.choice(node_ids)
+        )
     w = target.script_stats()
     pipe.execute()
     return target.script_stats_since(w)
@@ -185,16 +200,29 @@ class _Stream:
         return due
 
 
-def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
-          ) -> dict[str, float | None]:
+def _busy(
+    target: Target,
+    s: Scheduler,
+    stream: _Stream,
+    rng: random.Random,
+) -> dict[str, float | None]:
     """Redis CPU per call with Redis busy, in rounds so that every kind meets the
     same machine: each round sends a pipelined burst of creations (then
     cancelled), the same number coalesced into batch calls of COALESCED (per
     placement), of the reference writes, of steady heartbeats, and of changed
     heartbeats (nodes whose roster moved by 1 to 4 sandboxes, as deltas)."""
-    sums: dict[str, list[int]] = {k: [0, 0] for k in
-                                  ("schedule", "coalesced", "floor", "steady", "changed",
-                                   "steady_coalesced", "changed_coalesced")}
+    sums: dict[str, list[int]] = {
+        k: [0, 0]
+        for k in (
+            "schedule",
+            "coalesced",
+            "floor",
+            "steady",
+            "changed",
+            "steady_coalesced",
+            "changed_coalesced",
+        )
+    }
 
     def add(kind: str, calls: int, usec: int) -> None:
         sums[kind][0] += calls
@@ -204,29 +232,55 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
     if floor_ok:
         s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
     ids = list(stream.by_id)
-    clean = [n for n in stream.by_id.values()
-             if n.node_id not in stream.dirty and n.node_id not in stream.unlisted
-             and n.node_id in s.beats]
+    clean = [
+        n
+        for n in stream.by_id.values()
+        if n.node_id not in stream.dirty
+        and n.node_id not in stream.unlisted
+        and n.node_id in s.beats
+    ]
     changing = list(clean)
     rng.shuffle(changing)
     for b in range(BURSTS):
         # creations, one call each
-        calls = [s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
-                 for i in range(BURST)]
+        calls = [
+            s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"busy{b}-{i}")
+            for i in range(BURST)
+        ]
         w = target.script_stats()
         replies = run_pipelined(s, calls, errors=True)
         add("schedule", *target.script_stats_since(w))
-        run_pipelined(s, [s.ops.cancel(f"busy{b}-{i}") for i, r in enumerate(replies)
-                          if not isinstance(r, Exception)], errors=True)
+        run_pipelined(
+            s,
+            [
+                s.ops.cancel(f"busy{b}-{i}")
+                for i, r in enumerate(replies)
+                if not isinstance(r, Exception)
+            ],
+            errors=True,
+        )
         # the same, coalesced
-        batches = [s.ops.schedule_batch([
-            s.ops.schedule(Request.cold(*rng.choice(SIZES)), reservation_id=f"co{b}-{j}-{i}")
-            for i in range(COALESCED)]) for j in range(BURST // COALESCED)]
+        batches = [
+            s.ops.schedule_batch(
+                [
+                    s.ops.schedule(
+                        Request.cold(*rng.choice(SIZES)), reservation_id=f"co{b}-{j}-{i}"
+                    )
+                    for i in range(COALESCED)
+                ]
+            )
+            for j in range(BURST // COALESCED)
+        ]
         w = target.script_stats()
         replies = run_pipelined(s, batches, errors=True)
         _, usec = target.script_stats_since(w)
-        done = [p for r in replies if not isinstance(r, Exception) for p in r
-                if not isinstance(p, Exception)]
+        done = [
+            p
+            for r in replies
+            if not isinstance(r, Exception)
+            for p in r
+            if not isinstance(p, Exception)
+        ]
         add("coalesced", len(done), usec)
         run_pipelined(s, [s.ops.cancel(p.reservation_id or "") for p in done], errors=True)
         # the reference writes
@@ -241,7 +295,7 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
         sample = rng.sample(clean, min(BURST, len(clean)))
         add("steady_coalesced", *_coalesced_beats(target, s, sample))
         # changed heartbeats, one call each, then the same nodes changed again, coalesced
-        part = changing[b * len(changing) // BURSTS:(b + 1) * len(changing) // BURSTS][:BURST]
+        part = changing[b * len(changing) // BURSTS : (b + 1) * len(changing) // BURSTS][:BURST]
         for kind in ("changed", "changed_coalesced"):
             for k, node in enumerate(part):
                 for j in range(rng.randint(1, 4)):
@@ -251,8 +305,9 @@ def _busy(target: Target, s: Scheduler, stream: _Stream, rng: random.Random,
                         node.delete(next(iter(node.sandboxes)))
             if kind == "changed":
                 w = target.script_stats()
-                run_pipelined(s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in part],
-                              errors=True)
+                run_pipelined(
+                    s, [s.ops.heartbeat(n.heartbeat(), s.beats) for n in part], errors=True
+                )
                 add(kind, *target.script_stats_since(w))
             else:
                 add(kind, *_coalesced_beats(target, s, part))
@@ -265,14 +320,15 @@ def _coalesced_beats(target: Target, s: Scheduler, nodes: list[SimNode]) -> tupl
     """(heartbeats, usec) of the nodes' heartbeats sent as batch calls of
     COALESCED (what a replica sends when that many queued)."""
     calls = [s.ops.heartbeat(n.heartbeat(), s.beats) for n in nodes]
-    batches = [s.ops.heartbeat_batch(calls[i:i + COALESCED])
-               for i in range(0, len(calls), COALESCED)]
+    batches = [
+        s.ops.heartbeat_batch(calls[i : i + COALESCED]) for i in range(0, len(calls), COALESCED)
+    ]
     w = target.script_stats()
     replies = run_pipelined(s, batches, errors=True)
     _, usec = target.script_stats_since(w)
     results: list[Any] = []
     for i, r in zip(range(0, len(calls), COALESCED), replies, strict=True):
-        results += [r] * len(calls[i:i + COALESCED]) if isinstance(r, Exception) else r
+        results += [r] * len(calls[i : i + COALESCED]) if isinstance(r, Exception) else r
     for n, r in zip(nodes, results, strict=True):
         if isinstance(r, Exception):  # (a RESYNC: sent again in full, not measured)
             s.heartbeat(n.heartbeat())
@@ -307,7 +363,8 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         sched_calls = sched_usec = hb_calls = hb_usec = steady_calls = steady_usec = 0
         start = time.perf_counter()
         while len(sched_ns) < p.max_schedules and (
-                len(sched_ns) < p.min_schedules or time.perf_counter() - start < p.seconds):
+            len(sched_ns) < p.min_schedules or time.perf_counter() - start < p.seconds
+        ):
             # 1. schedule block
             placed: list[tuple[Any, int, int]] = []
             w = target.script_stats()
@@ -372,11 +429,17 @@ def run_size(target: Target, n: int, p: Params) -> tuple[dict[str, Any], dict[st
         "redis_us_per_steady_heartbeat_coalesced": _round(busy["steady_coalesced"]),
         "redis_us_floor_busy": _round(busy["floor"]),
     }
-    detail = {"nodes": n, "schedules": len(sched_ns), "heartbeats": hb_calls,
-              "steady_heartbeats": steady_calls,
-              "refused": stream.refused, "pending_at_end": pending,
-              "sandboxes": sum(len(x.sandboxes) for x in nodes),
-              "setup_seconds": round(setup_s, 2), "measured_seconds": round(elapsed, 2)}
+    detail = {
+        "nodes": n,
+        "schedules": len(sched_ns),
+        "heartbeats": hb_calls,
+        "steady_heartbeats": steady_calls,
+        "refused": stream.refused,
+        "pending_at_end": pending,
+        "sandboxes": sum(len(x.sandboxes) for x in nodes),
+        "setup_seconds": round(setup_s, 2),
+        "measured_seconds": round(elapsed, 2),
+    }
     return row, detail
 
 
@@ -410,23 +473,28 @@ def run(target: Target, p: Params | None = None) -> Result:
     for row, d in zip(rows, details, strict=True):
         ratio = row["schedule_p50_us"] / row["ping_p50_us"] if row["ping_p50_us"] else 0.0
         hb_share = row["redis_us_per_heartbeat"] / max(1e-9, row["redis_us_per_schedule"])
-        line = (f"{d['nodes']} nodes: schedule p50 = {ratio:,.1f} x PING p50; Redis CPU "
-                f"per heartbeat = {hb_share:.3f} x per schedule")
+        line = (
+            f"{d['nodes']} nodes: schedule p50 = {ratio:,.1f} x PING p50; Redis CPU "
+            f"per heartbeat = {hb_share:.3f} x per schedule"
+        )
         busy, floor = row["redis_us_per_schedule_busy"], row["redis_us_floor_busy"]
         if busy and floor:
             line += f"; busy schedule = {busy / floor:.2f} x the floor"
-            for name, label in (("redis_us_per_schedule_coalesced", "coalesced placement"),
-                                ("redis_us_per_heartbeat_busy", "busy changed heartbeat"),
-                                ("redis_us_per_heartbeat_coalesced",
-                                 "coalesced changed heartbeat")):
+            for name, label in (
+                ("redis_us_per_schedule_coalesced", "coalesced placement"),
+                ("redis_us_per_heartbeat_busy", "busy changed heartbeat"),
+                ("redis_us_per_heartbeat_coalesced", "coalesced changed heartbeat"),
+            ):
                 if row[name]:
                     line += f", {label} = {row[name] / floor:.2f} x"
         notes.append(line)
     for d in details:
-        notes.append(f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "
-                     f"{d['setup_seconds']} s, {d['schedules']} schedules, "
-                     f"{d['heartbeats']} heartbeats and {d['steady_heartbeats']} steady ones "
-                     f"in {d['measured_seconds']} s, "
-                     f"{d['pending_at_end']} reservations pending at the end, "
-                     f"{d['refused']} refused")
+        notes.append(
+            f"{d['nodes']} nodes: {d['sandboxes']} sandboxes, setup "
+            f"{d['setup_seconds']} s, {d['schedules']} schedules, "
+            f"{d['heartbeats']} heartbeats and {d['steady_heartbeats']} steady ones "
+            f"in {d['measured_seconds']} s, "
+            f"{d['pending_at_end']} reservations pending at the end, "
+            f"{d['refused']} refused"
+        )
     return Result("latency", COLUMNS, rows, params=params, machine=facts, notes=notes)

@@ -63,18 +63,42 @@ def _usage(target: Target, key: str) -> int:
 
 def _node_heartbeat(node_id: str, cpu: int, mem: int, roster: list[str]) -> Heartbeat:
     return Heartbeat(
-        node_id=node_id, service_instance_id="boot-1", cluster_id="eu-1",
-        version="1.4.2", commit="0123456789abcdef", endpoint=f"http://{node_id}.bench:8000",
-        machine_info=MachineInfo(cpu_family="25", cpu_model="17",
-                                 cpu_model_name="AMD EPYC 9454P", cpu_architecture="x86_64"),
-        snapshot=NodeSnapshot(status="READY", cpu_count=cpu, memory_total_bytes=mem,
-                              allocated_cpu=len(roster), allocated_memory_bytes=len(roster) << 31,
-                              sandbox_count=len(roster), cpu_percent=37,
-                              memory_used_bytes=mem // 3, reported_at_unix_ms=0,
-                              disks=[DiskMetric(mount_point="/", device="/dev/nvme0n1p1",
-                                                filesystem_type="ext4", used_bytes=1 << 38,
-                                                total_bytes=1 << 40)]),
-        sandbox_ids=roster, p2p_backend="bittorrent", p2p_address=f"{node_id}.bench:6881")
+        node_id=node_id,
+        service_instance_id="boot-1",
+        cluster_id="eu-1",
+        version="1.4.2",
+        commit="0123456789abcdef",
+        endpoint=f"http://{node_id}.bench:8000",
+        machine_info=MachineInfo(
+            cpu_family="25",
+            cpu_model="17",
+            cpu_model_name="AMD EPYC 9454P",
+            cpu_architecture="x86_64",
+        ),
+        snapshot=NodeSnapshot(
+            status="READY",
+            cpu_count=cpu,
+            memory_total_bytes=mem,
+            allocated_cpu=len(roster),
+            allocated_memory_bytes=len(roster) << 31,
+            sandbox_count=len(roster),
+            cpu_percent=37,
+            memory_used_bytes=mem // 3,
+            reported_at_unix_ms=0,
+            disks=[
+                DiskMetric(
+                    mount_point="/",
+                    device="/dev/nvme0n1p1",
+                    filesystem_type="ext4",
+                    used_bytes=1 << 38,
+                    total_bytes=1 << 40,
+                )
+            ],
+        ),
+        sandbox_ids=roster,
+        p2p_backend="bittorrent",
+        p2p_address=f"{node_id}.bench:6881",
+    )
 
 
 def _measure(target: Target, step: Callable[[], Any]) -> int:
@@ -93,25 +117,47 @@ def run(target: Target, p: Params) -> Result:
         k = s.keys
 
         def row(item: str, count: int, delta: int, key: str) -> None:
-            rows.append({"item": item, "count": count, "bytes_per_item": round(delta / count),
-                         "memory_usage_one": _usage(target, key),
-                         "example_key": key.removeprefix(k.base)})
+            rows.append(
+                {
+                    "item": item,
+                    "count": count,
+                    "bytes_per_item": round(delta / count),
+                    "memory_usage_one": _usage(target, key),
+                    "example_key": key.removeprefix(k.base),
+                }
+            )
 
         bare = [_node_heartbeat(n.node_id, n.cpu, n.memory_bytes, []) for n in fleet]
-        row("node", p.nodes, _measure(target, lambda: send_heartbeats(s, bare)),
-            k.node(fleet[0].node_id))
-        listed = [_node_heartbeat(n.node_id, n.cpu, n.memory_bytes,
-                                  [f"{n.node_id}-sandbox-{i:04d}-0123456789abcdef"
-                                   for i in range(p.roster)]) for n in fleet]
-        row("roster entry", p.nodes * p.roster,
+        row(
+            "node",
+            p.nodes,
+            _measure(target, lambda: send_heartbeats(s, bare)),
+            k.node(fleet[0].node_id),
+        )
+        listed = [
+            _node_heartbeat(
+                n.node_id,
+                n.cpu,
+                n.memory_bytes,
+                [f"{n.node_id}-sandbox-{i:04d}-0123456789abcdef" for i in range(p.roster)],
+            )
+            for n in fleet
+        ]
+        row(
+            "roster entry",
+            p.nodes * p.roster,
             _measure(target, lambda: send_heartbeats(s, listed)),
-            k.bind(f"{fleet[0].node_id}-sandbox-0000-0123456789abcdef"))
+            k.bind(f"{fleet[0].node_id}-sandbox-0000-0123456789abcdef"),
+        )
 
         calls = [s.ops.schedule(Request.cold(1, 1024)) for _ in range(p.reservations)]
         placed: list[Any] = []
-        row("live reservation", p.reservations,
+        row(
+            "live reservation",
+            p.reservations,
             _measure(target, lambda: placed.extend(run_pipelined(s, calls))),
-            k.res(placed[0].reservation_id))
+            k.res(placed[0].reservation_id),
+        )
         cancels = [s.ops.cancel(pl.reservation_id) for pl in placed]
         ended = _measure(target, lambda: run_pipelined(s, cancels))
         # what the cell holds now over what it held before the placements
@@ -121,14 +167,27 @@ def run(target: Target, p: Params) -> Result:
         peers = PeerOps(k, lambda: s.ops.bounds)
         holder = fleet[0].node_id
         for size in (512, 64):
-            records = [peers.record("eu-1", "bittorrent", f"{size}-{i:08d}".ljust(size, "k"),
-                                    holder) for i in range(p.artifacts)]
-            row(f"artifact ({size}-byte key)", p.artifacts,
+            records = [
+                peers.record("eu-1", "bittorrent", f"{size}-{i:08d}".ljust(size, "k"), holder)
+                for i in range(p.artifacts)
+            ]
+            row(
+                f"artifact ({size}-byte key)",
+                p.artifacts,
                 _measure(target, partial(run_pipelined, s, records)),
-                k.art(records[0].args[0]))
+                k.art(records[0].args[0]),
+            )
     finally:
         s.close()
         target.drop_cell(cell)
-    return Result("memory", COLUMNS, rows, params=asdict(p), machine=machine(target),
-                  notes=["bytes_per_item: INFO memory used_memory difference over the count; "
-                         "memory_usage_one: MEMORY USAGE of the example key alone"])
+    return Result(
+        "memory",
+        COLUMNS,
+        rows,
+        params=asdict(p),
+        machine=machine(target),
+        notes=[
+            "bytes_per_item: INFO memory used_memory difference over the count; "
+            "memory_usage_one: MEMORY USAGE of the example key alone"
+        ],
+    )

@@ -40,14 +40,15 @@ def _latency(result: Result, path: str | Path) -> None:
     x = [r["nodes"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, label, style in (
-            ("schedule_p99_us", "Schedule p99 (client)", "o-"),
-            ("schedule_p50_us", "Schedule p50 (client)", "o-"),
-            ("redis_us_per_schedule", "Redis CPU per Schedule (one client)", "s--"),
-            ("redis_us_per_schedule_busy", "Redis CPU per Schedule (Redis busy)", "s-."),
-            ("redis_us_floor_busy", "bare reservation writes (Redis busy)", "x:"),
-            ("redis_us_per_heartbeat", "Redis CPU per changed Heartbeat", "d--"),
-            ("redis_us_per_steady_heartbeat", "Redis CPU per steady Heartbeat", "d-."),
-            ("ping_p50_us", "PING p50 (client, same run)", "^:")):
+        ("schedule_p99_us", "Schedule p99 (client)", "o-"),
+        ("schedule_p50_us", "Schedule p50 (client)", "o-"),
+        ("redis_us_per_schedule", "Redis CPU per Schedule (one client)", "s--"),
+        ("redis_us_per_schedule_busy", "Redis CPU per Schedule (Redis busy)", "s-."),
+        ("redis_us_floor_busy", "bare reservation writes (Redis busy)", "x:"),
+        ("redis_us_per_heartbeat", "Redis CPU per changed Heartbeat", "d--"),
+        ("redis_us_per_steady_heartbeat", "Redis CPU per steady Heartbeat", "d-."),
+        ("ping_p50_us", "PING p50 (client, same run)", "^:"),
+    ):
         if any(r.get(key) is None for r in rows):
             continue  # e.g. no floor on a server without functions
         ax.plot(x, [r[key] for r in rows], style, label=label)
@@ -71,13 +72,13 @@ def _ceiling(result: Result, path: str | Path) -> None:
         rows = [r for r in result.rows if r["paced"] == paced]
         replicas = sorted({r["replicas"] for r in rows})
         width = 0.38
-        for k, (system, color) in enumerate((("ours", "tab:blue"),
-                                             ("reference-model", "tab:red"))):
+        for k, (system, color) in enumerate((("ours", "tab:blue"), ("reference-model", "tab:red"))):
             by_r = {r["replicas"]: r["max_node_sandboxes"] for r in rows if r["system"] == system}
             xs = [i + (k - 0.5) * width for i in range(len(replicas))]
             ax.bar(xs, [by_r.get(r, 0) for r in replicas], width, label=system, color=color)
-        ax.axhline(limit, color="black", linestyle="--", linewidth=1,
-                   label=f"max_sandbox_count {limit}")
+        ax.axhline(
+            limit, color="black", linestyle="--", linewidth=1, label=f"max_sandbox_count {limit}"
+        )
         ax.set_xticks(range(len(replicas)), [str(r) for r in replicas])
         ax.set_xlabel("replicas")
         ax.set_title("paced, lagging heartbeats" if paced else "full speed")
@@ -91,5 +92,10 @@ def _ceiling(result: Result, path: str | Path) -> None:
 def _footer(fig: Any, result: Result) -> None:
     m = result.machine
     if m:
-        fig.text(0.01, -0.02, f"{m['nproc']} CPU {m['cpu_model']}, redis {m['redis_version']}, "
-                 f"{m['date']}", fontsize=7, color="gray")
+        fig.text(
+            0.01,
+            -0.02,
+            f"{m['nproc']} CPU {m['cpu_model']}, redis {m['redis_version']}, {m['date']}",
+            fontsize=7,
+            color="gray",
+        )

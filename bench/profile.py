@@ -51,8 +51,10 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("servicer", ("(scheduler/service.py", "(scheduler/replica.py")),
     ("scheduler library", ("(scheduler/",)),
     ("gRPC poller thread", ("Thread.run (threading.py",)),
-    ("gRPC and the loop, in C", ("Handle._run (asyncio/events.py", "Runner.run (asyncio/runners",
-                                 "(uvloop/", "(grpc/")),
+    (
+        "gRPC and the loop, in C",
+        ("Handle._run (asyncio/events.py", "Runner.run (asyncio/runners", "(uvloop/", "(grpc/"),
+    ),
     ("event loop (Python)", ("(asyncio/", "(selectors.py", "(contextlib.py", "(inspect.py")),
 )
 #: frames that run nothing of their own: look further out
@@ -89,15 +91,31 @@ def py_spy() -> str:
 
 
 def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--duration",
-                             str(max(1, round(seconds))), "--rate", "200", "--nonblocking",
-                             "--format", "raw", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            py_spy(),
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(max(1, round(seconds))),
+            "--rate",
+            "200",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split(
-        "\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.profile", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--bare", action="store_true", help="profile the constant-reply server")
     p.add_argument("--seconds", type=float, default=6.0, help="load time (default 6)")
     p.add_argument("serve_args", nargs="*", help="schedctl serve flags, after --")
@@ -115,22 +133,37 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait_listening()
             port, pid = proc.port, proc.pid
         else:
-            proc = ServeProcess(grpc_path.config(POLICY), target.url, cell, metrics=False,
-                                extra_args=tuple(args.serve_args))
+            proc = ServeProcess(
+                grpc_path.config(POLICY),
+                target.url,
+                cell,
+                metrics=False,
+                extra_args=tuple(args.serve_args),
+            )
             proc.wait_listening(120)
             port, pid = proc.port, proc.proc.pid
         spy: list[subprocess.Popen[bytes]] = []
         # skip the first second (connections warming up), stop before the load does
         timer = threading.Timer(1.0, lambda: spy.append(record(pid, args.seconds - 2, out)))
         timer.start()
-        m = grpc_path.measure(port, pid, seconds=args.seconds, concurrency=32, channels=8,
-                              cpu=1, memory_mb=1024, redis_cpu=target.cpu_seconds)
+        m = grpc_path.measure(
+            port,
+            pid,
+            seconds=args.seconds,
+            concurrency=32,
+            channels=8,
+            cpu=1,
+            memory_mb=1024,
+            redis_cpu=target.cpu_seconds,
+        )
         timer.join()
         spy[0].wait(60)
         proc.close()
         us = m.server_cpu / m.calls * 1e6 if m.calls else 0.0
-        print(f"{'bare grpc.aio' if args.bare else 'schedctl serve'} {' '.join(args.serve_args)}:"
-              f" {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC (py-spy: {exe})")
+        print(
+            f"{'bare grpc.aio' if args.bare else 'schedctl serve'} {' '.join(args.serve_args)}:"
+            f" {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC (py-spy: {exe})"
+        )
         for name, share in shares(out.read_text()).items():
             print(f"  {name:26s} {100 * share:5.1f} %  ~{share * us:5.0f} us")
     finally:

@@ -70,8 +70,13 @@ class _NodePending:
 class ReferenceReplica:
     """One replica of the reference design."""
 
-    def __init__(self, node_ids: list[str], max_sandbox_count: int,
-                 overcommit_cpu: float = 1.0, overcommit_memory: float = 1.0) -> None:
+    def __init__(
+        self,
+        node_ids: list[str],
+        max_sandbox_count: int,
+        overcommit_cpu: float = 1.0,
+        overcommit_memory: float = 1.0,
+    ) -> None:
         self.node_ids = list(node_ids)  # the static node list, in configuration order
         self.limit = max_sandbox_count
         self.overcommit_cpu = overcommit_cpu
@@ -111,8 +116,9 @@ class ReferenceReplica:
                 if not p.memory_acked and p.memory_bytes <= mem_credit:
                     p.memory_acked = True
                     mem_credit -= p.memory_bytes
-            state.items = [p for p in state.items
-                           if not (p.count_acked and p.cpu_acked and p.memory_acked)]
+            state.items = [
+                p for p in state.items if not (p.count_acked and p.cpu_acked and p.memory_acked)
+            ]
             state.observed_generation = gen
             state.observed_successes = snap.create_successes
             state.observed_cpu = snap.allocated_cpu
@@ -130,11 +136,14 @@ class ReferenceReplica:
             return True
         if snap.cpu_count > 0 and snap.allocated_cpu + cpu > snap.cpu_count * self.overcommit_cpu:
             return False
-        return not (snap.memory_total_bytes > 0 and snap.allocated_memory_bytes + mem
-                    > snap.memory_total_bytes * self.overcommit_memory)
+        return not (
+            snap.memory_total_bytes > 0
+            and snap.allocated_memory_bytes + mem > snap.memory_total_bytes * self.overcommit_memory
+        )
 
-    def _load(self, snap: RefSnapshot | None, cpu: int, mem: int,
-              pending_count: int) -> tuple[int, float, int, int]:
+    def _load(
+        self, snap: RefSnapshot | None, cpu: int, mem: int, pending_count: int
+    ) -> tuple[int, float, int, int]:
         """Rank key, smaller first: known capacity, pressure, starting, running."""
         if snap is None:
             return (1, 0.0, pending_count, 0)
@@ -142,8 +151,7 @@ class ReferenceReplica:
         if snap.cpu_count > 0:
             pressure = (snap.allocated_cpu + cpu) / snap.cpu_count
         if snap.memory_total_bytes > 0:
-            pressure = max(pressure,
-                           (snap.allocated_memory_bytes + mem) / snap.memory_total_bytes)
+            pressure = max(pressure, (snap.allocated_memory_bytes + mem) / snap.memory_total_bytes)
         return (0, pressure, snap.sandbox_starting_count + pending_count, snap.sandbox_count)
 
     def schedule(self, cpu: int, memory_bytes: int) -> str | None:
@@ -177,19 +185,28 @@ class ReferenceReplica:
                 state.observed_successes = snap.create_successes
                 state.observed_cpu = snap.allocated_cpu
                 state.observed_memory = snap.allocated_memory_bytes
-        state.items.append(_Pending(cpu, memory_bytes, cpu_acked=cpu == 0,
-                                    memory_acked=memory_bytes == 0))
+        state.items.append(
+            _Pending(cpu, memory_bytes, cpu_acked=cpu == 0, memory_acked=memory_bytes == 0)
+        )
 
 
 class ReferenceCluster:
     """``replicas`` reference replicas over one static node list; node ``i``
     heartbeats to replica ``i % replicas``."""
 
-    def __init__(self, node_ids: list[str], replicas: int, max_sandbox_count: int,
-                 overcommit_cpu: float = 1.0, overcommit_memory: float = 1.0) -> None:
+    def __init__(
+        self,
+        node_ids: list[str],
+        replicas: int,
+        max_sandbox_count: int,
+        overcommit_cpu: float = 1.0,
+        overcommit_memory: float = 1.0,
+    ) -> None:
         self.node_ids = list(node_ids)
-        self.replicas = [ReferenceReplica(node_ids, max_sandbox_count, overcommit_cpu,
-                                          overcommit_memory) for _ in range(replicas)]
+        self.replicas = [
+            ReferenceReplica(node_ids, max_sandbox_count, overcommit_cpu, overcommit_memory)
+            for _ in range(replicas)
+        ]
         self.pinned = {n: self.replicas[i % replicas] for i, n in enumerate(node_ids)}
 
     def heartbeat(self, node_id: str, snap: RefSnapshot) -> None:

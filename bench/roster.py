@@ -61,20 +61,23 @@ class Pinger:
 
 
 def _heartbeat(ids: list[str]) -> Heartbeat:
-    return Heartbeat(node_id="n1", service_instance_id="boot-1", endpoint="n1.bench:8000",
-                     snapshot=NodeSnapshot(cpu_count=64, memory_total_bytes=256 << 30,
-                                           sandbox_count=len(ids)), sandbox_ids=ids)
+    return Heartbeat(
+        node_id="n1",
+        service_instance_id="boot-1",
+        endpoint="n1.bench:8000",
+        snapshot=NodeSnapshot(cpu_count=64, memory_total_bytes=256 << 30, sandbox_count=len(ids)),
+        sandbox_ids=ids,
+    )
 
 
 def run(target: Target, p: Params) -> Result:
     rows = []
     for n in p.sizes:
         cell = target.new_cell("roster")
-        s = Scheduler.connect(target.url, cell=cell,
-                              policy=Policy(max_roster_ids=p.max_roster_ids))
+        s = Scheduler.connect(target.url, cell=cell, policy=Policy(max_roster_ids=p.max_roster_ids))
         try:
             ids = [f"sandbox-{i:08d}-0123456789abcdef" for i in range(n)]
-            half = ids[n // 2:] + [f"sandbox-{i:08d}-fedcba9876543210" for i in range(n // 2)]
+            half = ids[n // 2 :] + [f"sandbox-{i:08d}-fedcba9876543210" for i in range(n // 2)]
             for label, roster in (("all new", ids), ("half replaced", half), ("all dropped", [])):
                 call = s.ops.heartbeat(_heartbeat(roster))  # built before the clock starts
                 before = target.script_stats()
@@ -83,14 +86,26 @@ def run(target: Target, p: Params) -> Result:
                     s.run(call)
                     wall = time.perf_counter() - t
                 _, usec = target.script_stats_since(before)
-                keys = sum(1 for _ in target.client.scan_iter(
-                    match=f"{s.keys.base}*", count=10_000))
-                rows.append({"roster_ids": n, "heartbeat": label,
-                             "redis_ms": round(usec / 1000, 1), "wall_ms": round(wall * 1000, 1),
-                             "max_ping_wait_ms": round(pinger.longest * 1000, 1),
-                             "keys_after": keys})
+                keys = sum(
+                    1 for _ in target.client.scan_iter(match=f"{s.keys.base}*", count=10_000)
+                )
+                rows.append(
+                    {
+                        "roster_ids": n,
+                        "heartbeat": label,
+                        "redis_ms": round(usec / 1000, 1),
+                        "wall_ms": round(wall * 1000, 1),
+                        "max_ping_wait_ms": round(pinger.longest * 1000, 1),
+                        "keys_after": keys,
+                    }
+                )
         finally:
             s.close()
             target.drop_cell(cell)
-    return Result("roster", COLUMNS, rows, params={"sizes": list(p.sizes),
-                  "max_roster_ids": p.max_roster_ids}, machine=machine(target))
+    return Result(
+        "roster",
+        COLUMNS,
+        rows,
+        params={"sizes": list(p.sizes), "max_roster_ids": p.max_roster_ids},
+        machine=machine(target),
+    )

@@ -43,8 +43,13 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "rows": self.rows, "params": self.params,
-                "machine": self.machine, "notes": self.notes}
+        return {
+            "scenario": self.scenario,
+            "rows": self.rows,
+            "params": self.params,
+            "machine": self.machine,
+            "notes": self.notes,
+        }
 
 
 # ---------------------------------------------------------------------------
@@ -202,8 +207,10 @@ def table(result: Result) -> Table:
 
 def markdown(result: Result) -> str:
     """The same table as GitHub markdown (what docs/performance.md quotes)."""
-    lines = ["| " + " | ".join(result.columns) + " |",
-             "|" + "|".join("---" for _ in result.columns) + "|"]
+    lines = [
+        "| " + " | ".join(result.columns) + " |",
+        "|" + "|".join("---" for _ in result.columns) + "|",
+    ]
     for row in result.rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in result.columns) + " |")
     return "\n".join(lines)
@@ -219,9 +226,13 @@ def show(result: Result, console: Console | None = None) -> None:
         console.print(f"  {note}", style="dim", highlight=False)
     m = result.machine
     if m:
-        console.print(f"  machine: {m['nproc']} CPU, {m['cpu_model']}, redis {m['redis_version']}, "
-                      f"python {m['python']}, {m['date']}, load average {m['loadavg_1m']} at "
-                      "the start", style="dim", highlight=False)
+        console.print(
+            f"  machine: {m['nproc']} CPU, {m['cpu_model']}, redis {m['redis_version']}, "
+            f"python {m['python']}, {m['date']}, load average {m['loadavg_1m']} at "
+            "the start",
+            style="dim",
+            highlight=False,
+        )
 
 
 def write_json(result: Result, path: str | Path) -> None:

@@ -86,7 +86,8 @@ def staged_library() -> tuple[Library, list[str]]:
         "  if args[1] == 'reset' then STAGE_SUMS = {} end\n"
         "  return out\nend)\n"
         f"redis.register_function('{lib.name}_stage_probe', function(keys, args)\n"
-        "  stage_begin()\n  for _ = 1, 100 do stage('probe') end\n  return 1\nend)\n")
+        "  stage_begin()\n  for _ = 1, 100 do stage('probe') end\n  return 1\nend)\n"
+    )
     return Library(lib.name, lib.text + extra, lib.functions), names
 
 
@@ -113,8 +114,9 @@ def run(target: Target, p: Params | None = None) -> Result:
     staged, order = staged_library()
     plain = library()
     cell = target.new_cell("stages")
-    s = Scheduler.connect(target.url, cell=cell,
-                          policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000))
+    s = Scheduler.connect(
+        target.url, cell=cell, policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000)
+    )
     per: dict[str, dict[str, float]] = {}
     plain_us: dict[str, list[float]] = {op: [] for op in OPERATIONS}
     floor_us: list[float] = []
@@ -127,8 +129,7 @@ def run(target: Target, p: Params | None = None) -> Result:
         rng = random.Random(p.seed * 1_000_003 + p.nodes)
         nodes = mixed_fleet(p.nodes, rng)
         send_heartbeats(s, [n.heartbeat() for n in nodes], memo=s.beats)
-        r = _Run(target, s, nodes, plain, VersusParams(nodes=p.nodes, burst=p.burst,
-                                                       seed=p.seed))
+        r = _Run(target, s, nodes, plain, VersusParams(nodes=p.nodes, burst=p.burst, seed=p.seed))
         for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
             s.schedule(Request.cold(*rng.choice(SIZES)))
         # one mark's own cost: TIME and the bookkeeping
@@ -141,10 +142,12 @@ def run(target: Target, p: Params | None = None) -> Result:
         rounds: dict[str, dict[str, list[float]]] = {op: {} for op in OPERATIONS}
         ids = list(r.by_id)
         for i in range(p.rounds):
-            for op, burst in (("coalesced placement", r.coalesced),
-                              ("changed heartbeat", r.heartbeat)):
+            for op, burst in (
+                ("coalesced placement", r.coalesced),
+                ("changed heartbeat", r.heartbeat),
+            ):
                 # the plain library and the marked one, alternating which goes first
-                for lib in ((plain, staged) if i % 2 else (staged, plain)):
+                for lib in (plain, staged) if i % 2 else (staged, plain):
                     n, usec = burst(lib)
                     if lib is plain:
                         plain_us[op].append(usec / max(1, n))
@@ -152,15 +155,21 @@ def run(target: Target, p: Params | None = None) -> Result:
                     # each time a stage is timed holds one mark's own cost
                     for name, (us, times) in _report(s, staged).items():
                         rounds[op].setdefault(name, []).append(
-                            max(0.0, us - mark_us * times) / max(1, n))
+                            max(0.0, us - mark_us * times) / max(1, n)
+                        )
             calls, usec = floor_burst(target, s, p.burst, f"stfloor{i}", ids, rng)
             floor_us.append(usec / max(1, calls))
         # (medians over rounds: the marks read wall time, which a busy
         # machine stretches now and then; a stage some rounds never reached
         # counts 0 there)
         for op in OPERATIONS:
-            per[op] = {name: statistics.median(rounds[op][name] + [0.0] * (
-                p.rounds - len(rounds[op][name]))) for name in order if name in rounds[op]}
+            per[op] = {
+                name: statistics.median(
+                    rounds[op][name] + [0.0] * (p.rounds - len(rounds[op][name]))
+                )
+                for name in order
+                if name in rounds[op]
+            }
     finally:
         for name in (staged.name, "sched_bench_floor"):
             # (the server may be gone already: nothing to clean then)
@@ -174,19 +183,44 @@ def run(target: Target, p: Params | None = None) -> Result:
         total = statistics.median(plain_us[op]) if plain_us[op] else 0.0
         stages = per[op]  # (the marks' own cost is off already)
         for name, t in stages.items():
-            rows.append({"operation": op, "stage": name, "us": round(t, 1),
-                         "share": round(t / total, 3) if total else None})
+            rows.append(
+                {
+                    "operation": op,
+                    "stage": name,
+                    "us": round(t, 1),
+                    "share": round(t / total, 3) if total else None,
+                }
+            )
         outside = total - sum(stages.values())
-        rows.append({"operation": op, "stage": "outside", "us": round(outside, 1),
-                     "share": round(outside / total, 3) if total else None})
-        rows.append({"operation": op, "stage": "total (plain library)", "us": round(total, 1),
-                     "share": 1.0})
+        rows.append(
+            {
+                "operation": op,
+                "stage": "outside",
+                "us": round(outside, 1),
+                "share": round(outside / total, 3) if total else None,
+            }
+        )
+        rows.append(
+            {"operation": op, "stage": "total (plain library)", "us": round(total, 1), "share": 1.0}
+        )
         if floor:
-            rows.append({"operation": op, "stage": "total / floor", "us": round(total / floor, 2),
-                         "share": None})
+            rows.append(
+                {
+                    "operation": op,
+                    "stage": "total / floor",
+                    "us": round(total / floor, 2),
+                    "share": None,
+                }
+            )
     if floor:
-        rows.append({"operation": "floor (bare reservation writes, one call each)",
-                     "stage": "total", "us": round(floor, 1), "share": None})
+        rows.append(
+            {
+                "operation": "floor (bare reservation writes, one call each)",
+                "stage": "total",
+                "us": round(floor, 1),
+                "share": None,
+            }
+        )
     params: dict[str, Any] = asdict(p)
     params["mark_us"] = round(mark_us, 2)
     notes = [

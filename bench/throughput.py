@@ -44,9 +44,20 @@ from scheduler import Policy, Scheduler
 from scheduler.loops import LoopUnavailable, choose
 from scheduler.testing.replicas import LibraryReplicas, ServeProcess, Stream, StreamResult
 
-COLUMNS = ["path", "server", "replicas", "concurrency", "schedules_per_s", "cpu_us_per_call",
-           "ratio_to_bare", "ratio_low", "ratio_high", "redis_cpu_share",
-           "redis_us_per_schedule", "note"]
+COLUMNS = [
+    "path",
+    "server",
+    "replicas",
+    "concurrency",
+    "schedules_per_s",
+    "cpu_us_per_call",
+    "ratio_to_bare",
+    "ratio_low",
+    "ratio_high",
+    "redis_cpu_share",
+    "redis_us_per_schedule",
+    "note",
+]
 PATHS = ("library", "grpc", "cpu")
 
 
@@ -66,8 +77,9 @@ class Server:
     @property
     def label(self) -> str:
         name = "bare grpc.aio" if self.kind == "bare" else "replica"
-        name += {"constant": "", "redis": " + Redis PING",
-                 "library": " + library Schedule"}[self.layer]
+        name += {"constant": "", "redis": " + Redis PING", "library": " + library Schedule"}[
+            self.layer
+        ]
         workers = f", {self.workers} workers" if self.workers > 1 else ""
         return f"{name}, {self.loop}{workers}{self.label_extra}"
 
@@ -121,17 +133,36 @@ def _fleet(target: Target, p: Params, seed: int) -> tuple[str, Scheduler]:
     return cell, s
 
 
-def _row(path: str, replicas: int, schedules: int, wall: float, cpu: float,
-         stats: tuple[int, int], note: str = "", *, server: str, concurrency: int,
-         server_cpu: float | None) -> dict[str, Any]:
+def _row(
+    path: str,
+    replicas: int,
+    schedules: int,
+    wall: float,
+    cpu: float,
+    stats: tuple[int, int],
+    note: str = "",
+    *,
+    server: str,
+    concurrency: int,
+    server_cpu: float | None,
+) -> dict[str, Any]:
     calls, usec = stats
-    return {"path": path, "server": server, "replicas": replicas, "concurrency": concurrency,
-            "schedules_per_s": round(schedules / wall, 1) if wall > 0 else 0.0,
-            "cpu_us_per_call": round(server_cpu / schedules * 1e6, 1)
-            if server_cpu is not None and schedules else None,
-            "ratio_to_bare": None, "ratio_low": None, "ratio_high": None,
-            "redis_cpu_share": round(cpu / wall, 3) if wall > 0 else 0.0,
-            "redis_us_per_schedule": round(usec / calls, 1) if calls else None, "note": note}
+    return {
+        "path": path,
+        "server": server,
+        "replicas": replicas,
+        "concurrency": concurrency,
+        "schedules_per_s": round(schedules / wall, 1) if wall > 0 else 0.0,
+        "cpu_us_per_call": round(server_cpu / schedules * 1e6, 1)
+        if server_cpu is not None and schedules
+        else None,
+        "ratio_to_bare": None,
+        "ratio_low": None,
+        "ratio_high": None,
+        "redis_cpu_share": round(cpu / wall, 3) if wall > 0 else 0.0,
+        "redis_us_per_schedule": round(usec / calls, 1) if calls else None,
+        "note": note,
+    }
 
 
 def _cpu(pids: list[int]) -> float | None:
@@ -143,7 +174,6 @@ def _cpu(pids: list[int]) -> float | None:
 def auto_loop() -> str:
     """The loop ``schedctl serve`` picks by itself here."""
     return choose("auto").name
-
 
 
 def run_library(target: Target, p: Params, pool: LibraryReplicas, replicas: int) -> dict[str, Any]:
@@ -159,9 +189,18 @@ def run_library(target: Target, p: Params, pool: LibraryReplicas, replicas: int)
     done = [r for r in results if isinstance(r, StreamResult)]
     refused = sum(r.refused for r in done)
     note = f"{refused} refused" if refused else ""
-    return _row("library", replicas, sum(r.schedules for r in done), wall, cpu, stats, note,
-                server="library", concurrency=1,
-                server_cpu=None if own is None or own0 is None else own - own0)
+    return _row(
+        "library",
+        replicas,
+        sum(r.schedules for r in done),
+        wall,
+        cpu,
+        stats,
+        note,
+        server="library",
+        concurrency=1,
+        server_cpu=None if own is None or own0 is None else own - own0,
+    )
 
 
 def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
@@ -170,23 +209,42 @@ def run_grpc(target: Target, p: Params, replicas: int) -> dict[str, Any]:
         with grpc_path.Replicas(target.url, cell, POLICY, replicas) as servers:
             pids = [proc.proc.pid for proc in servers.procs]
             stats0, own0 = target.script_stats(), _cpu(pids)
-            schedules, refused, wall, cpu = servers.load(p.seconds, p.cpu, p.memory_mb,
-                                                         target.cpu_seconds)
+            schedules, refused, wall, cpu = servers.load(
+                p.seconds, p.cpu, p.memory_mb, target.cpu_seconds
+            )
             stats, own = target.script_stats_since(stats0), _cpu(pids)
     finally:
         s.close()
         target.drop_cell(cell)
-    return _row("grpc", replicas, schedules, wall, cpu, stats,
-                f"{refused} refused" if refused else "", server=f"replica, {auto_loop()}",
-                concurrency=1, server_cpu=None if own is None or own0 is None else own - own0)
+    return _row(
+        "grpc",
+        replicas,
+        schedules,
+        wall,
+        cpu,
+        stats,
+        f"{refused} refused" if refused else "",
+        server=f"replica, {auto_loop()}",
+        concurrency=1,
+        server_cpu=None if own is None or own0 is None else own - own0,
+    )
 
 
 def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict[str, Any]:
     """One ``cpu`` measurement: ``server`` under ``concurrency`` calls in flight."""
+
     def load(port: int, pid: int) -> grpc_path.Measured:
-        return grpc_path.measure(port, pid, seconds=p.seconds, concurrency=p.concurrency,
-                                 channels=p.channels, cpu=p.cpu, memory_mb=p.memory_mb,
-                                 redis_cpu=target.cpu_seconds, rate=p.rate)
+        return grpc_path.measure(
+            port,
+            pid,
+            seconds=p.seconds,
+            concurrency=p.concurrency,
+            channels=p.channels,
+            cpu=p.cpu,
+            memory_mb=p.memory_mb,
+            redis_cpu=target.cpu_seconds,
+            rate=p.rate,
+        )
 
     stats = (0, 0)
     if server.kind == "bare" and server.layer != "library":
@@ -207,9 +265,13 @@ def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict
     else:
         cell, s = _fleet(target, p, seed)
         try:
-            proc = ServeProcess(grpc_path.config(POLICY), target.url, cell, metrics=False,
-                                extra_args=grpc_path.serve_args(server.loop, server.workers,
-                                                                server.extra))
+            proc = ServeProcess(
+                grpc_path.config(POLICY),
+                target.url,
+                cell,
+                metrics=False,
+                extra_args=grpc_path.serve_args(server.loop, server.workers, server.extra),
+            )
             try:
                 proc.wait_listening(120)
                 if server.workers > 1:
@@ -222,9 +284,18 @@ def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict
         finally:
             s.close()
             target.drop_cell(cell)
-    return _row("cpu", server.workers, m.calls, m.wall, m.redis_cpu, stats,
-                f"{m.refused} refused" if m.refused else "", server=server.label,
-                concurrency=p.concurrency, server_cpu=m.server_cpu)
+    return _row(
+        "cpu",
+        server.workers,
+        m.calls,
+        m.wall,
+        m.redis_cpu,
+        stats,
+        f"{m.refused} refused" if m.refused else "",
+        server=server.label,
+        concurrency=p.concurrency,
+        server_cpu=m.server_cpu,
+    )
 
 
 def _missing(server: Server) -> str | None:
@@ -250,26 +321,41 @@ def run_cpu(target: Target, p: Params, servers: tuple[Server, ...]) -> list[dict
         why = _missing(sv)
         got = runs[sv]
         if why or not got:
-            rows.append({c: None for c in COLUMNS} | {
-                "path": "cpu", "server": sv.label, "replicas": sv.workers,
-                "concurrency": p.concurrency, "note": why or "not measured"})
+            rows.append(
+                {c: None for c in COLUMNS}
+                | {
+                    "path": "cpu",
+                    "server": sv.label,
+                    "replicas": sv.workers,
+                    "concurrency": p.concurrency,
+                    "note": why or "not measured",
+                }
+            )
             continue
         row = dict(got[0])
-        for key in ("schedules_per_s", "cpu_us_per_call", "redis_cpu_share",
-                    "redis_us_per_schedule"):
+        for key in (
+            "schedules_per_s",
+            "cpu_us_per_call",
+            "redis_cpu_share",
+            "redis_us_per_schedule",
+        ):
             values = [g[key] for g in got if g[key] is not None]
-            row[key] = round(statistics.median(values), 1 if key != "redis_cpu_share" else 3) \
-                if values else None
-        ratios = [g["cpu_us_per_call"] / b["cpu_us_per_call"] for g, b in zip(got, floor,
-                                                                              strict=False)
-                  if g["cpu_us_per_call"] and b["cpu_us_per_call"]]
+            row[key] = (
+                round(statistics.median(values), 1 if key != "redis_cpu_share" else 3)
+                if values
+                else None
+            )
+        ratios = [
+            g["cpu_us_per_call"] / b["cpu_us_per_call"]
+            for g, b in zip(got, floor, strict=False)
+            if g["cpu_us_per_call"] and b["cpu_us_per_call"]
+        ]
         if ratios:
             row["ratio_to_bare"] = round(statistics.median(ratios), 2)
             row["ratio_low"], row["ratio_high"] = round(min(ratios), 2), round(max(ratios), 2)
         refused = sum(int(g["note"].split()[0]) for g in got if g["note"])
         row["note"] = f"{refused} refused" if refused else ""
-        row["rounds"] = [{k: g[k] for k in ("schedules_per_s", "cpu_us_per_call")}
-                         for g in got]
+        row["rounds"] = [{k: g[k] for k in ("schedules_per_s", "cpu_us_per_call")} for g in got]
         rows.append(row)
     return rows
 
@@ -278,11 +364,13 @@ def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)  # before the run: its load average is the one that matters
     rows: list[dict[str, Any]] = []
-    notes = [f"{p.nodes}-node mixed fleet, 30-60 % allocated; {p.cpu} CPU / {p.memory_mb} MB "
-             f"creations back to back for {p.seconds} s per row; redis_cpu_share: redis-server "
-             "CPU seconds per wall second; redis_us_per_schedule: INFO commandstats usec per "
-             "script call during the row (only Schedule runs then); cpu_us_per_call: CPU "
-             "(user + system) of the serving processes per call"]
+    notes = [
+        f"{p.nodes}-node mixed fleet, 30-60 % allocated; {p.cpu} CPU / {p.memory_mb} MB "
+        f"creations back to back for {p.seconds} s per row; redis_cpu_share: redis-server "
+        "CPU seconds per wall second; redis_us_per_schedule: INFO commandstats usec per "
+        "script call during the row (only Schedule runs then); cpu_us_per_call: CPU "
+        "(user + system) of the serving processes per call"
+    ]
     if "library" in p.paths:
         with LibraryReplicas(target.url, max(p.replicas)) as pool:
             for replicas in p.replicas:
@@ -291,8 +379,10 @@ def run(target: Target, p: Params | None = None) -> Result:
         missing = grpc_path.unavailable()
         for replicas in p.replicas:
             if missing:
-                rows.append({c: None for c in COLUMNS} | {
-                    "path": "grpc", "replicas": replicas, "note": "not available"})
+                rows.append(
+                    {c: None for c in COLUMNS}
+                    | {"path": "grpc", "replicas": replicas, "note": "not available"}
+                )
             else:
                 rows.append(run_grpc(target, p, replicas))
         if missing:
@@ -301,23 +391,30 @@ def run(target: Target, p: Params | None = None) -> Result:
         why = grpc_path.unavailable() or grpc_path.cpu_unmeasurable()
         if why:
             notes.append(f"cpu rows not measured: {why}")
-            rows += [{c: None for c in COLUMNS} | {"path": "cpu", "server": sv.label,
-                                                   "note": "not available"}
-                     for sv in SERVERS]
+            rows += [
+                {c: None for c in COLUMNS}
+                | {"path": "cpu", "server": sv.label, "note": "not available"}
+                for sv in SERVERS
+            ]
         else:
             rows += run_cpu(target, p, SERVERS)
             paced = f", paced to {p.rate:g} a second" if p.rate else ""
-            notes.append(f"cpu: {p.concurrency} Schedule RPCs in flight over {p.channels} "
-                         f"connections from one load process{paced}, {p.rounds} round(s) of "
-                         f"{p.seconds} s per server; the bare server answers a constant "
-                         "(schedules_per_s is its RPCs per second); ratio_*: to the bare "
-                         "asyncio server of the same round (median, lowest, highest)")
-    per_core = [f"{r['path']} {r['replicas']}: {r['schedules_per_s'] / r['redis_cpu_share']:,.1f}"
-                for r in rows if r["path"] != "cpu" and r["schedules_per_s"]
-                and r["redis_cpu_share"]]
+            notes.append(
+                f"cpu: {p.concurrency} Schedule RPCs in flight over {p.channels} "
+                f"connections from one load process{paced}, {p.rounds} round(s) of "
+                f"{p.seconds} s per server; the bare server answers a constant "
+                "(schedules_per_s is its RPCs per second); ratio_*: to the bare "
+                "asyncio server of the same round (median, lowest, highest)"
+            )
+    per_core = [
+        f"{r['path']} {r['replicas']}: {r['schedules_per_s'] / r['redis_cpu_share']:,.1f}"
+        for r in rows
+        if r["path"] != "cpu" and r["schedules_per_s"] and r["redis_cpu_share"]
+    ]
     if per_core:
         # less sensitive to other work on the machine than the rate itself
-        notes.append("schedules per Redis CPU-second (schedules_per_s / redis_cpu_share): "
-                     + ", ".join(per_core))
-    return Result("throughput", COLUMNS, rows, params=asdict(p), machine=facts,
-                  notes=notes)
+        notes.append(
+            "schedules per Redis CPU-second (schedules_per_s / redis_cpu_share): "
+            + ", ".join(per_core)
+        )
+    return Result("throughput", COLUMNS, rows, params=asdict(p), machine=facts, notes=notes)

@@ -60,8 +60,9 @@ class Params:
 
 def _git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                             check=False)
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False
+        )
     except FileNotFoundError:
         raise SystemExit("bench versus needs git (it reads the base revision's lua/)") from None
     if out.returncode != 0:
@@ -91,8 +92,9 @@ def library_at(rev: str) -> Library:
 def _retired_constants() -> str:
     """Generated constants this tree no longer has, which older revisions' Lua
     reads (their own tables, rendered the way those revisions rendered them)."""
-    index_fields = [n for n, m in lua_constants.index_movers(snapshot_fields()).items()
-                    if m is True]
+    index_fields = [
+        n for n, m in lua_constants.index_movers(snapshot_fields()).items() if m is True
+    ]
     return "local INDEX_FIELDS = { " + ", ".join(f"'{n}'" for n in index_fields) + " }\n"
 
 
@@ -113,8 +115,15 @@ class _Run:
     """One fleet and the two libraries; each method sends one measured burst
     through library ``lib`` and returns its (calls, usec)."""
 
-    def __init__(self, target: Target, s: Scheduler, nodes: list[SimNode], ours: Library,
-                 p: Params, whole_rosters: Library | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        s: Scheduler,
+        nodes: list[SimNode],
+        ours: Library,
+        p: Params,
+        whole_rosters: Library | None = None,
+    ) -> None:
         self.target, self.s, self.ours, self.p = target, s, ours, p
         #: a library that takes a changed roster only whole (a base from before deltas)
         self.whole_rosters = whole_rosters
@@ -147,8 +156,10 @@ class _Run:
         for _ in range(self.p.burst):
             self.seq += 1
             ids.append(f"vs{self.seq}")
-        calls = [self.s.ops.schedule(Request.cold(*self.rng.choice(SIZES)), reservation_id=rid)
-                 for rid in ids]
+        calls = [
+            self.s.ops.schedule(Request.cold(*self.rng.choice(SIZES)), reservation_id=rid)
+            for rid in ids
+        ]
         n, usec, _ = self._send(lib, calls)
         run_pipelined(self.s, [self.s.ops.cancel(rid) for rid in ids], errors=True)
         return n, usec
@@ -160,22 +171,31 @@ class _Run:
         for _ in range(self.p.burst):
             self.seq += 1
             ids.append(f"vs{self.seq}")
-        calls = [self.s.ops.schedule_batch([
-            self.s.ops.schedule(Request.cold(*self.rng.choice(SIZES)), reservation_id=rid)
-            for rid in ids[i:i + COALESCED]]) for i in range(0, len(ids), COALESCED)]
+        calls = [
+            self.s.ops.schedule_batch(
+                [
+                    self.s.ops.schedule(Request.cold(*self.rng.choice(SIZES)), reservation_id=rid)
+                    for rid in ids[i : i + COALESCED]
+                ]
+            )
+            for i in range(0, len(ids), COALESCED)
+        ]
         _, usec, out = self._send(lib, calls)
         placed = sum(1 for batch in out for p in batch if not isinstance(p, Exception))
         run_pipelined(self.s, [self.s.ops.cancel(rid) for rid in ids], errors=True)
         return placed, usec
 
-    def _beats(self, lib: Library, calls: list[Call[Any]],
-               coalesced: bool) -> tuple[int, int, list[Any]]:
+    def _beats(
+        self, lib: Library, calls: list[Call[Any]], coalesced: bool
+    ) -> tuple[int, int, list[Any]]:
         """Send heartbeat calls, one each or (``coalesced``) in batch calls of
         COALESCED; (heartbeats, usec, each one's result)."""
         if not coalesced:
             return self._send(lib, calls)
-        batches = [self.s.ops.heartbeat_batch(calls[i:i + COALESCED])
-                   for i in range(0, len(calls), COALESCED)]
+        batches = [
+            self.s.ops.heartbeat_batch(calls[i : i + COALESCED])
+            for i in range(0, len(calls), COALESCED)
+        ]
         _, usec, out = self._send(lib, batches)
         return len(calls), usec, [r for batch in out for r in batch]
 
@@ -228,10 +248,12 @@ def run(target: Target, p: Params | None = None) -> Result:
     facts = machine(target)
     base, ours = library_at(p.base), library()
     cell = target.new_cell("versus")
-    s = Scheduler.connect(target.url, cell=cell,
-                          policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000))
-    per_call: dict[str, dict[str, list[float]]] = {op: {"base": [], "ours": []}
-                                                    for op in OPERATIONS}
+    s = Scheduler.connect(
+        target.url, cell=cell, policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000)
+    )
+    per_call: dict[str, dict[str, list[float]]] = {
+        op: {"base": [], "ours": []} for op in OPERATIONS
+    }
     try:
         s.stats()  # (loads this tree's library, or finds the server has no functions)
         if s.scripts.mode != FUNCTION:
@@ -240,14 +262,17 @@ def run(target: Target, p: Params | None = None) -> Result:
         rng = random.Random(p.seed * 1_000_003 + p.nodes)
         nodes = mixed_fleet(p.nodes, rng)
         send_heartbeats(s, [node.heartbeat() for node in nodes], memo=s.beats)
-        r = _Run(target, s, nodes, ours, p,
-                 whole_rosters=None if knows_roster_deltas(base) else base)
+        r = _Run(
+            target, s, nodes, ours, p, whole_rosters=None if knows_roster_deltas(base) else base
+        )
         for _ in range(max(8, p.nodes // 50)):  # some pending reservations, as in `latency`
             s.schedule(Request.cold(*rng.choice(SIZES)))
         measure: dict[str, Callable[[Library], tuple[int, int]]] = {
-            "schedule_busy": r.schedule, "coalesced_busy": r.coalesced,
+            "schedule_busy": r.schedule,
+            "coalesced_busy": r.coalesced,
             "heartbeat_busy": r.heartbeat,
-            "steady_heartbeat_busy": r.steady}
+            "steady_heartbeat_busy": r.steady,
+        }
         for i in range(p.rounds):
             order = [("base", base), ("ours", ours)]
             if i % 2:
@@ -267,15 +292,17 @@ def run(target: Target, p: Params | None = None) -> Result:
     for op in OPERATIONS:
         b, o = per_call[op]["base"], per_call[op]["ours"]
         ratios = [y / x for x, y in zip(b, o, strict=True) if x > 0]
-        rows.append({
-            "operation": op,
-            "base_us": round(statistics.median(b), 1),
-            "ours_us": round(statistics.median(o), 1),
-            "ratio": round(statistics.median(ratios), 3) if ratios else None,
-            "ratio_low": round(min(ratios), 3) if ratios else None,
-            "ratio_high": round(max(ratios), 3) if ratios else None,
-            "rounds": len(ratios),
-        })
+        rows.append(
+            {
+                "operation": op,
+                "base_us": round(statistics.median(b), 1),
+                "ours_us": round(statistics.median(o), 1),
+                "ratio": round(statistics.median(ratios), 3) if ratios else None,
+                "ratio_low": round(min(ratios), 3) if ratios else None,
+                "ratio_high": round(max(ratios), 3) if ratios else None,
+                "rounds": len(ratios),
+            }
+        )
     params: dict[str, Any] = asdict(p)
     params["base_library"], params["our_library"] = base.name, ours.name
     notes = [

@@ -17,8 +17,16 @@ def cells_table(rows: list[CellSummary], where: str) -> Table:
     for col in ("cell", "slot", "primary", "nodes", "ready", "pending", "placed", "strategy"):
         t.add_column(col, justify="left" if col in ("cell", "primary", "strategy") else "right")
     for r in rows:
-        t.add_row(r.cell, str(r.slot), r.primary, str(r.nodes), str(r.ready),
-                  str(r.pending_reservations), str(r.placed_total), r.strategy)
+        t.add_row(
+            r.cell,
+            str(r.slot),
+            r.primary,
+            str(r.nodes),
+            str(r.ready),
+            str(r.pending_reservations),
+            str(r.placed_total),
+            r.strategy,
+        )
     return t
 
 

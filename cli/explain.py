@@ -63,8 +63,14 @@ class Report(msgspec.Struct, kw_only=True):
     verdicts: list[ExplainedVerdict]
 
 
-def breakdown(name: str, limit: int, used: int, v: NodeView, cpu: int, mem: int,
-              ) -> CeilingBreakdown:
+def breakdown(
+    name: str,
+    limit: int,
+    used: int,
+    v: NodeView,
+    cpu: int,
+    mem: int,
+) -> CeilingBreakdown:
     """Split ``used`` (the script's current + pending for ceiling ``name``) into its parts."""
     c = ceiling(name)
     capacity: int | None = None
@@ -84,8 +90,16 @@ def breakdown(name: str, limit: int, used: int, v: NodeView, cpu: int, mem: int,
         percent = float(used)  # reported as a percent (cpu_percent)
     elif capacity:
         percent = round(total * 100 / capacity, 2)
-    return CeilingBreakdown(name=name, limit=limit, current=used - pending, pending=pending,
-                            request=request, total=total, capacity=capacity, percent=percent)
+    return CeilingBreakdown(
+        name=name,
+        limit=limit,
+        current=used - pending,
+        pending=pending,
+        request=request,
+        total=total,
+        capacity=capacity,
+        percent=percent,
+    )
 
 
 def _ceiling_text(b: CeilingBreakdown) -> str:
@@ -94,23 +108,33 @@ def _ceiling_text(b: CeilingBreakdown) -> str:
         return f"{b.name}: observed {b.percent:g}% > {b.limit}% (latest snapshot)"
     if c.unit == "percent":
         unit = gib if c.counts == "memory" else str
-        return (f"{b.name}: {unit(b.current)} current + {unit(b.pending)} pending + "
-                f"{unit(b.request)} requested = {unit(b.total)} of {unit(b.capacity or 0)}"
-                f"{' GiB' if c.counts == 'memory' else ' cpu'} = {b.percent:g}% > {b.limit}%")
+        return (
+            f"{b.name}: {unit(b.current)} current + {unit(b.pending)} pending + "
+            f"{unit(b.request)} requested = {unit(b.total)} of {unit(b.capacity or 0)}"
+            f"{' GiB' if c.counts == 'memory' else ' cpu'} = {b.percent:g}% > {b.limit}%"
+        )
     amount = (lambda n: size(n)) if c.unit == "bytes" else str
-    return (f"{b.name}: {amount(b.current)} current + {amount(b.pending)} pending + "
-            f"{amount(b.request)} requested = {amount(b.total)} > "
-            f"{ceiling_amount(b.name, b.limit)}")
+    return (
+        f"{b.name}: {amount(b.current)} current + {amount(b.pending)} pending + "
+        f"{amount(b.request)} requested = {amount(b.total)} > "
+        f"{ceiling_amount(b.name, b.limit)}"
+    )
 
 
-def explain_node(v: Verdict, view: NodeView | None, e: Explanation, policy: Policy,
-                 ) -> ExplainedVerdict:
+def explain_node(
+    v: Verdict,
+    view: NodeView | None,
+    e: Explanation,
+    policy: Policy,
+) -> ExplainedVerdict:
     out = ExplainedVerdict(**msgspec.structs.asdict(v))
     out.heartbeat_age_ms = view.heartbeat_age_ms if view else None
     if v.reason is None:
         out.verdict = "chosen" if v.chosen else "eligible"
-        out.detail = (f"rank {v.rank}: pressure {v.pressure:.4f}, starting {v.starting}, "
-                      f"running {v.running}, paused {v.paused}")
+        out.detail = (
+            f"rank {v.rank}: pressure {v.pressure:.4f}, starting {v.starting}, "
+            f"running {v.running}, paused {v.paused}"
+        )
         if not v.known_capacity:
             out.detail += " (capacity unknown: fallback after every known node)"
         return out
@@ -125,15 +149,21 @@ def explain_node(v: Verdict, view: NodeView | None, e: Explanation, policy: Poli
             out.ceiling = breakdown(name, limits[name], use.used, view, e.cpu, e.memory_bytes)
             out.detail = _ceiling_text(out.ceiling)
     elif v.reason == "stale heartbeat":
-        out.detail = (f"stale heartbeat: last seen {age(out.heartbeat_age_ms)}, "
-                      f"report_ttl {policy.report_ttl_ms / 1000:g}s")
+        out.detail = (
+            f"stale heartbeat: last seen {age(out.heartbeat_age_ms)}, "
+            f"report_ttl {policy.report_ttl_ms / 1000:g}s"
+        )
     elif v.reason == "insufficient cpu":
-        out.detail = (f"insufficient cpu: {v.projected_cpu} projected > {v.cpu_capacity} × "
-                      f"{policy.overcommit.cpu:g} overcommit")
+        out.detail = (
+            f"insufficient cpu: {v.projected_cpu} projected > {v.cpu_capacity} × "
+            f"{policy.overcommit.cpu:g} overcommit"
+        )
     elif v.reason == "insufficient memory":
-        out.detail = (f"insufficient memory: {gib(v.projected_memory_bytes)} GiB projected > "
-                      f"{gib(v.memory_capacity_bytes)} GiB × {policy.overcommit.memory:g} "
-                      "overcommit")
+        out.detail = (
+            f"insufficient memory: {gib(v.projected_memory_bytes)} GiB projected > "
+            f"{gib(v.memory_capacity_bytes)} GiB × {policy.overcommit.memory:g} "
+            "overcommit"
+        )
     elif v.reason == "lingering":
         out.detail = "lingering: draining, takes no new placements"
     return out
@@ -149,40 +179,81 @@ def report_table(r: Report, where: str) -> Group:
         head = Text.assemble(("would place on ", ""), (r.chosen, "bold green"))
     else:
         head = Text(f"would refuse: {r.refusal}", style="bold red")
-    head.append(f"   (request {request}; strategy {r.strategy}; dry run, nothing reserved)",
-                style="dim")
+    head.append(
+        f"   (request {request}; strategy {r.strategy}; dry run, nothing reserved)", style="dim"
+    )
     table = Table(title=f"explain on {where}", title_justify="left")
-    for col in ("node", "verdict", "status", "pressure", "starting", "running", "paused",
-                "cpu proj/cap", "mem GiB proj/cap", "why"):
-        table.add_column(col, justify="right" if col in (
-            "pressure", "starting", "running", "paused") else "left")
+    for col in (
+        "node",
+        "verdict",
+        "status",
+        "pressure",
+        "starting",
+        "running",
+        "paused",
+        "cpu proj/cap",
+        "mem GiB proj/cap",
+        "why",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("pressure", "starting", "running", "paused") else "left"
+        )
     for v in r.verdicts:
-        verdict = (Text("chosen", style="bold green") if v.chosen
-                   else Text(f"#{v.rank}") if v.rank is not None
-                   else Text("excluded", style="red"))
+        verdict = (
+            Text("chosen", style="bold green")
+            if v.chosen
+            else Text(f"#{v.rank}")
+            if v.rank is not None
+            else Text("excluded", style="red")
+        )
         table.add_row(
-            v.node_id, verdict, status_text(v.status),
+            v.node_id,
+            verdict,
+            status_text(v.status),
             Text(f"{v.pressure:.3f}", style=pressure_color(v.pressure)),
-            str(v.starting), str(v.running), str(v.paused),
+            str(v.starting),
+            str(v.running),
+            str(v.paused),
             f"{v.projected_cpu}/{v.cpu_capacity}",
-            f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}", v.detail)
+            f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}",
+            v.detail,
+        )
     if r.strategy != "least_loaded":
-        table.caption = (f"ranks are least_loaded order; {r.strategy} picks among the eligible "
-                         "without pressure")
+        table.caption = (
+            f"ranks are least_loaded order; {r.strategy} picks among the eligible without pressure"
+        )
     return Group(head, table)
 
 
 @click.command()
 @cell_options()
-@click.option("--cpu", type=click.IntRange(0), default=None, metavar="N",
-              help="CPUs requested (absent or 0: the policy's default_request).")
-@click.option("--memory-mb", type=click.IntRange(0), default=None, metavar="M",
-              help="Memory requested in MiB (absent or 0: the policy's default_request).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
-              help="Override the cell's strategy for this explanation.")
+@click.option(
+    "--cpu",
+    type=click.IntRange(0),
+    default=None,
+    metavar="N",
+    help="CPUs requested (absent or 0: the policy's default_request).",
+)
+@click.option(
+    "--memory-mb",
+    type=click.IntRange(0),
+    default=None,
+    metavar="M",
+    help="Memory requested in MiB (absent or 0: the policy's default_request).",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(STRATEGIES),
+    default=None,
+    help="Override the cell's strategy for this explanation.",
+)
 @pass_target
-def explain(target: Target, cpu: int | None, memory_mb: int | None, strategy: str | None,
-            ) -> None:
+def explain(
+    target: Target,
+    cpu: int | None,
+    memory_mb: int | None,
+    strategy: str | None,
+) -> None:
     """Dry-run Schedule at this instant: every node's verdict, nothing reserved.
 
     The same script as Schedule decides (in dry-run mode), so what it shows is
@@ -191,13 +262,22 @@ def explain(target: Target, cpu: int | None, memory_mb: int | None, strategy: st
     """
     s = target.scheduler
     req = Request(cpu=cpu or None, memory_bytes=memory_mb * MIB if memory_mb else None)
-    e, (_, views), policy = atomically(s, s.ops.explain(req, strategy), s.ops.nodes(),
-                                       s.ops.policy())
+    e, (_, views), policy = atomically(
+        s, s.ops.explain(req, strategy), s.ops.nodes(), s.ops.policy()
+    )
     assert policy is not None  # explain fails with PRECONDITION on a cell without one
     by_id = {v.node_id: v for v in views}
-    verdicts = sorted((explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts),
-                      key=_order)
-    report = Report(now_ms=e.now_ms, strategy=e.strategy, chosen=e.chosen, rotation=e.rotation,
-                    cpu=e.cpu, memory_bytes=e.memory_bytes, refusal=e.refusal,
-                    verdicts=verdicts)
+    verdicts = sorted(
+        (explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts), key=_order
+    )
+    report = Report(
+        now_ms=e.now_ms,
+        strategy=e.strategy,
+        chosen=e.chosen,
+        rotation=e.rotation,
+        cpu=e.cpu,
+        memory_bytes=e.memory_bytes,
+        refusal=e.refusal,
+        verdicts=verdicts,
+    )
     target.out.emit(report, lambda: report_table(report, target.where))

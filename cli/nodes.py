@@ -49,8 +49,9 @@ def nodes_table(views: list[NodeView], policy: Policy | None, where: str) -> Tab
     table.add_column("pressure", justify="right")
     table.add_column("")
     for c in ceilings:
-        table.add_column(f"room {c.alias}\n(≤{ceiling_amount(c.name, limits[c.name])})",
-                         justify="right")
+        table.add_column(
+            f"room {c.alias}\n(≤{ceiling_amount(c.name, limits[c.name])})", justify="right"
+        )
     table.add_column("heartbeat", justify="right")
     for v in by_pressure(views):
         rooms = {c.name: c.headroom for c in v.ceilings}
@@ -67,15 +68,20 @@ def nodes_table(views: list[NodeView], policy: Policy | None, where: str) -> Tab
         ]
         for c in ceilings:
             room = rooms.get(c.name)
-            cells.append(Text("—", style="dim") if room is None else Text(
-                ceiling_amount(c.name, room), style="red" if room <= 0 else ""))
+            cells.append(
+                Text("—", style="dim")
+                if room is None
+                else Text(ceiling_amount(c.name, room), style="red" if room <= 0 else "")
+            )
         cells.append(age(v.heartbeat_age_ms))
         table.add_row(*cells)
     pending = sum(v.pending_reservations for v in views)
     described = ", ".join(f"{c.name} {limits[c.name]}" for c in ceilings) or "none"
     strategy = policy.strategy if policy else "?"
-    table.caption = (f"{len(views)} nodes, {pending} pending reservations; strategy {strategy}; "
-                     f"ceilings: {described}")
+    table.caption = (
+        f"{len(views)} nodes, {pending} pending reservations; strategy {strategy}; "
+        f"ceilings: {described}"
+    )
     return table
 
 
@@ -130,8 +136,13 @@ def watch(target: Target, interval: float) -> None:
 @click.command()
 @cell_options()
 @click.option("--watch", "watch_", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
-              help="Seconds between refreshes with --watch.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.1, 3600),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
 @pass_target
 def nodes(target: Target, watch_: bool, interval: float) -> None:
     """Node pressure: one row per node, most pressed first.

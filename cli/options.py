@@ -90,8 +90,7 @@ def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callabl
     def decorate(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            _merge(click.get_current_context(),
-                   {k: kwargs.pop(k) for k in _SHARED if k in kwargs})
+            _merge(click.get_current_context(), {k: kwargs.pop(k) for k in _SHARED if k in kwargs})
             try:
                 return f(*args, **kwargs)
             except InvalidArgument as e:
@@ -100,15 +99,34 @@ def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callabl
                 raise Failure(e.message) from None
 
         options = [
-            click.option("--redis", "redis_url", envvar="SCHEDULER_REDIS_ADDR", metavar="URL",
-                         help="Redis to use: host:port, a redis://, rediss://, unix:// URL, "
-                              "redis+sentinel://h:p[,h:p...]/MASTER or "
-                              "redis+cluster://h:p[,h:p...] "
-                              "[env SCHEDULER_REDIS_ADDR; default: the embedded store]"),
-            *([click.option("--cell", default=default_cell, show_default=True,
-                            help="Scheduling domain (key hash tag).")] if cell else []),
-            click.option("--json", "as_json", is_flag=True,
-                         help="Machine-readable JSON on stdout (and nothing else there)."),
+            click.option(
+                "--redis",
+                "redis_url",
+                envvar="SCHEDULER_REDIS_ADDR",
+                metavar="URL",
+                help="Redis to use: host:port, a redis://, rediss://, unix:// URL, "
+                "redis+sentinel://h:p[,h:p...]/MASTER or "
+                "redis+cluster://h:p[,h:p...] "
+                "[env SCHEDULER_REDIS_ADDR; default: the embedded store]",
+            ),
+            *(
+                [
+                    click.option(
+                        "--cell",
+                        default=default_cell,
+                        show_default=True,
+                        help="Scheduling domain (key hash tag).",
+                    )
+                ]
+                if cell
+                else []
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                help="Machine-readable JSON on stdout (and nothing else there).",
+            ),
         ]
         for option in reversed(options):
             wrapper = option(wrapper)
@@ -144,8 +162,12 @@ class Duration(_IntParamType):
     def __init__(self, zero_ok: bool = False) -> None:
         self.zero_ok = zero_ok  # "0" is 0 (e.g. node_forget_after: never)
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None,
-                ) -> int:
+    def convert(
+        self,
+        value: Any,
+        param: click.Parameter | None,
+        ctx: click.Context | None,
+    ) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip()

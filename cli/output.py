@@ -25,8 +25,14 @@ def console(stderr: bool = False) -> Console:
     # Tables are wide; when piped, do not squeeze them to 80 columns.
     wide = not stream.isatty() and "COLUMNS" not in os.environ
     # Ids, URLs and messages are shown verbatim: styling goes through Text objects only.
-    return Console(file=stream, stderr=stderr, width=200 if wide else None, highlight=False,
-                   markup=False, emoji=False)
+    return Console(
+        file=stream,
+        stderr=stderr,
+        width=200 if wide else None,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
 
 
 class Output:
@@ -97,8 +103,7 @@ def bar(p: float, width: int = 10) -> Text:
     return Text("█" * filled + "░" * (width - filled), style=pressure_color(p))
 
 
-STATUS_STYLE = {"READY": "green", "CONNECTING": "cyan", "UNHEALTHY": "red",
-                "LINGERING": "yellow"}
+STATUS_STYLE = {"READY": "green", "CONNECTING": "cyan", "UNHEALTHY": "red", "LINGERING": "yellow"}
 
 
 def status_text(status: str, reason: str | None = None) -> Text:

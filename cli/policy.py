@@ -25,17 +25,24 @@ def policy_table(p: Policy, where: str) -> Table:
     table.add_row("binding_ttl", format_duration(p.binding_ttl_ms))
     table.add_row("placement_reservation_ttl", format_duration(p.reservation_ttl_ms))
     table.add_row("overcommit", f"cpu {p.overcommit.cpu:g}, memory {p.overcommit.memory:g}")
-    table.add_row("default_request", f"cpu {p.default_request.cpu}, "
-                                     f"memory {p.default_request.memory_mb} MiB")
+    table.add_row(
+        "default_request", f"cpu {p.default_request.cpu}, memory {p.default_request.memory_mb} MiB"
+    )
     for name in CEILING_NAMES:
         value = getattr(p.limits, name)
-        table.add_row(name, ceiling_amount(name, value) if value else Text("no ceiling",
-                                                                           style="dim"))
-    table.add_row("static node list", "yes" if p.static_nodes else "no (nodes register "
-                                                                  "by heartbeat)")
+        table.add_row(
+            name, ceiling_amount(name, value) if value else Text("no ceiling", style="dim")
+        )
+    table.add_row(
+        "static node list", "yes" if p.static_nodes else "no (nodes register by heartbeat)"
+    )
     table.add_row("max_roster_ids", str(p.max_roster_ids))
-    table.add_row("node_forget_after", format_duration(p.node_forget_after_ms)
-                  if p.node_forget_after_ms else Text("never", style="dim"))
+    table.add_row(
+        "node_forget_after",
+        format_duration(p.node_forget_after_ms)
+        if p.node_forget_after_ms
+        else Text("never", style="dim"),
+    )
     table.add_row("reservation_tombstone_ttl", format_duration(p.reservation_tombstone_ttl_ms))
     table.add_row("artifact_key_max_bytes", str(p.artifact_key_max_bytes))
     return table
@@ -69,9 +76,12 @@ def _limit(text: str) -> tuple[str, int]:
     name, eq, value = text.partition("=")
     name = name.strip().removeprefix("node_resource_limit.")
     if not eq or name not in CEILING_NAMES or not value.strip().isdigit():
-        raise click.BadParameter(f"{text!r} is not NAME=VALUE with NAME one of "
-                                 f"{', '.join(CEILING_NAMES)} and VALUE a whole number "
-                                 "(0 removes the ceiling)", param_hint="'--limit'")
+        raise click.BadParameter(
+            f"{text!r} is not NAME=VALUE with NAME one of "
+            f"{', '.join(CEILING_NAMES)} and VALUE a whole number "
+            "(0 removes the ceiling)",
+            param_hint="'--limit'",
+        )
     return name, int(value)
 
 
@@ -80,31 +90,61 @@ def _limit(text: str) -> tuple[str, int]:
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="Placement strategy.")
 @click.option("--report-ttl", type=Duration(), help="Heartbeat age after which a node is stale.")
 @click.option("--binding-ttl", type=Duration(), help="Lifetime of a sandbox binding.")
-@click.option("--reservation-ttl", type=Duration(),
-              help="placement_reservation_ttl: a reservation's life if nothing accounts for it.")
+@click.option(
+    "--reservation-ttl",
+    type=Duration(),
+    help="placement_reservation_ttl: a reservation's life if nothing accounts for it.",
+)
 @click.option("--overcommit-cpu", type=click.FloatRange(0, 1000, min_open=True))
 @click.option("--overcommit-memory", type=click.FloatRange(0, 1000, min_open=True))
 @click.option("--default-cpu", type=click.IntRange(0), help="CPUs of a request without a size.")
-@click.option("--default-memory-mb", type=click.IntRange(0),
-              help="Memory (MiB) of a request without a size.")
-@click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
-              help="A node_resource_limit ceiling, e.g. max_sandbox_count=10 (0 removes it). "
-                   "Repeatable.")
-@click.option("--max-roster-ids", type=click.IntRange(1, MAX_ROSTER_IDS),
-              help="Longest heartbeat roster accepted.")
-@click.option("--node-forget-after", type=Duration(zero_ok=True),
-              help="Forget nodes silent this long (0 = never).")
-@click.option("--reservation-tombstone-ttl", type=Duration(),
-              help="How long an ended reservation stays readable.")
-@click.option("--artifact-key-max-bytes", type=click.IntRange(1, MAX_ARTIFACT_KEY_BYTES),
-              help="Longest P2P artifact key accepted (bytes).")
+@click.option(
+    "--default-memory-mb", type=click.IntRange(0), help="Memory (MiB) of a request without a size."
+)
+@click.option(
+    "--limit",
+    "limits",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A node_resource_limit ceiling, e.g. max_sandbox_count=10 (0 removes it). Repeatable.",
+)
+@click.option(
+    "--max-roster-ids",
+    type=click.IntRange(1, MAX_ROSTER_IDS),
+    help="Longest heartbeat roster accepted.",
+)
+@click.option(
+    "--node-forget-after",
+    type=Duration(zero_ok=True),
+    help="Forget nodes silent this long (0 = never).",
+)
+@click.option(
+    "--reservation-tombstone-ttl",
+    type=Duration(),
+    help="How long an ended reservation stays readable.",
+)
+@click.option(
+    "--artifact-key-max-bytes",
+    type=click.IntRange(1, MAX_ARTIFACT_KEY_BYTES),
+    help="Longest P2P artifact key accepted (bytes).",
+)
 @pass_target
-def set_(target: Target, strategy: str | None, report_ttl: int | None,
-         binding_ttl: int | None, reservation_ttl: int | None, overcommit_cpu: float | None,
-         overcommit_memory: float | None, default_cpu: int | None,
-         default_memory_mb: int | None, limits: tuple[str, ...], max_roster_ids: int | None,
-         node_forget_after: int | None, reservation_tombstone_ttl: int | None,
-         artifact_key_max_bytes: int | None) -> None:
+def set_(
+    target: Target,
+    strategy: str | None,
+    report_ttl: int | None,
+    binding_ttl: int | None,
+    reservation_ttl: int | None,
+    overcommit_cpu: float | None,
+    overcommit_memory: float | None,
+    default_cpu: int | None,
+    default_memory_mb: int | None,
+    limits: tuple[str, ...],
+    max_roster_ids: int | None,
+    node_forget_after: int | None,
+    reservation_tombstone_ttl: int | None,
+    artifact_key_max_bytes: int | None,
+) -> None:
     """Change fields of the cell's policy; every replica decides by it from the next call.
 
     Fields not given keep their stored value (or the default on a new cell).
@@ -113,13 +153,33 @@ def set_(target: Target, strategy: str | None, report_ttl: int | None,
     is told to overwrite.
     """
     given_limits = dict(_limit(x) for x in limits)
-    bounds = {k: v for k, v in (
-        ("max_roster_ids", max_roster_ids), ("node_forget_after_ms", node_forget_after),
-        ("reservation_tombstone_ttl_ms", reservation_tombstone_ttl),
-        ("artifact_key_max_bytes", artifact_key_max_bytes)) if v is not None}
-    if not any(x is not None for x in (strategy, report_ttl, binding_ttl, reservation_ttl,
-                                        overcommit_cpu, overcommit_memory, default_cpu,
-                                        default_memory_mb)) and not given_limits and not bounds:
+    bounds = {
+        k: v
+        for k, v in (
+            ("max_roster_ids", max_roster_ids),
+            ("node_forget_after_ms", node_forget_after),
+            ("reservation_tombstone_ttl_ms", reservation_tombstone_ttl),
+            ("artifact_key_max_bytes", artifact_key_max_bytes),
+        )
+        if v is not None
+    }
+    if (
+        not any(
+            x is not None
+            for x in (
+                strategy,
+                report_ttl,
+                binding_ttl,
+                reservation_ttl,
+                overcommit_cpu,
+                overcommit_memory,
+                default_cpu,
+                default_memory_mb,
+            )
+        )
+        and not given_limits
+        and not bounds
+    ):
         raise click.UsageError("nothing to set: give at least one option (see --help)")
     s = target.scheduler
     before = s.policy()
@@ -132,23 +192,32 @@ def set_(target: Target, strategy: str | None, report_ttl: int | None,
         reservation_ttl_ms=reservation_ttl or p.reservation_ttl_ms,
         overcommit=Overcommit(
             cpu=p.overcommit.cpu if overcommit_cpu is None else overcommit_cpu,
-            memory=p.overcommit.memory if overcommit_memory is None else overcommit_memory),
+            memory=p.overcommit.memory if overcommit_memory is None else overcommit_memory,
+        ),
         default_request=msgspec.structs.replace(
             p.default_request,
             cpu=p.default_request.cpu if default_cpu is None else default_cpu,
-            memory_mb=(p.default_request.memory_mb if default_memory_mb is None
-                       else default_memory_mb)),
-        limits=msgspec.structs.replace(p.limits, **given_limits), **bounds)
+            memory_mb=(
+                p.default_request.memory_mb if default_memory_mb is None else default_memory_mb
+            ),
+        ),
+        limits=msgspec.structs.replace(p.limits, **given_limits),
+        **bounds,
+    )
     outcome = s.sync_policy(new, overwrite=True)
     old_fields = before.to_fields() if before else {}
     new_fields = new.to_fields()
-    changed = {k: [old_fields.get(k, ""), new_fields.get(k, "")]
-               for k in sorted(set(old_fields) | set(new_fields))
-               if old_fields.get(k) != new_fields.get(k)}
+    changed = {
+        k: [old_fields.get(k, ""), new_fields.get(k, "")]
+        for k in sorted(set(old_fields) | set(new_fields))
+        if old_fields.get(k) != new_fields.get(k)
+    }
     result = PolicyChange(outcome=outcome, changed=changed, policy=new)
     if changed:
-        target.out.note("replicas decide by the new policy from their next call; update their "
-                        "config files to match, or a restarted replica refuses to start")
+        target.out.note(
+            "replicas decide by the new policy from their next call; update their "
+            "config files to match, or a restarted replica refuses to start"
+        )
 
     def render() -> Group:
         lines = Text(f"policy {outcome}" + (":" if changed else " (nothing changed)"))

@@ -42,15 +42,36 @@ def _record(title: str, rows: list[tuple[str, str]], key: str) -> Group:
 
 
 def reservations_table(found: list[Reservation], now: int, where: str) -> Table:
-    table = Table(title=f"live reservations of {where}", title_justify="left",
-                  caption=f"{len(found)} live", caption_justify="left")
-    for col in ("reservation", "node", "state", "cpu", "memory", "sandbox", "age", "expires",
-                "pressure at placement"):
+    table = Table(
+        title=f"live reservations of {where}",
+        title_justify="left",
+        caption=f"{len(found)} live",
+        caption_justify="left",
+    )
+    for col in (
+        "reservation",
+        "node",
+        "state",
+        "cpu",
+        "memory",
+        "sandbox",
+        "age",
+        "expires",
+        "pressure at placement",
+    ):
         table.add_column(col, justify="right" if col in ("cpu", "memory", "age") else "left")
     for r in found:
-        table.add_row(r.reservation_id, r.node_id, r.state, str(r.cpu), size(r.memory_bytes),
-                      r.sandbox_id or "-", age(now - r.created_ms), _expires(r, now),
-                      "-" if r.pressure is None else f"{r.pressure:.3f}")
+        table.add_row(
+            r.reservation_id,
+            r.node_id,
+            r.state,
+            str(r.cpu),
+            size(r.memory_bytes),
+            r.sandbox_id or "-",
+            age(now - r.created_ms),
+            _expires(r, now),
+            "-" if r.pressure is None else f"{r.pressure:.3f}",
+        )
     return table
 
 
@@ -71,14 +92,20 @@ def reservations(ctx: click.Context, node_id: str | None) -> None:
 
 def _show_table(view: ReservationView) -> Group:
     r, now = view.reservation, view.now_ms
-    return _record(f"reservation {r.reservation_id}", [
-        ("node", r.node_id), ("state", r.state), ("cpu", str(r.cpu)),
-        ("memory", f"{size(r.memory_bytes)} ({r.memory_bytes} B)"),
-        ("sandbox", r.sandbox_id or "- (not assigned yet)"),
-        ("created", age(now - r.created_ms)),
-        ("ended" if r.ended_ms is not None else "expires", _expires(r, now)),
-        ("pressure at placement", "-" if r.pressure is None else f"{r.pressure:.4f}"),
-    ], view.key)
+    return _record(
+        f"reservation {r.reservation_id}",
+        [
+            ("node", r.node_id),
+            ("state", r.state),
+            ("cpu", str(r.cpu)),
+            ("memory", f"{size(r.memory_bytes)} ({r.memory_bytes} B)"),
+            ("sandbox", r.sandbox_id or "- (not assigned yet)"),
+            ("created", age(now - r.created_ms)),
+            ("ended" if r.ended_ms is not None else "expires", _expires(r, now)),
+            ("pressure at placement", "-" if r.pressure is None else f"{r.pressure:.4f}"),
+        ],
+        view.key,
+    )
 
 
 @reservations.command()
@@ -92,8 +119,9 @@ def show(target: Target, reservation_id: str) -> None:
     found, (now, _) = atomically(s, s.ops.reservations(None, reservation_id), s.ops.nodes())
     if not found:
         raise NotFound(f"reservation {reservation_id.strip()} not found in {target.where}")
-    view = ReservationView(reservation=found[0], key=s.keys.res(found[0].reservation_id),
-                           now_ms=now)
+    view = ReservationView(
+        reservation=found[0], key=s.keys.res(found[0].reservation_id), now_ms=now
+    )
     target.out.emit(view, lambda: _show_table(view))
 
 
@@ -111,8 +139,13 @@ def cancel(target: Target, reservation_id: str) -> None:
     """Give a reservation back now (its create failed), instead of waiting for its TTL."""
     node_id = target.scheduler.cancel(reservation_id)
     done = Cancelled(reservation_id=reservation_id.strip(), node_id=node_id)
-    target.out.emit(done, lambda: f"cancelled reservation {done.reservation_id} on node "
-                                  f"{node_id}: its cpu, memory and slot are free again")
+    target.out.emit(
+        done,
+        lambda: (
+            f"cancelled reservation {done.reservation_id} on node "
+            f"{node_id}: its cpu, memory and slot are free again"
+        ),
+    )
 
 
 @click.group()
@@ -136,13 +169,22 @@ def lookup(target: Target, sandbox_id: str) -> None:
     s = target.scheduler
     call = s.ops.lookup(sandbox_id)
     # The script also returns the cell's clock; keep it for "expires in".
-    binding, now = s.run(Call(call.script, call.keys, call.args,
-                              lambda r: (call.parse(r), int(r[5]))))
+    binding, now = s.run(
+        Call(call.script, call.keys, call.args, lambda r: (call.parse(r), int(r[5])))
+    )
     view = BindingView(binding=binding, key=s.keys.bind(binding.sandbox_id), now_ms=now)
 
-    target.out.emit(view, lambda: _record(f"sandbox {binding.sandbox_id}", [
-        ("node", binding.node_id), ("endpoint", binding.endpoint),
-        ("expires", f"in {duration_text(max(0, binding.expires_ms - now))}"),
-        ("reservation", binding.reservation_id or "-"),
-        ("listed by the node's roster", "yes" if binding.listed else "not yet"),
-    ], view.key))
+    target.out.emit(
+        view,
+        lambda: _record(
+            f"sandbox {binding.sandbox_id}",
+            [
+                ("node", binding.node_id),
+                ("endpoint", binding.endpoint),
+                ("expires", f"in {duration_text(max(0, binding.expires_ms - now))}"),
+                ("reservation", binding.reservation_id or "-"),
+                ("listed by the node's roster", "yes" if binding.listed else "not yet"),
+            ],
+            view.key,
+        ),
+    )

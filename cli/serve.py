@@ -37,8 +37,11 @@ class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z", "level": record.levelname.lower(),
-            "logger": record.name, "msg": record.getMessage()}
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         if self.worker is not None:
             doc["worker"] = self.worker
         if record.exc_info:
@@ -53,8 +56,9 @@ def configure_logging(level: str, fmt: str, worker: int | None = None) -> None:
         handler.setFormatter(_JsonFormatter(worker))
     else:
         who = "" if worker is None else f"[worker {worker}]"
-        handler.setFormatter(logging.Formatter(
-            f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel({"warn": "WARNING"}.get(level, level.upper()))
@@ -72,9 +76,14 @@ def announce(settings: Settings) -> None:
         log.info("%s", line)
 
 
-async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: bool = False,
-                      serving: Callable[[Replica], None] | None = None,
-                      stop_when_readable: int | None = None) -> None:
+async def run_replica(
+    settings: Settings,
+    overwrite_policy: bool,
+    *,
+    worker: bool = False,
+    serving: Callable[[Replica], None] | None = None,
+    stop_when_readable: int | None = None,
+) -> None:
     """Serve until SIGTERM / SIGINT.  ``worker``: one of ``--workers`` (shares
     the port, the parent announced the settings); ``serving`` is told once
     the replica serves; a readable ``stop_when_readable`` fd (the parent's
@@ -82,10 +91,14 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
     if not worker:
         announce(settings)
     # (every call of the replica goes through AsyncScheduler.run, which bounds it)
-    sched = AsyncScheduler(async_client(settings.redis_url, settings.redis_timeout_s,
-                                        caller_bounds=True),
-                           settings.cell, settings.prefix, settings.redis_url,
-                           settings.durability, settings.redis_timeout_s)
+    sched = AsyncScheduler(
+        async_client(settings.redis_url, settings.redis_timeout_s, caller_bounds=True),
+        settings.cell,
+        settings.prefix,
+        settings.redis_url,
+        settings.durability,
+        settings.redis_timeout_s,
+    )
     sched.coalescer.enabled = settings.coalesce_schedules
     sched.beat_coalescer.enabled = settings.coalesce_heartbeats
     replica = Replica(settings, sched, overwrite_policy=overwrite_policy, reuse_port=worker)
@@ -112,8 +125,11 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
             except (PolicyConflict, StaticNodesConflict) as e:
                 raise StartupError(e.message) from None
             except StoreUnavailable as e:
-                log.warning("%s; retrying in %.1fs (serving starts once the cell's policy "
-                            "is checked)", e.message, delay)
+                log.warning(
+                    "%s; retrying in %.1fs (serving starts once the cell's policy is checked)",
+                    e.message,
+                    delay,
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
                 if stop.is_set():
@@ -122,15 +138,24 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
                 delay = min(2 * delay, 5.0)
             except SchedulerError as e:
                 raise StartupError(f"cannot prepare cell {settings.cell!r}: {e.message}") from None
-        log.info("cell policy: %s", {"created": "stored (new cell)", "same": "matches the stored "
-                 "one", "overwritten": "overwrote the stored one"}.get(outcome, outcome))
+        log.info(
+            "cell policy: %s",
+            {
+                "created": "stored (new cell)",
+                "same": "matches the stored one",
+                "overwritten": "overwrote the stored one",
+            }.get(outcome, outcome),
+        )
         try:
             await replica.start()
         except ListenError as e:
             await replica.stop(grace_s=0)
             raise StartupError(str(e)) from None
-        log.info("serving scheduler.v1.Scheduler on port %d%s", replica.port,
-                 f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "")
+        log.info(
+            "serving scheduler.v1.Scheduler on port %d%s",
+            replica.port,
+            f"; /metrics on port {replica.metrics_port}" if replica.metrics_port else "",
+        )
         if serving is not None:
             serving(replica)
         await stop.wait()
@@ -144,46 +169,104 @@ async def run_replica(settings: Settings, overwrite_policy: bool, *, worker: boo
 
 
 @click.command("serve")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              envvar="SCHEDULER_CONFIG", help="JSON config file ({\"scheduler\": {...}}).")
-@click.option("--redis", help="Redis address (host:port, redis://, rediss://, unix://, "
-              "redis+sentinel://h:p[,h:p...]/MASTER or rediss+sentinel://...); overrides "
-              "scheduler.redis_addr and SCHEDULER_REDIS_ADDR.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="SCHEDULER_CONFIG",
+    help='JSON config file ({"scheduler": {...}}).',
+)
+@click.option(
+    "--redis",
+    help="Redis address (host:port, redis://, rediss://, unix://, "
+    "redis+sentinel://h:p[,h:p...]/MASTER or rediss+sentinel://...); overrides "
+    "scheduler.redis_addr and SCHEDULER_REDIS_ADDR.",
+)
 @click.option("--grpc-listen", help="gRPC listen address host:port (:port = every interface).")
-@click.option("--metrics-listen", help="/metrics listen address host:port; \"\" disables it.")
+@click.option("--metrics-listen", help='/metrics listen address host:port; "" disables it.')
 @click.option("--cell", help="Scheduling domain (all of its keys share one hash tag).")
-@click.option("--overwrite-policy", is_flag=True,
-              help="Replace the cell's stored policy and static node list with this config's.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warn", "error"]),
-              help="Overrides log_level.")
-@click.option("--grpc-tls-cert", metavar="PEM", help="Server certificate (chain) file; "
-              "overrides scheduler.grpc_tls.cert_file.  Re-read when it changes.")
-@click.option("--grpc-tls-key", metavar="PEM", help="Its private key file; overrides "
-              "scheduler.grpc_tls.key_file.")
-@click.option("--grpc-tls-client-ca", metavar="PEM", help="CA that signs client "
-              "certificates: clients must present one (mutual TLS); overrides "
-              "scheduler.grpc_tls.client_ca_file.")
-@click.option("--coalesce/--no-coalesce", default=None,
-              help="Send Schedules, and heartbeats, that queue while one is on its way as "
-              "one batch call (default on); overrides scheduler.coalesce_schedules and "
-              "scheduler.coalesce_heartbeats.")
-@click.option("--loop", "loop_name", type=click.Choice(LOOP_CHOICES), default="auto",
-              show_default=True, help="Event loop: auto = uvloop when it is installed (the "
-              "'fast' extra, Linux), else asyncio.")
-@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
-              help="Replica processes sharing the gRPC port (SO_REUSEPORT); worker i serves "
-              "/metrics on the metrics port + i.  Needs a Redis (not the embedded store).")
-def serve(config_path: str | None, redis: str | None, grpc_listen: str | None,
-          metrics_listen: str | None, cell: str | None, overwrite_policy: bool,
-          log_level: str | None, grpc_tls_cert: str | None, grpc_tls_key: str | None,
-          grpc_tls_client_ca: str | None, coalesce: bool | None, loop_name: str,
-          workers: int) -> None:
+@click.option(
+    "--overwrite-policy",
+    is_flag=True,
+    help="Replace the cell's stored policy and static node list with this config's.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warn", "error"]),
+    help="Overrides log_level.",
+)
+@click.option(
+    "--grpc-tls-cert",
+    metavar="PEM",
+    help="Server certificate (chain) file; "
+    "overrides scheduler.grpc_tls.cert_file.  Re-read when it changes.",
+)
+@click.option(
+    "--grpc-tls-key",
+    metavar="PEM",
+    help="Its private key file; overrides scheduler.grpc_tls.key_file.",
+)
+@click.option(
+    "--grpc-tls-client-ca",
+    metavar="PEM",
+    help="CA that signs client "
+    "certificates: clients must present one (mutual TLS); overrides "
+    "scheduler.grpc_tls.client_ca_file.",
+)
+@click.option(
+    "--coalesce/--no-coalesce",
+    default=None,
+    help="Send Schedules, and heartbeats, that queue while one is on its way as "
+    "one batch call (default on); overrides scheduler.coalesce_schedules and "
+    "scheduler.coalesce_heartbeats.",
+)
+@click.option(
+    "--loop",
+    "loop_name",
+    type=click.Choice(LOOP_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Event loop: auto = uvloop when it is installed (the 'fast' extra, Linux), else asyncio.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, MAX_WORKERS),
+    default=1,
+    show_default=True,
+    help="Replica processes sharing the gRPC port (SO_REUSEPORT); worker i serves "
+    "/metrics on the metrics port + i.  Needs a Redis (not the embedded store).",
+)
+def serve(
+    config_path: str | None,
+    redis: str | None,
+    grpc_listen: str | None,
+    metrics_listen: str | None,
+    cell: str | None,
+    overwrite_policy: bool,
+    log_level: str | None,
+    grpc_tls_cert: str | None,
+    grpc_tls_key: str | None,
+    grpc_tls_client_ca: str | None,
+    coalesce: bool | None,
+    loop_name: str,
+    workers: int,
+) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
     try:
-        settings = load(config_path, flags=Overrides(
-            redis=redis, grpc_listen=grpc_listen, metrics_listen=metrics_listen, cell=cell,
-            log_level=log_level, grpc_tls_cert=grpc_tls_cert, grpc_tls_key=grpc_tls_key,
-            grpc_tls_client_ca=grpc_tls_client_ca, coalesce=coalesce))
+        settings = load(
+            config_path,
+            flags=Overrides(
+                redis=redis,
+                grpc_listen=grpc_listen,
+                metrics_listen=metrics_listen,
+                cell=cell,
+                log_level=log_level,
+                grpc_tls_cert=grpc_tls_cert,
+                grpc_tls_key=grpc_tls_key,
+                grpc_tls_client_ca=grpc_tls_client_ca,
+                coalesce=coalesce,
+            ),
+        )
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
     try:

@@ -61,14 +61,18 @@ def _split(listen: str) -> tuple[str, int]:
 def check(settings: Settings, workers: int) -> None:
     """What ``--workers N`` (N > 1) needs, checked before anything starts."""
     if settings.redis_url is None:
-        raise WorkersError("--workers needs a Redis (scheduler.redis_addr or --redis): the "
-                           "embedded store lives inside one process, so workers would not "
-                           "share it")
+        raise WorkersError(
+            "--workers needs a Redis (scheduler.redis_addr or --redis): the "
+            "embedded store lives inside one process, so workers would not "
+            "share it"
+        )
     if settings.metrics_listen:
         _, port = _split(settings.metrics_listen)
         if port and port + workers - 1 > 65535:
-            raise WorkersError(f"--workers {workers}: worker {workers - 1} would serve /metrics "
-                               f"on port {port + workers - 1}, past 65535")
+            raise WorkersError(
+                f"--workers {workers}: worker {workers - 1} would serve /metrics "
+                f"on port {port + workers - 1}, past 65535"
+            )
 
 
 def _reserve(listen: str) -> tuple[socket.socket, int]:
@@ -78,7 +82,8 @@ def _reserve(listen: str) -> tuple[socket.socket, int]:
     host, port = _split(listen)
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as e:
         raise WorkersError(f"gRPC cannot listen on {listen}: {e}") from None
 
@@ -117,8 +122,9 @@ def _metrics_for(settings: Settings, index: int) -> str | None:
     return f"{host}:{port + index if port else 0}"
 
 
-def _worker(settings: Settings, overwrite_policy: bool, index: int, loop_name: str,
-            conn: Connection) -> None:
+def _worker(
+    settings: Settings, overwrite_policy: bool, index: int, loop_name: str, conn: Connection
+) -> None:
     """One worker process: a replica on the shared port."""
     from scheduler.replica import Replica
 
@@ -132,8 +138,15 @@ def _worker(settings: Settings, overwrite_policy: bool, index: int, loop_name: s
         conn.send(("serving", (replica.port, replica.metrics_port)))
 
     try:
-        choose(loop_name).run(run_replica(settings, overwrite_policy, worker=True,
-                                          serving=serving, stop_when_readable=conn.fileno()))
+        choose(loop_name).run(
+            run_replica(
+                settings,
+                overwrite_policy,
+                worker=True,
+                serving=serving,
+                stop_when_readable=conn.fileno(),
+            )
+        )
     except StartupError as e:
         with contextlib.suppress(OSError):
             conn.send(("failed", str(e)))
@@ -167,9 +180,11 @@ class _Supervisor:
     def start(self, index: int) -> _Running:
         parent, child = self.ctx.Pipe()
         worker_settings = replace(self.settings, metrics_listen=_metrics_for(self.settings, index))
-        p = self.ctx.Process(target=_worker, name=f"schedctl-worker-{index}",
-                             args=(worker_settings, self.overwrite_policy, index, self.loop.name,
-                                   child))
+        p = self.ctx.Process(
+            target=_worker,
+            name=f"schedctl-worker-{index}",
+            args=(worker_settings, self.overwrite_policy, index, self.loop.name, child),
+        )
         p.start()
         child.close()
         running = self.workers[index] = _Running(index, p, parent)
@@ -189,8 +204,10 @@ class _Supervisor:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"workers {sorted(w.index for w in waiting.values())} did not start " \
-                       f"within {START_TIMEOUT_S:g}s"
+                return (
+                    f"workers {sorted(w.index for w in waiting.values())} did not start "
+                    f"within {START_TIMEOUT_S:g}s"
+                )
             ready = wait([*waiting, self._wake_r], timeout=left)
             if self.stopping:
                 return None
@@ -199,12 +216,20 @@ class _Supervisor:
                 msg = self._message(w)
                 if msg is None or msg[0] != "serving":
                     w.process.join(5)
-                    return msg[1] if msg is not None else \
-                        f"worker {w.index} exited ({w.process.exitcode}) before it served"
+                    return (
+                        msg[1]
+                        if msg is not None
+                        else f"worker {w.index} exited ({w.process.exitcode}) before it served"
+                    )
                 w.serving = True
                 port, metrics_port = msg[1]
-                log.info("worker %d (pid %d) serving on port %d%s", w.index, w.process.pid,
-                         port, f"; /metrics on port {metrics_port}" if metrics_port else "")
+                log.info(
+                    "worker %d (pid %d) serving on port %d%s",
+                    w.index,
+                    w.process.pid,
+                    port,
+                    f"; /metrics on port {metrics_port}" if metrics_port else "",
+                )
         return None
 
     def watch(self) -> None:
@@ -220,9 +245,13 @@ class _Supervisor:
                     continue
                 w.process.join()
                 w.conn.close()
-                log.error("worker %d (pid %d) exited with %s while serving; starting it again "
-                          "in %.0fs", w.index, w.process.pid, w.process.exitcode,
-                          RESTART_DELAY_S)
+                log.error(
+                    "worker %d (pid %d) exited with %s while serving; starting it again in %.0fs",
+                    w.index,
+                    w.process.pid,
+                    w.process.exitcode,
+                    RESTART_DELAY_S,
+                )
                 time.sleep(RESTART_DELAY_S)
                 if self.stopping:
                     return
@@ -281,11 +310,17 @@ def supervise(settings: Settings, overwrite_policy: bool, workers: int, loop: Lo
             sup.stop()
             raise StartupError(failed)
         if not sup.stopping:
-            log.info("%d workers serving scheduler.v1.Scheduler on port %d (pid %d "
-                     "supervises)", workers, port, os.getpid())
+            log.info(
+                "%d workers serving scheduler.v1.Scheduler on port %d (pid %d supervises)",
+                workers,
+                port,
+                os.getpid(),
+            )
             sup.watch()
-        log.info("stopping: each worker drains its in-flight calls (up to %.1fs)",
-                 settings.drain_timeout_s)
+        log.info(
+            "stopping: each worker drains its in-flight calls (up to %.1fs)",
+            settings.drain_timeout_s,
+        )
         sup.stop()
         log.info("stopped")
         return 0

@@ -16,8 +16,23 @@ from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
 from scheduler.records import Heartbeat, MachineInfo, NodeSnapshot, Request, SandboxEvent
 
 __all__ = [
-    "AsyncScheduler", "DefaultRequest", "FailedPrecondition", "Heartbeat", "InvalidArgument",
-    "Limits", "MachineInfo", "NoNodesAvailable", "NodeSnapshot", "NotFound", "Overcommit",
-    "Policy", "PolicyConflict", "Request", "SandboxEvent", "Scheduler", "SchedulerError",
-    "StoreUnavailable", "UnknownNode",
+    "AsyncScheduler",
+    "DefaultRequest",
+    "FailedPrecondition",
+    "Heartbeat",
+    "InvalidArgument",
+    "Limits",
+    "MachineInfo",
+    "NoNodesAvailable",
+    "NodeSnapshot",
+    "NotFound",
+    "Overcommit",
+    "Policy",
+    "PolicyConflict",
+    "Request",
+    "SandboxEvent",
+    "Scheduler",
+    "SchedulerError",
+    "StoreUnavailable",
+    "UnknownNode",
 ]

@@ -33,20 +33,56 @@ FUNCTION_COMMANDS: tuple[str, ...] = ("fcall", "function|load")
 SCRIPT_COMMANDS: tuple[str, ...] = ("evalsha", "script|load", "script|exists")
 #: What the scripts call (lua/), by key type.
 SCRIPTED_COMMANDS: tuple[str, ...] = (
-    "time", "get", "incr", "decr", "del", "exists", "pexpire", "persist",
-    "hset", "hget", "hmget", "hgetall", "hincrby", "hdel", "hlen", "hkeys",
-    "sadd", "srem", "smembers", "srandmember", "scard",
-    "zadd", "zrem", "zrange", "zrangebyscore", "zscore", "zcard", "zpopmin", "zunionstore",
+    "time",
+    "get",
+    "incr",
+    "decr",
+    "del",
+    "exists",
+    "pexpire",
+    "persist",
+    "hset",
+    "hget",
+    "hmget",
+    "hgetall",
+    "hincrby",
+    "hdel",
+    "hlen",
+    "hkeys",
+    "sadd",
+    "srem",
+    "smembers",
+    "srandmember",
+    "scard",
+    "zadd",
+    "zrem",
+    "zrange",
+    "zrangebyscore",
+    "zscore",
+    "zcard",
+    "zpopmin",
+    "zunionstore",
 )
 COMMANDS = CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPT_COMMANDS + SCRIPTED_COMMANDS
 
 
-def setuser(user: str = "scheduler", password: str = "<password>",
-            prefix: str = "sched") -> list[str]:
+def setuser(
+    user: str = "scheduler", password: str = "<password>", prefix: str = "sched"
+) -> list[str]:
     """``ACL SETUSER`` arguments for the scheduler's user: its cells' keys
     (``<prefix>:*``), no channels, exactly :data:`COMMANDS`."""
-    return ["ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{prefix}:*",
-            "resetchannels", "-@all", *(f"+{c}" for c in COMMANDS)]
+    return [
+        "ACL",
+        "SETUSER",
+        user,
+        "reset",
+        "on",
+        f">{password}",
+        f"~{prefix}:*",
+        "resetchannels",
+        "-@all",
+        *(f"+{c}" for c in COMMANDS),
+    ]
 
 
 class PermissionDenied(SchedulerError):
@@ -57,9 +93,11 @@ class PermissionDenied(SchedulerError):
 
 
 _PLAIN = re.compile(r"no permissions to run the '([^']+)' command")
-_IN_SCRIPT = re.compile(r"The user executing the script can't (?P<what>run this command|access)"
-                        r".*? script: (?P<script>\S+?), on @(?P<kind>user_function|user_script)"
-                        r":(?P<line>\d+)")
+_IN_SCRIPT = re.compile(
+    r"The user executing the script can't (?P<what>run this command|access)"
+    r".*? script: (?P<script>\S+?), on @(?P<kind>user_function|user_script)"
+    r":(?P<line>\d+)"
+)
 _CALL = re.compile(r"redis\.p?call\('([A-Za-z]+)'")
 
 
@@ -80,8 +118,10 @@ def _commands_at(script: str, kind: str, line: int) -> list[str]:
 
 
 def _message(what: str) -> str:
-    return f"Redis refused {what} to this replica's user (ACL); grant the scheduler's ACL, " \
-           f"see {DOC_SECTION}"
+    return (
+        f"Redis refused {what} to this replica's user (ACL); grant the scheduler's ACL, "
+        f"see {DOC_SECTION}"
+    )
 
 
 def denied(e: redis.exceptions.ResponseError) -> PermissionDenied | None:
@@ -98,8 +138,12 @@ def denied(e: redis.exceptions.ResponseError) -> PermissionDenied | None:
         cmds = _commands_at(m.group("script"), m.group("kind"), int(m.group("line")))
         named = " or ".join(f"'{c}'" for c in cmds) or "a command"
         if m.group("what") == "access":
-            return PermissionDenied(_message(f"a key of {named} in a script (the user's key "
-                                             "pattern must cover the cell's prefix)"))
+            return PermissionDenied(
+                _message(
+                    f"a key of {named} in a script (the user's key "
+                    "pattern must cover the cell's prefix)"
+                )
+            )
         return PermissionDenied(_message(f"the command {named} in a script"))
     if isinstance(e, redis.exceptions.NoPermissionError):
         return PermissionDenied(_message(f"a key ({text})"))

@@ -53,28 +53,43 @@ class AsyncScheduler(BaseClient):
     """asyncio client of one cell; the same operations as :class:`Scheduler`."""
 
     @classmethod
-    async def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
-                      prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
-                      overwrite_policy: bool = False, durability: Durability | None = None,
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncScheduler:
+    async def connect(
+        cls,
+        url: str | None = None,
+        *,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        policy: Policy | None = None,
+        overwrite_policy: bool = False,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> AsyncScheduler:
         s = cls(async_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
         if policy is not None:
             await s.sync_policy(policy, overwrite=overwrite_policy)
         return s
 
-    def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
-                 url: str | None = None, durability: Durability | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        client: Any,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        url: str | None = None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(
-            self, "schedule", self.ops.schedule_batch, frozenset({"schedule"}))
+            self, "schedule", self.ops.schedule_batch, frozenset({"schedule"})
+        )
         #: (heartbeats and the CPU config exchange's steps: results of either kind)
         self.beat_coalescer: Coalescer[Any] = Coalescer(
-            self, "heartbeat", self.ops.heartbeat_batch, frozenset(HEARTBEAT_SCRIPTS))
+            self, "heartbeat", self.ops.heartbeat_batch, frozenset(HEARTBEAT_SCRIPTS)
+        )
 
     async def run(self, call: Call[T], timeout: float | None = None) -> T:
         """Run one call, bounded by ``timeout`` (a caller's deadline, also a
@@ -96,9 +111,11 @@ class AsyncScheduler(BaseClient):
                     raise StoreUnavailable(
                         f"Redis at {self.target} cannot serve: its slot is moving or its "
                         f"primary is failing over ({type(unsettled[-1]).__name__} for "
-                        f"{limit:.3g}s)") from None
-                raise StoreUnavailable(f"Redis at {self.target} did not answer within "
-                                       f"{limit:.3g}s") from None
+                        f"{limit:.3g}s)"
+                    ) from None
+                raise StoreUnavailable(
+                    f"Redis at {self.target} did not answer within {limit:.3g}s"
+                ) from None
             with translated(self.target):
                 result = call.parse(reply)
         except BaseException as e:
@@ -112,8 +129,12 @@ class AsyncScheduler(BaseClient):
             try:
                 if self._waits(call):
                     reply, acked = await self.scripts.call_acked(
-                        call.script, call.keys, call.args, self.durability.replicas,
-                        self.durability.timeout_ms)
+                        call.script,
+                        call.keys,
+                        call.args,
+                        self.durability.replicas,
+                        self.durability.timeout_ms,
+                    )
                     self._check_acked(acked)
                     return reply
                 return await self.scripts[call.script](keys=call.keys, args=call.args)
@@ -193,8 +214,9 @@ class AsyncScheduler(BaseClient):
         """Put the kept policy and node list back if Redis lost them."""
         return self._drive(self._restore())
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False,
-                    restore: bool = False) -> Awaitable[str]:
+    def sync_policy(
+        self, policy: Policy, overwrite: bool = False, restore: bool = False
+    ) -> Awaitable[str]:
         return self.run(self.ops.sync_policy(policy, overwrite, restore))
 
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
@@ -243,9 +265,14 @@ class AsyncScheduler(BaseClient):
         return self._drive(self._observed_node(node_id, cluster_id))
 
     # -- placement -----------------------------------------------------------
-    async def schedule(self, req: Request, strategy: str | None = None,
-                       reservation_id: str | None = None, *,
-                       timeout: float | None = None) -> Placement:
+    async def schedule(
+        self,
+        req: Request,
+        strategy: str | None = None,
+        reservation_id: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Placement:
         """Place (and for a creation, reserve), within ``timeout``.  When the
         caller gives up (cancelled, deadline) or the answer is lost (Redis
         unreachable mid-call, or not replicated as asked), the reservation is
@@ -265,8 +292,9 @@ class AsyncScheduler(BaseClient):
     def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
         return self._one(self.ops.explain(req, strategy))
 
-    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
-               reservation_id: str | None = None) -> Awaitable[AssignResult]:
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> Awaitable[AssignResult]:
         return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
@@ -285,22 +313,30 @@ class AsyncScheduler(BaseClient):
         return self._one(self.ops.stats())
 
     # -- P2P -----------------------------------------------------------------
-    def peers(self, cluster_id: str = "", backend: str = "",
-              exclude_node_id: str = "") -> Awaitable[list[Peer]]:
+    def peers(
+        self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
+    ) -> Awaitable[list[Peer]]:
         return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
 
-    def record_artifact(self, cluster_id: str, backend: str, key: str, node_id: str,
-                        capacity: int = DEFAULT_STORE_CAPACITY) -> Awaitable[int]:
+    def record_artifact(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> Awaitable[int]:
         return self._one(self.peer_ops.record(cluster_id, backend, key, node_id, capacity))
 
-    def forget_artifact(self, cluster_id: str, backend: str, key: str,
-                        node_id: str) -> Awaitable[bool]:
+    def forget_artifact(
+        self, cluster_id: str, backend: str, key: str, node_id: str
+    ) -> Awaitable[bool]:
         return self._one(self.peer_ops.forget(cluster_id, backend, key, node_id))
 
-    def lookup_artifact(self, cluster_id: str, backend: str, key: str,
-                        exclude_node_id: str = "", limit: int = 0) -> Awaitable[list[Peer]]:
+    def lookup_artifact(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> Awaitable[list[Peer]]:
         return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
-
 
 
 class Coalescer(Generic[T]):
@@ -329,9 +365,14 @@ class Coalescer(Generic[T]):
     #: holding it past its callers' deadlines
     OVERDUE_S = 0.05
 
-    def __init__(self, sched: AsyncScheduler, name: str,
-                 batch: Callable[[list[Call[T]]], Call[list[Any]]], takes: frozenset[str],
-                 enabled: bool = True) -> None:
+    def __init__(
+        self,
+        sched: AsyncScheduler,
+        name: str,
+        batch: Callable[[list[Call[T]]], Call[list[Any]]],
+        takes: frozenset[str],
+        enabled: bool = True,
+    ) -> None:
         self.sched = sched
         self.name = name  # (of the single call, for metrics and errors)
         self.batch = batch
@@ -374,8 +415,7 @@ class Coalescer(Generic[T]):
     def _expire(self, fut: asyncio.Future[T], scope: Any, limit: float, start: float) -> None:
         if fut.done():
             return
-        error = StoreUnavailable(f"Redis at {self.sched.target} did not answer within "
-                                 f"{limit:.3g}s")
+        error = StoreUnavailable(f"Redis at {self.sched.target} did not answer within {limit:.3g}s")
         if scope is not None and scope.observe is not None:
             scope.observe(self.name, time.perf_counter() - start, error)
         fut.set_exception(error)
@@ -400,8 +440,10 @@ class Coalescer(Generic[T]):
                 # while it stays so, every OVERDUE_S for what queued meanwhile)
                 age = now - flying[-1][1]
                 _, pending = await asyncio.wait(
-                    [task for task, _ in flying], return_when=asyncio.FIRST_COMPLETED,
-                    timeout=self.OVERDUE_S - age if age < self.OVERDUE_S else self.OVERDUE_S)
+                    [task for task, _ in flying],
+                    return_when=asyncio.FIRST_COMPLETED,
+                    timeout=self.OVERDUE_S - age if age < self.OVERDUE_S else self.OVERDUE_S,
+                )
                 if len(pending) < len(flying):
                     # one turn of the loop before the next call: the callers just
                     # answered finish their RPCs, and what arrives meanwhile joins
@@ -440,15 +482,17 @@ class Coalescer(Generic[T]):
                 continue
             error = result if isinstance(result, BaseException) else None
             if scope is not None and scope.observe is not None:
-                scope.observe(call.script if len(batch) == 1 else self.batch_name,
-                              elapsed, error)
+                scope.observe(call.script if len(batch) == 1 else self.batch_name, elapsed, error)
             if isinstance(result, BaseException):
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
 
-    def _take(self) -> tuple[list[tuple[Call[T], asyncio.Future[T], Any]],
-                             list[tuple[Call[T], asyncio.Future[T], Any]]]:
+    def _take(
+        self,
+    ) -> tuple[
+        list[tuple[Call[T], asyncio.Future[T], Any]], list[tuple[Call[T], asyncio.Future[T], Any]]
+    ]:
         """The next batch off the queue (at least one call), and what stays."""
         args = 0
         for i, (call, _, _) in enumerate(self.queue):
@@ -465,6 +509,7 @@ class Coalescer(Generic[T]):
 if sys.version_info >= (3, 11):
     _deadline = asyncio.timeout
 else:  # pragma: no cover - Python 3.10
+
     @asynccontextmanager
     async def _deadline(seconds: float) -> AsyncIterator[None]:
         task = asyncio.current_task()
@@ -478,4 +523,3 @@ else:  # pragma: no cover - Python 3.10
             raise TimeoutError from None
         finally:
             handle.cancel()
-

@@ -54,8 +54,9 @@ from scheduler.replies import (
 T = TypeVar("T")
 
 #: Scripts that never write: no WAIT after them (min_replicas_acked).
-READ_ONLY_SCRIPTS = frozenset({"lookup", "nodes_view", "observed", "peer_list", "reservations",
-                               "stats"})
+READ_ONLY_SCRIPTS = frozenset(
+    {"lookup", "nodes_view", "observed", "peer_list", "reservations", "stats"}
+)
 
 
 def _whole(field: str, value: int, maximum: int) -> int:
@@ -140,19 +141,30 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
     cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
     mi = hb.machine_info
     fields += [
-        "status", snap.status,
-        "cluster_id", cluster,
-        "version", text("version", hb.version),
-        "commit", text("commit", hb.commit),
-        "disks", msgspec.json.encode(snap.disks).decode(),
-        "cpu_family", text("machine_info.cpu_family", mi.cpu_family),
-        "cpu_model", text("machine_info.cpu_model", mi.cpu_model),
-        "cpu_model_name", text("machine_info.cpu_model_name", mi.cpu_model_name),
-        "cpu_architecture", text("machine_info.cpu_architecture", mi.cpu_architecture),
-        "cpu_config_json", text("machine_info.cpu_config_json", mi.cpu_config_json,
-                                MAX_CPU_CONFIG),
-        "p2p_backend", text("p2p_endpoint.backend", hb.p2p_backend),
-        "p2p_address", text("p2p_endpoint.address", hb.p2p_address),
+        "status",
+        snap.status,
+        "cluster_id",
+        cluster,
+        "version",
+        text("version", hb.version),
+        "commit",
+        text("commit", hb.commit),
+        "disks",
+        msgspec.json.encode(snap.disks).decode(),
+        "cpu_family",
+        text("machine_info.cpu_family", mi.cpu_family),
+        "cpu_model",
+        text("machine_info.cpu_model", mi.cpu_model),
+        "cpu_model_name",
+        text("machine_info.cpu_model_name", mi.cpu_model_name),
+        "cpu_architecture",
+        text("machine_info.cpu_architecture", mi.cpu_architecture),
+        "cpu_config_json",
+        text("machine_info.cpu_config_json", mi.cpu_config_json, MAX_CPU_CONFIG),
+        "p2p_backend",
+        text("p2p_endpoint.backend", hb.p2p_backend),
+        "p2p_address",
+        text("p2p_endpoint.address", hb.p2p_address),
     ]
     return fields
 
@@ -160,7 +172,8 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
 #: What a heartbeat may write to a node record (lua/heartbeat-5.lua refuses
 #: any other field): the names heartbeat_fields sends.
 HEARTBEAT_FIELDS: tuple[str, ...] = tuple(
-    heartbeat_fields(Heartbeat(node_id="n", service_instance_id="s"))[::2])
+    heartbeat_fields(Heartbeat(node_id="n", service_instance_id="s"))[::2]
+)
 
 
 class Ops:
@@ -176,13 +189,19 @@ class Ops:
     def bounds(self) -> Policy:
         return self.known_policy or _DEFAULT_POLICY
 
-    def _call(self, script: str, args: list[str], parse: Callable[[Any], T],
-              extra_keys: tuple[str, ...] = ()) -> Call[T]:
+    def _call(
+        self,
+        script: str,
+        args: list[str],
+        parse: Callable[[Any], T],
+        extra_keys: tuple[str, ...] = (),
+    ) -> Call[T]:
         return Call(script, [*self.k.fixed(), *extra_keys], args, parse)
 
     # -- heartbeat ---------------------------------------------------------
-    def heartbeat(self, hb: Heartbeat, memo: dict[str, Beat] | None = None,
-                  full: bool = False) -> Call[HeartbeatResult]:
+    def heartbeat(
+        self, hb: Heartbeat, memo: dict[str, Beat] | None = None, full: bool = False
+    ) -> Call[HeartbeatResult]:
         """The heartbeat in full, or, given the ``memo`` of what this replica
         last wrote, as a delta: only changed fields, the roster only if its
         digest changed.  The script applies a delta only to the record it was
@@ -192,8 +211,12 @@ class Ops:
         roster it holds is still the base's: same generation and digest).
         Either way the memo learns the result.  ``full``: in full whatever the
         memo holds (it cannot meet RESYNC)."""
-        at_most("sandbox_ids", hb.sandbox_ids, self.bounds.max_roster_ids,
-                f"max_roster_ids ({self.bounds.max_roster_ids})")
+        at_most(
+            "sandbox_ids",
+            hb.sandbox_ids,
+            self.bounds.max_roster_ids,
+            f"max_roster_ids ({self.bounds.max_roster_ids})",
+        )
         node_id = validate_id("node_id", hb.node_id)
         sid = validate_id("service_instance_id", hb.service_instance_id)
         fields = heartbeat_fields(hb)
@@ -210,54 +233,102 @@ class Ops:
         values = dict(zip(fields[::2], fields[1::2], strict=True))
         digest = roster_digest(roster)
         base = memo.get(node_id) if memo is not None and not full else None
-        if memo is not None and base is not None and \
-                (base.service_instance_id, base.endpoint) == (sid, endpoint):
+        if (
+            memo is not None
+            and base is not None
+            and (base.service_instance_id, base.endpoint) == (sid, endpoint)
+        ):
             # reported_at 0 is stamped with the receive time: always send it
-            changed = [x for k, v in values.items()
-                       if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
-                       for x in (k, v)]
+            changed = [
+                x
+                for k, v in values.items()
+                if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
+                for x in (k, v)
+            ]
             same_roster = base.roster_digest == digest
             if same_roster and set(changed[::2]) <= {"reported_at_unix_ms"}:
-                return self._steady_heartbeat(node_id, sid, endpoint, base, values,
-                                              changed[1] if changed else "", memo)
-            args = [node_id, sid, endpoint, base.base, digest, "0" if same_roster else "2",
-                    str(len(changed) // 2), *changed]
+                return self._steady_heartbeat(
+                    node_id, sid, endpoint, base, values, changed[1] if changed else "", memo
+                )
+            args = [
+                node_id,
+                sid,
+                endpoint,
+                base.base,
+                digest,
+                "0" if same_roster else "2",
+                str(len(changed) // 2),
+                *changed,
+            ]
             if not same_roster:
                 joined = [sb for sb in roster if sb not in base.roster]
                 left = sorted(base.roster.difference(seen))
                 args += [base.roster_digest, str(len(joined)), *joined, *left]
         else:
-            args = [node_id, sid, endpoint, "", digest, "1", str(len(fields) // 2), *fields,
-                    *roster]
+            args = [
+                node_id,
+                sid,
+                endpoint,
+                "",
+                digest,
+                "1",
+                str(len(fields) // 2),
+                *fields,
+                *roster,
+            ]
 
         def parse(r: list[Any]) -> HeartbeatResult:
             if s(r[0]) == "RESYNC":
                 if memo is not None:
                     memo.pop(node_id, None)
                 raise Resync(node_id)
-            result = HeartbeatResult(generation=int(r[0]), restarted=r[1] == 1,
-                                     released=int(r[2]), roster_mode=r[3] == 1,
-                                     now_ms=int(r[4]))
+            result = HeartbeatResult(
+                generation=int(r[0]),
+                restarted=r[1] == 1,
+                released=int(r[2]),
+                roster_mode=r[3] == 1,
+                now_ms=int(r[4]),
+            )
             if memo is not None:
-                memo[node_id] = Beat(f"{s(r[5])}:{result.generation}", sid, endpoint, values,
-                                     digest, frozenset(seen))
+                memo[node_id] = Beat(
+                    f"{s(r[5])}:{result.generation}", sid, endpoint, values, digest, frozenset(seen)
+                )
             return result
 
         return self._call("heartbeat", args, parse)
 
-    def _steady_heartbeat(self, node_id: str, sid: str, endpoint: str, base: Beat,
-                          values: dict[str, str], reported: str, memo: dict[str, Beat],
-                          ) -> Call[HeartbeatResult]:
+    def _steady_heartbeat(
+        self,
+        node_id: str,
+        sid: str,
+        endpoint: str,
+        base: Beat,
+        values: dict[str, str],
+        reported: str,
+        memo: dict[str, Beat],
+    ) -> Call[HeartbeatResult]:
         """Nothing changed since this replica's last write: only the clock moves
         (lua/heartbeat_steady-5.lua), or RESYNC sends it in full."""
+
         def parse(r: list[Any]) -> HeartbeatResult:
             if s(r[0]) == "RESYNC":
                 memo.pop(node_id, None)
                 raise Resync(node_id)
-            result = HeartbeatResult(generation=int(r[0]), restarted=False, released=0,
-                                     roster_mode=r[1] == 1, now_ms=int(r[2]))
-            memo[node_id] = Beat(f"{s(r[3])}:{result.generation}", sid, endpoint, values,
-                                 base.roster_digest, base.roster)
+            result = HeartbeatResult(
+                generation=int(r[0]),
+                restarted=False,
+                released=0,
+                roster_mode=r[1] == 1,
+                now_ms=int(r[2]),
+            )
+            memo[node_id] = Beat(
+                f"{s(r[3])}:{result.generation}",
+                sid,
+                endpoint,
+                values,
+                base.roster_digest,
+                base.roster,
+            )
             return result
 
         return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
@@ -278,56 +349,75 @@ class Ops:
     # -- schedule / explain ------------------------------------------------
     def _request_args(self, req: Request, strategy: str | None) -> list[str]:
         cpu = "" if req.cpu is None else str(_whole("cpu", req.cpu, MAX_CPU))
-        mem = "" if req.memory_bytes is None else str(
-            _whole("memory_bytes", req.memory_bytes, MAX_BYTES))
+        mem = (
+            ""
+            if req.memory_bytes is None
+            else str(_whole("memory_bytes", req.memory_bytes, MAX_BYTES))
+        )
         if strategy is not None and strategy not in STRATEGIES:
             raise InvalidArgument(
-                "strategy", f"must be {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}, "
-                f"not {strategy!r}")
+                "strategy",
+                f"must be {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}, not {strategy!r}",
+            )
         return ["create" if req.create else "route", strategy or "", cpu, mem]
 
-    def schedule(self, req: Request, strategy: str | None = None,
-                 reservation_id: str | None = None) -> Call[Placement]:
+    def schedule(
+        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
+    ) -> Call[Placement]:
         base = self._request_args(req, strategy)
-        rid = validate_id("reservation_id", reservation_id) if reservation_id else (
-            secrets.token_hex(12) if req.create else "")
+        rid = (
+            validate_id("reservation_id", reservation_id)
+            if reservation_id
+            else (secrets.token_hex(12) if req.create else "")
+        )
         args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
 
         def parse(r: list[Any]) -> Placement:
-            return Placement(node_id=s(r[0]), endpoint=s(r[1]), reservation_id=s(r[2]) or None,
-                             pressure=float(r[3]), cpu=int(r[4]), memory_bytes=int(r[5]),
-                             status=s(r[6]), now_ms=int(r[7]))
+            return Placement(
+                node_id=s(r[0]),
+                endpoint=s(r[1]),
+                reservation_id=s(r[2]) or None,
+                pressure=float(r[3]),
+                cpu=int(r[4]),
+                memory_bytes=int(r[5]),
+                status=s(r[6]),
+                now_ms=int(r[7]),
+            )
 
         return self._call("schedule", args, parse, (self.k.rr,))
 
-    def schedule_batch(self, calls: Sequence[Call[Placement]],
-                       ) -> Call[list[Placement | SchedulerError]]:
+    def schedule_batch(
+        self,
+        calls: Sequence[Call[Placement]],
+    ) -> Call[list[Placement | SchedulerError]]:
         """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
         decided in order; each gets its placement or its own error."""
         args = [str(len(calls))]
         for call in calls:
             args += call.args
         parses = [call.parse for call in calls]
-        return self._call("schedule_batch", args, lambda r: _each_answer(parses, r),
-                          (self.k.rr,))
+        return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
         args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
-        return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation,
-                    writes=False)
+        return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
 
     # -- lifecycle ---------------------------------------------------------
-    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
-               reservation_id: str | None = None) -> Call[AssignResult]:
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> Call[AssignResult]:
         sb = validate_id("sandbox_id", sandbox_id)
         if not node_id.strip() or not endpoint.strip():
             raise InvalidArgument("", "node_id and endpoint are required")
         nid = validate_id("node_id", node_id)
         rid = validate_id("reservation_id", reservation_id) if reservation_id else ""
         args = [sb, nid, text("endpoint", endpoint.strip()), rid]
-        return self._call("assign", args, lambda r: AssignResult(
-            reservation_id=s(r[0]) or None, released=r[1] == 1))
+        return self._call(
+            "assign",
+            args,
+            lambda r: AssignResult(reservation_id=s(r[0]) or None, released=r[1] == 1),
+        )
 
     def cancel(self, reservation_id: str) -> Call[str]:
         rid = validate_id("reservation_id", reservation_id)
@@ -353,20 +443,32 @@ class Ops:
             if ev.event_type not in EVENT_TYPES:
                 raise InvalidArgument(f"events[{i}].event_type", f"is not known: {ev.event_type!r}")
             args += [validate_id(f"events[{i}].sandbox_id", ev.sandbox_id), ev.event_type]
-        return self._call("events", args, lambda r: EventsResult(acked=int(r[0]),
-                                                                  released=int(r[1])))
+        return self._call(
+            "events", args, lambda r: EventsResult(acked=int(r[0]), released=int(r[1]))
+        )
 
     def lookup(self, sandbox_id: str) -> Call[Binding]:
         sb = validate_id("sandbox_id", sandbox_id)
-        return self._call("lookup", [sb], lambda r: Binding(
-            sandbox_id=sb, node_id=s(r[0]), endpoint=s(r[1]), expires_ms=int(r[2]),
-            reservation_id=s(r[3]) or None, listed=s(r[4]) == "1"))
+        return self._call(
+            "lookup",
+            [sb],
+            lambda r: Binding(
+                sandbox_id=sb,
+                node_id=s(r[0]),
+                endpoint=s(r[1]),
+                expires_ms=int(r[2]),
+                reservation_id=s(r[3]) or None,
+                listed=s(r[4]) == "1",
+            ),
+        )
 
     def unregister(self, node_id: str, service_instance_id: str) -> Call[bool]:
         if not node_id.strip() or not service_instance_id.strip():
             raise InvalidArgument("", "node_id and service_instance_id are required")
-        args = [validate_id("node_id", node_id),
-                validate_id("service_instance_id", service_instance_id)]
+        args = [
+            validate_id("node_id", node_id),
+            validate_id("service_instance_id", service_instance_id),
+        ]
         return self._call("unregister", args, lambda r: r[0] == 1)
 
     # -- fleet and policy --------------------------------------------------
@@ -383,8 +485,9 @@ class Ops:
         args = [validate_id("node_id", node_id), "1" if lingering else "0"]
         return self._call("set_lingering", args, lambda r: s(r[0]) == "1")
 
-    def sync_policy(self, policy: Policy, overwrite: bool = False,
-                    restore: bool = False) -> Call[str]:
+    def sync_policy(
+        self, policy: Policy, overwrite: bool = False, restore: bool = False
+    ) -> Call[str]:
         """Store or check the policy.  ``restore``: a replica puts back a policy
         Redis lost; the cell then settles in the same step (see settle)."""
         wanted = policy.validate().to_fields()
@@ -411,20 +514,37 @@ class Ops:
     def nodes(self) -> Call[tuple[int, list[NodeView]]]:
         return self._call("nodes_view", [], parse_nodes_view)
 
-    def reservations(self, node_id: str | None = None, reservation_id: str | None = None,
-                     ) -> Call[list[Reservation]]:
-        args = [validate_id("node_id", node_id) if node_id else "",
-                validate_id("reservation_id", reservation_id) if reservation_id else ""]
-        return self._call("reservations", args,
-                          lambda r: [parse_reservation(pairs(row)) for row in r])
+    def reservations(
+        self,
+        node_id: str | None = None,
+        reservation_id: str | None = None,
+    ) -> Call[list[Reservation]]:
+        args = [
+            validate_id("node_id", node_id) if node_id else "",
+            validate_id("reservation_id", reservation_id) if reservation_id else "",
+        ]
+        return self._call(
+            "reservations", args, lambda r: [parse_reservation(pairs(row)) for row in r]
+        )
 
     def stats(self) -> Call[Stats]:
         def parse(r: list[Any]) -> Stats:
             f = pairs(r[1:])
-            return Stats(pending=int(r[0]), **{
-                name: int(f.get(name, 0)) for name in (
-                    "reserved_total", "assigned_total", "released_total", "cancelled_total",
-                    "expired_total", "refused_total", "forgotten_total")})
+            return Stats(
+                pending=int(r[0]),
+                **{
+                    name: int(f.get(name, 0))
+                    for name in (
+                        "reserved_total",
+                        "assigned_total",
+                        "released_total",
+                        "cancelled_total",
+                        "expired_total",
+                        "refused_total",
+                        "forgotten_total",
+                    )
+                },
+            )
 
         return self._call("stats", [], parse)
 
@@ -439,15 +559,19 @@ class Ops:
 
     def listed(self) -> Call[list[ListedNode]]:
         """Every known node, lingering and never heard from included (ListNodes)."""
-        return Call("observed", self.k.fixed(), ["", "", "1", "brief"], parse_listed,
-                    writes=False)
+        return Call("observed", self.k.fixed(), ["", "", "1", "brief"], parse_listed, writes=False)
 
     def observed(self, node_id: str = "", cluster_id: str = "") -> Call[list[ObservedNode]]:
         """Nodes that have heartbeated (lua/observed-5.lua), of one cluster when
         ``cluster_id`` is given; only ``node_id`` when it is given."""
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
-        return Call("observed", self.k.fixed(), [node_id, cluster, "0", "full"], parse_observed,
-                    writes=False)
+        return Call(
+            "observed",
+            self.k.fixed(),
+            [node_id, cluster, "0", "full"],
+            parse_observed,
+            writes=False,
+        )
 
     def sweep(self) -> Call[tuple[int, int]]:
         """The cell's bounded sweeps (lua/sweep-5.lua): (nodes forgotten,
@@ -466,8 +590,10 @@ _DEFAULT_POLICY = Policy()
 
 
 def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:
-    lines = ["the cell's stored policy differs from this replica's configuration",
-             f"  {'field':<44} {'stored':>16} {'configured':>16}"]
+    lines = [
+        "the cell's stored policy differs from this replica's configuration",
+        f"  {'field':<44} {'stored':>16} {'configured':>16}",
+    ]
     for name in sorted(set(stored) | set(wanted)):
         if stored.get(name) != wanted.get(name):
             lines.append(f"  {name:<44} {stored.get(name, '-'):>16} {wanted.get(name, '-'):>16}")

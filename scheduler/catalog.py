@@ -63,13 +63,18 @@ CEILINGS: tuple[Ceiling, ...] = (
     Ceiling("max_sandbox_starting_count", "sandboxes", "sandboxes", "starting"),
     Ceiling("max_sandbox_count_including_paused", "sandboxes", "sandboxes", "sbx+paused"),
     Ceiling("max_cpu_allocated_percent", "cpu", "percent", "cpu alloc", capacity="cpu"),
-    Ceiling("max_memory_allocated_percent", "memory", "percent", "mem alloc",
-            capacity="memory"),
+    Ceiling("max_memory_allocated_percent", "memory", "percent", "mem alloc", capacity="memory"),
     Ceiling("max_allocated_cpu_including_paused", "cpu", "cpus", "cpu+paused"),
     Ceiling("max_allocated_memory_bytes_including_paused", "memory", "bytes", "mem+paused"),
     Ceiling("max_cpu_used_percent", "cpu", "percent", "cpu used", observed="cpu_percent"),
-    Ceiling("max_memory_used_percent", "memory", "percent", "mem used", capacity="memory",
-            observed="memory_used_bytes"),
+    Ceiling(
+        "max_memory_used_percent",
+        "memory",
+        "percent",
+        "mem used",
+        capacity="memory",
+        observed="memory_used_bytes",
+    ),
 )
 
 
@@ -108,9 +113,17 @@ BOUNDS_DEFAULTS: dict[str, int] = {
 }
 
 #: The settings every stored policy has (Policy.to_fields writes them).
-POLICY_SETTINGS = ("strategy", "report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms",
-                   "overcommit_cpu", "overcommit_memory", "default_cpu", "default_memory_bytes",
-                   "static_nodes")
+POLICY_SETTINGS = (
+    "strategy",
+    "report_ttl_ms",
+    "binding_ttl_ms",
+    "reservation_ttl_ms",
+    "overcommit_cpu",
+    "overcommit_memory",
+    "default_cpu",
+    "default_memory_bytes",
+    "static_nodes",
+)
 #: The drill clock (tests and drills only): Redis TIME + offset, or frozen.
 CLOCK_FIELDS = ("time_offset_ms", "frozen_now_ms")
 #: The placement index's layout, and the instant the cell last settled.
@@ -122,5 +135,11 @@ BESIDE_POLICY = (*CLOCK_FIELDS, "packed", INDEX_FORMAT_FIELD, SETTLE_FIELD)
 #: The policy hash's fields in the order the scripts keep them packed into one
 #: string (lua/includes/common.lua raw_policy).  A packed string of another
 #: order or length is never misread: the scripts then read the named fields.
-PACKED = (*POLICY_SETTINGS, *CLOCK_FIELDS, *CEILING_NAMES, INDEX_FORMAT_FIELD, SETTLE_FIELD,
-          *BOUNDS_DEFAULTS)
+PACKED = (
+    *POLICY_SETTINGS,
+    *CLOCK_FIELDS,
+    *CEILING_NAMES,
+    INDEX_FORMAT_FIELD,
+    SETTLE_FIELD,
+    *BOUNDS_DEFAULTS,
+)

@@ -37,7 +37,7 @@ def cell_names(client: Any, prefix: str = DEFAULT_PREFIX) -> list[str]:
     for key in client.scan_iter(match=f"{prefix}:{{*}}:policy", count=1000):
         text = key.decode() if isinstance(key, bytes) else str(key)
         if text.startswith(head) and text.endswith("}:policy"):
-            names.add(text[len(head):-len("}:policy")])
+            names.add(text[len(head) : -len("}:policy")])
     return sorted(names)
 
 
@@ -60,10 +60,16 @@ def summarize(sched: Scheduler, prefix: str = DEFAULT_PREFIX) -> list[CellSummar
         views = cell.nodes()
         stats = cell.stats()
         policy = cell.policy()
-        out.append(CellSummary(
-            cell=name, slot=key_slot(keys.policy.encode()),
-            primary=primary_of(sched.client, keys.policy), nodes=len(views),
-            ready=sum(1 for v in views if v.status == "READY"),
-            pending_reservations=stats.pending, placed_total=stats.reserved_total,
-            strategy=policy.strategy if policy else ""))
+        out.append(
+            CellSummary(
+                cell=name,
+                slot=key_slot(keys.policy.encode()),
+                primary=primary_of(sched.client, keys.policy),
+                nodes=len(views),
+                ready=sum(1 for v in views if v.status == "READY"),
+                pending_reservations=stats.pending,
+                placed_total=stats.reserved_total,
+                strategy=policy.strategy if policy else "",
+            )
+        )
     return out

@@ -57,10 +57,17 @@ class Scheduler(BaseClient):
     """Synchronous client of one cell."""
 
     @classmethod
-    def connect(cls, url: str | None = None, *, cell: str = DEFAULT_CELL,
-                prefix: str = DEFAULT_PREFIX, policy: Policy | None = None,
-                overwrite_policy: bool = False, durability: Durability | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> Scheduler:
+    def connect(
+        cls,
+        url: str | None = None,
+        *,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        policy: Policy | None = None,
+        overwrite_policy: bool = False,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Scheduler:
         with translated(describe_target(url)):  # (a cluster client connects at once)
             client = sync_client(url, timeout_s)
         s = cls(client, cell, prefix, url, durability, timeout_s)
@@ -68,9 +75,15 @@ class Scheduler(BaseClient):
             s.sync_policy(policy, overwrite=overwrite_policy)
         return s
 
-    def __init__(self, client: Any, cell: str = DEFAULT_CELL, prefix: str = DEFAULT_PREFIX,
-                 url: str | None = None, durability: Durability | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        client: Any,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        url: str | None = None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = ScriptRegistry(client)
         self._primary_check = PrimaryCheck(client) if is_sentinel_client(client) else None
@@ -99,8 +112,12 @@ class Scheduler(BaseClient):
             try:
                 if self._waits(call):
                     reply, acked = self.scripts.call_acked(
-                        call.script, call.keys, call.args, self.durability.replicas,
-                        self.durability.timeout_ms)
+                        call.script,
+                        call.keys,
+                        call.args,
+                        self.durability.replicas,
+                        self.durability.timeout_ms,
+                    )
                     self._check_acked(acked)
                     return reply
                 return self.scripts[call.script](keys=call.keys, args=call.args)
@@ -205,8 +222,9 @@ class Scheduler(BaseClient):
         return self._drive(self._observed_node(node_id, cluster_id))
 
     # -- placement -----------------------------------------------------------
-    def schedule(self, req: Request, strategy: str | None = None,
-                 reservation_id: str | None = None) -> Placement:
+    def schedule(
+        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
+    ) -> Placement:
         """Place (and for a creation, reserve).  When the answer is lost (Redis
         unreachable mid-call, or the placement not replicated as asked), the
         reservation is cancelled, now or on a later call, so none stays behind."""
@@ -227,8 +245,9 @@ class Scheduler(BaseClient):
     def explain(self, req: Request, strategy: str | None = None) -> Explanation:
         return self._one(self.ops.explain(req, strategy))
 
-    def assign(self, sandbox_id: str, node_id: str, endpoint: str,
-               reservation_id: str | None = None) -> AssignResult:
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> AssignResult:
         return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
 
     def cancel(self, reservation_id: str) -> str:
@@ -247,23 +266,39 @@ class Scheduler(BaseClient):
         return self._one(self.ops.stats())
 
     # -- P2P -----------------------------------------------------------------
-    def peers(self, cluster_id: str = "", backend: str = "",
-              exclude_node_id: str = "") -> list[Peer]:
+    def peers(
+        self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
+    ) -> list[Peer]:
         return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
 
-    def record_artifact(self, cluster_id: str, backend: str, key: str, node_id: str,
-                        capacity: int = DEFAULT_STORE_CAPACITY) -> int:
+    def record_artifact(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> int:
         return self._one(self.peer_ops.record(cluster_id, backend, key, node_id, capacity))
 
     def forget_artifact(self, cluster_id: str, backend: str, key: str, node_id: str) -> bool:
         return self._one(self.peer_ops.forget(cluster_id, backend, key, node_id))
 
-    def lookup_artifact(self, cluster_id: str, backend: str, key: str,
-                        exclude_node_id: str = "", limit: int = 0) -> list[Peer]:
+    def lookup_artifact(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> list[Peer]:
         return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
 
 
-
-
-__all__ = ["AsyncScheduler", "Call", "CellSetup", "Observer", "Ops", "Scheduler",
-           "SchedulerError", "async_client", "describe_target", "sync_client"]
+__all__ = [
+    "AsyncScheduler",
+    "Call",
+    "CellSetup",
+    "Observer",
+    "Ops",
+    "Scheduler",
+    "SchedulerError",
+    "async_client",
+    "describe_target",
+    "sync_client",
+]

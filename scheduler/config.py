@@ -99,8 +99,15 @@ ENV_OVERRIDES = {
 }
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
-            "m": 60_000_000_000, "h": 3_600_000_000_000}
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
 
 
 def parse_duration_ms(key: str, text: str, zero_ok: bool = False) -> int:
@@ -199,8 +206,11 @@ def _env_int(name: str, value: str) -> int:
         raise ConfigError(f"{name}: {value!r} is not a whole number") from None
 
 
-def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
-         flags: Overrides | None = None) -> Settings:
+def load(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Overrides | None = None,
+) -> Settings:
     env = os.environ if env is None else env
     flags = flags or Overrides()
     source = str(path) if path else "defaults"
@@ -220,10 +230,12 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         sec.binding_ttl = env["SCHEDULER_BINDING_TTL"]
     if "SCHEDULER_ARTIFACT_STORE_CAPACITY" in env:
         sec.artifact_store_capacity = _env_int(
-            "SCHEDULER_ARTIFACT_STORE_CAPACITY", env["SCHEDULER_ARTIFACT_STORE_CAPACITY"])
+            "SCHEDULER_ARTIFACT_STORE_CAPACITY", env["SCHEDULER_ARTIFACT_STORE_CAPACITY"]
+        )
     if "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT" in env:
         sec.artifact_lookup_node_limit = _env_int(
-            "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT", env["SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT"])
+            "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT", env["SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT"]
+        )
     if flags.redis is not None:
         sec.redis_addr = flags.redis
     if flags.grpc_listen is not None:
@@ -251,7 +263,8 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         raise ConfigError(f"log_format: must be text or json, not {cfg.log_format!r}")
     if sec.discovery not in DISCOVERY:
         raise ConfigError(
-            f"scheduler.discovery: must be static or heartbeat, not {sec.discovery!r}")
+            f"scheduler.discovery: must be static or heartbeat, not {sec.discovery!r}"
+        )
     discovery = sec.discovery or ("static" if sec.nodes else "heartbeat")
     if discovery == "static" and not sec.nodes:
         raise ConfigError("scheduler.discovery: static needs a non-empty scheduler.nodes list")
@@ -262,8 +275,9 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
     nodes: list[tuple[str, str]] = []
     seen: set[str] = set()
     if len(sec.nodes) > MAX_STATIC_NODES:
-        raise ConfigError(f"scheduler.nodes: has {len(sec.nodes)} entries, more than "
-                          f"{MAX_STATIC_NODES}")
+        raise ConfigError(
+            f"scheduler.nodes: has {len(sec.nodes)} entries, more than {MAX_STATIC_NODES}"
+        )
     try:
         CellKeys(sec.cell, sec.key_prefix)
         for i, n in enumerate(sec.nodes):
@@ -278,15 +292,20 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
             strategy=sec.strategy,
             report_ttl_ms=parse_duration_ms("scheduler.report_ttl", sec.report_ttl),
             binding_ttl_ms=parse_duration_ms("scheduler.binding_ttl", sec.binding_ttl),
-            reservation_ttl_ms=parse_duration_ms("scheduler.placement_reservation_ttl",
-                                                 sec.placement_reservation_ttl),
-            limits=sec.node_resource_limit, overcommit=sec.overcommit,
-            default_request=sec.default_request, static_nodes=discovery == "static",
+            reservation_ttl_ms=parse_duration_ms(
+                "scheduler.placement_reservation_ttl", sec.placement_reservation_ttl
+            ),
+            limits=sec.node_resource_limit,
+            overcommit=sec.overcommit,
+            default_request=sec.default_request,
+            static_nodes=discovery == "static",
             max_roster_ids=sec.max_roster_ids,
-            node_forget_after_ms=parse_duration_ms("scheduler.node_forget_after",
-                                                   sec.node_forget_after, zero_ok=True),
+            node_forget_after_ms=parse_duration_ms(
+                "scheduler.node_forget_after", sec.node_forget_after, zero_ok=True
+            ),
             reservation_tombstone_ttl_ms=parse_duration_ms(
-                "scheduler.reservation_tombstone_ttl", sec.reservation_tombstone_ttl),
+                "scheduler.reservation_tombstone_ttl", sec.reservation_tombstone_ttl
+            ),
             artifact_key_max_bytes=sec.artifact_key_max_bytes,
         ).validate()
     except InvalidArgument as e:
@@ -296,27 +315,38 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
     try:
         address = parse_address(sec.redis_addr)
     except InvalidArgument as e:
-        raise ConfigError(f"scheduler.redis_addr: {e.message.removeprefix(e.field).strip()}",
-                          ) from None
+        raise ConfigError(
+            f"scheduler.redis_addr: {e.message.removeprefix(e.field).strip()}",
+        ) from None
     if not 0 <= sec.min_replicas_acked <= 64:
-        raise ConfigError("scheduler.min_replicas_acked: must be 0..64, not "
-                          f"{sec.min_replicas_acked}")
+        raise ConfigError(
+            f"scheduler.min_replicas_acked: must be 0..64, not {sec.min_replicas_acked}"
+        )
     if sec.min_replicas_acked and address.kind == "cluster":
-        raise ConfigError("scheduler.min_replicas_acked: not supported with a Redis Cluster "
-                          "address yet (WAIT must follow each call to its slot's primary)")
+        raise ConfigError(
+            "scheduler.min_replicas_acked: not supported with a Redis Cluster "
+            "address yet (WAIT must follow each call to its slot's primary)"
+        )
     if sec.min_replicas_acked and address.kind == "embedded":
-        raise ConfigError("scheduler.min_replicas_acked: needs a Redis with replicas "
-                          "(redis_addr), not the embedded store")
+        raise ConfigError(
+            "scheduler.min_replicas_acked: needs a Redis with replicas "
+            "(redis_addr), not the embedded store"
+        )
     durability = Durability(
         replicas=sec.min_replicas_acked,
-        timeout_ms=parse_duration_ms("scheduler.replica_ack_timeout", sec.replica_ack_timeout))
+        timeout_ms=parse_duration_ms("scheduler.replica_ack_timeout", sec.replica_ack_timeout),
+    )
     return Settings(
         policy=policy,
         redis_url=sec.redis_addr.strip() or None,
         grpc_listen=listen_address("scheduler.grpc_listen_addr", sec.grpc_listen_addr),
-        metrics_listen=listen_address("scheduler.metrics_listen_addr", metrics) if metrics
+        metrics_listen=listen_address("scheduler.metrics_listen_addr", metrics)
+        if metrics
         else None,
-        cell=sec.cell, prefix=sec.key_prefix, nodes=nodes, discovery=discovery,
+        cell=sec.cell,
+        prefix=sec.key_prefix,
+        nodes=nodes,
+        discovery=discovery,
         artifact_store_capacity=sec.artifact_store_capacity or DEFAULT_STORE_CAPACITY,
         artifact_lookup_node_limit=sec.artifact_lookup_node_limit,
         drain_timeout_s=parse_duration_ms("scheduler.drain_timeout", sec.drain_timeout) / 1000,
@@ -324,7 +354,9 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         redis_timeout_s=parse_duration_ms("scheduler.redis_timeout", sec.redis_timeout) / 1000,
         coalesce_schedules=sec.coalesce_schedules,
         coalesce_heartbeats=sec.coalesce_heartbeats,
-        log_level=log_level, log_format=cfg.log_format, source=source,
+        log_level=log_level,
+        log_format=cfg.log_format,
+        source=source,
         grpc_tls=_tls(sec.grpc_tls),
     )
 
@@ -358,16 +390,17 @@ def summary(s: Settings, target: str) -> list[str]:
         f"{p.node_forget_after_ms}ms{' (never)' if not p.node_forget_after_ms else ''}; "
         f"reservation_tombstone_ttl: {p.reservation_tombstone_ttl_ms}ms; "
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
-        f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: "
-        f"{s.metrics_listen or 'off'}",
+        f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: {s.metrics_listen or 'off'}",
         f"coalesce_schedules: {'on' if s.coalesce_schedules else 'off'}; coalesce_heartbeats: "
         f"{'on' if s.coalesce_heartbeats else 'off'}; "
-        f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; " + (
+        f"redis_timeout: {round(s.redis_timeout_s * 1000)}ms; "
+        + (
             f"writes acknowledged once {s.durability.replicas} Redis replica(s) have them "
             f"(min_replicas_acked; WAIT up to {s.durability.timeout_ms}ms)"
-            if s.durability.replicas else
-            "writes acknowledged by the primary alone (min_replicas_acked 0: a failover may "
-            "lose what it had not yet replicated)"),
+            if s.durability.replicas
+            else "writes acknowledged by the primary alone (min_replicas_acked 0: a failover may "
+            "lose what it had not yet replicated)"
+        ),
     ]
 
 

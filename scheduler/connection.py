@@ -52,8 +52,9 @@ log = logging.getLogger("scheduler.connection")
 _parse_url: Any = redis.connection.parse_url
 
 
-def _newest(sentinel: Any, service: str, sentinels: list[Any], answers: list[Any],
-            errors: list[str]) -> Any:
+def _newest(
+    sentinel: Any, service: str, sentinels: list[Any], answers: list[Any], errors: list[str]
+) -> Any:
     """The sentinel that knows the newest configuration of ``service``
     (highest config-epoch, the primary's state usable): just after a
     failover, the others still name the old primary, which takes writes."""
@@ -78,8 +79,11 @@ def _address(reply: Any, service: str) -> tuple[str, int]:
 
 
 #: what a sentinel may answer instead of its masters: down, slow, or no sentinel at all
-_SENTINEL_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    redis.exceptions.ResponseError)
+_SENTINEL_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ResponseError,
+)
 
 
 class _SyncSentinel(redis.sentinel.Sentinel):
@@ -109,8 +113,9 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     """The asyncio twin of :class:`_SyncSentinel` (sentinels asked at once)."""
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
-        replies = await asyncio.gather(*(s.sentinel_masters() for s in self.sentinels),
-                                       return_exceptions=True)
+        replies = await asyncio.gather(
+            *(s.sentinel_masters() for s in self.sentinels), return_exceptions=True
+        )
         answers: list[Any] = []
         errors: list[str] = []
         for sentinel, reply in zip(self.sentinels, replies, strict=True):
@@ -137,14 +142,17 @@ def _where(sentinel: Any, e: Exception) -> str:
     kw = sentinel.connection_pool.connection_kwargs
     return f"sentinel {kw.get('host')}:{kw.get('port')}: {e}"
 
+
 DEFAULT_TIMEOUT_S = 2.0
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 PLAIN_SCHEMES = ("redis://", "rediss://", "unix://")
 #: query options of a sentinel address that are ours, not the primary's
 _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
-FORMS = ("host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p...]/MASTER, "
-         "rediss+sentinel://, redis+cluster://h:p[,h:p...] or rediss+cluster:// address")
+FORMS = (
+    "host:port or a redis://, rediss://, unix://, redis+sentinel://h:p[,h:p...]/MASTER, "
+    "rediss+sentinel://, redis+cluster://h:p[,h:p...] or rediss+cluster:// address"
+)
 
 
 @dataclass(frozen=True)
@@ -216,14 +224,17 @@ def _hosts(hostlist: str, what: str) -> list[tuple[str, int]]:
     return out
 
 
-def _options(text: str, tls: bool, userinfo: str, first: tuple[str, int], db: str,
-             params: dict[str, str]) -> dict[str, Any]:
+def _options(
+    text: str, tls: bool, userinfo: str, first: tuple[str, int], db: str, params: dict[str, str]
+) -> dict[str, Any]:
     """The data connections' options: what a redis(s):// URL to ``first`` would
     say, parsed by redis-py (credentials, db, ssl_* and socket options)."""
     if not db.isdigit():
         raise _bad(f"db must be a whole number, not {db!r}")
-    probe = (f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}"
-             f"{first[0]}:{first[1]}/{db}" + (f"?{urlencode(params)}" if params else ""))
+    probe = (
+        f"{'rediss' if tls else 'redis'}://{userinfo + '@' if userinfo else ''}"
+        f"{first[0]}:{first[1]}/{db}" + (f"?{urlencode(params)}" if params else "")
+    )
     try:
         options: dict[str, Any] = _parse_url(probe)
     except ValueError as e:
@@ -241,16 +252,23 @@ def _parse_sentinel(text: str, tls: bool, rest: str) -> RedisAddress:
     service, _, query = tail.partition("?")
     service = unquote(service)
     if not service:
-        raise _bad(f"{describe_target(text)!r} names no primary: add /MASTER_NAME after the "
-                   "sentinels")
+        raise _bad(
+            f"{describe_target(text)!r} names no primary: add /MASTER_NAME after the sentinels"
+        )
     sentinels = _hosts(hostlist, "sentinel")
     params = dict(parse_qsl(query, keep_blank_values=True))
-    sentinel_auth = {k[len("sentinel_"):]: params.pop(k) for k in _SENTINEL_AUTH if k in params}
+    sentinel_auth = {k[len("sentinel_") :]: params.pop(k) for k in _SENTINEL_AUTH if k in params}
     options = _options(text, tls, userinfo, sentinels[0], params.pop("db", "0"), params)
     sentinel_options: dict[str, Any] = {k: v for k, v in options.items() if k.startswith("ssl")}
     sentinel_options.update(sentinel_auth)
-    return RedisAddress(text=text, kind="sentinel", sentinels=tuple(sentinels), service=service,
-                        options=options, sentinel_options=sentinel_options)
+    return RedisAddress(
+        text=text,
+        kind="sentinel",
+        sentinels=tuple(sentinels),
+        service=service,
+        options=options,
+        sentinel_options=sentinel_options,
+    )
 
 
 def _parse_cluster(text: str, tls: bool, rest: str) -> RedisAddress:
@@ -266,8 +284,15 @@ def _parse_cluster(text: str, tls: bool, rest: str) -> RedisAddress:
     return RedisAddress(text=text, kind="cluster", sentinels=tuple(seeds), options=options)
 
 
-def sentinel_url(sentinels: list[tuple[str, int]], service: str, *, user: str = "",
-                 password: str = "", tls: bool = False, **query: str) -> str:
+def sentinel_url(
+    sentinels: list[tuple[str, int]],
+    service: str,
+    *,
+    user: str = "",
+    password: str = "",
+    tls: bool = False,
+    **query: str,
+) -> str:
     """The ``redis+sentinel://`` address of these sentinels (tests, benchmarks, docs)."""
     auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
     hosts = ",".join(f"{h}:{p}" for h, p in sentinels)
@@ -284,9 +309,11 @@ HEALTH_CHECK_S = 1
 
 
 def _common(timeout_s: float, socket_timeout: bool = True) -> dict[str, Any]:
-    return {"socket_connect_timeout": min(timeout_s, 2.0),
-            "socket_timeout": timeout_s if socket_timeout else None,
-            "health_check_interval": HEALTH_CHECK_S}
+    return {
+        "socket_connect_timeout": min(timeout_s, 2.0),
+        "socket_timeout": timeout_s if socket_timeout else None,
+        "health_check_interval": HEALTH_CHECK_S,
+    }
 
 
 def _sentinel_common(timeout_s: float) -> dict[str, Any]:
@@ -297,13 +324,14 @@ def _sentinel_common(timeout_s: float) -> dict[str, Any]:
 def _fcall_slot(client: Any, args: tuple[Any, ...]) -> int | None:
     """The slot of ``FCALL fn numkeys key...`` from its keys, as redis-py does
     for EVALSHA: without this it asks a node (COMMAND GETKEYS) on every call."""
-    keys = args[2:2 + int(args[1])] if len(args) > 1 else ()
+    keys = args[2 : 2 + int(args[1])] if len(args) > 1 else ()
     if not keys:
         return None
     slots = {client.keyslot(k) for k in keys}
     if len(slots) != 1:
         raise redis.exceptions.RedisClusterException(
-            "FCALL - all keys must map to the same key slot")
+            "FCALL - all keys must map to the same key slot"
+        )
     return int(slots.pop())
 
 
@@ -348,20 +376,24 @@ def sync_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     if addr.kind == "embedded":
         return embedded.sync_client()
     if addr.kind == "cluster":
-        return _SYNC_CLUSTER(startup_nodes=[_SYNC_CLUSTER_NODE(h, p)
-                                            for h, p in addr.sentinels],
-                             retry=retry, **_common(timeout_s), **_cluster_options(addr))
+        return _SYNC_CLUSTER(
+            startup_nodes=[_SYNC_CLUSTER_NODE(h, p) for h, p in addr.sentinels],
+            retry=retry,
+            **_common(timeout_s),
+            **_cluster_options(addr),
+        )
     if addr.kind == "sentinel":
         sentinel = _SYNC_SENTINEL(
-            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
-                                                   **addr.sentinel_options})
-        return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s),
-                                   **addr.options)
+            list(addr.sentinels),
+            sentinel_kwargs={**_sentinel_common(timeout_s), **addr.sentinel_options},
+        )
+        return sentinel.master_for(addr.service, retry=retry, **_common(timeout_s), **addr.options)
     return redis.Redis.from_url(addr.url, retry=retry, **_common(timeout_s))
 
 
-def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, *,
-                 caller_bounds: bool = False) -> Any:
+def async_client(
+    text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, *, caller_bounds: bool = False
+) -> Any:
     """An asyncio client.  ``caller_bounds``: every call made with it is
     bounded by its caller (an :class:`~scheduler.aio.AsyncScheduler` bounds
     each one by ``timeout_s`` or a shorter deadline), so its connections get
@@ -376,13 +408,17 @@ def async_client(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, *,
         return embedded.async_client()
     common = _common(timeout_s, socket_timeout=not caller_bounds)
     if addr.kind == "cluster":
-        return _ASYNC_CLUSTER(startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p)
-                                             for h, p in addr.sentinels],
-                              retry=retry, **common, **_cluster_options(addr))
+        return _ASYNC_CLUSTER(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in addr.sentinels],
+            retry=retry,
+            **common,
+            **_cluster_options(addr),
+        )
     if addr.kind == "sentinel":
         sentinel = _ASYNC_SENTINEL(
-            list(addr.sentinels), sentinel_kwargs={**_sentinel_common(timeout_s),
-                                                   **addr.sentinel_options})
+            list(addr.sentinels),
+            sentinel_kwargs={**_sentinel_common(timeout_s), **addr.sentinel_options},
+        )
         return sentinel.master_for(addr.service, retry=retry, **common, **addr.options)
     return redis.asyncio.Redis.from_url(addr.url, retry=retry, **common)
 
@@ -406,9 +442,10 @@ class PrimaryCheck:
 
 
 def is_sentinel_client(client: Any) -> bool:
-    return isinstance(getattr(client, "connection_pool", None),
-                      (redis.sentinel.SentinelConnectionPool,
-                       redis.asyncio.sentinel.SentinelConnectionPool))
+    return isinstance(
+        getattr(client, "connection_pool", None),
+        (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool),
+    )
 
 
 class Fence:
@@ -460,8 +497,12 @@ class SentinelWatch:
     idle connections close at once and busy ones when they are released, so
     no call keeps writing to a primary that was replaced, and writes resume."""
 
-    def __init__(self, client: Any, fence: Fence | None = None,
-                 on_switch: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        fence: Fence | None = None,
+        on_switch: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.fence = fence or Fence()
         self.on_switch = on_switch
         self.pool: Any = client.connection_pool
@@ -477,8 +518,9 @@ class SentinelWatch:
         moved = self.primary is not None and address != self.primary
         self.primary = address
         if moved:
-            log.warning("Sentinel names a new primary for %s: %s:%d; reconnecting",
-                        self.service, *address)
+            log.warning(
+                "Sentinel names a new primary for %s: %s:%d; reconnecting", self.service, *address
+            )
             await self.pool.get_master_address()  # closes idle connections of the old one
             await self.pool.update_active_connections_for_reconnect()
             self.fence.open()
@@ -486,25 +528,31 @@ class SentinelWatch:
 
     def start(self) -> None:
         for sentinel in self.manager.sentinels:
-            self._tasks.append(asyncio.create_task(self._listen(sentinel),
-                                                   name="sentinel-watch"))
+            self._tasks.append(asyncio.create_task(self._listen(sentinel), name="sentinel-watch"))
 
     async def _event(self, channel: str, data: bytes) -> None:
         if _event_service(data) != self.service:
             return
         if channel in _FAILOVER_STARTS:
             if not self.fence.held():
-                log.warning("Sentinel is failing over %s (%s): writes held until the new "
-                            "primary is announced", self.service, channel)
-            self.fence.close(f"Sentinel is failing over the primary {self.service}; writes "
-                             "resume once the new primary is announced")
+                log.warning(
+                    "Sentinel is failing over %s (%s): writes held until the new "
+                    "primary is announced",
+                    self.service,
+                    channel,
+                )
+            self.fence.close(
+                f"Sentinel is failing over the primary {self.service}; writes "
+                "resume once the new primary is announced"
+            )
         elif channel in _FAILOVER_ENDS:
             if await self.check() and self.on_switch is not None:
                 await self.on_switch()
             self.fence.open()
         elif channel.startswith("-failover-abort"):
-            log.warning("Sentinel gave up failing over %s (%s): writes resume", self.service,
-                        channel)
+            log.warning(
+                "Sentinel gave up failing over %s (%s): writes resume", self.service, channel
+            )
             self.fence.open()
 
     async def _listen(self, sentinel: Any) -> None:

@@ -106,8 +106,11 @@ def _parse(text: str) -> _Parsed:
     for entry in _list(doc, "cpuid_modifiers"):
         if not isinstance(entry, dict):
             raise InvalidConfig("cpuid_modifiers holds a non-object")
-        key = (_hex(entry.get("leaf"), "leaf"), _hex(entry.get("subleaf", 0), "subleaf"),
-               _flags(entry.get("flags", 0)))
+        key = (
+            _hex(entry.get("leaf"), "leaf"),
+            _hex(entry.get("subleaf", 0), "subleaf"),
+            _flags(entry.get("flags", 0)),
+        )
         regs = cpuid.setdefault(key, {})
         for mod in _list(entry, "modifiers"):
             if not isinstance(mod, dict) or not isinstance(mod.get("register"), str):
@@ -146,10 +149,14 @@ def intersect(configs: Sequence[str]) -> str | None:
         for p in rest:
             other = p.cpuid[key]
             regs = {r: b & other[r] for r, b in regs.items() if r in other}
-        cpuid_out.append({
-            "leaf": f"0x{key[0]:x}", "subleaf": f"0x{key[1]:x}", "flags": key[2],
-            "modifiers": [{"register": r, "bitmap": f"0b{regs[r]:032b}"} for r in sorted(regs)],
-        })
+        cpuid_out.append(
+            {
+                "leaf": f"0x{key[0]:x}",
+                "subleaf": f"0x{key[1]:x}",
+                "flags": key[2],
+                "modifiers": [{"register": r, "bitmap": f"0b{regs[r]:032b}"} for r in sorted(regs)],
+            }
+        )
     msr_out = []
     for addr in sorted(first.msr):
         if any(addr not in p.msr for p in rest):
@@ -158,8 +165,7 @@ def intersect(configs: Sequence[str]) -> str | None:
         for p in rest:
             bits &= p.msr[addr]
         msr_out.append({"addr": f"0x{addr:x}", "bitmap": f"0b{bits:064b}"})
-    out = {"kvm_capabilities": sorted(kvm), "cpuid_modifiers": cpuid_out,
-           "msr_modifiers": msr_out}
+    out = {"kvm_capabilities": sorted(kvm), "cpuid_modifiers": cpuid_out, "msr_modifiers": msr_out}
     return msgspec.json.encode(out).decode()
 
 
@@ -199,19 +205,31 @@ class CpuConfigOps:
     def __init__(self, keys: CellKeys) -> None:
         self.k = keys
 
-    def ingest(self, node_id: str, cluster_id: str, carried_config: str,
-               restarted: bool) -> Call[Outcome]:
+    def ingest(
+        self, node_id: str, cluster_id: str, carried_config: str, restarted: bool
+    ) -> Call[Outcome]:
         args = ["ingest", node_id, cluster_id, digest(carried_config), "1" if restarted else "0"]
         return Call("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], args, _outcome)
 
-    def store(self, node_id: str, cluster_id: str, epoch: str, result: str | None,
-              ) -> Call[Outcome]:
+    def store(
+        self,
+        node_id: str,
+        cluster_id: str,
+        epoch: str,
+        result: str | None,
+    ) -> Call[Outcome]:
         args = ["store", node_id, cluster_id, epoch, result or ""]
         return Call("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], args, _outcome)
 
 
-def exchange(step: Callable[[Call[Outcome]], Plan[Outcome]], ops: CpuConfigOps, node_id: str,
-             cluster_id: str, carried_config: str, restarted: bool) -> Plan[str]:
+def exchange(
+    step: Callable[[Call[Outcome]], Plan[Outcome]],
+    ops: CpuConfigOps,
+    node_id: str,
+    cluster_id: str,
+    carried_config: str,
+    restarted: bool,
+) -> Plan[str]:
     """One heartbeat's part, a plan of one or two calls (each run by ``step``):
     its value is the config to deliver to the node, or ""."""
     out = yield from step(ops.ingest(node_id, cluster_id, carried_config, restarted))

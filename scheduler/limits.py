@@ -48,14 +48,17 @@ def text(field: str, value: str, limit: int = MAX_TEXT) -> str:
 
 def at_most(field: str, items: Sized, limit: int, what: str = "") -> None:
     if len(items) > limit:
-        raise InvalidArgument(field, f"has {len(items)} entries, more than "
-                              f"{what or limit}")
+        raise InvalidArgument(field, f"has {len(items)} entries, more than {what or limit}")
 
 
-_HOST = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                   r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
-_ENDPOINT = re.compile(r"(?:(?P<scheme>https?)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+)"
-                       r":(?P<port>\d{1,5})(?P<slash>/?)")
+_HOST = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+_ENDPOINT = re.compile(
+    r"(?:(?P<scheme>https?)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+)"
+    r":(?P<port>\d{1,5})(?P<slash>/?)"
+)
 
 
 def endpoint(field: str, value: str) -> str:
@@ -64,8 +67,11 @@ def endpoint(field: str, value: str) -> str:
     naming ``field``."""
     v = value.strip()
     m = _ENDPOINT.fullmatch(v)
-    ok = m is not None and 1 <= int(m.group("port")) <= 65535 and (
-        m.group("scheme") is not None or not m.group("slash"))
+    ok = (
+        m is not None
+        and 1 <= int(m.group("port")) <= 65535
+        and (m.group("scheme") is not None or not m.group("slash"))
+    )
     if m is not None and ok:
         host = m.group("host")
         if host.startswith("["):
@@ -77,6 +83,7 @@ def endpoint(field: str, value: str) -> str:
             ok = _HOST.fullmatch(host) is not None
     if not ok:
         shown = v if len(v) <= 64 else v[:61] + "..."
-        raise InvalidArgument(field, f"must be host:port or an http(s)://host:port URL, "
-                              f"not {shown!r}")
+        raise InvalidArgument(
+            field, f"must be host:port or an http(s)://host:port URL, not {shown!r}"
+        )
     return v

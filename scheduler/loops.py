@@ -59,9 +59,12 @@ def choose(name: str) -> Loop:
         return Loop("asyncio", "asked for (--loop asyncio)")
     version, why_not = _uvloop()
     if version is not None:
-        return Loop("uvloop", f"uvloop {version}" + (" (--loop uvloop)" if name == "uvloop"
-                                                     else ""))
+        return Loop(
+            "uvloop", f"uvloop {version}" + (" (--loop uvloop)" if name == "uvloop" else "")
+        )
     if name == "uvloop":
-        raise LoopUnavailable(f"--loop uvloop: {why_not}; install it with "
-                              "pip install 'redis-placement-scheduler[fast]' (Linux)")
+        raise LoopUnavailable(
+            f"--loop uvloop: {why_not}; install it with "
+            "pip install 'redis-placement-scheduler[fast]' (Linux)"
+        )
     return Loop("asyncio", f"{why_not}; pip install 'redis-placement-scheduler[fast]' for it")

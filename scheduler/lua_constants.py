@@ -49,8 +49,9 @@ def _set(items: Iterable[str]) -> str:
 def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
     """Snapshot field -> True (it places the node) or the observed ceiling that
     reads it (it matters while that ceiling is set)."""
-    movers: dict[str, str | bool] = {c.observed: c.name for c in catalog.CEILINGS
-                                     if c.observed is not None}
+    movers: dict[str, str | bool] = {
+        c.observed: c.name for c in catalog.CEILINGS if c.observed is not None
+    }
     movers.update({n: True for n, f in snapshot.items() if f.index})
     return movers
 
@@ -71,11 +72,11 @@ def render() -> str:
         "-- (scheduler/catalog.py CEILINGS).",
         f"local LIMIT_NAMES = {_list(catalog.CEILING_NAMES)}",
         "-- Percent ceilings: compared as used * 100 <= limit * this capacity.",
-        "local CEILING_CAPACITY = " + _map({c.name: c.capacity for c in ceilings
-                                            if c.capacity is not None}),
+        "local CEILING_CAPACITY = "
+        + _map({c.name: c.capacity for c in ceilings if c.capacity is not None}),
         "-- Observed-utilisation ceilings and the snapshot field each reads.",
-        "local OBSERVED_CEILINGS = " + _map({c.name: c.observed for c in ceilings
-                                             if c.observed is not None}),
+        "local OBSERVED_CEILINGS = "
+        + _map({c.name: c.observed for c in ceilings if c.observed is not None}),
         "-- The policy hash's fields, packed in this order into its field `packed`.",
         f"local PACKED = {_list(packed)}",
         f"-- {len(packed)} tab-separated captures, one per PACKED name",
@@ -86,8 +87,7 @@ def render() -> str:
         f"local BOUNDS_DEFAULTS = {_map(catalog.BOUNDS_DEFAULTS)}",
         f"local STRATEGIES = {_set(strategies)}",
         f"local DEFAULT_STRATEGY = {_str(catalog.DEFAULT_STRATEGY)}",
-        "local STRATEGY_CHOICES = "
-        + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),
+        "local STRATEGY_CHOICES = " + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),
         f"local EVENT_TYPES = {_set(catalog.EVENT_TYPES)}",
         f"local LIVE = {_set(catalog.LIVE_STATES)}",
         "-- Expired reservations a script call ends, at most.",

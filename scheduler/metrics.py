@@ -56,18 +56,25 @@ class _CellCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             nodes, pending, ended = dict(self._nodes), self._pending, dict(self._ended)
-        g = GaugeMetricFamily("agentenv_scheduler_observed_nodes",
-                              "Nodes known to the cell, by derived status.", labels=["status"])
+        g = GaugeMetricFamily(
+            "agentenv_scheduler_observed_nodes",
+            "Nodes known to the cell, by derived status.",
+            labels=["status"],
+        )
         for status in DERIVED_STATUSES:
             g.add_metric([status], nodes.get(status, 0))
         yield g
         if pending is not None:
-            yield GaugeMetricFamily("sched_reservations_pending",
-                                    "Placements not yet accounted for (whole cell).",
-                                    value=pending)
-            c = CounterMetricFamily("sched_reservations_ended",
-                                    "Reservations ended, by outcome (whole cell).",
-                                    labels=["outcome"])
+            yield GaugeMetricFamily(
+                "sched_reservations_pending",
+                "Placements not yet accounted for (whole cell).",
+                value=pending,
+            )
+            c = CounterMetricFamily(
+                "sched_reservations_ended",
+                "Reservations ended, by outcome (whole cell).",
+                labels=["outcome"],
+            )
             for outcome in OUTCOMES:
                 c.add_metric([outcome], ended.get(outcome, 0))
             yield c
@@ -81,10 +88,12 @@ class _BatchCollector(Collector):
         self.coalescers = coalescers
 
     def collect(self) -> Iterator[Metric]:
-        sent = CounterMetricFamily("sched_batches", "Batch calls this replica sent, by kind.",
-                                   labels=["kind"])
-        carried = CounterMetricFamily("sched_batched_calls", "Calls those batch calls carried, "
-                                      "by kind.", labels=["kind"])
+        sent = CounterMetricFamily(
+            "sched_batches", "Batch calls this replica sent, by kind.", labels=["kind"]
+        )
+        carried = CounterMetricFamily(
+            "sched_batched_calls", "Calls those batch calls carried, by kind.", labels=["kind"]
+        )
         for kind, c in self.coalescers.items():
             sent.add_metric([kind], c.batches)
             carried.add_metric([kind], c.batched)
@@ -97,21 +106,38 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.rpc_duration = Histogram(
-            "agentenv_scheduler_rpc_duration_seconds", "gRPC call latency by RPC and status code.",
-            ["rpc", "status"], registry=r, buckets=_BUCKETS)
+            "agentenv_scheduler_rpc_duration_seconds",
+            "gRPC call latency by RPC and status code.",
+            ["rpc", "status"],
+            registry=r,
+            buckets=_BUCKETS,
+        )
         self.schedule_duration = Histogram(
-            "agentenv_scheduler_schedule_duration_seconds", "Schedule latency by strategy and "
-            "status code.", ["strategy", "status"], registry=r, buckets=_BUCKETS)
+            "agentenv_scheduler_schedule_duration_seconds",
+            "Schedule latency by strategy and status code.",
+            ["strategy", "status"],
+            registry=r,
+            buckets=_BUCKETS,
+        )
         self.assignments = Counter(
-            "agentenv_scheduler_schedule_assignments", "Schedule calls that picked a node.",
-            ["strategy"], registry=r)
+            "agentenv_scheduler_schedule_assignments",
+            "Schedule calls that picked a node.",
+            ["strategy"],
+            registry=r,
+        )
         self.redis_up = Gauge("sched_redis_up", "1 while this replica reaches Redis.", registry=r)
         self.redis_errors = Counter(
-            "sched_redis_errors", "Calls this replica failed because Redis was unreachable.",
-            registry=r)
+            "sched_redis_errors",
+            "Calls this replica failed because Redis was unreachable.",
+            registry=r,
+        )
         self.script_duration = Histogram(
-            "sched_script_duration_seconds", "Lua script call latency by script.", ["script"],
-            registry=r, buckets=_BUCKETS)
+            "sched_script_duration_seconds",
+            "Lua script call latency by script.",
+            ["script"],
+            registry=r,
+            buckets=_BUCKETS,
+        )
         self.cell = _CellCollector()
         r.register(self.cell)
         self._server: Any = None

@@ -61,8 +61,7 @@ class PeerOps:
         key = _name_part("key", key.strip(), MAX_KEY)
         limit = self.bounds().artifact_key_max_bytes
         if len(key.encode()) > limit:
-            raise InvalidArgument("key", f"is longer than {limit} bytes "
-                                  "(artifact_key_max_bytes)")
+            raise InvalidArgument("key", f"is longer than {limit} bytes (artifact_key_max_bytes)")
         return artifact_digest(cluster, backend, key), f"{cluster}\n{backend}\n{key}", cluster
 
     def _art_keys(self) -> list[str]:
@@ -74,16 +73,26 @@ class PeerOps:
         args = [cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude]
         return Call("peer_list", self.k.fixed(), args, _peers)
 
-    def record(self, cluster_id: str, backend: str, key: str, node_id: str,
-               capacity: int = DEFAULT_STORE_CAPACITY) -> Call[int]:
+    def record(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> Call[int]:
         if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
             raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
         digest, name, _ = self._artifact(cluster_id, backend, key)
         node = validate_id("node_id", node_id)
         if capacity < 1:
             raise InvalidArgument("artifact_store_capacity", "must be at least 1")
-        return Call("artifact_record", self._art_keys(), [digest, name, node, str(capacity)],
-                    lambda r: int(r[0]))
+        return Call(
+            "artifact_record",
+            self._art_keys(),
+            [digest, name, node, str(capacity)],
+            lambda r: int(r[0]),
+        )
 
     def forget(self, cluster_id: str, backend: str, key: str, node_id: str) -> Call[bool]:
         if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
@@ -92,8 +101,9 @@ class PeerOps:
         node = validate_id("node_id", node_id)
         return Call("artifact_forget", self._art_keys(), [digest, node], lambda r: r[0] == 1)
 
-    def lookup(self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "",
-               limit: int = 0) -> Call[list[Peer]]:
+    def lookup(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> Call[list[Peer]]:
         if not (cluster_id.strip() and backend.strip() and key.strip()):
             raise InvalidArgument("", "cluster_id, backend, and key are required")
         digest, _, cluster = self._artifact(cluster_id, backend, key)

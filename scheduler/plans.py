@@ -63,8 +63,11 @@ FORGET_MAX = 10_000
 
 #: What a Redis Cluster answers while a slot moves, a shard fails over or the
 #: cluster is down: nothing ran, so the call is sent again until its deadline.
-SLOT_UNSETTLED = (redis.exceptions.TryAgainError, redis.exceptions.ClusterError,
-                  redis.exceptions.SlotNotCoveredError)
+SLOT_UNSETTLED = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,
+)
 SLOT_RETRY_S = 0.05
 
 #: Told of every script call made in a :meth:`BaseClient.scoped` block: the
@@ -91,10 +94,12 @@ class CellSetup:
 
 
 def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str, str]]) -> str:
-    lines = ["the cell's stored static node list differs from this replica's configuration",
-             "  stored:     " + (", ".join(f"{i}={e}" for i, e in stored) or "-"),
-             "  configured: " + (", ".join(f"{i}={e}" for i, e in wanted) or "-"),
-             "start with --overwrite-policy to replace the stored node list"]
+    lines = [
+        "the cell's stored static node list differs from this replica's configuration",
+        "  stored:     " + (", ".join(f"{i}={e}" for i, e in stored) or "-"),
+        "  configured: " + (", ".join(f"{i}={e}" for i, e in wanted) or "-"),
+        "start with --overwrite-policy to replace the stored node list",
+    ]
     return "\n".join(lines)
 
 
@@ -103,9 +108,15 @@ class BaseClient:
 
     scripts: Any
 
-    def __init__(self, client: Any, cell: str, prefix: str, url: str | None,
-                 durability: Durability | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        client: Any,
+        cell: str,
+        prefix: str,
+        url: str | None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.client = client
         self.keys = CellKeys(cell, prefix)
         self.ops = Ops(self.keys)
@@ -129,8 +140,9 @@ class BaseClient:
 
     # -- what every call goes through --------------------------------------
     @contextmanager
-    def scoped(self, *, timeout: float | None = None,
-               observe: Observer | None = None) -> Iterator[None]:
+    def scoped(
+        self, *, timeout: float | None = None, observe: Observer | None = None
+    ) -> Iterator[None]:
         """Calls made inside this block (in this thread or asyncio task) are
         bounded by ``timeout`` seconds from now (the asyncio client; a
         caller's deadline) and reported to ``observe``: how a replica bounds
@@ -179,7 +191,8 @@ class BaseClient:
         if acked < d.replicas:
             raise NotReplicated(
                 f"Redis at {self.target}: the write reached {acked} of the {d.replicas} "
-                f"replica(s) min_replicas_acked asks for within {d.timeout_ms}ms")
+                f"replica(s) min_replicas_acked asks for within {d.timeout_ms}ms"
+            )
 
     def _remember(self, rid: str) -> None:
         if len(self.forgotten) >= FORGET_MAX:
@@ -232,8 +245,10 @@ class BaseClient:
         except PolicyConflict:
             return  # another replica restored (and changed) it first; the stored one rules
         if outcome == "created":
-            log.warning("restored the cell's policy in Redis (its data was lost); nodes take "
-                        "placements again once they heartbeat")
+            log.warning(
+                "restored the cell's policy in Redis (its data was lost); nodes take "
+                "placements again once they heartbeat"
+            )
             yield self.ops.sync_nodes(list(setup.nodes))
 
     # -- plans of more than one call ----------------------------------------
@@ -244,9 +259,14 @@ class BaseClient:
             # if meanwhile another heartbeat of the node gave the memo a new base)
             result = yield from self._step(self.ops.heartbeat(hb, self.beats, full=True))
         if cpu_config:
-            config = yield from exchange(self._step, self.cpu_ops, hb.node_id.strip(),
-                                         hb.cluster_id.strip(), hb.machine_info.cpu_config_json,
-                                         result.restarted)
+            config = yield from exchange(
+                self._step,
+                self.cpu_ops,
+                hb.node_id.strip(),
+                hb.cluster_id.strip(),
+                hb.machine_info.cpu_config_json,
+                result.restarted,
+            )
             result = msgspec.structs.replace(result, cpu_config_json=config)
         return result
 
@@ -257,8 +277,7 @@ class BaseClient:
         return found[0]
 
     def _observed_node(self, node_id: str, cluster_id: str) -> Plan[ObservedNode]:
-        rows = yield from self._step(self.ops.observed(validate_id("node_id", node_id),
-                                                       cluster_id))
+        rows = yield from self._step(self.ops.observed(validate_id("node_id", node_id), cluster_id))
         if not rows:
             raise NotFound("observed node not found")
         return rows[0]
@@ -266,5 +285,3 @@ class BaseClient:
     def _nodes(self) -> Plan[list[NodeView]]:
         _, views = yield from self._step(self.ops.nodes())
         return views
-
-

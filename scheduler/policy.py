@@ -29,6 +29,7 @@ class _Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 if TYPE_CHECKING:
+
     class Limits(_Limits):
         """``node_resource_limit``: one int field per catalog ceiling."""
 
@@ -37,8 +38,13 @@ if TYPE_CHECKING:
 else:
     #: ``node_resource_limit``: one field per :data:`scheduler.catalog.CEILINGS`
     #: row, 0 or absent = no ceiling (as in the reference).
-    Limits = msgspec.defstruct("Limits", [(c.name, int, 0) for c in CEILINGS],
-                               bases=(_Limits,), module=__name__, kw_only=True)
+    Limits = msgspec.defstruct(
+        "Limits",
+        [(c.name, int, 0) for c in CEILINGS],
+        bases=(_Limits,),
+        module=__name__,
+        kw_only=True,
+    )
 
 
 class Overcommit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,20 +82,29 @@ class Policy(msgspec.Struct, kw_only=True):
             raise InvalidArgument(
                 "strategy", f"must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}"
             )
-        for name in ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms",
-                     "reservation_tombstone_ttl_ms"):
+        for name in (
+            "report_ttl_ms",
+            "binding_ttl_ms",
+            "reservation_ttl_ms",
+            "reservation_tombstone_ttl_ms",
+        ):
             v = getattr(self, name)
             if not 1 <= v <= YEAR_MS:
                 raise InvalidArgument(name, f"must be between 1 ms and a year, not {v}")
         if not 0 <= self.node_forget_after_ms <= YEAR_MS:
-            raise InvalidArgument("node_forget_after_ms", "must be 0 (never) or at most a "
-                                  f"year, not {self.node_forget_after_ms}")
+            raise InvalidArgument(
+                "node_forget_after_ms",
+                f"must be 0 (never) or at most a year, not {self.node_forget_after_ms}",
+            )
         if not 1 <= self.max_roster_ids <= MAX_ROSTER_IDS:
-            raise InvalidArgument("max_roster_ids", f"must be 1..{MAX_ROSTER_IDS}, "
-                                  f"not {self.max_roster_ids}")
+            raise InvalidArgument(
+                "max_roster_ids", f"must be 1..{MAX_ROSTER_IDS}, not {self.max_roster_ids}"
+            )
         if not 1 <= self.artifact_key_max_bytes <= MAX_ARTIFACT_KEY_BYTES:
-            raise InvalidArgument("artifact_key_max_bytes", f"must be 1..{MAX_ARTIFACT_KEY_BYTES}"
-                                  f", not {self.artifact_key_max_bytes}")
+            raise InvalidArgument(
+                "artifact_key_max_bytes",
+                f"must be 1..{MAX_ARTIFACT_KEY_BYTES}, not {self.artifact_key_max_bytes}",
+            )
         for name in CEILING_NAMES:
             v = getattr(self.limits, name)
             if not 0 <= v <= MAX_BYTES:
@@ -118,8 +133,13 @@ class Policy(msgspec.Struct, kw_only=True):
             "static_nodes": "1" if self.static_nodes else "0",
         }
         f.update({k: str(v) for k, v in self.limits.active().items()})
-        f.update({k: str(getattr(self, k)) for k, default in BOUNDS_DEFAULTS.items()
-                  if getattr(self, k) != default})
+        f.update(
+            {
+                k: str(getattr(self, k))
+                for k, default in BOUNDS_DEFAULTS.items()
+                if getattr(self, k) != default
+            }
+        )
         return f
 
     @classmethod

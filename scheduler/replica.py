@@ -45,9 +45,16 @@ class ListenError(Exception):
 
 
 class Replica:
-    def __init__(self, settings: Settings, sched: AsyncScheduler, *,
-                 overwrite_policy: bool = False, monitor_interval_s: float = 1.0,
-                 cell_stats_interval_s: float | None = 5.0, reuse_port: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sched: AsyncScheduler,
+        *,
+        overwrite_policy: bool = False,
+        monitor_interval_s: float = 1.0,
+        cell_stats_interval_s: float | None = 5.0,
+        reuse_port: bool = False,
+    ) -> None:
         self.settings = settings
         #: share the gRPC port with other processes (``schedctl serve --workers``);
         #: off otherwise, so a second replica on a taken port fails to start
@@ -57,16 +64,18 @@ class Replica:
         self.monitor_interval_s = monitor_interval_s
         self.cell_stats_interval_s = cell_stats_interval_s
         self.metrics = Metrics()
-        self.metrics.watch_batches({"schedule": sched.coalescer,
-                                    "heartbeat": sched.beat_coalescer})
+        self.metrics.watch_batches({"schedule": sched.coalescer, "heartbeat": sched.beat_coalescer})
         self.health = health.aio.HealthServicer()
         #: the cell this replica keeps: stored at start-up, put back if Redis loses it
         sched.keep_cell(settings.policy, settings.nodes)
         self.service = SchedulerService(
-            sched, self.metrics, strategy=settings.policy.strategy,
+            sched,
+            self.metrics,
+            strategy=settings.policy.strategy,
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
-            on_unavailable=self.check_now)
+            on_unavailable=self.check_now,
+        )
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -75,8 +84,11 @@ class Replica:
         self._redis_ok = False
         self._stopping = False
         self.tls: ReloadingCredentials | None = None
-        self.sentinel = SentinelWatch(sched.client, sched.fence, self.after_failover) \
-            if is_sentinel_client(sched.client) else None
+        self.sentinel = (
+            SentinelWatch(sched.client, sched.fence, self.after_failover)
+            if is_sentinel_client(sched.client)
+            else None
+        )
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
@@ -96,16 +108,22 @@ class Replica:
             return  # every answered placement reached a replica: nothing to settle
         try:
             await self.sched.settle()
-            log.warning("settled the cell after the failover: nodes take placements again "
-                        "once they heartbeat to the new primary")
+            log.warning(
+                "settled the cell after the failover: nodes take placements again "
+                "once they heartbeat to the new primary"
+            )
         except SchedulerError as e:
             log.warning("could not settle the cell after the failover: %s", e.message)
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         limit = max_message_bytes(self.settings.policy.max_roster_ids)
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(self.reuse_port)),
-                                               ("grpc.max_receive_message_length", limit)])
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", int(self.reuse_port)),
+                ("grpc.max_receive_message_length", limit),
+            ]
+        )
         pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
@@ -118,8 +136,9 @@ class Replica:
             try:
                 self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
             except OSError as e:
-                raise ListenError(f"/metrics cannot listen on {self.settings.metrics_listen}: "
-                                  f"{e.strerror or e}") from None
+                raise ListenError(
+                    f"/metrics cannot listen on {self.settings.metrics_listen}: {e.strerror or e}"
+                ) from None
         await self.server.start()
         await self._set_serving(True)
         if self.sentinel is not None:
@@ -130,9 +149,12 @@ class Replica:
         listen, files = self.settings.grpc_listen, self.settings.grpc_tls
         if files is None:
             if not is_loopback(listen):
-                log.warning("gRPC on %s is plaintext and not loopback-only: anyone who can "
-                            "reach the port can drive the cell; set scheduler.grpc_tls "
-                            "(docs/operations.md: Security)", listen)
+                log.warning(
+                    "gRPC on %s is plaintext and not loopback-only: anyone who can "
+                    "reach the port can drive the cell; set scheduler.grpc_tls "
+                    "(docs/operations.md: Security)",
+                    listen,
+                )
             return int(server.add_insecure_port(listen))
         try:
             self.tls = ReloadingCredentials(files)
@@ -163,8 +185,10 @@ class Replica:
             if ok:
                 log.info("Redis at %s takes writes: serving", self.sched.target)
             else:
-                log.error("%s: NOT_SERVING until this replica can write again",
-                          why or f"Redis at {self.sched.target} is unreachable")
+                log.error(
+                    "%s: NOT_SERVING until this replica can write again",
+                    why or f"Redis at {self.sched.target} is unreachable",
+                )
         self._redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
         status = SERVING if ok else NOT_SERVING
@@ -224,7 +248,12 @@ class Replica:
         await self.sched.policy()
         stats = await self.sched.stats()
         nodes = Counter(n.status for n in await self.sched.list_nodes())
-        self.metrics.cell.update(dict(nodes), stats.pending, {
-            "released": stats.released_total, "cancelled": stats.cancelled_total,
-            "expired": stats.expired_total})
-
+        self.metrics.cell.update(
+            dict(nodes),
+            stats.pending,
+            {
+                "released": stats.released_total,
+                "cancelled": stats.cancelled_total,
+                "expired": stats.expired_total,
+            },
+        )

@@ -41,8 +41,9 @@ def opt_int(v: Any) -> int | None:
     return None if v in (None, "", b"") else int(v)
 
 
-def rank_key(known: bool, pressure: float, starting: int, running: int,
-             paused: int) -> tuple[int, float, int, int, int]:
+def rank_key(
+    known: bool, pressure: float, starting: int, running: int, paused: int
+) -> tuple[int, float, int, int, int]:
     """least_loaded order (lua/includes/stages.lua ranks_before): smaller
     ranks first; equal keys rotate."""
     return (0 if known else 1, pressure, starting, running, paused)
@@ -52,21 +53,45 @@ def parse_explanation(r: list[Any]) -> Explanation:
     verdicts = []
     for row in r[7:]:
         f = [s(x) for x in row]
-        verdicts.append(Verdict(
-            node_id=f[0], status=f[1], reason=f[2] or None, pressure=float(f[3]),
-            known_capacity=f[4] == "1", starting=int(f[5]), running=int(f[6]), paused=int(f[7]),
-            projected_cpu=int(f[8]), projected_memory_bytes=int(f[9]), cpu_capacity=int(f[10]),
-            memory_capacity_bytes=int(f[11]), endpoint=f[12]))
+        verdicts.append(
+            Verdict(
+                node_id=f[0],
+                status=f[1],
+                reason=f[2] or None,
+                pressure=float(f[3]),
+                known_capacity=f[4] == "1",
+                starting=int(f[5]),
+                running=int(f[6]),
+                paused=int(f[7]),
+                projected_cpu=int(f[8]),
+                projected_memory_bytes=int(f[9]),
+                cpu_capacity=int(f[10]),
+                memory_capacity_bytes=int(f[11]),
+                endpoint=f[12],
+            )
+        )
     chosen = s(r[2]) or None
-    eligible = sorted((v for v in verdicts if v.reason is None), key=lambda v: (
-        rank_key(v.known_capacity, v.pressure, v.starting, v.running, v.paused), v.node_id))
+    eligible = sorted(
+        (v for v in verdicts if v.reason is None),
+        key=lambda v: (
+            rank_key(v.known_capacity, v.pressure, v.starting, v.running, v.paused),
+            v.node_id,
+        ),
+    )
     for i, v in enumerate(eligible, 1):
         v.rank = i
     for v in verdicts:
         v.chosen = v.node_id == chosen
-    return Explanation(now_ms=int(r[0]), strategy=s(r[1]), chosen=chosen, rotation=int(r[3]),
-                       cpu=int(r[4]), memory_bytes=int(r[5]), refusal=s(r[6]) or None,
-                       verdicts=verdicts)
+    return Explanation(
+        now_ms=int(r[0]),
+        strategy=s(r[1]),
+        chosen=chosen,
+        rotation=int(r[3]),
+        cpu=int(r[4]),
+        memory_bytes=int(r[5]),
+        refusal=s(r[6]) or None,
+        verdicts=verdicts,
+    )
 
 
 #: The record field of each capacity a percent ceiling is a share of.
@@ -93,47 +118,70 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
 
         ceilings: list[CeilingUse] = []
         last_seen = opt_int(f.get("last_seen_ms"))
-        views.append(NodeView(
-            node_id=f["node_id"], endpoint=f.get("endpoint", ""),
-            status=f["derived_status"], reason=f.get("reason") or None,
-            pressure=float(f["pressure"]), known_capacity=f["known"] == "1",
-            cpu_capacity=i("cpu_count"), cpu_allocated=i("allocated_cpu"),
-            cpu_paused=i("paused_allocated_cpu"), cpu_reserved=i("pending_cpu"),
-            cpu_projected=i("allocated_cpu") + i("paused_allocated_cpu") + i("pending_cpu"),
-            memory_capacity_bytes=i("memory_total_bytes"),
-            memory_allocated_bytes=i("allocated_memory_bytes"),
-            memory_paused_bytes=i("paused_allocated_memory_bytes"),
-            memory_reserved_bytes=i("pending_memory_bytes"),
-            memory_projected_bytes=i("allocated_memory_bytes")
-            + i("paused_allocated_memory_bytes") + i("pending_memory_bytes"),
-            sandbox_count=i("sandbox_count"), sandbox_starting_count=i("sandbox_starting_count"),
-            paused_sandbox_count=i("paused_sandbox_count"),
-            pending_reservations=i("pending_count"), cpu_percent=i("cpu_percent"),
-            memory_used_bytes=i("memory_used_bytes"), lingering=f.get("lingering") == "1",
-            static=f.get("static") == "1", cluster_id=f.get("cluster_id", ""),
-            service_instance_id=f.get("service_instance_id", ""), generation=i("generation"),
-            restarts=i("restarts"), last_seen_ms=last_seen,
-            heartbeat_age_ms=None if last_seen is None else now - last_seen,
-            ceilings=ceilings))
+        views.append(
+            NodeView(
+                node_id=f["node_id"],
+                endpoint=f.get("endpoint", ""),
+                status=f["derived_status"],
+                reason=f.get("reason") or None,
+                pressure=float(f["pressure"]),
+                known_capacity=f["known"] == "1",
+                cpu_capacity=i("cpu_count"),
+                cpu_allocated=i("allocated_cpu"),
+                cpu_paused=i("paused_allocated_cpu"),
+                cpu_reserved=i("pending_cpu"),
+                cpu_projected=i("allocated_cpu") + i("paused_allocated_cpu") + i("pending_cpu"),
+                memory_capacity_bytes=i("memory_total_bytes"),
+                memory_allocated_bytes=i("allocated_memory_bytes"),
+                memory_paused_bytes=i("paused_allocated_memory_bytes"),
+                memory_reserved_bytes=i("pending_memory_bytes"),
+                memory_projected_bytes=i("allocated_memory_bytes")
+                + i("paused_allocated_memory_bytes")
+                + i("pending_memory_bytes"),
+                sandbox_count=i("sandbox_count"),
+                sandbox_starting_count=i("sandbox_starting_count"),
+                paused_sandbox_count=i("paused_sandbox_count"),
+                pending_reservations=i("pending_count"),
+                cpu_percent=i("cpu_percent"),
+                memory_used_bytes=i("memory_used_bytes"),
+                lingering=f.get("lingering") == "1",
+                static=f.get("static") == "1",
+                cluster_id=f.get("cluster_id", ""),
+                service_instance_id=f.get("service_instance_id", ""),
+                generation=i("generation"),
+                restarts=i("restarts"),
+                last_seen_ms=last_seen,
+                heartbeat_age_ms=None if last_seen is None else now - last_seen,
+                ceilings=ceilings,
+            )
+        )
         for key, value in f.items():
             if key.startswith("use:"):
                 name = key[4:]
                 limit = int(f[f"limit:{name}"])
                 used = int(value)
-                ceilings.append(CeilingUse(name=name, limit=limit, used=used,
-                                           headroom=_headroom(name, limit, used, f)))
+                ceilings.append(
+                    CeilingUse(
+                        name=name, limit=limit, used=used, headroom=_headroom(name, limit, used, f)
+                    )
+                )
         ceilings.sort(key=lambda c: CEILING_NAMES.index(c.name))
     return now, views
 
 
 def parse_reservation(f: dict[str, str]) -> Reservation:
     return Reservation(
-        reservation_id=f["reservation_id"], node_id=f["node_id"], state=f["state"],
-        cpu=int(f["cpu"]), memory_bytes=int(f["memory_bytes"]), created_ms=int(f["created_ms"]),
-        expires_ms=int(f["expires_ms"]), sandbox_id=f.get("sandbox_id") or None,
+        reservation_id=f["reservation_id"],
+        node_id=f["node_id"],
+        state=f["state"],
+        cpu=int(f["cpu"]),
+        memory_bytes=int(f["memory_bytes"]),
+        created_ms=int(f["created_ms"]),
+        expires_ms=int(f["expires_ms"]),
+        sandbox_id=f.get("sandbox_id") or None,
         ended_ms=opt_int(f.get("ended_ms")),
-        pressure=float(f["pressure"]) if f.get("pressure") else None)
-
+        pressure=float(f["pressure"]) if f.get("pressure") else None,
+    )
 
 
 _disks = msgspec.json.Decoder(list[DiskMetric])
@@ -141,8 +189,14 @@ _disks = msgspec.json.Decoder(list[DiskMetric])
 
 def parse_listed(r: list[Any]) -> list[ListedNode]:
     """lua/observed-5.lua in its brief form."""
-    return [ListedNode(node_id=f.get("node_id", ""), endpoint=f.get("endpoint", ""),
-                       status=f.get("derived_status", "")) for f in map(pairs, r[1:])]
+    return [
+        ListedNode(
+            node_id=f.get("node_id", ""),
+            endpoint=f.get("endpoint", ""),
+            status=f.get("derived_status", ""),
+        )
+        for f in map(pairs, r[1:])
+    ]
 
 
 def parse_observed(r: list[Any]) -> list[ObservedNode]:
@@ -161,12 +215,19 @@ def observed_node(f: dict[str, str]) -> ObservedNode:
     except msgspec.DecodeError:
         disks = []
     status = f.get("derived_status", "")
-    snapshot = NodeSnapshot(status=cast(Status, status if status in NODE_STATUSES
-                                        else "UNSPECIFIED"),
-                            disks=disks, **{name: i(name) for name in snapshot_numbers()})
+    snapshot = NodeSnapshot(
+        status=cast(Status, status if status in NODE_STATUSES else "UNSPECIFIED"),
+        disks=disks,
+        **{name: i(name) for name in snapshot_numbers()},
+    )
     return ObservedNode(
-        node_id=f.get("node_id", ""), endpoint=f.get("endpoint", ""),
-        cluster_id=f.get("cluster_id", ""), service_instance_id=f.get("service_instance_id", ""),
-        version=f.get("version", ""), commit=f.get("commit", ""),
+        node_id=f.get("node_id", ""),
+        endpoint=f.get("endpoint", ""),
+        cluster_id=f.get("cluster_id", ""),
+        service_instance_id=f.get("service_instance_id", ""),
+        version=f.get("version", ""),
+        commit=f.get("commit", ""),
         machine_info=MachineInfo(**{n: f.get(n, "") for n in MachineInfo.__struct_fields__}),
-        snapshot=snapshot, last_seen_unix_ms=i("last_seen_ms"))
+        snapshot=snapshot,
+        last_seen_unix_ms=i("last_seen_ms"),
+    )

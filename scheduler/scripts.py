@@ -76,8 +76,9 @@ def generated_includes() -> dict[str, str]:
 def _files() -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
     """(include name -> text, script name -> (number of KEYS, text))."""
     root = resources.files("scheduler.lua")
-    includes = {f.name[:-4]: f.read_text() for f in (root / "includes").iterdir()
-                if f.name.endswith(".lua")}
+    includes = {
+        f.name[:-4]: f.read_text() for f in (root / "includes").iterdir() if f.name.endswith(".lua")
+    }
     includes.update(generated_includes())
     scripts: dict[str, tuple[int, str]] = {}
     for entry in root.iterdir():
@@ -91,8 +92,13 @@ def _include_path(name: str) -> str:
     return f"lua/includes/{name}.lua"
 
 
-def _order(text: str, includes: dict[str, str], out: list[str], where: str = "a script",
-           chain: tuple[tuple[str, int], ...] = ()) -> list[str]:
+def _order(
+    text: str,
+    includes: dict[str, str],
+    out: list[str],
+    where: str = "a script",
+    chain: tuple[tuple[str, int], ...] = (),
+) -> list[str]:
     """Append the includes ``text`` (the file ``where``) needs to ``out``,
     dependencies first, once each.  ``chain``: the (file, line) includes that
     led here."""
@@ -104,8 +110,10 @@ def _order(text: str, includes: dict[str, str], out: list[str], where: str = "a 
         if path in (f for f, _ in here):
             raise IncludeError(f"{where} line {here[-1][1]}: include cycle: {steps} -> {path}")
         if name not in includes:
-            raise IncludeError(f"{where} line {here[-1][1]}: includes {name!r}, which is not "
-                               f"in lua/includes/ (chain: {steps})")
+            raise IncludeError(
+                f"{where} line {here[-1][1]}: includes {name!r}, which is not "
+                f"in lua/includes/ (chain: {steps})"
+            )
         if name not in out:
             _order(includes[name], includes, out, path, here)
             if name not in out:
@@ -157,8 +165,10 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
     functions = {name: f"{lib}_{name}" for name in bodies}
     parts = [f"#!lua name={lib}\n", body]
     for name, text in bodies.items():
-        parts.append(f"redis.register_function('{functions[name]}', function(keys, args)\n"
-                     f"bind_call(keys, args)\n{text}\nend)\n")
+        parts.append(
+            f"redis.register_function('{functions[name]}', function(keys, args)\n"
+            f"bind_call(keys, args)\n{text}\nend)\n"
+        )
     return Library(lib, "".join(parts), functions)
 
 
@@ -242,8 +252,7 @@ class ScriptRegistry(_Registry):
             except redis.exceptions.ResponseError as e:
                 self._load_failed(e)
 
-    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any],
-             client: Any = None) -> Any:
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], client: Any = None) -> Any:
         """Run script `name`; with `client` (a pipeline) only queue it."""
         if self.mode is None and client is not None:
             self._load()  # a pipeline cannot recover from "Function not found"
@@ -270,8 +279,9 @@ class ScriptRegistry(_Registry):
                 raise self._evalsha_refused(e) from None
         return self.client.execute_command(*self._command(name, keys, args))
 
-    def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int,
-                   timeout_ms: int) -> tuple[Any, int]:
+    def call_acked(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
         """Run script `name`, then ``WAIT replicas timeout_ms`` on the same
         connection: (its reply, how many Redis replicas acknowledged it)."""
         if self.mode is None:
@@ -281,8 +291,12 @@ class ScriptRegistry(_Registry):
             self.call(name, keys, args, pipe)
             pipe.execute_command("WAIT", replicas, timeout_ms)
             reply, acked = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.ResponseError) and attempt == 1 and \
-                    self.mode == FUNCTION and not self._answered(reply):
+            if (
+                isinstance(reply, redis.exceptions.ResponseError)
+                and attempt == 1
+                and self.mode == FUNCTION
+                and not self._answered(reply)
+            ):
                 self._load()  # the server lost the library: load it, send again
                 continue
             if isinstance(reply, Exception):
@@ -295,6 +309,7 @@ class ScriptRegistry(_Registry):
     def __getitem__(self, name: str) -> Any:
         def run(keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
             return self.call(name, keys, args, client)
+
         return run
 
 
@@ -325,8 +340,7 @@ class AsyncScriptRegistry(_Registry):
             await self.client.initialize()  # (knows no primaries before its first call)
         for target in _targets(self.client):
             try:
-                await self.client.execute_command("FUNCTION", "LOAD", self.library.text,
-                                                  **target)
+                await self.client.execute_command("FUNCTION", "LOAD", self.library.text, **target)
                 self.mode = FUNCTION
             except redis.exceptions.ResponseError as e:
                 self._load_failed(e)
@@ -355,8 +369,9 @@ class AsyncScriptRegistry(_Registry):
             return await self.scripts[name](keys=keys, args=args)
         return await self.client.execute_command(*self._command(name, keys, args))
 
-    async def call_acked(self, name: str, keys: Sequence[Any], args: Sequence[Any],
-                         replicas: int, timeout_ms: int) -> tuple[Any, int]:
+    async def call_acked(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
         """Run script `name`, then ``WAIT replicas timeout_ms`` on the same
         connection: (its reply, how many Redis replicas acknowledged it)."""
         if self.mode is None:
@@ -369,8 +384,12 @@ class AsyncScriptRegistry(_Registry):
                 pipe.execute_command(*self._command(name, keys, args))
             pipe.execute_command("WAIT", replicas, timeout_ms)
             reply, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.ResponseError) and attempt == 1 and \
-                    self.mode == FUNCTION and not self._answered(reply):
+            if (
+                isinstance(reply, redis.exceptions.ResponseError)
+                and attempt == 1
+                and self.mode == FUNCTION
+                and not self._answered(reply)
+            ):
                 await self._load()  # the server lost the library: load it, send again
                 continue
             if isinstance(reply, Exception):
@@ -383,4 +402,5 @@ class AsyncScriptRegistry(_Registry):
     def __getitem__(self, name: str) -> Any:
         def run(keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
             return self.call(name, keys, args)
+
         return run

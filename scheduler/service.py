@@ -79,11 +79,12 @@ STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
 
 #: wire enum value <-> name, for every name of the catalog (NODE_STATUS_<name>)
 NODE_STATUS_NAMES: dict[pb.NodeStatus, str] = {
-    cast(pb.NodeStatus, pb.NodeStatus.Value(f"NODE_STATUS_{name}")): name
-    for name in NODE_STATUSES}
+    cast(pb.NodeStatus, pb.NodeStatus.Value(f"NODE_STATUS_{name}")): name for name in NODE_STATUSES
+}
 NODE_STATUS_VALUES = {name: value for value, name in NODE_STATUS_NAMES.items()}
 EVENT_NAMES: dict[int, str] = {
-    pb.SandboxEventType.Value(f"SANDBOX_EVENT_TYPE_{name}"): name for name in EVENT_TYPES}
+    pb.SandboxEventType.Value(f"SANDBOX_EVENT_TYPE_{name}"): name for name in EVENT_TYPES
+}
 
 
 def status_of(e: SchedulerError) -> grpc.StatusCode:
@@ -111,22 +112,38 @@ def heartbeat_of(req: pb.HeartbeatRequest, endpoint: str) -> Heartbeat:
     at_most("snapshot.disks", snap.disks, MAX_DISKS)
     if endpoint.strip():
         endpoint = valid_endpoint(ENDPOINT_METADATA, endpoint)
-    disks = [DiskMetric(
-        mount_point=text(f"snapshot.disks[{i}].mount_point", d.mount_point),
-        device=text(f"snapshot.disks[{i}].device", d.device),
-        filesystem_type=text(f"snapshot.disks[{i}].filesystem_type", d.filesystem_type),
-        used_bytes=d.used_bytes, total_bytes=d.total_bytes) for i, d in enumerate(snap.disks)]
+    disks = [
+        DiskMetric(
+            mount_point=text(f"snapshot.disks[{i}].mount_point", d.mount_point),
+            device=text(f"snapshot.disks[{i}].device", d.device),
+            filesystem_type=text(f"snapshot.disks[{i}].filesystem_type", d.filesystem_type),
+            used_bytes=d.used_bytes,
+            total_bytes=d.total_bytes,
+        )
+        for i, d in enumerate(snap.disks)
+    ]
     mi = req.machine_info
     return Heartbeat(
-        node_id=req.node_id, service_instance_id=req.service_instance_id,
-        cluster_id=req.cluster_id, version=req.version, commit=req.commit,
+        node_id=req.node_id,
+        service_instance_id=req.service_instance_id,
+        cluster_id=req.cluster_id,
+        version=req.version,
+        commit=req.commit,
         machine_info=MachineInfo(
-            cpu_family=mi.cpu_family, cpu_model=mi.cpu_model, cpu_model_name=mi.cpu_model_name,
-            cpu_architecture=mi.cpu_architecture, cpu_config_json=mi.cpu_config_json),
-        snapshot=NodeSnapshot(status=cast(Status, status), disks=disks,
-                              **{name: getattr(snap, name) for name in snapshot_numbers()}),
+            cpu_family=mi.cpu_family,
+            cpu_model=mi.cpu_model,
+            cpu_model_name=mi.cpu_model_name,
+            cpu_architecture=mi.cpu_architecture,
+            cpu_config_json=mi.cpu_config_json,
+        ),
+        snapshot=NodeSnapshot(
+            status=cast(Status, status),
+            disks=disks,
+            **{name: getattr(snap, name) for name in snapshot_numbers()},
+        ),
         sandbox_ids=list(req.sandbox_ids),
-        p2p_backend=req.p2p_endpoint.backend, p2p_address=req.p2p_endpoint.address,
+        p2p_backend=req.p2p_endpoint.backend,
+        p2p_address=req.p2p_endpoint.address,
         endpoint=endpoint,
     )
 
@@ -144,8 +161,9 @@ def request_of(req: pb.ScheduleRequest) -> Request:
         if cold.cpu_count > MAX_CPU:
             raise InvalidArgument("hint.new_cold_sandbox.cpu_count", f"must be at most {MAX_CPU}")
         if cold.memory_mb * MIB > MAX_BYTES:
-            raise InvalidArgument("hint.new_cold_sandbox.memory_mb",
-                                  f"must be at most {MAX_BYTES // MIB}")
+            raise InvalidArgument(
+                "hint.new_cold_sandbox.memory_mb", f"must be at most {MAX_BYTES // MIB}"
+            )
         return Request.cold(cold.cpu_count, cold.memory_mb)
     if kind == "new_sandbox":
         _metadata_map("hint.new_sandbox.metadata", req.hint.new_sandbox.metadata)
@@ -165,12 +183,18 @@ def events_of(req: pb.ReportSandboxEventRequest) -> list[SandboxEvent]:
     for i, ev in enumerate(req.events):
         name = EVENT_NAMES.get(ev.event_type)
         if name is None:
-            raise InvalidArgument(f"events[{i}].event_type", f"is not an event type: "
-                                  f"{ev.event_type}")
-        out.append(SandboxEvent(sandbox_id=ev.sandbox_id, event_type=name,  # type: ignore[arg-type]
-                                requested_cpu=ev.requested_cpu,
-                                requested_memory_bytes=ev.requested_memory_bytes,
-                                requested_disk_bytes=ev.requested_disk_bytes))
+            raise InvalidArgument(
+                f"events[{i}].event_type", f"is not an event type: {ev.event_type}"
+            )
+        out.append(
+            SandboxEvent(
+                sandbox_id=ev.sandbox_id,
+                event_type=name,  # type: ignore[arg-type]
+                requested_cpu=ev.requested_cpu,
+                requested_memory_bytes=ev.requested_memory_bytes,
+                requested_disk_bytes=ev.requested_disk_bytes,
+            )
+        )
     return out
 
 
@@ -180,10 +204,18 @@ def events_of(req: pb.ReportSandboxEventRequest) -> list[SandboxEvent]:
 def snapshot_proto(snap: NodeSnapshot) -> pb.NodeSnapshot:
     return pb.NodeSnapshot(
         status=NODE_STATUS_VALUES.get(snap.status, pb.NODE_STATUS_UNSPECIFIED),
-        disks=[pb.DiskMetric(mount_point=d.mount_point, device=d.device,
-                             filesystem_type=d.filesystem_type, used_bytes=d.used_bytes,
-                             total_bytes=d.total_bytes) for d in snap.disks],
-        **{name: getattr(snap, name) for name in snapshot_numbers()})
+        disks=[
+            pb.DiskMetric(
+                mount_point=d.mount_point,
+                device=d.device,
+                filesystem_type=d.filesystem_type,
+                used_bytes=d.used_bytes,
+                total_bytes=d.total_bytes,
+            )
+            for d in snap.disks
+        ],
+        **{name: getattr(snap, name) for name in snapshot_numbers()},
+    )
 
 
 def machine_proto(mi: MachineInfo) -> pb.MachineInfo:
@@ -192,36 +224,55 @@ def machine_proto(mi: MachineInfo) -> pb.MachineInfo:
 
 def observed_proto(n: ObservedNode) -> pb.ObservedNode:
     return pb.ObservedNode(
-        node_id=n.node_id, endpoint=n.endpoint, cluster_id=n.cluster_id,
-        service_instance_id=n.service_instance_id, version=n.version, commit=n.commit,
-        machine_info=machine_proto(n.machine_info), snapshot=snapshot_proto(n.snapshot),
-        last_seen_unix_ms=n.last_seen_unix_ms)
+        node_id=n.node_id,
+        endpoint=n.endpoint,
+        cluster_id=n.cluster_id,
+        service_instance_id=n.service_instance_id,
+        version=n.version,
+        commit=n.commit,
+        machine_info=machine_proto(n.machine_info),
+        snapshot=snapshot_proto(n.snapshot),
+        last_seen_unix_ms=n.last_seen_unix_ms,
+    )
 
 
 def heartbeat_request(hb: Heartbeat) -> pb.HeartbeatRequest:
     """The request a runtime node sends for ``hb`` (its endpoint goes as
     ``x-node-endpoint`` metadata): what simulated nodes send over gRPC."""
     return pb.HeartbeatRequest(
-        node_id=hb.node_id, cluster_id=hb.cluster_id,
-        service_instance_id=hb.service_instance_id, version=hb.version, commit=hb.commit,
-        machine_info=machine_proto(hb.machine_info), snapshot=snapshot_proto(hb.snapshot),
+        node_id=hb.node_id,
+        cluster_id=hb.cluster_id,
+        service_instance_id=hb.service_instance_id,
+        version=hb.version,
+        commit=hb.commit,
+        machine_info=machine_proto(hb.machine_info),
+        snapshot=snapshot_proto(hb.snapshot),
         sandbox_ids=hb.sandbox_ids,
-        p2p_endpoint=pb.P2pEndpoint(backend=hb.p2p_backend, address=hb.p2p_address))
+        p2p_endpoint=pb.P2pEndpoint(backend=hb.p2p_backend, address=hb.p2p_address),
+    )
 
 
 def _peers(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
-    return [pb.P2pPeer(node_id=p.node_id,
-                       endpoint=pb.P2pEndpoint(backend=p.backend, address=p.address))
-            for p in peers]
+    return [
+        pb.P2pPeer(node_id=p.node_id, endpoint=pb.P2pEndpoint(backend=p.backend, address=p.address))
+        for p in peers
+    ]
 
 
 # ---------------------------------------------------------------------------
 # The servicer
 # ---------------------------------------------------------------------------
 class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
-    def __init__(self, sched: AsyncScheduler, metrics: Metrics, *, strategy: str,
-                 artifact_store_capacity: int, artifact_lookup_node_limit: int,
-                 on_unavailable: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        sched: AsyncScheduler,
+        metrics: Metrics,
+        *,
+        strategy: str,
+        artifact_store_capacity: int,
+        artifact_lookup_node_limit: int,
+        on_unavailable: Callable[[], None] = lambda: None,
+    ) -> None:
         self.sched = sched
         self.metrics = metrics
         self.strategy = strategy
@@ -244,8 +295,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             self.metrics.redis_errors.inc()
             self.on_unavailable()
 
-    async def _serve(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any],
-                     work: Callable[[], Awaitable[T]]) -> T:
+    async def _serve(
+        self,
+        rpc: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        work: Callable[[], Awaitable[T]],
+    ) -> T:
         start = time.perf_counter()
         try:
             with self.sched.scoped(timeout=context.time_remaining(), observe=self._metered):
@@ -255,8 +310,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self._rpc_seconds(rpc, "OK").observe(time.perf_counter() - start)
         return result
 
-    async def _fail(self, rpc: str, context: grpc.aio.ServicerContext[Any, Any], start: float,
-                    e: Exception) -> NoReturn:
+    async def _fail(
+        self, rpc: str, context: grpc.aio.ServicerContext[Any, Any], start: float, e: Exception
+    ) -> NoReturn:
         """Answer the call with ``e``'s status code (INTERNAL, logged, for what
         is not a SchedulerError)."""
         if isinstance(e, SchedulerError):
@@ -286,8 +342,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         return series
 
     # -- placement ---------------------------------------------------------
-    async def Schedule(self, request: pb.ScheduleRequest,
-                       context: grpc.aio.ServicerContext[Any, Any]) -> pb.ScheduleResponse:
+    async def Schedule(
+        self, request: pb.ScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ScheduleResponse:
         # _serve written out: this is the call a replica answers most
         start = time.perf_counter()
         try:
@@ -297,8 +354,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                 try:
                     placed = await self._place(req, context)
                 except SchedulerError as e:
-                    self.metrics.schedule_duration.labels(self.strategy, status_of(e).name) \
-                        .observe(time.perf_counter() - placing)
+                    self.metrics.schedule_duration.labels(self.strategy, status_of(e).name).observe(
+                        time.perf_counter() - placing
+                    )
                     raise
         except Exception as e:
             await self._fail("Schedule", context, start, e)
@@ -319,11 +377,15 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             if len(self._answers) >= ANSWERS_KEPT:
                 self._answers.clear()  # nodes came and went: start over
             answer = self._answers[key] = pb.ScheduleResponse(
-                node=pb.Node(node_id=node_id, endpoint=endpoint))
+                node=pb.Node(node_id=node_id, endpoint=endpoint)
+            )
         return answer
 
-    async def _place(self, req: Request, context: grpc.aio.ServicerContext[Any, Any],
-                     ) -> Placement:
+    async def _place(
+        self,
+        req: Request,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Placement:
         """Schedule within the caller's deadline.  A caller that is gone by the
         time its reservation exists gets it cancelled (by the library when the
         call is cut short, here when the answer can no longer be delivered)."""
@@ -332,8 +394,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         if rid:
             if context.cancelled() or context.done():
                 self.sched.forget(rid)
-                raise StoreUnavailable("the caller gave up before its placement was answered; "
-                                       "its reservation is cancelled")
+                raise StoreUnavailable(
+                    "the caller gave up before its placement was answered; "
+                    "its reservation is cancelled"
+                )
+
             # the answer may still not reach a caller that gives up now
             def undelivered(ctx: grpc.aio.ServicerContext[Any, Any]) -> None:
                 if ctx.cancelled():
@@ -342,19 +407,23 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             context.add_done_callback(undelivered)
         return placed
 
-    async def RecordAssignment(self, request: pb.RecordAssignmentRequest,
-                               context: grpc.aio.ServicerContext[Any, Any],
-                               ) -> pb.RecordAssignmentResponse:
+    async def RecordAssignment(
+        self,
+        request: pb.RecordAssignmentRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.RecordAssignmentResponse:
         async def work() -> pb.RecordAssignmentResponse:
             rid = _metadata(context, RESERVATION_METADATA).strip() or None
-            await self.sched.assign(request.sandbox_id, request.node.node_id,
-                                    request.node.endpoint, rid)
+            await self.sched.assign(
+                request.sandbox_id, request.node.node_id, request.node.endpoint, rid
+            )
             return pb.RecordAssignmentResponse()
 
         return await self._serve("RecordAssignment", context, work)
 
-    async def LookupNode(self, request: pb.LookupNodeRequest,
-                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.LookupNodeResponse:
+    async def LookupNode(
+        self, request: pb.LookupNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.LookupNodeResponse:
         async def work() -> pb.LookupNodeResponse:
             b = await self.sched.lookup(request.sandbox_id)
             return pb.LookupNodeResponse(node=pb.Node(node_id=b.node_id, endpoint=b.endpoint))
@@ -362,8 +431,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         return await self._serve("LookupNode", context, work)
 
     # -- nodes -------------------------------------------------------------
-    async def Heartbeat(self, request: pb.HeartbeatRequest,
-                        context: grpc.aio.ServicerContext[Any, Any]) -> pb.HeartbeatResponse:
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.HeartbeatResponse:
         async def work() -> pb.HeartbeatResponse:
             hb = heartbeat_of(request, _metadata(context, ENDPOINT_METADATA))
             result = await self.sched.heartbeat(hb, cpu_config=True)
@@ -371,44 +441,53 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
 
         return await self._serve("Heartbeat", context, work)
 
-    async def ReportSandboxEvent(self, request: pb.ReportSandboxEventRequest,
-                                 context: grpc.aio.ServicerContext[Any, Any],
-                                 ) -> pb.ReportSandboxEventResponse:
+    async def ReportSandboxEvent(
+        self,
+        request: pb.ReportSandboxEventRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.ReportSandboxEventResponse:
         async def work() -> pb.ReportSandboxEventResponse:
             await self.sched.events(request.node_id, events_of(request))
             return pb.ReportSandboxEventResponse()
 
         return await self._serve("ReportSandboxEvent", context, work)
 
-    async def ListNodes(self, request: pb.ListNodesRequest,
-                        context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListNodesResponse:
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListNodesResponse:
         async def work() -> pb.ListNodesResponse:
             listed = await self.sched.list_nodes()
-            return pb.ListNodesResponse(nodes=[
-                pb.Node(node_id=n.node_id, endpoint=n.endpoint) for n in listed])
+            return pb.ListNodesResponse(
+                nodes=[pb.Node(node_id=n.node_id, endpoint=n.endpoint) for n in listed]
+            )
 
         return await self._serve("ListNodes", context, work)
 
-    async def ListObservedNodes(self, request: pb.ListObservedNodesRequest,
-                                context: grpc.aio.ServicerContext[Any, Any],
-                                ) -> pb.ListObservedNodesResponse:
+    async def ListObservedNodes(
+        self,
+        request: pb.ListObservedNodesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.ListObservedNodesResponse:
         async def work() -> pb.ListObservedNodesResponse:
             nodes = await self.sched.observed_nodes(request.cluster_id)
             return pb.ListObservedNodesResponse(nodes=[observed_proto(n) for n in nodes])
 
         return await self._serve("ListObservedNodes", context, work)
 
-    async def GetNode(self, request: pb.GetNodeRequest,
-                      context: grpc.aio.ServicerContext[Any, Any]) -> pb.GetNodeResponse:
+    async def GetNode(
+        self, request: pb.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetNodeResponse:
         async def work() -> pb.GetNodeResponse:
             node = await self.sched.observed_node(request.node_id, request.cluster_id)
             return pb.GetNodeResponse(node=observed_proto(node))
 
         return await self._serve("GetNode", context, work)
 
-    async def UnregisterNode(self, request: pb.UnregisterNodeRequest,
-                             context: grpc.aio.ServicerContext[Any, Any],
-                             ) -> pb.UnregisterNodeResponse:
+    async def UnregisterNode(
+        self,
+        request: pb.UnregisterNodeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.UnregisterNodeResponse:
         async def work() -> pb.UnregisterNodeResponse:
             await self.sched.unregister(request.node_id, request.service_instance_id)
             return pb.UnregisterNodeResponse()
@@ -416,43 +495,58 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         return await self._serve("UnregisterNode", context, work)
 
     # -- P2P ---------------------------------------------------------------
-    async def ListP2pPeers(self, request: pb.ListP2pPeersRequest,
-                           context: grpc.aio.ServicerContext[Any, Any],
-                           ) -> pb.ListP2pPeersResponse:
+    async def ListP2pPeers(
+        self,
+        request: pb.ListP2pPeersRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.ListP2pPeersResponse:
         async def work() -> pb.ListP2pPeersResponse:
-            peers = await self.sched.peers(request.cluster_id, request.backend,
-                                           request.exclude_node_id)
+            peers = await self.sched.peers(
+                request.cluster_id, request.backend, request.exclude_node_id
+            )
             return pb.ListP2pPeersResponse(peers=_peers(peers))
 
         return await self._serve("ListP2pPeers", context, work)
 
-    async def RecordP2pArtifact(self, request: pb.RecordP2pArtifactRequest,
-                                context: grpc.aio.ServicerContext[Any, Any],
-                                ) -> pb.RecordP2pArtifactResponse:
+    async def RecordP2pArtifact(
+        self,
+        request: pb.RecordP2pArtifactRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.RecordP2pArtifactResponse:
         async def work() -> pb.RecordP2pArtifactResponse:
-            await self.sched.record_artifact(request.cluster_id, request.backend, request.key,
-                                             request.node_id, self.capacity)
+            await self.sched.record_artifact(
+                request.cluster_id, request.backend, request.key, request.node_id, self.capacity
+            )
             return pb.RecordP2pArtifactResponse()
 
         return await self._serve("RecordP2pArtifact", context, work)
 
-    async def ForgetP2pArtifact(self, request: pb.ForgetP2pArtifactRequest,
-                                context: grpc.aio.ServicerContext[Any, Any],
-                                ) -> pb.ForgetP2pArtifactResponse:
+    async def ForgetP2pArtifact(
+        self,
+        request: pb.ForgetP2pArtifactRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.ForgetP2pArtifactResponse:
         async def work() -> pb.ForgetP2pArtifactResponse:
-            await self.sched.forget_artifact(request.cluster_id, request.backend, request.key,
-                                             request.node_id)
+            await self.sched.forget_artifact(
+                request.cluster_id, request.backend, request.key, request.node_id
+            )
             return pb.ForgetP2pArtifactResponse()
 
         return await self._serve("ForgetP2pArtifact", context, work)
 
-    async def LookupP2pArtifact(self, request: pb.LookupP2pArtifactRequest,
-                                context: grpc.aio.ServicerContext[Any, Any],
-                                ) -> pb.LookupP2pArtifactResponse:
+    async def LookupP2pArtifact(
+        self,
+        request: pb.LookupP2pArtifactRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.LookupP2pArtifactResponse:
         async def work() -> pb.LookupP2pArtifactResponse:
             peers = await self.sched.lookup_artifact(
-                request.cluster_id, request.backend, request.key, request.exclude_node_id,
-                self.lookup_limit)
+                request.cluster_id,
+                request.backend,
+                request.key,
+                request.exclude_node_id,
+                self.lookup_limit,
+            )
             return pb.LookupP2pArtifactResponse(peers=_peers(peers))
 
         return await self._serve("LookupP2pArtifact", context, work)

@@ -53,10 +53,21 @@ class SimNode:
     starts, then runs (0: it runs at once / stays).
     """
 
-    def __init__(self, node_id: str, cpu: int, memory_bytes: int, *, endpoint: str = "",
-                 instance: str = "boot-1", cluster_id: str = "", busy_percent: int = 50,
-                 memory_used_percent: int = 50, starting_s: float = 0.0,
-                 lifetime_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        cpu: int,
+        memory_bytes: int,
+        *,
+        endpoint: str = "",
+        instance: str = "boot-1",
+        cluster_id: str = "",
+        busy_percent: int = 50,
+        memory_used_percent: int = 50,
+        starting_s: float = 0.0,
+        lifetime_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node_id = node_id
         self.cpu = cpu
         self.memory_bytes = memory_bytes
@@ -95,8 +106,9 @@ class SimNode:
             return len(self.sandboxes)
 
     def _expire(self, now: float) -> None:
-        for sid in [s for s, sb in self.sandboxes.items()
-                    if sb.ends_at is not None and sb.ends_at <= now]:
+        for sid in [
+            s for s, sb in self.sandboxes.items() if sb.ends_at is not None and sb.ends_at <= now
+        ]:
             del self.sandboxes[sid]
 
     # -- what happens to it ----------------------------------------------------
@@ -107,8 +119,11 @@ class SimNode:
             self._expire(now)
             running_at = now + self.starting_s
             self.sandboxes[sandbox_id] = Sandbox(
-                cpu, memory_bytes, running_at,
-                running_at + self.lifetime_s if self.lifetime_s > 0 else None)
+                cpu,
+                memory_bytes,
+                running_at,
+                running_at + self.lifetime_s if self.lifetime_s > 0 else None,
+            )
             self.create_successes += 1
             self.peak_sandboxes = max(self.peak_sandboxes, len(self.sandboxes))
             self.peak_pressure = max(self.peak_pressure, self.pressure())
@@ -128,21 +143,36 @@ class SimNode:
             now = self.clock()
             self._expire(now)
             starting = sum(1 for s in self.sandboxes.values() if s.running_at > now)
-            return Observed(tuple(self.sandboxes), starting, self.allocated_cpu,
-                            self.allocated_memory_bytes, self.create_successes, self.create_fails)
+            return Observed(
+                tuple(self.sandboxes),
+                starting,
+                self.allocated_cpu,
+                self.allocated_memory_bytes,
+                self.create_successes,
+                self.create_fails,
+            )
 
     def heartbeat(self, seen: Observed | None = None, roster: bool = True) -> Heartbeat:
         """The heartbeat this node sends, reporting ``seen`` (default: now);
         ``roster`` False: a node in counter mode (no roster)."""
         o = seen or self.observe()
         return Heartbeat(
-            node_id=self.node_id, service_instance_id=self.instance, cluster_id=self.cluster_id,
+            node_id=self.node_id,
+            service_instance_id=self.instance,
+            cluster_id=self.cluster_id,
             endpoint=self.endpoint,
             snapshot=NodeSnapshot(
-                status="READY", cpu_count=self.cpu, memory_total_bytes=self.memory_bytes,
-                allocated_cpu=o.allocated_cpu, allocated_memory_bytes=o.allocated_memory_bytes,
+                status="READY",
+                cpu_count=self.cpu,
+                memory_total_bytes=self.memory_bytes,
+                allocated_cpu=o.allocated_cpu,
+                allocated_memory_bytes=o.allocated_memory_bytes,
                 cpu_percent=min(100, o.allocated_cpu * self.busy_percent // max(1, self.cpu)),
                 memory_used_bytes=o.allocated_memory_bytes * self.memory_used_percent // 100,
-                sandbox_count=len(o.sandboxes) - o.starting, sandbox_starting_count=o.starting,
-                create_successes=o.create_successes, create_fails=o.create_fails),
-            sandbox_ids=list(o.sandboxes) if roster else [])
+                sandbox_count=len(o.sandboxes) - o.starting,
+                sandbox_starting_count=o.starting,
+                create_successes=o.create_successes,
+                create_fails=o.create_fails,
+            ),
+            sandbox_ids=list(o.sandboxes) if roster else [],
+        )

@@ -72,7 +72,8 @@ def parse_shapes(text: str) -> tuple[NodeShape, ...]:
         m = _SHAPE.fullmatch(part.strip())
         if not m:
             raise InvalidArgument(
-                "node_shapes", f"entry {part.strip()!r} is not CPUxMEMORY (like 16x32G or 8x16384)")
+                "node_shapes", f"entry {part.strip()!r} is not CPUxMEMORY (like 16x32G or 8x16384)"
+            )
         mem = int(m["mem"]) * (1024 if m["unit"][:1].upper() == "G" else 1)
         shapes.append(NodeShape(cpu=int(m["cpu"]), memory_mb=mem))
     return tuple(shapes)
@@ -132,16 +133,22 @@ class Scenario(msgspec.Struct, kw_only=True, frozen=True):
             check(name, 0 <= getattr(self, name) <= 60, "0..60 s")
         check("sandbox_lifetime", self.sandbox_lifetime >= 0, ">= 0 s")
         check("create_fail_rate", 0 <= self.create_fail_rate <= 1, "0..1")
-        check("node_shapes", len(self.node_shapes) > 0
-              and all(s.cpu > 0 and s.memory_mb > 0 for s in self.node_shapes),
-              "non-empty, every cpu and memory > 0")
+        check(
+            "node_shapes",
+            len(self.node_shapes) > 0
+            and all(s.cpu > 0 and s.memory_mb > 0 for s in self.node_shapes),
+            "non-empty, every cpu and memory > 0",
+        )
         return self
 
     def policy(self) -> Policy:
         # Heartbeats of a healthy simulated node are never stale, however short the interval.
         report_ttl = max(30_000, int(20_000 * (self.heartbeat_interval + self.heartbeat_lag)))
-        return Policy(strategy=self.strategy, report_ttl_ms=report_ttl,
-                      limits=Limits(max_sandbox_count=self.max_sandbox_count))
+        return Policy(
+            strategy=self.strategy,
+            report_ttl_ms=report_ttl,
+            limits=Limits(max_sandbox_count=self.max_sandbox_count),
+        )
 
 
 class NodeResult(msgspec.Struct, kw_only=True):
@@ -200,10 +207,16 @@ class _Node:
     def __init__(self, index: int, shape: NodeShape, scenario: Scenario) -> None:
         self.scenario = scenario
         node_id = f"node-{index + 1:02d}"
-        self.sim = SimNode(node_id, shape.cpu, shape.memory_mb * MIB,
-                           endpoint=f"10.0.{index // 250}.{index % 250 + 1}:5007",
-                           instance=f"{node_id}-sim", busy_percent=60, memory_used_percent=70,
-                           lifetime_s=scenario.sandbox_lifetime)
+        self.sim = SimNode(
+            node_id,
+            shape.cpu,
+            shape.memory_mb * MIB,
+            endpoint=f"10.0.{index // 250}.{index % 250 + 1}:5007",
+            instance=f"{node_id}-sim",
+            busy_percent=60,
+            memory_used_percent=70,
+            lifetime_s=scenario.sandbox_lifetime,
+        )
         self.shape = shape
         self.rng = random.Random(f"{scenario.seed}/node/{index}")
         self.placed = 0
@@ -233,8 +246,9 @@ class _Node:
         replica.heartbeat(self.snapshot())
         self.heartbeats += 1
 
-    def heartbeat_loop(self, replica: Scheduler, stop: threading.Event,
-                       errors: Callable[[str], None]) -> None:
+    def heartbeat_loop(
+        self, replica: Scheduler, stop: threading.Event, errors: Callable[[str], None]
+    ) -> None:
         interval, lag = self.scenario.heartbeat_interval, self.scenario.heartbeat_lag
         if stop.wait(self.rng.uniform(0, interval)):  # spread the fleet's phases
             return
@@ -253,11 +267,15 @@ class _Node:
 
     def result(self) -> NodeResult:
         with self.sim.lock:
-            return NodeResult(node_id=self.node_id, cpu_count=self.shape.cpu,
-                              memory_mb=self.shape.memory_mb, placed=self.placed,
-                              sandboxes=len(self.sim.sandboxes),
-                              peak_sandboxes=self.sim.peak_sandboxes,
-                              peak_pressure=self.sim.peak_pressure)
+            return NodeResult(
+                node_id=self.node_id,
+                cpu_count=self.shape.cpu,
+                memory_mb=self.shape.memory_mb,
+                placed=self.placed,
+                sandboxes=len(self.sim.sandboxes),
+                peak_sandboxes=self.sim.peak_sandboxes,
+                peak_pressure=self.sim.peak_pressure,
+            )
 
 
 class _Tally:
@@ -287,8 +305,14 @@ Progress = Callable[[int, int, int], None]
 """Called as (creates done, placed, refused) after each create, from worker threads."""
 
 
-def _gateway(scenario: Scenario, replicas: list[Scheduler], nodes: dict[str, _Node],
-             tally: _Tally, t0: float, on_progress: Progress | None) -> None:
+def _gateway(
+    scenario: Scenario,
+    replicas: list[Scheduler],
+    nodes: dict[str, _Node],
+    tally: _Tally,
+    t0: float,
+    on_progress: Progress | None,
+) -> None:
     req = Request.cold(scenario.cpu, scenario.memory_mb)
     while (i := tally.take(scenario.creates)) is not None:
         if scenario.rate > 0:
@@ -345,8 +369,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def cell_has_state(replica: Scheduler) -> bool:
-    return bool(next(iter(replica.client.scan_iter(match=replica.keys.base + "*", count=100)),
-                     None))
+    return bool(
+        next(iter(replica.client.scan_iter(match=replica.keys.base + "*", count=100)), None)
+    )
 
 
 def reset_cell(replica: Scheduler) -> int:
@@ -367,8 +392,14 @@ def _replicas(url: str | None, cell: str, count: int) -> Iterator[list[Scheduler
             r.close()
 
 
-def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
-        reset: bool = False, on_progress: Progress | None = None) -> SimulationResult:
+def run(
+    scenario: Scenario,
+    url: str | None = None,
+    cell: str = DEFAULT_CELL,
+    *,
+    reset: bool = False,
+    on_progress: Progress | None = None,
+) -> SimulationResult:
     """Run ``scenario`` against ``url`` (None = the embedded store) in ``cell``.
 
     The cell must be empty unless ``reset`` (which deletes every key of the
@@ -386,7 +417,8 @@ def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
                 if not reset:
                     raise FailedPrecondition(
                         f"cell {cell!r} at {first.target} already holds scheduler state; "
-                        "pass --reset (reset=True) to wipe it, or choose another cell")
+                        "pass --reset (reset=True) to wipe it, or choose another cell"
+                    )
                 reset_cell(first)
         except SchedulerError:
             raise
@@ -397,13 +429,15 @@ def run(scenario: Scenario, url: str | None = None, cell: str = DEFAULT_CELL, *,
 
 
 def _unavailable(replica: Scheduler, e: Exception) -> SchedulerError:
-    refused = reply_error(e, replica.target) if isinstance(
-        e, redis.exceptions.ResponseError) else None
+    refused = (
+        reply_error(e, replica.target) if isinstance(e, redis.exceptions.ResponseError) else None
+    )
     return refused or unreachable(replica.target, e)
 
 
-def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,
-         on_progress: Progress | None) -> SimulationResult:
+def _run(
+    scenario: Scenario, replicas: list[Scheduler], cell: str, on_progress: Progress | None
+) -> SimulationResult:
     shapes = scenario.node_shapes
     fleet = [_Node(k, shapes[k % len(shapes)], scenario) for k in range(scenario.nodes)]
     by_id = {n.node_id: n for n in fleet}
@@ -412,13 +446,25 @@ def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,
 
     tally = _Tally()
     stop = threading.Event()
-    beaters = [threading.Thread(target=n.heartbeat_loop, name=f"sim-{n.node_id}",
-                                args=(replicas[k % len(replicas)], stop, tally.error),
-                                daemon=True) for k, n in enumerate(fleet)]
+    beaters = [
+        threading.Thread(
+            target=n.heartbeat_loop,
+            name=f"sim-{n.node_id}",
+            args=(replicas[k % len(replicas)], stop, tally.error),
+            daemon=True,
+        )
+        for k, n in enumerate(fleet)
+    ]
     t0 = time.monotonic()
-    workers = [threading.Thread(target=_gateway, name=f"sim-gateway-{w}",
-                                args=(scenario, replicas, by_id, tally, t0, on_progress),
-                                daemon=True) for w in range(scenario.gateway_workers)]
+    workers = [
+        threading.Thread(
+            target=_gateway,
+            name=f"sim-gateway-{w}",
+            args=(scenario, replicas, by_id, tally, t0, on_progress),
+            daemon=True,
+        )
+        for w in range(scenario.gateway_workers)
+    ]
     try:
         for t in beaters + workers:
             t.start()
@@ -438,17 +484,30 @@ def _run(scenario: Scenario, replicas: list[Scheduler], cell: str,
     hottest = max(results, key=lambda r: r.peak_pressure)
     ceiling = scenario.max_sandbox_count
     return SimulationResult(
-        scenario=scenario, target=replicas[0].target, cell=cell, placed=tally.placed,
-        refused=tally.refused, failed_creates=tally.failed, refusals=dict(tally.refusals),
-        errors=dict(tally.errors), ceiling=ceiling, max_node_count=worst.peak_sandboxes,
+        scenario=scenario,
+        target=replicas[0].target,
+        cell=cell,
+        placed=tally.placed,
+        refused=tally.refused,
+        failed_creates=tally.failed,
+        refusals=dict(tally.refusals),
+        errors=dict(tally.errors),
+        ceiling=ceiling,
+        max_node_count=worst.peak_sandboxes,
         max_node_id=worst.node_id,
         ceiling_held=ceiling == 0 or worst.peak_sandboxes <= ceiling,
-        peak_pressure=round(hottest.peak_pressure, 6), peak_pressure_node=hottest.node_id,
-        settled=settled, pending_after_settle=pending,
+        peak_pressure=round(hottest.peak_pressure, 6),
+        peak_pressure_node=hottest.node_id,
+        settled=settled,
+        pending_after_settle=pending,
         heartbeats=sum(n.heartbeats for n in fleet),
         schedule_p50_ms=_percentile(tally.latencies_ms, 0.5),
         schedule_p99_ms=_percentile(tally.latencies_ms, 0.99),
-        duration_s=round(duration, 3), nodes=results, stats=stats, final_view=view)
+        duration_s=round(duration, 3),
+        nodes=results,
+        stats=stats,
+        final_view=view,
+    )
 
 
 def _settle(scenario: Scenario, replica: Scheduler, fleet: list[_Node]) -> tuple[bool, int]:
@@ -470,5 +529,13 @@ def _settle(scenario: Scenario, replica: Scheduler, fleet: list[_Node]) -> tuple
         time.sleep(min(0.05, scenario.heartbeat_interval / 2))
 
 
-__all__ = ["DEFAULT_CELL", "NodeResult", "NodeShape", "Scenario", "SimulationResult",
-           "parse_shapes", "reset_cell", "run"]
+__all__ = [
+    "DEFAULT_CELL",
+    "NodeResult",
+    "NodeShape",
+    "Scenario",
+    "SimulationResult",
+    "parse_shapes",
+    "reset_cell",
+    "run",
+]

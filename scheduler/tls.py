@@ -38,7 +38,8 @@ class TlsFiles:
 
     def paths(self) -> tuple[str, ...]:
         return (self.cert_file, self.key_file) + (
-            (self.client_ca_file,) if self.client_ca_file else ())
+            (self.client_ca_file,) if self.client_ca_file else ()
+        )
 
 
 def _read(path: str, key: str) -> bytes:
@@ -55,17 +56,21 @@ def _check_pair(files: TlsFiles) -> None:
     try:
         ctx.load_cert_chain(files.cert_file, files.key_file)
     except ssl.SSLError as e:
-        raise TlsError(f"grpc_tls: {files.cert_file} and {files.key_file} are not a PEM "
-                       f"certificate and its private key ({e.reason or 'unreadable'})") from None
+        raise TlsError(
+            f"grpc_tls: {files.cert_file} and {files.key_file} are not a PEM "
+            f"certificate and its private key ({e.reason or 'unreadable'})"
+        ) from None
     except OSError as e:
-        raise TlsError(f"grpc_tls: cannot read {files.cert_file} or {files.key_file}: "
-                       f"{e.strerror or e}") from None
+        raise TlsError(
+            f"grpc_tls: cannot read {files.cert_file} or {files.key_file}: {e.strerror or e}"
+        ) from None
     if files.client_ca_file:
         try:
             ctx.load_verify_locations(cafile=files.client_ca_file)
         except (ssl.SSLError, OSError):
-            raise TlsError(f"grpc_tls.client_ca_file: {files.client_ca_file} holds no PEM "
-                           "certificate") from None
+            raise TlsError(
+                f"grpc_tls.client_ca_file: {files.client_ca_file} holds no PEM certificate"
+            ) from None
 
 
 def load_config(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
@@ -106,8 +111,11 @@ class ReloadingCredentials:
             try:
                 config = load_config(self.files)
             except TlsError as e:
-                log.warning("TLS files changed but cannot be used yet (%s); keeping the "
-                            "previous certificate", e)
+                log.warning(
+                    "TLS files changed but cannot be used yet (%s); keeping the "
+                    "previous certificate",
+                    e,
+                )
                 return None
             self._stamp = stamp
             self.reloads += 1
@@ -116,8 +124,10 @@ class ReloadingCredentials:
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
-            self._initial, self.fetch,
-            require_client_authentication=self.files.client_ca_file is not None)
+            self._initial,
+            self.fetch,
+            require_client_authentication=self.files.client_ca_file is not None,
+        )
 
 
 def is_loopback(listen: str) -> bool:

@@ -21,9 +21,14 @@ from scheduler import acl
 from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
 
 #: Error replies by which Redis says it cannot serve right now (not a bug of ours).
-TRANSIENT_ERRORS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
-                    redis.exceptions.MasterDownError, redis.exceptions.ClusterDownError,
-                    redis.exceptions.TryAgainError, redis.exceptions.BusyLoadingError)
+TRANSIENT_ERRORS = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.BusyLoadingError,
+)
 TRANSIENT_REPLIES = ("NOREPLICAS", "BUSY ", "MASTERDOWN", "LOADING")
 #: Failures of the connection itself.
 TRANSPORT_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)

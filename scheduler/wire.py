@@ -68,7 +68,8 @@ def pack(command: Sequence[str | bytes | int | float]) -> bytes:
         elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
             raise redis.exceptions.DataError(
                 f"Invalid input of type: {type(arg).__name__!r}. Convert to a bytes, string, "
-                f"int or float first.")
+                f"int or float first."
+            )
         else:
             data = repr(arg).encode()
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
@@ -82,8 +83,9 @@ class _Replies(asyncio.Protocol):
         import hiredis
 
         self.transport = transport
-        self.reader = hiredis.Reader(protocolError=redis.exceptions.InvalidResponse,
-                                     replyError=BaseParser.parse_error)
+        self.reader = hiredis.Reader(
+            protocolError=redis.exceptions.InvalidResponse, replyError=BaseParser.parse_error
+        )
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.open = True
         self.paused = False
@@ -177,8 +179,9 @@ class ScriptWire:
             self._drop()  # lost: connect again at once
         elif time.monotonic() < self.next_try:
             return
-        self.connecting = asyncio.get_running_loop().create_task(self._connect(),
-                                                                 name="script-wire")
+        self.connecting = asyncio.get_running_loop().create_task(
+            self._connect(), name="script-wire"
+        )
 
     async def _connect(self) -> None:
         conn = self.pool.make_connection()

@@ -20,8 +20,9 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _name(cn: str) -> x509.Name:
@@ -45,16 +46,30 @@ class Authority:
         self.key = _key()
         now = dt.datetime.now(dt.timezone.utc)
         self.cert = (
-            x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
-            .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .sign(self.key, hashes.SHA256()))
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
 
     @property
     def pem(self) -> bytes:
@@ -64,17 +79,27 @@ class Authority:
         key = _key()
         now = dt.datetime.now(dt.timezone.utc)
         builder = (
-            x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            x509.CertificateBuilder()
+            .subject_name(_name(cn))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False))
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
         if server:
-            builder = builder.add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
         cert = builder.sign(self.key, hashes.SHA256())
         return Pair(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
 

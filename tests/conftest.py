@@ -79,8 +79,11 @@ def real_url(redis_server: RedisServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_replica(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-                 ) -> Iterator[Callable[..., ThreadedReplica]]:
+def make_replica(
+    backend: str,
+    redis_client: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[..., ThreadedReplica]]:
     """Factory: in-process replicas (policy, settings) on this test's backend."""
     opened: list[ThreadedReplica] = []
 
@@ -97,6 +100,7 @@ def make_replica(backend: str, redis_client: Any, request: pytest.FixtureRequest
 
             def client() -> Any:
                 return fakeredis.FakeAsyncRedis(server=server)
+
         r = ThreadedReplica(settings_for(policy, **kw), client, url).__enter__()
         opened.append(r)
         return r

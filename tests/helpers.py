@@ -11,13 +11,23 @@ from scheduler.testing.model import NodeState
 GIB = 1024**3
 
 
-def hb(node_id: str, *, cpu: int = 16, mem_gib: int = 64, sid: str = "boot-1",
-       roster: list[str] | None = None, endpoint: str | None = None, **snap: Any) -> Heartbeat:
+def hb(
+    node_id: str,
+    *,
+    cpu: int = 16,
+    mem_gib: int = 64,
+    sid: str = "boot-1",
+    roster: list[str] | None = None,
+    endpoint: str | None = None,
+    **snap: Any,
+) -> Heartbeat:
     return Heartbeat(
-        node_id=node_id, service_instance_id=sid,
+        node_id=node_id,
+        service_instance_id=sid,
         endpoint=endpoint if endpoint is not None else f"{node_id}.local:5000",
         snapshot=NodeSnapshot(cpu_count=cpu, memory_total_bytes=mem_gib * GIB, **snap),
-        sandbox_ids=roster or [])
+        sandbox_ids=roster or [],
+    )
 
 
 def fleet(s: Scheduler, n: int, **kw: Any) -> list[str]:
@@ -44,16 +54,30 @@ def rr_value(s: Scheduler) -> int:
 # ---------------------------------------------------------------------------
 # gRPC requests and the state they leave
 # ---------------------------------------------------------------------------
-def hb_request(node_id: str, sid: str = "i1", cpu: int = 32, mem_gib: int = 64,
-               cluster: str = "c1", roster: list[str] | None = None, count: int | None = None,
-               **snap: Any) -> pb.HeartbeatRequest:
+def hb_request(
+    node_id: str,
+    sid: str = "i1",
+    cpu: int = 32,
+    mem_gib: int = 64,
+    cluster: str = "c1",
+    roster: list[str] | None = None,
+    count: int | None = None,
+    **snap: Any,
+) -> pb.HeartbeatRequest:
     roster = roster or []
     return pb.HeartbeatRequest(
-        node_id=node_id, service_instance_id=sid, cluster_id=cluster,
-        snapshot=pb.NodeSnapshot(status=pb.NODE_STATUS_READY, cpu_count=cpu,
-                                 memory_total_bytes=mem_gib << 30,
-                                 sandbox_count=len(roster) if count is None else count, **snap),
-        sandbox_ids=roster)
+        node_id=node_id,
+        service_instance_id=sid,
+        cluster_id=cluster,
+        snapshot=pb.NodeSnapshot(
+            status=pb.NODE_STATUS_READY,
+            cpu_count=cpu,
+            memory_total_bytes=mem_gib << 30,
+            sandbox_count=len(roster) if count is None else count,
+            **snap,
+        ),
+        sandbox_ids=roster,
+    )
 
 
 def endpoint_md(endpoint: str) -> tuple[tuple[str, str], ...]:
@@ -61,8 +85,11 @@ def endpoint_md(endpoint: str) -> tuple[tuple[str, str], ...]:
 
 
 def cold(cpu: int = 2, memory_mb: int = 4096) -> pb.ScheduleRequest:
-    return pb.ScheduleRequest(hint=pb.ScheduleRequestHint(
-        new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)))
+    return pb.ScheduleRequest(
+        hint=pb.ScheduleRequestHint(
+            new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=cpu, memory_mb=memory_mb)
+        )
+    )
 
 
 def places_on_a_fresh_node(address: str) -> str:
@@ -96,14 +123,16 @@ def snapshot_keys(client: Any) -> dict[bytes, Any]:
     return out
 
 
-
 def records_name_only_registered_nodes(s: Scheduler) -> None:
     """A node record names its node (`node_id`) only while the node is in the
     cell's nodes zset: a heartbeat takes the one for the other."""
     registered = {x.decode() for x in s.client.zrange(s.keys.nodes, 0, -1)}
     prefix = s.keys.node("")
-    named = {key.decode()[len(prefix):] for key in s.client.scan_iter(match=prefix + "*")
-             if s.client.hexists(key, "node_id")}
+    named = {
+        key.decode()[len(prefix) :]
+        for key in s.client.scan_iter(match=prefix + "*")
+        if s.client.hexists(key, "node_id")
+    }
     assert named <= registered, named - registered
 
 
@@ -116,9 +145,12 @@ def bound_sandboxes_are_in_their_nodes_sets(s: Scheduler) -> None:
     for key in s.client.scan_iter(match=prefix + "*"):
         node, deleted, listed = s.client.hmget(key, "node_id", "deleted", "listed")
         if node is not None and deleted != b"1":
-            sb = key.decode()[len(prefix):]
+            sb = key.decode()[len(prefix) :]
             node_id = node.decode()
             in_sbx = s.client.sismember(s.keys.node_sbx(node_id), sb)
             in_roster = s.client.sismember(s.keys.node_roster(node_id), sb)
-            assert (in_roster, in_sbx) == ((True, False) if listed == b"1" else (False, True)), \
-                (sb, node, listed)
+            assert (in_roster, in_sbx) == ((True, False) if listed == b"1" else (False, True)), (
+                sb,
+                node,
+                listed,
+            )

@@ -37,8 +37,7 @@ class ReplyDroppingProxy:
     def drop_next(self, marker: bytes) -> None:
         self._marker = marker
 
-    async def _serve(self, client_r: asyncio.StreamReader,
-                     client_w: asyncio.StreamWriter) -> None:
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.redis_port)
         self._writers += [client_w, redis_w]
         cut = asyncio.Event()
@@ -88,4 +87,3 @@ class ReplyDroppingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -61,20 +61,35 @@ def make_user(admin: redis.Redis, server: RedisServer, commands: tuple[str, ...]
     return f"redis://sched-test:pw@127.0.0.1:{server.port}/0"
 
 
-def node(node_id: str, cpu: int, allocated: int, roster: list[str], cluster: str = "c1",
-         ) -> Heartbeat:
+def node(
+    node_id: str,
+    cpu: int,
+    allocated: int,
+    roster: list[str],
+    cluster: str = "c1",
+) -> Heartbeat:
     return Heartbeat(
-        node_id=node_id, service_instance_id="i1", cluster_id=cluster,
-        endpoint=f"{node_id}.local:5000", p2p_backend="bt", p2p_address=f"{node_id}:7000",
-        snapshot=NodeSnapshot(cpu_count=cpu, memory_total_bytes=64 * GIB, allocated_cpu=allocated,
-                              sandbox_count=len(roster)),
-        sandbox_ids=roster)
+        node_id=node_id,
+        service_instance_id="i1",
+        cluster_id=cluster,
+        endpoint=f"{node_id}.local:5000",
+        p2p_backend="bt",
+        p2p_address=f"{node_id}:7000",
+        snapshot=NodeSnapshot(
+            cpu_count=cpu,
+            memory_total_bytes=64 * GIB,
+            allocated_cpu=allocated,
+            sandbox_count=len(roster),
+        ),
+        sandbox_ids=roster,
+    )
 
 
 def workload(url: str) -> str:
     """Every kind of call a replica and schedctl make; returns the scripts' mode."""
-    s = Scheduler.connect(url, cell="acl", policy=Policy(limits=Limits(max_sandbox_count=3)),
-                          overwrite_policy=True)
+    s = Scheduler.connect(
+        url, cell="acl", policy=Policy(limits=Limits(max_sandbox_count=3)), overwrite_policy=True
+    )
     try:
         s.ping()
         # two nodes of different shapes at equal pressure and counts: two equal
@@ -88,8 +103,9 @@ def workload(url: str) -> str:
         s.explain(Request.cold(1, 0))
         s.assign("x1", p.node_id, p.endpoint, p.reservation_id)
         roster = ["a1", "x1"] if p.node_id == "a" else ["b1", "x1"]
-        s.heartbeat(node(p.node_id, 16 if p.node_id == "a" else 32,
-                         9 if p.node_id == "a" else 18, roster))  # lists x1: persisted
+        s.heartbeat(
+            node(p.node_id, 16 if p.node_id == "a" else 32, 9 if p.node_id == "a" else 18, roster)
+        )  # lists x1: persisted
         q = s.schedule(Request.cold(1, 0))
         s.cancel(q.reservation_id or "")
         for _ in range(6):
@@ -97,8 +113,13 @@ def workload(url: str) -> str:
                 s.schedule(Request.cold(1, 0))
             except NoNodesAvailable:  # the ceiling: a refusal gives the rotation back
                 break
-        s.events("a", [SandboxEvent(sandbox_id="a1", event_type="DELETE"),
-                       SandboxEvent(sandbox_id="a2", event_type="CREATE")])
+        s.events(
+            "a",
+            [
+                SandboxEvent(sandbox_id="a1", event_type="DELETE"),
+                SandboxEvent(sandbox_id="a2", event_type="CREATE"),
+            ],
+        )
         s.lookup("x1")
         # equal buckets too large to read whole (over 64 nodes each): a pick unions
         # them in Redis (ZUNIONSTORE); route requests rank empty nodes all alike
@@ -131,38 +152,48 @@ def workload(url: str) -> str:
 
 def test_the_docs_spell_the_acl_line() -> None:
     text = OPERATIONS.read_text()
-    section = text[text.index("### A least-privilege Redis user"):]
+    section = text[text.index("### A least-privilege Redis user") :]
     line = re.search(r"^\s+redis-cli (ACL SETUSER .+)$", section, re.M)
     assert line is not None
     assert shlex.split(line.group(1)) == setuser()
-    assert set(COMMANDS) == set(CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPT_COMMANDS +
-                                SCRIPTED_COMMANDS)
+    assert set(COMMANDS) == set(
+        CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPT_COMMANDS + SCRIPTED_COMMANDS
+    )
 
 
-def test_the_documented_user_runs_everything_with_functions(admin: redis.Redis,
-                                                            server: RedisServer) -> None:
+def test_the_documented_user_runs_everything_with_functions(
+    admin: redis.Redis, server: RedisServer
+) -> None:
     url = make_user(admin, server, COMMANDS)
     assert workload(url) == FUNCTION
     admin.execute_command("FUNCTION", "FLUSH")  # the replica loads the library again
     assert workload(url) == FUNCTION
 
 
-def test_the_documented_user_runs_everything_with_evalsha(admin: redis.Redis,
-                                                          server: RedisServer) -> None:
+def test_the_documented_user_runs_everything_with_evalsha(
+    admin: redis.Redis, server: RedisServer
+) -> None:
     url = make_user(admin, server, CLIENT_COMMANDS + SCRIPT_COMMANDS + SCRIPTED_COMMANDS)
     assert workload(url) == EVAL
     admin.script_flush()  # NOSCRIPT: loaded again
     assert workload(url) == EVAL
 
 
-@pytest.mark.parametrize(("mode", "missing"), [
-    *((FUNCTION, c) for c in CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPTED_COMMANDS),
-    *((EVAL, c) for c in SCRIPT_COMMANDS),
-])
-def test_every_command_is_needed_and_named_when_refused(admin: redis.Redis, server: RedisServer,
-                                                        mode: str, missing: str) -> None:
-    granted = CLIENT_COMMANDS + SCRIPTED_COMMANDS + (
-        FUNCTION_COMMANDS if mode == FUNCTION else SCRIPT_COMMANDS)
+@pytest.mark.parametrize(
+    ("mode", "missing"),
+    [
+        *((FUNCTION, c) for c in CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPTED_COMMANDS),
+        *((EVAL, c) for c in SCRIPT_COMMANDS),
+    ],
+)
+def test_every_command_is_needed_and_named_when_refused(
+    admin: redis.Redis, server: RedisServer, mode: str, missing: str
+) -> None:
+    granted = (
+        CLIENT_COMMANDS
+        + SCRIPTED_COMMANDS
+        + (FUNCTION_COMMANDS if mode == FUNCTION else SCRIPT_COMMANDS)
+    )
     url = make_user(admin, server, tuple(c for c in granted if c != missing))
     with pytest.raises(PermissionDenied) as e:
         workload(url)
@@ -172,29 +203,34 @@ def test_every_command_is_needed_and_named_when_refused(admin: redis.Redis, serv
     assert "\n" not in message.strip()
 
 
-def test_the_reported_acl_fails_at_start_with_one_line(admin: redis.Redis, server: RedisServer,
-                                                       tmp_path: Path) -> None:
+def test_the_reported_acl_fails_at_start_with_one_line(
+    admin: redis.Redis, server: RedisServer, tmp_path: Path
+) -> None:
     """The ACL of the problem report: FCALL and FUNCTION LOAD but none of the
     commands the scripts call.  Today's code crashed with a traceback."""
-    admin.execute_command("ACL", "SETUSER", "narrow", "on", ">pw", "~sched:*", "+fcall",
-                          "+function|load", "+ping")
+    admin.execute_command(
+        "ACL", "SETUSER", "narrow", "on", ">pw", "~sched:*", "+fcall", "+function|load", "+ping"
+    )
     url = f"redis://narrow:pw@127.0.0.1:{server.port}/0"
     config = tmp_path / "c.json"
     config.write_text('{"scheduler": {"metrics_listen_addr": ""}}')
-    result = CliRunner().invoke(main, ["serve", "--config", str(config), "--redis", url,
-                                       "--grpc-listen", "127.0.0.1:0"])
+    result = CliRunner().invoke(
+        main, ["serve", "--config", str(config), "--redis", url, "--grpc-listen", "127.0.0.1:0"]
+    )
     assert result.exit_code == 1
     err = result.output.strip().splitlines()[-1]
     assert err.startswith("Error: cannot prepare cell 'default': Redis refused the command "), err
     assert "in a script to this replica's user (ACL)" in err
-    assert "Traceback" not in result.output and result.exception is None or \
-        isinstance(result.exception, SystemExit)
+    assert (
+        "Traceback" not in result.output
+        and result.exception is None
+        or isinstance(result.exception, SystemExit)
+    )
     for args in (["nodes"], ["policy", "show"], ["bindings", "lookup", "s1"]):
         r = CliRunner().invoke(main, [*args, "--redis", url])
         assert r.exit_code == 1, r.output
         assert r.output.startswith("Error: Redis refused the command "), r.output
         assert r.output.count("\n") == 1
-
 
 
 def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisServer) -> None:
@@ -215,8 +251,10 @@ def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisSer
 
 def test_simulate_needs_scan_and_says_so(admin: redis.Redis, server: RedisServer) -> None:
     url = make_user(admin, server, COMMANDS)
-    result = CliRunner().invoke(main, ["simulate", "--nodes", "1", "--creates", "1",
-                                       "--redis", url])
+    result = CliRunner().invoke(
+        main, ["simulate", "--nodes", "1", "--creates", "1", "--redis", url]
+    )
     assert result.exit_code == 1
-    assert result.output.startswith("Error: Redis refused the command 'scan' to this "
-                                    "replica's user (ACL)"), result.output
+    assert result.output.startswith(
+        "Error: Redis refused the command 'scan' to this replica's user (ACL)"
+    ), result.output

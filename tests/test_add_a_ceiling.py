@@ -20,13 +20,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 ROW = '    Ceiling("max_allocated_cpu", "cpu", "cpus", "cpu now"),\n'
-LUA_FORMULA = ("  if name == 'max_allocated_cpu' then\n"
-               "    return n.alloc_cpu + n.pend_cpu + req.cpu\n"
-               "  end\n")
-ORACLE_FORMULA = ('    if name == "max_allocated_cpu":\n'
-                  '        return n.allocated_cpu + n.pending_cpu + d.cpu\n')
+LUA_FORMULA = (
+    "  if name == 'max_allocated_cpu' then\n    return n.alloc_cpu + n.pend_cpu + req.cpu\n  end\n"
+)
+ORACLE_FORMULA = (
+    '    if name == "max_allocated_cpu":\n        return n.allocated_cpu + n.pending_cpu + d.cpu\n'
+)
 
-CHECK = r'''
+CHECK = r"""
 import json, sys
 from click.testing import CliRunner
 import scheduler
@@ -59,7 +60,7 @@ out["nodes"] = runner.invoke(main, ["nodes", "--cell", "t", "--json"]).stdout
 out["nodes_table"] = runner.invoke(main, ["nodes", "--cell", "t"],
                                    env={"COLUMNS": "250"}).output
 print(json.dumps(out))
-'''
+"""
 
 
 def _insert_before(path: Path, anchor: str, text: str) -> None:
@@ -70,31 +71,39 @@ def _insert_before(path: Path, anchor: str, text: str) -> None:
 
 def test_a_new_ceiling_is_a_row_and_two_formulas(tmp_path: Path) -> None:
     package = tmp_path / "scheduler"
-    shutil.copytree(ROOT / "scheduler", package,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "scheduler", package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "lua", package / "lua", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "cli", package / "cli", ignore=shutil.ignore_patterns("__pycache__"))
     # the three edits
     _insert_before(package / "catalog.py", '    Ceiling("max_cpu_used_percent"', ROW)
-    _insert_before(package / "lua" / "includes" / "stages.lua",
-                   "  if name == 'max_cpu_used_percent' then", LUA_FORMULA)
-    _insert_before(package / "testing" / "model.py", '    if name == "max_cpu_used_percent":',
-                   ORACLE_FORMULA)
+    _insert_before(
+        package / "lua" / "includes" / "stages.lua",
+        "  if name == 'max_cpu_used_percent' then",
+        LUA_FORMULA,
+    )
+    _insert_before(
+        package / "testing" / "model.py", '    if name == "max_cpu_used_percent":', ORACLE_FORMULA
+    )
 
-    run = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path)], capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path,
-                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     # the Lua include lists it, in the stage's order, and packs it
-    assert ("'max_allocated_memory_bytes_including_paused', 'max_allocated_cpu', "
-            "'max_cpu_used_percent'") in out["constants"]
+    assert (
+        "'max_allocated_memory_bytes_including_paused', 'max_allocated_cpu', 'max_cpu_used_percent'"
+    ) in out["constants"]
     assert "-- 27 tab-separated captures" in out["constants"]
     assert out["stored"]["max_allocated_cpu"] == "4"
     # the scripts decide by it, as the oracle does
     assert out["first"] == "n1"  # 2 + 0 + 2 = 4 <= 4
-    assert out["refusal"] == ("no nodes available: 0/1 nodes available: "
-                              "1 at max_allocated_cpu (4)")
+    assert out["refusal"] == ("no nodes available: 0/1 nodes available: 1 at max_allocated_cpu (4)")
     assert out["oracle"] == out["refusal"]
     # and the CLI shows it
     assert "max_allocated_cpu" in out["policy_show"]

@@ -71,8 +71,7 @@ def test_ceiling_rows_and_our_ceiling_holds(ceiling_result: Result) -> None:
     p = ceiling.Params.quick()
     _keys(ceiling_result)
     combos = {(r["system"], r["replicas"], r["paced"]) for r in ceiling_result.rows}
-    assert combos == set(itertools.product(("ours", "reference-model"), p.replicas,
-                                           (False, True)))
+    assert combos == set(itertools.product(("ours", "reference-model"), p.replicas, (False, True)))
     for row in ceiling_result.rows:
         assert row["placed"] + row["refused"] == p.creates
         assert row["limit"] == p.limit
@@ -87,7 +86,8 @@ def test_ceiling_rows_and_our_ceiling_holds(ceiling_result: Result) -> None:
         assert (d["released_by_heartbeats"] > 0) == d["paced"]
         assert d["refusal_messages"] == [
             f"no nodes available: 0/{p.nodes} nodes available: {p.nodes} at max_sandbox_count "
-            f"({p.limit})"]
+            f"({p.limit})"
+        ]
     # The reference design's failure shows with several replicas.
     for row in ceiling_result.rows:
         if row["system"] == "reference-model" and row["replicas"] > 1:
@@ -99,9 +99,15 @@ def test_reference_filter_is_greater_than_on_the_snapshot() -> None:
     cluster = ReferenceCluster(["n0"], replicas=1, max_sandbox_count=2)
 
     def snap(count: int) -> RefSnapshot:
-        return RefSnapshot(cpu_count=64, memory_total_bytes=1 << 40, allocated_cpu=count,
-                           allocated_memory_bytes=0, sandbox_count=count,
-                           sandbox_starting_count=0, create_successes=count)
+        return RefSnapshot(
+            cpu_count=64,
+            memory_total_bytes=1 << 40,
+            allocated_cpu=count,
+            allocated_memory_bytes=0,
+            sandbox_count=count,
+            sandbox_starting_count=0,
+            create_successes=count,
+        )
 
     cluster.heartbeat("n0", snap(2))
     assert cluster.schedule(0, 1, 0) == "n0"  # at the limit: one more (2 > 2 is false)
@@ -112,9 +118,15 @@ def test_reference_filter_is_greater_than_on_the_snapshot() -> None:
 
 def test_reference_replica_keeps_nodes_it_has_no_snapshot_for() -> None:
     cluster = ReferenceCluster(["n0", "n1"], replicas=2, max_sandbox_count=1)
-    full = RefSnapshot(cpu_count=8, memory_total_bytes=1 << 34, allocated_cpu=5,
-                       allocated_memory_bytes=0, sandbox_count=5, sandbox_starting_count=0,
-                       create_successes=5)
+    full = RefSnapshot(
+        cpu_count=8,
+        memory_total_bytes=1 << 34,
+        allocated_cpu=5,
+        allocated_memory_bytes=0,
+        sandbox_count=5,
+        sandbox_starting_count=0,
+        create_successes=5,
+    )
     cluster.heartbeat("n0", full)  # pinned to replica 0
     cluster.heartbeat("n1", full)  # pinned to replica 1
     # Replica 0 filters n0 (5 > 1) but knows nothing of n1, so it keeps it.
@@ -126,9 +138,13 @@ def test_optimal_peak_matches_brute_force() -> None:
     units = [Fraction(2, 4), Fraction(2, 6), Fraction(2, 10)]
     for requests in range(0, 9):
         best = min(
-            (max(k * w for k, w in zip(split, units, strict=True)) for split in
-             itertools.product(range(requests + 1), repeat=3) if sum(split) == requests),
-            default=Fraction(0))
+            (
+                max(k * w for k, w in zip(split, units, strict=True))
+                for split in itertools.product(range(requests + 1), repeat=3)
+                if sum(split) == requests
+            ),
+            default=Fraction(0),
+        )
         assert balance.optimal_peak(units, requests) == best
 
 
@@ -137,7 +153,8 @@ def test_balance_least_loaded_reaches_the_optimum(target: Target) -> None:
     result = balance.run(target, p)
     _keys(result)
     assert [(r["strategy"], r["replicas"]) for r in result.rows] == [
-        (s, n) for n in p.replicas for s in balance.STRATEGIES]
+        (s, n) for n in p.replicas for s in balance.STRATEGIES
+    ]
     exact = result.params["exact"]
     for row, ex in zip(result.rows, exact, strict=True):
         assert row["placed"] == p.requests
@@ -201,17 +218,22 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
     if grpc_path.unavailable() or grpc_path.cpu_unmeasurable():
         pytest.skip("gRPC or /proc not available here")
     loop = "uvloop" if throughput.auto_loop() == "uvloop" else "asyncio"
-    servers = (throughput.BARE,
-               throughput.Server("replica", "asyncio", extra=throughput.NO_COALESCE,
-                                 label_extra=", coalescing off"),
-               throughput.Server("replica", loop, workers=2),
-               throughput.Server("bare", "asyncio", layer="library"))
+    servers = (
+        throughput.BARE,
+        throughput.Server(
+            "replica", "asyncio", extra=throughput.NO_COALESCE, label_extra=", coalescing off"
+        ),
+        throughput.Server("replica", loop, workers=2),
+        throughput.Server("bare", "asyncio", layer="library"),
+    )
     p = throughput.Params(nodes=40, seconds=0.5, concurrency=4, channels=2, rounds=1, rate=200)
     rows = throughput.run_cpu(target, p, servers)
-    assert [r["server"] for r in rows] == ["bare grpc.aio, asyncio",
-                                           "replica, asyncio, coalescing off",
-                                           f"replica, {loop}, 2 workers",
-                                           "bare grpc.aio + library Schedule, asyncio"]
+    assert [r["server"] for r in rows] == [
+        "bare grpc.aio, asyncio",
+        "replica, asyncio, coalescing off",
+        f"replica, {loop}, 2 workers",
+        "bare grpc.aio + library Schedule, asyncio",
+    ]
     for row in rows:
         assert set(throughput.COLUMNS) <= set(row)
         assert row["path"] == "cpu" and row["concurrency"] == 4 and row["note"] == ""
@@ -223,8 +245,9 @@ def test_cpu_rows_compare_servers_with_the_bare_one_in_the_same_run(target: Targ
     assert rows[3]["redis_us_per_schedule"] > 0  # it did place, through Redis
 
 
-def test_cpu_rows_say_when_uvloop_is_missing(target: Target,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_rows_say_when_uvloop_is_missing(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)
     p = throughput.Params(rounds=0)
     rows = throughput.run_cpu(target, p, (throughput.Server("bare", "uvloop"),))
@@ -243,8 +266,10 @@ def test_versus_rows_and_the_base_library_is_removed(target: Target) -> None:
     base = versus.library_at("HEAD")
     assert result.params["base_library"] == base.name
     assert result.params["our_library"] == library().name
-    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
-              for lib in target.client.function_list()}
+    loaded = {
+        dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+        for lib in target.client.function_list()
+    }
     assert library().name in loaded
     assert base.name not in loaded or base.name == library().name
 
@@ -255,8 +280,9 @@ def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Targe
     and be measured doing nothing)."""
     assert versus.knows_roster_deltas(library())
     includes, scripts = _files()
-    before_deltas = build_library({**includes, "heartbeat": includes["heartbeat"].replace(
-        "A[6] == '2'", "false")}, scripts)
+    before_deltas = build_library(
+        {**includes, "heartbeat": includes["heartbeat"].replace("A[6] == '2'", "false")}, scripts
+    )
     assert not versus.knows_roster_deltas(before_deltas)
     cell = target.new_cell("whole")
     s = Scheduler.connect(target.url, cell=cell, policy=Policy())
@@ -270,7 +296,7 @@ def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Targe
         assert call.args[5] == "2"
         whole = versus._whole_roster(call, node.heartbeat().sandbox_ids)
         assert whole.args[5] == "1" and whole.args[-1:] == ["sb-b"]
-        assert whole.args[6:7 + 2 * int(call.args[6])] == call.args[6:7 + 2 * int(call.args[6])]
+        assert whole.args[6 : 7 + 2 * int(call.args[6])] == call.args[6 : 7 + 2 * int(call.args[6])]
         s.run(whole)
         assert s.client.smembers(s.keys.node_roster("w1")) == {b"sb-b"}
         assert s.lookup("sb-b").node_id == "w1"
@@ -301,8 +327,10 @@ def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> 
         else:
             assert r["base_per_call"] > 10_000
     # a batch call's fixed cost is shared: a steady heartbeat costs less in one
-    assert rows["coalesced steady heartbeat"]["ours_per_call"] < \
-        rows["steady heartbeat"]["ours_per_call"]
+    assert (
+        rows["coalesced steady heartbeat"]["ours_per_call"]
+        < rows["steady heartbeat"]["ours_per_call"]
+    )
 
 
 # -- stages --------------------------------------------------------------------
@@ -321,8 +349,10 @@ def test_stages_rows_and_the_marked_library_is_removed(target: Target) -> None:
         # the stages and what lies outside them make the plain call's cost
         parts = sum(rows[n]["us"] for n in named) + rows["outside"]["us"]
         assert abs(parts - total) <= 0.1 * len(named) + 0.1
-    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
-              for lib in target.client.function_list()}
+    loaded = {
+        dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+        for lib in target.client.function_list()
+    }
     assert staged.name not in loaded and "sched_bench_floor" not in loaded
 
 
@@ -347,9 +377,24 @@ def test_library_name_does_not_depend_on_the_order_files_are_listed() -> None:
 def test_cli_writes_json(redis_server: RedisServer, tmp_path: Path) -> None:
     out = tmp_path / "balance.json"
     r = subprocess.run(
-        [sys.executable, "-m", "bench", "balance", "--quick", "--redis", redis_server.url,
-         "--json", str(out), "--markdown"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "balance",
+            "--quick",
+            "--redis",
+            redis_server.url,
+            "--json",
+            str(out),
+            "--markdown",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert "| strategy | replicas |" in r.stdout
     doc = json.loads(out.read_text())
@@ -383,8 +428,14 @@ def test_plots(ceiling_result: Result, latency_result: Result, tmp_path: Path) -
 
 def test_durability_rows(redis_server: RedisServer, tmp_path: Path) -> None:
     out = tmp_path / "durability.json"
-    r = subprocess.run([sys.executable, "-m", "bench", "durability", "--quick", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "durability", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     rows = {(row["min_replicas_acked"], row["concurrency"]): row for row in doc["rows"]}
@@ -411,7 +462,8 @@ def test_roster_rows_apply_whole_and_leave_nothing(target: Target) -> None:
     result = roster.run(target, p)
     _keys(result)
     assert [(r["roster_ids"], r["heartbeat"]) for r in result.rows] == [
-        (n, h) for n in p.sizes for h in ("all new", "half replaced", "all dropped")]
+        (n, h) for n in p.sizes for h in ("all new", "half replaced", "all dropped")
+    ]
     for r in result.rows:
         # every binding of the roster is a key (and the node's roster set: a
         # listed sandbox is in no other); after "all dropped" none is left
@@ -427,16 +479,27 @@ def test_memory_rows(target: Target) -> None:
     result = memory.run(target, memory.Params.quick())
     _keys(result)
     assert [r["item"] for r in result.rows] == [
-        "node", "roster entry", "live reservation", "tombstone", "artifact (512-byte key)",
-        "artifact (64-byte key)"]
+        "node",
+        "roster entry",
+        "live reservation",
+        "tombstone",
+        "artifact (512-byte key)",
+        "artifact (64-byte key)",
+    ]
     for r in result.rows:
         assert r["bytes_per_item"] > 0 and r["memory_usage_one"] > 0, r
 
 
 def test_cluster_rows(redis_server: RedisServer, tmp_path: Path) -> None:
     out = tmp_path / "cluster.json"
-    r = subprocess.run([sys.executable, "-m", "bench", "cluster", "--quick", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "cluster", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert [(row["redis"], row["cells"]) for row in doc["rows"]] == [("single", 3), ("cluster", 3)]

@@ -90,7 +90,11 @@ def test_static_nodes_stay_listed_without_their_state(make_scheduler: Make) -> N
     assert sweep_all(s) == 1
     [view] = s.nodes()
     assert (view.node_id, view.endpoint, view.status, view.static) == (
-        "n1", "n1.local:5000", "UNHEALTHY", True)
+        "n1",
+        "n1.local:5000",
+        "UNHEALTHY",
+        True,
+    )
     assert not keys_of(s, "bind:*") and not keys_of(s, "node-roster:*")
     rec = {k.decode() for k in s.client.hgetall(s.keys.node("n1"))}
     assert rec == {"node_id", "endpoint", "static", "lingering", "forgotten_ms", "last_seen_ms"}
@@ -138,10 +142,12 @@ def test_a_big_node_goes_in_bounded_steps_and_may_come_back_midway(make_schedule
 # ---------------------------------------------------------------------------
 # Tombstones
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize(("policy", "ttl_ms"), [
-    (Policy(), 600_000), (Policy(reservation_tombstone_ttl_ms=5_000), 5_000)])
-def test_tombstones_keep_for_the_policy_ttl(make_scheduler: Make, policy: Policy,
-                                            ttl_ms: int) -> None:
+@pytest.mark.parametrize(
+    ("policy", "ttl_ms"), [(Policy(), 600_000), (Policy(reservation_tombstone_ttl_ms=5_000), 5_000)]
+)
+def test_tombstones_keep_for_the_policy_ttl(
+    make_scheduler: Make, policy: Policy, ttl_ms: int
+) -> None:
     s = make_scheduler(policy)
     s.heartbeat(hb("n1"))
     p = s.schedule(Request.cold(1, 1))
@@ -155,16 +161,25 @@ def test_tombstones_keep_for_the_policy_ttl(make_scheduler: Make, policy: Policy
 # Every key: a TTL or a sweep
 # ---------------------------------------------------------------------------
 def _pattern(name: str) -> re.Pattern[str]:
-    return re.compile(re.escape(name).replace(r"<", "<").replace(">", ">")
-                      .replace(r"<C>:<M>", r"[^:]+:[^:]+")
-                      .replace("<", "(?:").replace(">", ")")
-                      .replace("(?:node)", "[^:]+").replace("(?:reservation)", "[^:]+")
-                      .replace("(?:sandbox)", "[^:]+").replace("(?:bucket)", ".+")
-                      .replace("(?:cluster)", "[^:]+").replace("(?:digest)", "[0-9a-f]+") + "$")
+    return re.compile(
+        re.escape(name)
+        .replace(r"<", "<")
+        .replace(">", ">")
+        .replace(r"<C>:<M>", r"[^:]+:[^:]+")
+        .replace("<", "(?:")
+        .replace(">", ")")
+        .replace("(?:node)", "[^:]+")
+        .replace("(?:reservation)", "[^:]+")
+        .replace("(?:sandbox)", "[^:]+")
+        .replace("(?:bucket)", ".+")
+        .replace("(?:cluster)", "[^:]+")
+        .replace("(?:digest)", "[0-9a-f]+")
+        + "$"
+    )
 
 
 def classify(base: str, key: str) -> str:
-    rest = key[len(base):]
+    rest = key[len(base) :]
     matches = [name for name in LIFETIMES if _pattern(name).match(rest)]
     assert len(matches) == 1, (key, matches)
     return matches[0]
@@ -194,10 +209,15 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
     placed = [s.schedule(Request.cold(1, 1)) for _ in range(4)]
     s.assign("assigned", placed[0].node_id, placed[0].endpoint, placed[0].reservation_id)
     s.cancel(placed[1].reservation_id or "")
-    stub.ReportSandboxEvent(pb.ReportSandboxEventRequest(node_id="n0", events=[
-        pb.SandboxEvent(sandbox_id="r0", event_type=pb.SANDBOX_EVENT_TYPE_DELETE)]))
-    stub.RecordP2pArtifact(pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt",
-                                                       key="img", node_id="n1"))
+    stub.ReportSandboxEvent(
+        pb.ReportSandboxEventRequest(
+            node_id="n0",
+            events=[pb.SandboxEvent(sandbox_id="r0", event_type=pb.SANDBOX_EVENT_TYPE_DELETE)],
+        )
+    )
+    stub.RecordP2pArtifact(
+        pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="img", node_id="n1")
+    )
     seen = {classify(s.keys.base, k) for k in keys_of(s)}
     # idx-tmp lives inside one Schedule only
     assert seen == set(LIFETIMES) - {"idx-tmp"}, set(LIFETIMES) - seen
@@ -217,8 +237,9 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
     assert {LIFETIMES[classify(s.keys.base, k)] for k in keys_of(s)} <= {"cell", "ttl+sweep"}
 
 
-def test_a_replica_sweeps_the_cell_with_its_metrics(replica: ThreadedReplica,
-                                                   redis_client: Any) -> None:
+def test_a_replica_sweeps_the_cell_with_its_metrics(
+    replica: ThreadedReplica, redis_client: Any
+) -> None:
     """A cell whose heartbeats are all steady still forgets: every replica
     runs the sweeps every few seconds (here called once, directly)."""
     s = Scheduler(redis_client, cell="test")

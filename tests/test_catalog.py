@@ -60,10 +60,8 @@ def truth(names: Any) -> dict[str, bool]:
 def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     got = json.loads(redis_client.eval(render() + _DUMP, 0))
     assert got["LIMIT_NAMES"] == list(catalog.CEILING_NAMES)
-    assert got["CEILING_CAPACITY"] == {c.name: c.capacity for c in catalog.CEILINGS
-                                       if c.capacity}
-    assert got["OBSERVED_CEILINGS"] == {c.name: c.observed for c in catalog.CEILINGS
-                                        if c.observed}
+    assert got["CEILING_CAPACITY"] == {c.name: c.capacity for c in catalog.CEILINGS if c.capacity}
+    assert got["OBSERVED_CEILINGS"] == {c.name: c.observed for c in catalog.CEILINGS if c.observed}
     assert got["PACKED"] == list(catalog.PACKED)
     assert got["PACKED_MATCH"] == list(catalog.PACKED)  # one capture per packed field
     assert got["NOT_POLICY"] == truth(catalog.BESIDE_POLICY)
@@ -77,9 +75,10 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["NO_POLICY"] == NO_POLICY
     assert got["SNAPSHOT_FIELDS"] == truth(HEARTBEAT_FIELDS)
     fields = snapshot_fields()
-    assert got["INDEX_MOVERS"] == {**{c.observed: c.name for c in catalog.CEILINGS
-                                      if c.observed},
-                                   **{n: True for n, f in fields.items() if f.index}}
+    assert got["INDEX_MOVERS"] == {
+        **{c.observed: c.name for c in catalog.CEILINGS if c.observed},
+        **{n: True for n, f in fields.items() if f.index},
+    }
     assert got["WHOLE_FIELDS"] == truth(n for n, f in fields.items() if f.decides)
 
 
@@ -88,13 +87,21 @@ def test_python_tables_agree_with_each_other_and_the_wire() -> None:
     assert Limits.__struct_fields__ == catalog.CEILING_NAMES
     every = Policy(limits=Limits(**{n: 1 for n in catalog.CEILING_NAMES}))
     assert [k for k in every.to_fields() if k in catalog.CEILING_NAMES] == list(
-        catalog.CEILING_NAMES)
+        catalog.CEILING_NAMES
+    )
     assert set(catalog.PACKED) == set(every.to_fields()) | {
-        *catalog.BESIDE_POLICY, *catalog.BOUNDS_DEFAULTS} - {"packed"}
+        *catalog.BESIDE_POLICY,
+        *catalog.BOUNDS_DEFAULTS,
+    } - {"packed"}
     for c in catalog.CEILINGS:
-        assert model.ceiling_use(model.NodeState(node_id="n", cpu_count=1,
-                                                 memory_total_bytes=1), c.name,
-                                 model.Demand(True, 1, 1, 1)) is not None, c.name
+        assert (
+            model.ceiling_use(
+                model.NodeState(node_id="n", cpu_count=1, memory_total_bytes=1),
+                c.name,
+                model.Demand(True, 1, 1, 1),
+            )
+            is not None
+        ), c.name
         assert catalog.ceiling_in(catalog.ceiling_reason(c.name, 7)) == c
         assert c.capacity is None or c.capacity in CAPACITY_FIELDS
         assert c.observed is None or c.observed in snapshot_fields()
@@ -105,13 +112,16 @@ def test_python_tables_agree_with_each_other_and_the_wire() -> None:
     assert list(NodeSnapshot.__struct_fields__) == list(wire)
     assert set(snapshot_fields()) == set(wire) - {"disks"}
     assert heartbeat_fields(Heartbeat(node_id="n", service_instance_id="s"))[::2] == list(
-        HEARTBEAT_FIELDS)
+        HEARTBEAT_FIELDS
+    )
     # statuses and event types: the wire enums without their prefixes
     assert [v.name.removeprefix("NODE_STATUS_") for v in pb.NodeStatus.DESCRIPTOR.values] == list(
-        catalog.NODE_STATUSES)
+        catalog.NODE_STATUSES
+    )
     assert sorted(NODE_STATUS_NAMES.values()) == sorted(catalog.NODE_STATUSES)
-    assert [v.name.removeprefix("SANDBOX_EVENT_TYPE_")
-            for v in pb.SandboxEventType.DESCRIPTOR.values][1:] == list(catalog.EVENT_TYPES)
+    assert [
+        v.name.removeprefix("SANDBOX_EVENT_TYPE_") for v in pb.SandboxEventType.DESCRIPTOR.values
+    ][1:] == list(catalog.EVENT_TYPES)
     assert sorted(EVENT_NAMES.values()) == sorted(catalog.EVENT_TYPES)
     assert DERIVED_STATUSES == ("READY", "CONNECTING", "UNHEALTHY", "LINGERING")
 
@@ -150,8 +160,20 @@ def test_the_cli_offers_what_the_catalog_says() -> None:
 
 def test_nodes_view_headroom_is_in_each_ceilings_unit() -> None:
     ops = Ops(CellKeys("t"))
-    row = ["node_id", "n1", "derived_status", "READY", "pressure", "0", "known", "1",
-           "cpu_count", "8", "memory_total_bytes", "1000"]
+    row = [
+        "node_id",
+        "n1",
+        "derived_status",
+        "READY",
+        "pressure",
+        "0",
+        "known",
+        "1",
+        "cpu_count",
+        "8",
+        "memory_total_bytes",
+        "1000",
+    ]
     for c in catalog.CEILINGS:
         row += [f"use:{c.name}", "4", f"limit:{c.name}", "50"]
     _, views = ops.nodes().parse(["0", row])
@@ -198,15 +220,16 @@ def test_no_lua_file_spells_a_list(path: Path) -> None:
 
 def test_the_design_lists_every_ceiling_in_the_stages_order() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
-    section = design[design.index("| ceiling | compared with the limit |"):]
+    section = design[design.index("| ceiling | compared with the limit |") :]
     rows = re.findall(r"^\| `(\w+)` \|", section.split("\n\n")[0], re.M)
     assert rows == list(catalog.CEILING_NAMES)
 
 
 def test_each_ceiling_has_one_formula_in_the_lua_stage() -> None:
     stages = (ROOT / "lua" / "includes" / "stages.lua").read_text()
-    body = stages[stages.index("local function ceiling_use"):stages.index(
-        "local function ceiling_holds")]
+    body = stages[
+        stages.index("local function ceiling_use") : stages.index("local function ceiling_holds")
+    ]
     formulas = re.findall(r"name == '(\w+)'", body)
     assert sorted(formulas) == sorted(catalog.CEILING_NAMES)  # each once
     for path in LUA_FILES:

@@ -60,8 +60,16 @@ def fleet(real_url: str) -> Iterator[Fleet]:
     s.heartbeat(hb("stale"))
     s.advance_clock(40_000)
     s.heartbeat(hb("full", sandbox_count=3, allocated_cpu=3, allocated_memory_bytes=3 * GIB))
-    s.heartbeat(hb("busy", cpu=4, mem_gib=16, sandbox_count=1, allocated_cpu=2,
-                   allocated_memory_bytes=2 * GIB))
+    s.heartbeat(
+        hb(
+            "busy",
+            cpu=4,
+            mem_gib=16,
+            sandbox_count=1,
+            allocated_cpu=2,
+            allocated_memory_bytes=2 * GIB,
+        )
+    )
     s.heartbeat(hb("idle"))
     s.heartbeat(hb("drain"))
     s.set_lingering("drain", True)
@@ -79,15 +87,17 @@ def fleet(real_url: str) -> Iterator[Fleet]:
 
 def row(output: str, first_cell: str) -> str:
     """The table line whose first cell is ``first_cell``."""
-    return next(line for line in output.splitlines()
-                if line.startswith("│") and line.split("│")[1].strip() == first_cell)
+    return next(
+        line
+        for line in output.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip() == first_cell
+    )
 
 
 # -- nodes -------------------------------------------------------------------
 def test_nodes_json_lists_every_node_most_pressed_first(fleet: Fleet) -> None:
     got = fleet.json("nodes")
-    assert {n["node_id"] for n in got} == {"stale", "full", "busy", "idle", "drain", "two",
-                                           "near"}
+    assert {n["node_id"] for n in got} == {"stale", "full", "busy", "idle", "drain", "two", "near"}
     pressures = [n["pressure"] for n in got]
     assert pressures == sorted(pressures, reverse=True)
     by_id = {n["node_id"]: n for n in got}
@@ -107,8 +117,10 @@ def test_nodes_json_lists_every_node_most_pressed_first(fleet: Fleet) -> None:
     rooms = {c["name"]: c["headroom"] for c in by_id["full"]["ceilings"]}
     assert rooms["max_sandbox_count"] == 0
     # the same numbers the client API gives
-    assert got == [msgspec.to_builtins(v) for v in sorted(
-        fleet.s.nodes(), key=lambda v: (-v.pressure, v.node_id))]
+    assert got == [
+        msgspec.to_builtins(v)
+        for v in sorted(fleet.s.nodes(), key=lambda v: (-v.pressure, v.node_id))
+    ]
 
 
 def test_nodes_table_shows_usage_headroom_and_heartbeat_age(fleet: Fleet) -> None:
@@ -117,8 +129,7 @@ def test_nodes_table_shows_usage_headroom_and_heartbeat_age(fleet: Fleet) -> Non
     out = result.stdout
     assert "room sbx" in out and "(≤3)" in out and "(≤80%)" in out
     busy = row(out, "busy").split("│")
-    assert [c.strip() for c in busy[1:7]] == ["busy", "READY", "2+0+0/4", "2+0+0/16", "1/0/0",
-                                              "0"]
+    assert [c.strip() for c in busy[1:7]] == ["busy", "READY", "2+0+0/4", "2+0+0/16", "1/0/0", "0"]
     assert busy[7].strip() == "0.50" and busy[8].strip() == "█████░░░░░"
     # room: 3 - 1 sandboxes; 80 % - 2/4 cpu = 30 points
     assert [c.strip() for c in busy[9:12]] == ["2", "30%", "0.0s ago"]
@@ -134,8 +145,10 @@ def test_nodes_table_shows_usage_headroom_and_heartbeat_age(fleet: Fleet) -> Non
     assert order.index("busy") < order.index("full") < order.index("idle")
 
 
-def test_nodes_watch_refreshes_until_ctrl_c(fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
-                                            ) -> None:
+def test_nodes_watch_refreshes_until_ctrl_c(
+    fleet: Fleet,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pauses: list[float] = []
 
     def pause(seconds: float) -> None:
@@ -159,8 +172,9 @@ def test_nodes_watch_refreshes_until_ctrl_c(fleet: Fleet, monkeypatch: pytest.Mo
     assert result.stdout.count("nodes of cell cli") == 2
 
 
-def test_nodes_watch_keeps_going_through_an_outage(fleet: Fleet,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nodes_watch_keeps_going_through_an_outage(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from scheduler.errors import StoreUnavailable
 
     real_read = nodes_module.read_nodes
@@ -196,14 +210,27 @@ def test_explain_gives_every_node_its_verdict_with_the_exact_reason(fleet: Fleet
     assert (v["idle"]["starting"], v["idle"]["running"]) == (1, 0)
     assert (v["two"]["starting"], v["two"]["running"]) == (1, 1)
     assert v["near"]["ceiling"] == {
-        "name": "max_sandbox_count", "limit": 3, "current": 2, "pending": 1, "request": 1,
-        "total": 4, "capacity": None, "percent": None}
-    assert v["near"]["detail"] == (
-        "max_sandbox_count: 2 current + 1 pending + 1 requested = 4 > 3")
+        "name": "max_sandbox_count",
+        "limit": 3,
+        "current": 2,
+        "pending": 1,
+        "request": 1,
+        "total": 4,
+        "capacity": None,
+        "percent": None,
+    }
+    assert v["near"]["detail"] == ("max_sandbox_count: 2 current + 1 pending + 1 requested = 4 > 3")
     assert v["full"]["ceiling"]["current"] == 3 and v["full"]["ceiling"]["pending"] == 0
     assert v["busy"]["ceiling"] == {
-        "name": "max_cpu_allocated_percent", "limit": 80, "current": 2, "pending": 0,
-        "request": 2, "total": 4, "capacity": 4, "percent": 100.0}
+        "name": "max_cpu_allocated_percent",
+        "limit": 80,
+        "current": 2,
+        "pending": 0,
+        "request": 2,
+        "total": 4,
+        "capacity": 4,
+        "percent": 100.0,
+    }
     assert v["busy"]["reason"] == "at max_cpu_allocated_percent (80)"
     assert v["stale"]["reason"] == "stale heartbeat"
     assert v["stale"]["heartbeat_age_ms"] == 40_000
@@ -215,8 +242,9 @@ def test_explain_gives_every_node_its_verdict_with_the_exact_reason(fleet: Fleet
     assert table.exit_code == 0, table.output
     assert "would place on idle" in table.stdout
     assert "max_sandbox_count: 2 current + 1 pending + 1 requested = 4 > 3" in table.stdout
-    assert ("max_cpu_allocated_percent: 2 current + 0 pending + 2 requested = 4 of 4 cpu = "
-            "100% > 80%") in table.stdout
+    assert (
+        "max_cpu_allocated_percent: 2 current + 0 pending + 2 requested = 4 of 4 cpu = 100% > 80%"
+    ) in table.stdout
 
 
 def test_explain_shows_capacity_and_reserves_nothing(fleet: Fleet) -> None:
@@ -247,10 +275,13 @@ def test_explain_agrees_with_schedule(fleet: Fleet) -> None:
 def test_reservations_list_and_filter(fleet: Fleet) -> None:
     got = fleet.json("reservations")
     assert {r["reservation_id"]: (r["node_id"], r["state"], r["sandbox_id"]) for r in got} == {
-        "res-near": ("near", "pending", None), "res-idle": ("idle", "pending", None),
-        "res-two": ("two", "assigned", "sbx-1")}
+        "res-near": ("near", "pending", None),
+        "res-idle": ("idle", "pending", None),
+        "res-two": ("two", "assigned", "sbx-1"),
+    }
     assert [r["reservation_id"] for r in fleet.json("reservations", "--node", "idle")] == [
-        "res-idle"]
+        "res-idle"
+    ]
     table = fleet.run("reservations")
     assert table.exit_code == 0
     two = [c.strip() for c in row(table.stdout, "res-two").split("│")]
@@ -276,18 +307,22 @@ def test_reservation_show_and_cancel(fleet: Fleet) -> None:
     ended = fleet.json("reservations", "show", "res-idle")["reservation"]
     assert ended["state"] == "cancelled" and ended["ended_ms"] is not None
     again = fleet.run("reservations", "cancel", "res-idle")
-    assert (again.exit_code, again.stderr) == (1, "Error: reservation res-idle already "
-                                                   "cancelled\n")
+    assert (again.exit_code, again.stderr) == (1, "Error: reservation res-idle already cancelled\n")
     assert fleet.json("reservations", "cancel", "res-near") == {
-        "reservation_id": "res-near", "node_id": "near", "state": "cancelled"}
+        "reservation_id": "res-near",
+        "node_id": "near",
+        "state": "cancelled",
+    }
 
 
 def test_group_options_reach_the_subcommand(fleet: Fleet) -> None:
     runner = CliRunner(env={"SCHEDULER_REDIS_ADDR": None})
-    before = runner.invoke(main, ["reservations", "--redis", fleet.url, "--cell", CELL, "--json",
-                                  "show", "res-two"])
-    after = runner.invoke(main, ["reservations", "show", "res-two", "--redis", fleet.url,
-                                 "--cell", CELL, "--json"])
+    before = runner.invoke(
+        main, ["reservations", "--redis", fleet.url, "--cell", CELL, "--json", "show", "res-two"]
+    )
+    after = runner.invoke(
+        main, ["reservations", "show", "res-two", "--redis", fleet.url, "--cell", CELL, "--json"]
+    )
     assert before.exit_code == after.exit_code == 0, before.output + after.output
     assert json.loads(before.stdout) == json.loads(after.stdout)
 
@@ -305,7 +340,11 @@ def test_bindings_lookup(fleet: Fleet) -> None:
     assert got["key"] == "sched:{cli}:bind:sbx-1"
     b = got["binding"]
     assert (b["node_id"], b["endpoint"], b["reservation_id"], b["listed"]) == (
-        "two", "two.local:5000", "res-two", False)
+        "two",
+        "two.local:5000",
+        "res-two",
+        False,
+    )
     assert b["expires_ms"] - got["now_ms"] == 30_000
     table = fleet.run("bindings", "lookup", "sbx-1")
     assert "two.local:5000" in row(table.stdout, "endpoint")
@@ -329,17 +368,29 @@ def test_policy_show(fleet: Fleet) -> None:
 def test_policy_set_changes_only_what_is_given(fleet: Fleet) -> None:
     before = fleet.s.policy()
     assert before is not None
-    result = fleet.run("policy", "set", "--limit", "max_sandbox_count=5", "--limit",
-                       "max_cpu_allocated_percent=0", "--report-ttl", "1m", "--json")
+    result = fleet.run(
+        "policy",
+        "set",
+        "--limit",
+        "max_sandbox_count=5",
+        "--limit",
+        "max_cpu_allocated_percent=0",
+        "--report-ttl",
+        "1m",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
     assert got["outcome"] == "overwritten"
-    assert got["changed"] == {"max_sandbox_count": ["3", "5"],
-                              "max_cpu_allocated_percent": ["80", ""],
-                              "report_ttl_ms": ["30000", "60000"]}
+    assert got["changed"] == {
+        "max_sandbox_count": ["3", "5"],
+        "max_cpu_allocated_percent": ["80", ""],
+        "report_ttl_ms": ["30000", "60000"],
+    }
     after = fleet.s.policy()
     assert after == msgspec.structs.replace(
-        before, report_ttl_ms=60_000, limits=Limits(max_sandbox_count=5))
+        before, report_ttl_ms=60_000, limits=Limits(max_sandbox_count=5)
+    )
     assert got["policy"] == msgspec.to_builtins(after)
     assert "restarted replica refuses to start" in result.stderr
     # the frozen drill clock survived the overwrite: ages are still exact
@@ -349,24 +400,42 @@ def test_policy_set_changes_only_what_is_given(fleet: Fleet) -> None:
 
 
 def test_policy_set_initialises_an_empty_cell(real_url: str) -> None:
-    result = CliRunner().invoke(main, ["policy", "set", "--redis", real_url, "--cell", "fresh",
-                                       "--strategy", "round_robin", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "policy",
+            "set",
+            "--redis",
+            real_url,
+            "--cell",
+            "fresh",
+            "--strategy",
+            "round_robin",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["outcome"] == "created"
     assert Scheduler.connect(real_url, cell="fresh").policy() == Policy(strategy="round_robin")
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "nothing to set"),
-    (["--limit", "bogus=1"], "'bogus=1' is not NAME=VALUE"),
-    (["--limit", "max_sandbox_count"], "is not NAME=VALUE"),
-    (["--report-ttl", "5x"], "'5x' is not a duration"),
-    (["--reservation-ttl", "0s"], "positive"),
-    (["--overcommit-cpu", "0"], "--overcommit-cpu"),
-    (["--strategy", "fastest"], "'fastest' is not one of"),
-])
-def test_policy_set_bad_arguments_change_nothing(fleet: Fleet, args: list[str], message: str,
-                                                 ) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "nothing to set"),
+        (["--limit", "bogus=1"], "'bogus=1' is not NAME=VALUE"),
+        (["--limit", "max_sandbox_count"], "is not NAME=VALUE"),
+        (["--report-ttl", "5x"], "'5x' is not a duration"),
+        (["--reservation-ttl", "0s"], "positive"),
+        (["--overcommit-cpu", "0"], "--overcommit-cpu"),
+        (["--strategy", "fastest"], "'fastest' is not one of"),
+    ],
+)
+def test_policy_set_bad_arguments_change_nothing(
+    fleet: Fleet,
+    args: list[str],
+    message: str,
+) -> None:
     before = fleet.dump()
     result = fleet.run("policy", "set", *args)
     assert result.exit_code == 2
@@ -377,41 +446,113 @@ def test_policy_set_bad_arguments_change_nothing(fleet: Fleet, args: list[str], 
 # Node "x": 8 cpu, 16 GiB; 2 running + 1 paused + 1 starting (reported), 4 cpu / 8 GiB
 # allocated, 2 cpu / 2 GiB paused, 70 % cpu and 12 GiB memory used; plus one pending
 # reservation of 1 cpu / 1 GiB.  The request is 1 cpu / 1 GiB again.
-@pytest.mark.parametrize("name, limit, parts, percent, text", [
-    ("max_sandbox_starting_count", 2, (1, 1, 1, 3), None,
-     "max_sandbox_starting_count: 1 current + 1 pending + 1 requested = 3 > 2"),
-    # current = 2 running + 1 starting + 1 paused: a starting sandbox counts
-    ("max_sandbox_count_including_paused", 5, (4, 1, 1, 6), None,
-     "max_sandbox_count_including_paused: 4 current + 1 pending + 1 requested = 6 > 5"),
-    ("max_sandbox_count", 4, (3, 1, 1, 5), None,
-     "max_sandbox_count: 3 current + 1 pending + 1 requested = 5 > 4"),
-    ("max_allocated_cpu_including_paused", 7, (6, 1, 1, 8), None,
-     "max_allocated_cpu_including_paused: 6 current + 1 pending + 1 requested = 8 > 7"),
-    ("max_allocated_memory_bytes_including_paused", 11 * GIB,
-     (10 * GIB, GIB, GIB, 12 * GIB), None,
-     "max_allocated_memory_bytes_including_paused: 10 GiB current + 1 GiB pending + "
-     "1 GiB requested = 12 GiB > 11 GiB"),
-    ("max_memory_allocated_percent", 60, (8 * GIB, GIB, GIB, 10 * GIB), 62.5,
-     "max_memory_allocated_percent: 8 current + 1 pending + 1 requested = 10 of 16 GiB = "
-     "62.5% > 60%"),
-    ("max_cpu_used_percent", 50, (70, 0, 0, 70), 70.0,
-     "max_cpu_used_percent: observed 70% > 50% (latest snapshot)"),
-    ("max_memory_used_percent", 50, (12 * GIB, 0, 0, 12 * GIB), 75.0,
-     "max_memory_used_percent: observed 75% > 50% (latest snapshot)"),
-])
+@pytest.mark.parametrize(
+    "name, limit, parts, percent, text",
+    [
+        (
+            "max_sandbox_starting_count",
+            2,
+            (1, 1, 1, 3),
+            None,
+            "max_sandbox_starting_count: 1 current + 1 pending + 1 requested = 3 > 2",
+        ),
+        # current = 2 running + 1 starting + 1 paused: a starting sandbox counts
+        (
+            "max_sandbox_count_including_paused",
+            5,
+            (4, 1, 1, 6),
+            None,
+            "max_sandbox_count_including_paused: 4 current + 1 pending + 1 requested = 6 > 5",
+        ),
+        (
+            "max_sandbox_count",
+            4,
+            (3, 1, 1, 5),
+            None,
+            "max_sandbox_count: 3 current + 1 pending + 1 requested = 5 > 4",
+        ),
+        (
+            "max_allocated_cpu_including_paused",
+            7,
+            (6, 1, 1, 8),
+            None,
+            "max_allocated_cpu_including_paused: 6 current + 1 pending + 1 requested = 8 > 7",
+        ),
+        (
+            "max_allocated_memory_bytes_including_paused",
+            11 * GIB,
+            (10 * GIB, GIB, GIB, 12 * GIB),
+            None,
+            "max_allocated_memory_bytes_including_paused: 10 GiB current + 1 GiB pending + "
+            "1 GiB requested = 12 GiB > 11 GiB",
+        ),
+        (
+            "max_memory_allocated_percent",
+            60,
+            (8 * GIB, GIB, GIB, 10 * GIB),
+            62.5,
+            "max_memory_allocated_percent: 8 current + 1 pending + 1 requested = 10 of 16 GiB = "
+            "62.5% > 60%",
+        ),
+        (
+            "max_cpu_used_percent",
+            50,
+            (70, 0, 0, 70),
+            70.0,
+            "max_cpu_used_percent: observed 70% > 50% (latest snapshot)",
+        ),
+        (
+            "max_memory_used_percent",
+            50,
+            (12 * GIB, 0, 0, 12 * GIB),
+            75.0,
+            "max_memory_used_percent: observed 75% > 50% (latest snapshot)",
+        ),
+    ],
+)
 def test_explain_breaks_every_kind_of_ceiling_down(
-        real_url: str, name: str, limit: int, parts: tuple[int, int, int, int],
-        percent: float | None, text: str) -> None:
+    real_url: str,
+    name: str,
+    limit: int,
+    parts: tuple[int, int, int, int],
+    percent: float | None,
+    text: str,
+) -> None:
     s = Scheduler.connect(real_url, cell="ceil")
     s.sync_policy(Policy())
-    s.heartbeat(hb("x", cpu=8, mem_gib=16, sandbox_count=2, sandbox_starting_count=1,
-                   paused_sandbox_count=1, allocated_cpu=4, allocated_memory_bytes=8 * GIB,
-                   paused_allocated_cpu=2, paused_allocated_memory_bytes=2 * GIB,
-                   cpu_percent=70, memory_used_bytes=12 * GIB))
+    s.heartbeat(
+        hb(
+            "x",
+            cpu=8,
+            mem_gib=16,
+            sandbox_count=2,
+            sandbox_starting_count=1,
+            paused_sandbox_count=1,
+            allocated_cpu=4,
+            allocated_memory_bytes=8 * GIB,
+            paused_allocated_cpu=2,
+            paused_allocated_memory_bytes=2 * GIB,
+            cpu_percent=70,
+            memory_used_bytes=12 * GIB,
+        )
+    )
     s.schedule(REQUEST)
     s.sync_policy(Policy(limits=Limits(**{name: limit})), overwrite=True)
-    result = CliRunner().invoke(main, ["explain", "--redis", real_url, "--cell", "ceil",
-                                       "--cpu", "1", "--memory-mb", "1024", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "explain",
+            "--redis",
+            real_url,
+            "--cell",
+            "ceil",
+            "--cpu",
+            "1",
+            "--memory-mb",
+            "1024",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     (x,) = json.loads(result.stdout)["verdicts"]
     assert x["reason"] == f"at {name} ({limit})"
@@ -427,8 +568,10 @@ def test_linger_drains_a_node_and_off_undoes_it(fleet: Fleet) -> None:
     assert done == {"node_id": "idle", "lingering": True, "was_lingering": False}
     by_id = {n["node_id"]: n for n in fleet.json("nodes")}
     assert by_id["idle"]["status"] == "LINGERING"
-    verdicts = {v["node_id"]: v for v in fleet.json("explain", "--cpu", "1", "--memory-mb", "1024")
-                ["verdicts"]}
+    verdicts = {
+        v["node_id"]: v
+        for v in fleet.json("explain", "--cpu", "1", "--memory-mb", "1024")["verdicts"]
+    }
     assert verdicts["idle"]["reason"] == "lingering"
     assert fleet.json("linger", "idle", "--off")["was_lingering"] is True
     assert {n["node_id"]: n for n in fleet.json("nodes")}["idle"]["status"] == "READY"

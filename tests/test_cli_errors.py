@@ -30,7 +30,8 @@ EVERY_COMMAND = [
 def invoke(args: list[str], env: dict[str, str | None] | None = None) -> tuple[int, str, str]:
     result = CliRunner(env={"SCHEDULER_REDIS_ADDR": None, **(env or {})}).invoke(main, args)
     assert not isinstance(result.exception, Exception) or isinstance(
-        result.exception, SystemExit), repr(result.exception)
+        result.exception, SystemExit
+    ), repr(result.exception)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -57,20 +58,27 @@ def test_cell_without_policy_says_how_to_initialise_it(real_url: str, command: l
         assert code == 0  # setting a policy is how a cell is initialised
         return
     assert (code, out) == (1, "")
-    assert err == ("Error: cell policy is not initialised: start a replica or run "
-                   "`schedctl policy set`\n")
+    assert err == (
+        "Error: cell policy is not initialised: start a replica or run `schedctl policy set`\n"
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nodes", "--redis", "http://example.com"], "redis_addr must be host:port or a redis://"),
-    (["nodes", "--cell", "a{b}"], "cell must be 1-64 of letters"),
-    (["reservations", "show", "a:b"], "reservation_id contains ':'"),
-    (["reservations", "cancel", " "], "reservation_id is required"),
-    (["reservations", "--node", "x/../{y}"], "node_id contains '{'"),
-    (["bindings", "lookup", "a b"], "sandbox_id contains ' '"),
-])
-def test_bad_ids_and_urls_exit_2_naming_the_field(real_url: str, args: list[str], message: str,
-                                                  ) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nodes", "--redis", "http://example.com"], "redis_addr must be host:port or a redis://"),
+        (["nodes", "--cell", "a{b}"], "cell must be 1-64 of letters"),
+        (["reservations", "show", "a:b"], "reservation_id contains ':'"),
+        (["reservations", "cancel", " "], "reservation_id is required"),
+        (["reservations", "--node", "x/../{y}"], "node_id contains '{'"),
+        (["bindings", "lookup", "a b"], "sandbox_id contains ' '"),
+    ],
+)
+def test_bad_ids_and_urls_exit_2_naming_the_field(
+    real_url: str,
+    args: list[str],
+    message: str,
+) -> None:
     if "--redis" not in args:
         args = [*args, "--redis", real_url]
     Scheduler.connect(real_url).sync_policy(Policy())
@@ -80,14 +88,17 @@ def test_bad_ids_and_urls_exit_2_naming_the_field(real_url: str, args: list[str]
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["explain", "--cpu", "-1"], "Invalid value for '--cpu'"),
-    (["explain", "--strategy", "best"], "Invalid value for '--strategy'"),
-    (["nodes", "--interval", "0"], "Invalid value for '--interval'"),
-    (["reservations", "show"], "Missing argument 'ID'"),
-    (["bindings", "lookup"], "Missing argument 'SANDBOX'"),
-    (["nodes", "--bogus"], "--bogus"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["explain", "--cpu", "-1"], "Invalid value for '--cpu'"),
+        (["explain", "--strategy", "best"], "Invalid value for '--strategy'"),
+        (["nodes", "--interval", "0"], "Invalid value for '--interval'"),
+        (["reservations", "show"], "Missing argument 'ID'"),
+        (["bindings", "lookup"], "Missing argument 'SANDBOX'"),
+        (["nodes", "--bogus"], "--bogus"),
+    ],
+)
 def test_usage_errors_exit_2_without_touching_redis(args: list[str], message: str) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"  # never reached: arguments fail first
     code, out, err = invoke([*args, "--redis", closed])
@@ -105,13 +116,16 @@ def test_redis_comes_from_the_environment_in_host_port_form(real_url: str) -> No
     s.sync_policy(Policy())
     s.heartbeat(hb("n1"))
     host_port = real_url.removeprefix("redis://").removesuffix("/0")
-    code, out, err = invoke(["nodes", "--cell", "env", "--json"],
-                            env={"SCHEDULER_REDIS_ADDR": host_port})
+    code, out, err = invoke(
+        ["nodes", "--cell", "env", "--json"], env={"SCHEDULER_REDIS_ADDR": host_port}
+    )
     assert code == 0, err
     assert [n["node_id"] for n in json.loads(out)] == ["n1"]
     # a flag wins over the environment
-    code, _, err = invoke(["nodes", "--cell", "env", "--redis", f"127.0.0.1:{free_port()}"],
-                          env={"SCHEDULER_REDIS_ADDR": host_port})
+    code, _, err = invoke(
+        ["nodes", "--cell", "env", "--redis", f"127.0.0.1:{free_port()}"],
+        env={"SCHEDULER_REDIS_ADDR": host_port},
+    )
     assert code == 1 and "unreachable" in err
 
 

@@ -28,7 +28,7 @@ def section() -> str:
     text = OPERATIONS.read_text()
     start = text.index("## Debugging with redis-cli")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def table_rows(after: str) -> list[list[str]]:
@@ -36,7 +36,7 @@ def table_rows(after: str) -> list[list[str]]:
     lines = section().split("\n")
     i = next(n for n, line in enumerate(lines) if after in line)
     rows = []
-    for line in lines[i + 1:]:
+    for line in lines[i + 1 :]:
         if line.startswith("|"):
             rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
         elif rows:
@@ -72,19 +72,30 @@ def populated(real_url: str) -> str:
 
 
 def test_every_documented_command_returns_the_documented_fields(
-        populated: str, redis_cli: str) -> None:
+    populated: str, redis_cli: str
+) -> None:
     rows = table_rows("What to type")
     commands = " ".join(row[1] for row in rows)
     # The issue asks for these five at least: a node, a reservation, a node's
     # pending reservations, a binding, the policy.
-    for key in ("node:<node>'", "res:<reservation>'", "node-res:<node>'", "bind:<sandbox>'",
-                "policy'"):
+    for key in (
+        "node:<node>'",
+        "res:<reservation>'",
+        "node-res:<node>'",
+        "bind:<sandbox>'",
+        "policy'",
+    ):
         assert f"'sched:{{default}}:{key}" in commands, key
     for what, command, expected in rows:
         argv = shlex.split(fill(command.strip("`")))
         assert argv[0] == "redis-cli", command
-        out = subprocess.run([redis_cli, "-u", populated, *argv[1:]], capture_output=True,
-                             text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            [redis_cli, "-u", populated, *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         lines = set(out.splitlines())
         wanted = [fill(x) for x in re.findall(r"`([^`]+)`", expected)]
         assert wanted, what
@@ -107,8 +118,19 @@ def test_key_layout_table_matches_keys_module() -> None:
 
 def test_documented_keys_are_the_ones_the_client_builds() -> None:
     k = scheduler.keys.CellKeys("default")
-    built = {k.policy, k.nodes, k.stats, k.rr, k.expiry, k.node("<node>"),
-             k.node_res("<node>"), k.node_sbx("<node>"), k.res("<reservation>"),
-             k.bind("<sandbox>"), k.art_lru, k.art_names}
+    built = {
+        k.policy,
+        k.nodes,
+        k.stats,
+        k.rr,
+        k.expiry,
+        k.node("<node>"),
+        k.node_res("<node>"),
+        k.node_sbx("<node>"),
+        k.res("<reservation>"),
+        k.bind("<sandbox>"),
+        k.art_lru,
+        k.art_names,
+    }
     documented = {row[0].strip("`") for row in table_rows("The layout")}
     assert built <= documented

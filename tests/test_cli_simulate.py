@@ -9,8 +9,22 @@ import redis
 from click.testing import CliRunner, Result
 from scheduler.cli.main import main
 
-SMALL = ["--nodes", "3", "--creates", "30", "--max-sandbox-count", "4", "--rate", "0",
-         "--heartbeat-interval", "0.05", "--heartbeat-lag", "0.02", "--create-delay", "0.01"]
+SMALL = [
+    "--nodes",
+    "3",
+    "--creates",
+    "30",
+    "--max-sandbox-count",
+    "4",
+    "--rate",
+    "0",
+    "--heartbeat-interval",
+    "0.05",
+    "--heartbeat-lag",
+    "0.02",
+    "--create-delay",
+    "0.01",
+]
 
 
 def invoke(*args: str) -> Result:
@@ -24,15 +38,18 @@ def test_json_on_real_redis_shows_the_ceiling_held(real_url: str) -> None:
     assert (got["placed"], got["refused"], got["failed_creates"]) == (12, 18, 0)
     assert (got["max_node_count"], got["ceiling"], got["ceiling_held"]) == (4, 4, True)
     assert got["refusals"] == {
-        "no nodes available: 0/3 nodes available: 3 at max_sandbox_count (4)": 18}
+        "no nodes available: 0/3 nodes available: 3 at max_sandbox_count (4)": 18
+    }
     assert got["settled"] and got["scenario"]["replicas"] == 3
     assert [n["sandbox_count"] for n in got["final_view"]] == [4, 4, 4]
     assert got["cell"] == "simcli" and got["target"] == real_url
     # the cell is kept for schedctl
-    nodes = CliRunner().invoke(main, ["nodes", "--redis", real_url, "--cell", "simcli",
-                                      "--json"])
+    nodes = CliRunner().invoke(main, ["nodes", "--redis", real_url, "--cell", "simcli", "--json"])
     assert sorted(n["node_id"] for n in json.loads(nodes.stdout)) == [
-        "node-01", "node-02", "node-03"]
+        "node-01",
+        "node-02",
+        "node-03",
+    ]
 
 
 def test_table_output_has_the_node_table_and_the_summary(real_url: str) -> None:
@@ -67,23 +84,30 @@ def test_runs_on_the_embedded_store_by_default() -> None:
 
 
 def test_counter_mode_and_round_robin(real_url: str) -> None:
-    result = invoke(*SMALL, "--no-roster", "--strategy", "round_robin", "--redis", real_url,
-                    "--json")
+    result = invoke(
+        *SMALL, "--no-roster", "--strategy", "round_robin", "--redis", real_url, "--json"
+    )
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
     assert got["scenario"]["roster"] is False and got["scenario"]["strategy"] == "round_robin"
     assert (got["placed"], got["max_node_count"], got["settled"]) == (12, 4, True)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--node-shapes", "lots"], "Invalid value for '--node-shapes'"),
-    (["--nodes", "0"], "Invalid value for '--nodes'"),
-    (["--fail-rate", "2"], "Invalid value for '--fail-rate'"),
-    (["--strategy", "best"], "Invalid value for '--strategy'"),
-    (["--cell", "a:b"], "cell must be 1-64 of letters"),
-])
-def test_bad_arguments_exit_2_and_write_nothing(real_url: str, args: list[str], message: str,
-                                                ) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--node-shapes", "lots"], "Invalid value for '--node-shapes'"),
+        (["--nodes", "0"], "Invalid value for '--nodes'"),
+        (["--fail-rate", "2"], "Invalid value for '--fail-rate'"),
+        (["--strategy", "best"], "Invalid value for '--strategy'"),
+        (["--cell", "a:b"], "cell must be 1-64 of letters"),
+    ],
+)
+def test_bad_arguments_exit_2_and_write_nothing(
+    real_url: str,
+    args: list[str],
+    message: str,
+) -> None:
     result = invoke(*SMALL, "--redis", real_url, *args)
     assert (result.exit_code, result.stdout) == (2, "")
     assert message in result.stderr

@@ -15,14 +15,16 @@ ASYNC_ONLY = {"timeout"}
 
 
 def public(cls: type) -> dict[str, Any]:
-    return {name: member for name, member in inspect.getmembers(cls)
-            if not name.startswith("_") and callable(member)}
+    return {
+        name: member
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and callable(member)
+    }
 
 
 def params(f: Any, skip: set[str] = frozenset()) -> list[tuple[str, Any, Any]]:
     sig = inspect.signature(f)
-    return [(p.name, p.kind, p.default) for p in sig.parameters.values()
-            if p.name not in skip]
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values() if p.name not in skip]
 
 
 def test_same_operations_same_parameters() -> None:
@@ -40,8 +42,9 @@ def test_async_operations_are_awaitable_and_sync_ones_are_not() -> None:
             continue
         returns = inspect.signature(member).return_annotation
         awaitable = inspect.iscoroutinefunction(member) or "Awaitable" in str(returns)
-        assert awaitable or name == "connect" and inspect.iscoroutinefunction(
-            inspect.unwrap(member)), name
+        assert (
+            awaitable or name == "connect" and inspect.iscoroutinefunction(inspect.unwrap(member))
+        ), name
     for name, member in public(Scheduler).items():
         assert not inspect.iscoroutinefunction(member), name
         assert "Awaitable" not in str(inspect.signature(member).return_annotation), name

@@ -34,13 +34,16 @@ def cluster(redis_server: RedisServer) -> Iterator[ClusterTopology]:
         yield topo
 
 
-def cell_on(topo: ClusterTopology, port: int, taken: set[str] | None = None,
-            stem: str = "cell") -> str:
+def cell_on(
+    topo: ClusterTopology, port: int, taken: set[str] | None = None, stem: str = "cell"
+) -> str:
     """A cell name whose hash slot the primary on ``port`` serves."""
     for i in range(10_000):
         name = f"{stem}{i}"
-        if name not in (taken or set()) and \
-                topo.slot_owner(topo.keyslot(f"sched:{{{name}}}:policy")).port == port:
+        if (
+            name not in (taken or set())
+            and topo.slot_owner(topo.keyslot(f"sched:{{{name}}}:policy")).port == port
+        ):
             return name
     raise AssertionError(f"no cell name lands on {port}")
 
@@ -51,8 +54,7 @@ def has_library(server: RedisServer) -> bool:
     return library().name in names or library().name.encode() in names
 
 
-def test_a_cell_on_each_primary_and_the_library_on_every_primary(
-        cluster: ClusterTopology) -> None:
+def test_a_cell_on_each_primary_and_the_library_on_every_primary(cluster: ClusterTopology) -> None:
     primaries = cluster.primaries()
     assert len(primaries) == 3
     cells: dict[str, int] = {}
@@ -113,8 +115,9 @@ def test_a_primary_without_the_library_gets_it(cluster: ClusterTopology) -> None
         s.close()
 
 
-def test_a_replica_serves_a_cell_on_any_primary(cluster: ClusterTopology,
-                                                processes: list[ServeProcess]) -> None:
+def test_a_replica_serves_a_cell_on_any_primary(
+    cluster: ClusterTopology, processes: list[ServeProcess]
+) -> None:
     """The report: a replica whose cell lives on another primary than the one
     in its address exited with a MovedError traceback."""
     first = cluster.servers[0].port
@@ -127,7 +130,8 @@ def test_a_replica_serves_a_cell_on_any_primary(cluster: ClusterTopology,
 
 
 def test_a_cell_whose_primary_is_down_is_unavailable_naming_the_slot(
-        processes: list[ServeProcess]) -> None:
+    processes: list[ServeProcess],
+) -> None:
     with ClusterTopology(primaries=3, replicas=0) as topo:
         owner = topo.primaries()[2]
         cell = cell_on(topo, owner.port)
@@ -160,7 +164,8 @@ def test_a_cell_whose_primary_is_down_is_unavailable_naming_the_slot(
 
 
 def test_schedctl_and_the_library_say_one_line_for_a_redis_that_is_no_cluster(
-        redis_server: RedisServer) -> None:
+    redis_server: RedisServer,
+) -> None:
     url = f"redis+cluster://127.0.0.1:{redis_server.port}"
     out = CliRunner().invoke(main, ["cells", "--redis", url])
     assert out.exit_code == 1

@@ -24,8 +24,11 @@ from tests.test_index import index_is_consistent
 from tests.test_model_equivalence import build, fleets, policies
 
 requests = st.one_of(
-    st.builds(Request.cold, st.sampled_from([0, 1, 2, 4, 8, 64]),
-              st.sampled_from([0, 256, 1024, 4096, 16384])),
+    st.builds(
+        Request.cold,
+        st.sampled_from([0, 1, 2, 4, 8, 64]),
+        st.sampled_from([0, 256, 1024, 4096, 16384]),
+    ),
     st.just(Request.template()),
     st.just(Request.route()),
 )
@@ -37,8 +40,10 @@ def outcome(r: Placement | SchedulerError) -> Any:
     return (r.node_id, r.endpoint, r.reservation_id, r.pressure, r.cpu, r.memory_bytes, r.status)
 
 
-def calls_for(s: Scheduler, stream: list[tuple[Request, str | None, int]],
-              ) -> list[Call[Placement]]:
+def calls_for(
+    s: Scheduler,
+    stream: list[tuple[Request, str | None, int]],
+) -> list[Call[Placement]]:
     """The same calls (same reservation ids and random draws) for any cell."""
     out = []
     for req, strategy, i in stream:
@@ -48,15 +53,26 @@ def calls_for(s: Scheduler, stream: list[tuple[Request, str | None, int]],
     return out
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fleet=fleets(), policy=policies,
-       stream=st.lists(st.tuples(requests,
-                                 st.sampled_from([None, None, "round_robin", "random"]),
-                                 st.integers(0, 5)), min_size=1, max_size=14))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fleet=fleets(),
+    policy=policies,
+    stream=st.lists(
+        st.tuples(
+            requests, st.sampled_from([None, None, "round_robin", "random"]), st.integers(0, 5)
+        ),
+        min_size=1,
+        max_size=14,
+    ),
+)
 def test_a_batch_decides_as_the_same_requests_one_by_one(
-        redis_client: Any, fleet: list[dict[str, Any]], policy: Policy,
-        stream: list[tuple[Request, str | None, int]]) -> None:
+    redis_client: Any,
+    fleet: list[dict[str, Any]],
+    policy: Policy,
+    stream: list[tuple[Request, str | None, int]],
+) -> None:
     one = Scheduler(redis_client, cell="one")
     many = Scheduler(redis_client, cell="many")
     build(many, fleet, policy)  # (flushes the server first)
@@ -85,30 +101,44 @@ def test_a_long_batch_on_a_mixed_fleet_decides_as_one_by_one(redis_client: Any) 
     each decision reads the streams the ones before it moved (the call keeps
     their first members up to date instead of reading them again)."""
     import random
+
     rng = random.Random(5)
     fleet = []
     for i in range(120):
         cpu, mem = [(16, 64), (32, 128), (64, 256), (96, 384)][i % 4]
-        fleet.append({"node_id": f"m{i:03d}", "cpu": cpu, "mem_gib": mem,
-                      "allocated_cpu": rng.randrange(0, cpu // 2 + 1) // 2 * 2,
-                      "sandbox_count": rng.randrange(0, 4)})
+        fleet.append(
+            {
+                "node_id": f"m{i:03d}",
+                "cpu": cpu,
+                "mem_gib": mem,
+                "allocated_cpu": rng.randrange(0, cpu // 2 + 1) // 2 * 2,
+                "sandbox_count": rng.randrange(0, 4),
+            }
+        )
     one, many = Scheduler(redis_client, cell="one"), Scheduler(redis_client, cell="many")
     redis_client.flushall()
     for s in (one, many):
         s.sync_policy(Policy(strategy="least_loaded"))
         for f in fleet:
-            s.heartbeat(hb(f["node_id"], cpu=f["cpu"], mem_gib=f["mem_gib"],
-                           allocated_cpu=f["allocated_cpu"],
-                           allocated_memory_bytes=f["allocated_cpu"] * 2 * GIB,
-                           sandbox_count=f["sandbox_count"]))
-    stream = [(Request.cold(rng.choice([1, 2, 2, 4]), rng.choice([2048, 4096, 8192])), None, i)
-              for i in range(64)]
+            s.heartbeat(
+                hb(
+                    f["node_id"],
+                    cpu=f["cpu"],
+                    mem_gib=f["mem_gib"],
+                    allocated_cpu=f["allocated_cpu"],
+                    allocated_memory_bytes=f["allocated_cpu"] * 2 * GIB,
+                    sandbox_count=f["sandbox_count"],
+                )
+            )
+    stream = [
+        (Request.cold(rng.choice([1, 2, 2, 4]), rng.choice([2048, 4096, 8192])), None, i)
+        for i in range(64)
+    ]
     sequential = one_by_one_and_batched(one, many, stream, Policy(strategy="least_loaded"))
     assert len({r.node_id for r in sequential if isinstance(r, Placement)}) > 8
 
 
-def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
-        redis_client: Any) -> None:
+def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(redis_client: Any) -> None:
     """Identical nodes share a bucket: a batch rotates through it, and the
     nodes it moved meet again in buckets its own moves made, which later
     decisions of the same call choose among (the call knows their members
@@ -120,8 +150,16 @@ def test_a_batch_that_comes_back_to_its_buckets_decides_as_one_by_one(
     for s in (one, many):
         s.sync_policy(Policy(strategy="least_loaded"))
         for node_id in ids:
-            s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2,
-                           allocated_memory_bytes=4 * GIB, sandbox_count=1))
+            s.heartbeat(
+                hb(
+                    node_id,
+                    cpu=16,
+                    mem_gib=64,
+                    allocated_cpu=2,
+                    allocated_memory_bytes=4 * GIB,
+                    sandbox_count=1,
+                )
+            )
     stream = [(Request.cold(1, 1024), None, i) for i in range(5 * len(ids) + 3)]
     sequential = one_by_one_and_batched(one, many, stream, Policy(strategy="least_loaded"))
     # every node took five or six: the rotation went round each bucket whole
@@ -148,8 +186,9 @@ def test_a_batch_decides_again_after_a_sweep_between_its_decisions(redis_client:
             s.schedule(Request.cold(1, 0), reservation_id=f"w2-{i}")
         s.advance_clock(100)
         for node_id in ("n1", "n3", "n4"):
-            s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2,
-                           allocated_memory_bytes=4 * GIB))
+            s.heartbeat(
+                hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2, allocated_memory_bytes=4 * GIB)
+            )
         s.advance_clock(2_000)  # every reservation expired
     stream = [(Request.cold(1, 1024), None, i) for i in range(4)]
     sequential = one_by_one_and_batched(one, many, stream, policy)
@@ -159,15 +198,16 @@ def test_a_batch_decides_again_after_a_sweep_between_its_decisions(redis_client:
     assert placed[0] in ("n1", "n3", "n4") and placed[1] == "big"
 
 
-def one_by_one_and_batched(one: Scheduler, many: Scheduler,
-                           stream: list[tuple[Request, str | None, int]],
-                           policy: Policy) -> list[Placement | SchedulerError]:
+def one_by_one_and_batched(
+    one: Scheduler, many: Scheduler, stream: list[tuple[Request, str | None, int]], policy: Policy
+) -> list[Placement | SchedulerError]:
     """``stream`` one by one in cell ``one`` and as one batch call in cell
     ``many`` (its clock frozen first): the same answers and node records, and
     every node in exactly the bucket its record implies after the batch's
     moves.  Returns the answers."""
-    sequential: list[Placement | SchedulerError] = [one.run(call)
-                                                    for call in calls_for(one, stream)]
+    sequential: list[Placement | SchedulerError] = [
+        one.run(call) for call in calls_for(one, stream)
+    ]
     now = many.advance_clock(0, "freeze")
     batched = many.run(many.ops.schedule_batch(calls_for(many, stream)))
     assert [outcome(r) for r in batched] == [outcome(r) for r in sequential]
@@ -193,10 +233,12 @@ def _build_beside(s: Scheduler, fleet: list[dict[str, Any]], policy: Policy) -> 
 def test_each_request_of_a_batch_gets_its_own_error(make_scheduler: Any) -> None:
     s = make_scheduler()
     s.heartbeat(hb("n1", cpu=4, mem_gib=8))
-    calls = [s.ops.schedule(Request.cold(2, 1024), None, "a"),
-             s.ops.schedule(Request.cold(3, 1024), None, "b"),   # does not fit after a
-             s.ops.schedule(Request.cold(2, 1024), None, "a"),   # a again: the same answer
-             s.ops.schedule(Request.cold(1, 1024), None, "a")]   # a, another request
+    calls = [
+        s.ops.schedule(Request.cold(2, 1024), None, "a"),
+        s.ops.schedule(Request.cold(3, 1024), None, "b"),  # does not fit after a
+        s.ops.schedule(Request.cold(2, 1024), None, "a"),  # a again: the same answer
+        s.ops.schedule(Request.cold(1, 1024), None, "a"),
+    ]  # a, another request
     got = s.run(s.ops.schedule_batch(calls))
     assert isinstance(got[0], Placement) and got[0].node_id == "n1"
     assert isinstance(got[1], NoNodesAvailable) and "insufficient cpu" in got[1].message
@@ -211,13 +253,15 @@ def test_each_request_of_a_batch_gets_its_own_error(make_scheduler: Any) -> None
 @pytest.mark.real_only
 def test_a_replica_client_batches_what_queues_while_a_call_is_in_flight() -> None:
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="co", policy=Policy())
             try:
                 for k in range(8):
                     await a.heartbeat(hb(f"n{k}", cpu=64, mem_gib=256))
-                placed = await asyncio.gather(*(a.schedule(Request.cold(1, GIB // (1 << 20)))
-                                                for _ in range(200)))
+                placed = await asyncio.gather(
+                    *(a.schedule(Request.cold(1, GIB // (1 << 20))) for _ in range(200))
+                )
                 assert a.coalescer.batches >= 1 and a.coalescer.batched > 1
                 ids = {p.reservation_id for p in placed}
                 assert len(ids) == 200
@@ -229,8 +273,7 @@ def test_a_replica_client_batches_what_queues_while_a_call_is_in_flight() -> Non
                 assert a.coalescer.batches == before
                 # coalescing off: the same answers, one call each
                 a.coalescer.enabled = False
-                more = await asyncio.gather(*(a.schedule(Request.cold(1, 1024))
-                                              for _ in range(20)))
+                more = await asyncio.gather(*(a.schedule(Request.cold(1, 1024)) for _ in range(20)))
                 assert a.coalescer.batches == before and len(more) == 20
             finally:
                 await a.close()
@@ -241,6 +284,7 @@ def test_a_replica_client_batches_what_queues_while_a_call_is_in_flight() -> Non
 @pytest.mark.real_only
 def test_a_request_that_gives_up_while_queued_leaves_no_reservation() -> None:
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="gone", policy=Policy())
             try:
@@ -249,12 +293,17 @@ def test_a_request_that_gives_up_while_queued_leaves_no_reservation() -> None:
                 try:
                     results = await asyncio.gather(
                         *(a.schedule(Request.cold(1, 1024), timeout=0.3) for _ in range(5)),
-                        return_exceptions=True)
+                        return_exceptions=True,
+                    )
                 finally:
                     rs.resume()
                 assert all(isinstance(r, SchedulerError) for r in results), results
-                await asyncio.to_thread(wait_until, lambda: not a.forgotten and
-                                        not a.coalescer.busy, 10, "abandoned ones cancelled")
+                await asyncio.to_thread(
+                    wait_until,
+                    lambda: not a.forgotten and not a.coalescer.busy,
+                    10,
+                    "abandoned ones cancelled",
+                )
                 st = await a.stats()
                 assert st.pending == 0
             finally:

@@ -16,14 +16,16 @@ from tests.workers import schedule_many
 pytestmark = [pytest.mark.real_only, pytest.mark.slow]
 
 
-def run_processes(url: str, cell: str, processes: int, total: int, cpu: int,
-                  memory_mb: int) -> list[tuple[str | None, str]]:
+def run_processes(
+    url: str, cell: str, processes: int, total: int, cpu: int, memory_mb: int
+) -> list[tuple[str | None, str]]:
     ctx = mp.get_context("spawn")
     start = ctx.Manager().Event()
     shares = [total // processes + (1 if i < total % processes else 0) for i in range(processes)]
     with ctx.Pool(processes) as pool:
-        pending = [pool.apply_async(schedule_many, (url, cell, n, cpu, memory_mb, start))
-                   for n in shares]
+        pending = [
+            pool.apply_async(schedule_many, (url, cell, n, cpu, memory_mb, start)) for n in shares
+        ]
         start.set()
         results = [r for p in pending for r in p.get(timeout=120)]
     assert len(results) == total
@@ -33,8 +35,11 @@ def run_processes(url: str, cell: str, processes: int, total: int, cpu: int,
 def test_ceiling_holds_under_8_concurrent_processes(real_url: str) -> None:
     # 16 CPUs fit 8 creates of 2 CPUs at overcommit 1.0; overcommit 2.0 makes
     # the ceiling, not capacity, the constraint that binds.
-    s = Scheduler.connect(real_url, cell="ceiling", policy=Policy(
-        limits=Limits(max_sandbox_count=10), overcommit=Overcommit(cpu=2.0)))
+    s = Scheduler.connect(
+        real_url,
+        cell="ceiling",
+        policy=Policy(limits=Limits(max_sandbox_count=10), overcommit=Overcommit(cpu=2.0)),
+    )
     for i in range(8):
         s.heartbeat(hb(f"n{i}", cpu=16, mem_gib=64))
     results = run_processes(real_url, "ceiling", 8, 200, 2, 4096)
@@ -52,8 +57,7 @@ def test_ceiling_holds_under_8_concurrent_processes(real_url: str) -> None:
 def optimal_peak(capacities: list[int], requests: int, per_request: int) -> Fraction:
     """The smallest peak pressure any placement of the requests can reach:
     the requests-th smallest of the slot values k * per_request / capacity."""
-    slots = sorted(Fraction(k * per_request, c) for c in capacities
-                   for k in range(1, requests + 1))
+    slots = sorted(Fraction(k * per_request, c) for c in capacities for k in range(1, requests + 1))
     return slots[requests - 1]
 
 

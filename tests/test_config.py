@@ -22,10 +22,19 @@ def write(tmp_path: Path, doc: Any) -> Path:
     return p
 
 
-@pytest.mark.parametrize(("text", "ms"), [
-    ("30s", 30_000), ("10m", 600_000), ("1h", 3_600_000), ("500ms", 500), ("1h30m", 5_400_000),
-    ("1.5s", 1_500), ("2m0.5s", 120_500), ("1000us", 1),
-])
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("30s", 30_000),
+        ("10m", 600_000),
+        ("1h", 3_600_000),
+        ("500ms", 500),
+        ("1h30m", 5_400_000),
+        ("1.5s", 1_500),
+        ("2m0.5s", 120_500),
+        ("1000us", 1),
+    ],
+)
 def test_durations(text: str, ms: int) -> None:
     assert parse_duration_ms("k", text) == ms
 
@@ -37,23 +46,42 @@ def test_bad_durations_name_the_key(text: str) -> None:
 
 
 def test_full_reference_config(tmp_path: Path) -> None:
-    s = load(write(tmp_path, {
-        "scheduler": {
-            "grpc_listen_addr": ":7000", "metrics_listen_addr": "127.0.0.1:7001",
-            "strategy": "round_robin", "report_ttl": "15s", "binding_ttl": "2m",
-            "placement_reservation_ttl": "5m", "redis_addr": "127.0.0.1:6380",
-            "nodes": [{"id": "n1", "endpoint": "10.0.0.1:5000"},
-                      {"id": "n2", "endpoint": " 10.0.0.2:5000 "}],
-            "node_resource_limit": {"max_sandbox_count": 10, "max_cpu_used_percent": 90},
-            "artifact_store_capacity": 5000, "artifact_lookup_node_limit": 3,
-            "overcommit": {"cpu": 2.0}, "default_request": {"cpu": 1, "memory_mb": 512},
-            "cell": "eu-1",
-        },
-        "log_level": "debug", "log_format": "json",
-    }), env={})
+    s = load(
+        write(
+            tmp_path,
+            {
+                "scheduler": {
+                    "grpc_listen_addr": ":7000",
+                    "metrics_listen_addr": "127.0.0.1:7001",
+                    "strategy": "round_robin",
+                    "report_ttl": "15s",
+                    "binding_ttl": "2m",
+                    "placement_reservation_ttl": "5m",
+                    "redis_addr": "127.0.0.1:6380",
+                    "nodes": [
+                        {"id": "n1", "endpoint": "10.0.0.1:5000"},
+                        {"id": "n2", "endpoint": " 10.0.0.2:5000 "},
+                    ],
+                    "node_resource_limit": {"max_sandbox_count": 10, "max_cpu_used_percent": 90},
+                    "artifact_store_capacity": 5000,
+                    "artifact_lookup_node_limit": 3,
+                    "overcommit": {"cpu": 2.0},
+                    "default_request": {"cpu": 1, "memory_mb": 512},
+                    "cell": "eu-1",
+                },
+                "log_level": "debug",
+                "log_format": "json",
+            },
+        ),
+        env={},
+    )
     p = s.policy
     assert (p.strategy, p.report_ttl_ms, p.binding_ttl_ms, p.reservation_ttl_ms) == (
-        "round_robin", 15_000, 120_000, 300_000)
+        "round_robin",
+        15_000,
+        120_000,
+        300_000,
+    )
     assert p.limits.active() == {"max_sandbox_count": 10, "max_cpu_used_percent": 90}
     assert (p.overcommit.cpu, p.overcommit.memory) == (2.0, 1.0)
     assert p.static_nodes and s.discovery == "static"
@@ -73,37 +101,54 @@ def test_defaults() -> None:
     assert s.artifact_store_capacity == 1_000_000
 
 
-@pytest.mark.parametrize(("doc", "named"), [
-    ({"schedular": {}}, "unknown key 'schedular'"),
-    ({"scheduler": {"stratgy": "random"}}, "unknown key 'scheduler.stratgy'"),
-    ({"scheduler": {"node_resource_limit": {"max_sandboxes": 1}}},
-     "unknown key 'scheduler.node_resource_limit.max_sandboxes'"),
-    ({"scheduler": {"nodes": [{"id": "n1", "endpoint": "e", "zone": "a"}]}},
-     "unknown key 'scheduler.nodes[0].zone'"),
-    ({"scheduler": {"report_ttl": 30}}, "scheduler.report_ttl: Expected `str`"),
-    ({"scheduler": {"report_ttl": "30"}}, "scheduler.report_ttl: '30' is not a duration"),
-    ({"scheduler": {"strategy": "fastest"}}, "scheduler.strategy: must be one of"),
-    ({"scheduler": {"node_resource_limit": {"max_sandbox_count": -1}}},
-     "scheduler.node_resource_limit.max_sandbox_count"),
-    ({"scheduler": {"nodes": [{"id": "n{1}", "endpoint": "e"}]}}, "scheduler.nodes[0].id"),
-    ({"scheduler": {"nodes": [{"id": "n1", "endpoint": " "}]}}, "scheduler.nodes[0].endpoint"),
-    ({"scheduler": {"nodes": [{"id": "n1", "endpoint": "a"}, {"id": "n1", "endpoint": "b"}]}},
-     "scheduler.nodes[1].id"),
-    ({"scheduler": {"discovery": "dns"}}, "scheduler.discovery"),
-    ({"scheduler": {"discovery": "static"}}, "scheduler.discovery: static needs"),
-    ({"scheduler": {"grpc_listen_addr": "nowhere"}}, "scheduler.grpc_listen_addr"),
-    ({"scheduler": {"overcommit": {"cpu": 0}}}, "scheduler.overcommit.cpu"),
-    ({"scheduler": {"cell": "a{b}"}}, "scheduler.cell"),
-    ({"scheduler": {"redis_addr": "redis+sentinel://h:1"}},
-     "scheduler.redis_addr: 'redis+sentinel://h:1' names no primary"),
-    ({"scheduler": {"redis_addr": "http://h:1"}}, "scheduler.redis_addr: must be host:port"),
-    ({"scheduler": {"min_replicas_acked": -1}}, "scheduler.min_replicas_acked: must be 0..64"),
-    ({"scheduler": {"replica_ack_timeout": "soon"}}, "scheduler.replica_ack_timeout"),
-    ({"scheduler": {"redis_timeout": "0s"}}, "scheduler.redis_timeout"),
-    ({"log_level": "loud"}, "log_level"),
-    ({"log_format": "xml"}, "log_format"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        ({"schedular": {}}, "unknown key 'schedular'"),
+        ({"scheduler": {"stratgy": "random"}}, "unknown key 'scheduler.stratgy'"),
+        (
+            {"scheduler": {"node_resource_limit": {"max_sandboxes": 1}}},
+            "unknown key 'scheduler.node_resource_limit.max_sandboxes'",
+        ),
+        (
+            {"scheduler": {"nodes": [{"id": "n1", "endpoint": "e", "zone": "a"}]}},
+            "unknown key 'scheduler.nodes[0].zone'",
+        ),
+        ({"scheduler": {"report_ttl": 30}}, "scheduler.report_ttl: Expected `str`"),
+        ({"scheduler": {"report_ttl": "30"}}, "scheduler.report_ttl: '30' is not a duration"),
+        ({"scheduler": {"strategy": "fastest"}}, "scheduler.strategy: must be one of"),
+        (
+            {"scheduler": {"node_resource_limit": {"max_sandbox_count": -1}}},
+            "scheduler.node_resource_limit.max_sandbox_count",
+        ),
+        ({"scheduler": {"nodes": [{"id": "n{1}", "endpoint": "e"}]}}, "scheduler.nodes[0].id"),
+        ({"scheduler": {"nodes": [{"id": "n1", "endpoint": " "}]}}, "scheduler.nodes[0].endpoint"),
+        (
+            {
+                "scheduler": {
+                    "nodes": [{"id": "n1", "endpoint": "a"}, {"id": "n1", "endpoint": "b"}]
+                }
+            },
+            "scheduler.nodes[1].id",
+        ),
+        ({"scheduler": {"discovery": "dns"}}, "scheduler.discovery"),
+        ({"scheduler": {"discovery": "static"}}, "scheduler.discovery: static needs"),
+        ({"scheduler": {"grpc_listen_addr": "nowhere"}}, "scheduler.grpc_listen_addr"),
+        ({"scheduler": {"overcommit": {"cpu": 0}}}, "scheduler.overcommit.cpu"),
+        ({"scheduler": {"cell": "a{b}"}}, "scheduler.cell"),
+        (
+            {"scheduler": {"redis_addr": "redis+sentinel://h:1"}},
+            "scheduler.redis_addr: 'redis+sentinel://h:1' names no primary",
+        ),
+        ({"scheduler": {"redis_addr": "http://h:1"}}, "scheduler.redis_addr: must be host:port"),
+        ({"scheduler": {"min_replicas_acked": -1}}, "scheduler.min_replicas_acked: must be 0..64"),
+        ({"scheduler": {"replica_ack_timeout": "soon"}}, "scheduler.replica_ack_timeout"),
+        ({"scheduler": {"redis_timeout": "0s"}}, "scheduler.redis_timeout"),
+        ({"log_level": "loud"}, "log_level"),
+        ({"log_format": "xml"}, "log_format"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_config_errors_name_the_key(tmp_path: Path, doc: Any, named: str) -> None:
     with pytest.raises(ConfigError) as e:
         load(write(tmp_path, doc), env={})
@@ -111,18 +156,41 @@ def test_config_errors_name_the_key(tmp_path: Path, doc: Any, named: str) -> Non
 
 
 def test_environment_overrides_file_and_flags_override_both(tmp_path: Path) -> None:
-    path = write(tmp_path, {"scheduler": {
-        "redis_addr": "file:1", "binding_ttl": "1m", "artifact_store_capacity": 10,
-        "artifact_lookup_node_limit": 1}})
-    env = {"SCHEDULER_REDIS_ADDR": "env:2", "SCHEDULER_BINDING_TTL": "90s",
-           "SCHEDULER_ARTIFACT_STORE_CAPACITY": "20", "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "4"}
+    path = write(
+        tmp_path,
+        {
+            "scheduler": {
+                "redis_addr": "file:1",
+                "binding_ttl": "1m",
+                "artifact_store_capacity": 10,
+                "artifact_lookup_node_limit": 1,
+            }
+        },
+    )
+    env = {
+        "SCHEDULER_REDIS_ADDR": "env:2",
+        "SCHEDULER_BINDING_TTL": "90s",
+        "SCHEDULER_ARTIFACT_STORE_CAPACITY": "20",
+        "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "4",
+    }
     s = load(path, env=env)
-    assert (s.redis_url, s.policy.binding_ttl_ms, s.artifact_store_capacity,
-            s.artifact_lookup_node_limit) == ("env:2", 90_000, 20, 4)
-    s = load(path, env=env, flags=Overrides(redis="flag:3", grpc_listen="127.0.0.1:1",
-                                            metrics_listen="", cell="c2"))
+    assert (
+        s.redis_url,
+        s.policy.binding_ttl_ms,
+        s.artifact_store_capacity,
+        s.artifact_lookup_node_limit,
+    ) == ("env:2", 90_000, 20, 4)
+    s = load(
+        path,
+        env=env,
+        flags=Overrides(redis="flag:3", grpc_listen="127.0.0.1:1", metrics_listen="", cell="c2"),
+    )
     assert (s.redis_url, s.grpc_listen, s.metrics_listen, s.cell) == (
-        "flag:3", "127.0.0.1:1", None, "c2")
+        "flag:3",
+        "127.0.0.1:1",
+        None,
+        "c2",
+    )
     with pytest.raises(ConfigError, match="SCHEDULER_ARTIFACT_STORE_CAPACITY"):
         load(path, env={"SCHEDULER_ARTIFACT_STORE_CAPACITY": "lots"})
     with pytest.raises(ConfigError, match="scheduler.binding_ttl"):
@@ -141,17 +209,41 @@ def test_serve_refuses_unknown_key(tmp_path: Path) -> None:
 
 @pytest.mark.real_only
 def test_serve_refuses_a_policy_that_differs_from_the_stored_one(
-        tmp_path: Path, real_url: str) -> None:
+    tmp_path: Path, real_url: str
+) -> None:
     Scheduler.connect(real_url, cell="pc", policy=Policy(limits=Limits(max_sandbox_count=10)))
-    path = write(tmp_path, {"scheduler": {"node_resource_limit": {"max_sandbox_count": 20},
-                                          "report_ttl": "45s", "metrics_listen_addr": ""}})
-    result = CliRunner().invoke(main, ["serve", "--config", str(path), "--redis", real_url,
-                                       "--cell", "pc", "--grpc-listen", "127.0.0.1:0"])
+    path = write(
+        tmp_path,
+        {
+            "scheduler": {
+                "node_resource_limit": {"max_sandbox_count": 20},
+                "report_ttl": "45s",
+                "metrics_listen_addr": "",
+            }
+        },
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "--config",
+            str(path),
+            "--redis",
+            real_url,
+            "--cell",
+            "pc",
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ],
+    )
     assert result.exit_code == 1
     out = result.output
     assert "stored policy differs" in out and "--overwrite-policy" in out
-    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
-            if line.startswith("  ") and line.split()}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in out.splitlines()
+        if line.startswith("  ") and line.split()
+    }
     assert rows["max_sandbox_count"] == ["10", "20"]  # stored, configured
     assert rows["report_ttl_ms"] == ["30000", "45000"]
     stored = Scheduler.connect(real_url, cell="pc").policy()
@@ -162,10 +254,29 @@ def test_serve_refuses_a_policy_that_differs_from_the_stored_one(
 def test_serve_refuses_a_static_node_list_that_differs(tmp_path: Path, real_url: str) -> None:
     s = Scheduler.connect(real_url, cell="sn", policy=Policy(static_nodes=True))
     s.sync_nodes([("n1", "10.0.0.1:1")])
-    path = write(tmp_path, {"scheduler": {"nodes": [{"id": "n2", "endpoint": "10.0.0.2:1"}],
-                                          "metrics_listen_addr": ""}})
-    result = CliRunner().invoke(main, ["serve", "--config", str(path), "--redis", real_url,
-                                       "--cell", "sn", "--grpc-listen", "127.0.0.1:0"])
+    path = write(
+        tmp_path,
+        {
+            "scheduler": {
+                "nodes": [{"id": "n2", "endpoint": "10.0.0.2:1"}],
+                "metrics_listen_addr": "",
+            }
+        },
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "--config",
+            str(path),
+            "--redis",
+            real_url,
+            "--cell",
+            "sn",
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ],
+    )
     assert result.exit_code == 1
     assert "stored:     n1=10.0.0.1:1" in result.output
     assert "configured: n2=10.0.0.2:1" in result.output
@@ -181,17 +292,32 @@ def test_serve_refuses_an_address_in_use(tmp_path: Path, which: str) -> None:
         busy.listen()
         taken = f"127.0.0.1:{busy.getsockname()[1]}"
         args = {"--grpc-listen": "127.0.0.1:0", "--metrics-listen": "127.0.0.1:0", which: taken}
-        result = CliRunner().invoke(main, ["serve", "--config", str(write(tmp_path, {})),
-                                           *[x for kv in args.items() for x in kv]])
+        result = CliRunner().invoke(
+            main,
+            [
+                "serve",
+                "--config",
+                str(write(tmp_path, {})),
+                *[x for kv in args.items() for x in kv],
+            ],
+        )
     assert result.exit_code == 1
     label = "gRPC" if which == "--grpc-listen" else "/metrics"
     assert f"{label} cannot listen on {taken}" in result.output
 
 
 def test_fault_tolerance_keys_and_a_sentinel_address(tmp_path: Path) -> None:
-    path = write(tmp_path, {"scheduler": {
-        "redis_addr": "redis+sentinel://app:pw@10.0.0.1:26379,10.0.0.2:26379/sched?db=1",
-        "min_replicas_acked": 1, "replica_ack_timeout": "500ms", "redis_timeout": "750ms"}})
+    path = write(
+        tmp_path,
+        {
+            "scheduler": {
+                "redis_addr": "redis+sentinel://app:pw@10.0.0.1:26379,10.0.0.2:26379/sched?db=1",
+                "min_replicas_acked": 1,
+                "replica_ack_timeout": "500ms",
+                "redis_timeout": "750ms",
+            }
+        },
+    )
     s = load(path, env={})
     assert (s.durability.replicas, s.durability.timeout_ms, s.redis_timeout_s) == (1, 500, 0.75)
     lines = "\n".join(summary(s, describe_target(s.redis_url)))
@@ -208,5 +334,4 @@ def test_coalescing_is_on_unless_turned_off(tmp_path: Path) -> None:
     assert not load(off, env={}).coalesce_schedules
     assert load(off, env={}, flags=Overrides(coalesce=True)).coalesce_schedules
     assert not load(None, env={}, flags=Overrides(coalesce=False)).coalesce_schedules
-    assert "coalesce_schedules: off" in "\n".join(
-        summary(load(off, env={}), describe_target(None)))
+    assert "coalesce_schedules: off" in "\n".join(summary(load(off, env={}), describe_target(None)))

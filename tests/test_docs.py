@@ -18,15 +18,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE = sorted(p for folder in ("scheduler", "cli", "lua", "bench", "tests", ".ci")
-              for p in (ROOT / folder).rglob("*")
-              if p.is_file() and p.suffix in (".py", ".lua", ".proto", "")
-              and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py"))
+CODE = sorted(
+    p
+    for folder in ("scheduler", "cli", "lua", "bench", "tests", ".ci")
+    for p in (ROOT / folder).rglob("*")
+    if p.is_file()
+    and p.suffix in (".py", ".lua", ".proto", "")
+    and "__pycache__" not in p.parts
+    and not p.name.endswith("_pb2.py")
+)
 
 #: a pointer to a repository file: a top-level folder, then a path with a suffix
 POINTER = re.compile(
     r"(?<![\w./-])((?:scheduler|lua|cli|tests|bench|docs)/[\w./{},<>*-]*\.(?:py|pyi|lua|md|json|"
-    r"png|txt|proto))\b")
+    r"png|txt|proto))\b"
+)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 #: documents this repository does not have (they lived outside it)
 OUTSIDE = re.compile(r"(?<![\w.-])(?:CONTRACT|DESIGN|STYLE)\.md|issue notes|/work/")
@@ -39,8 +45,7 @@ def comments(path: Path) -> str:
         tokens = tokenize.generate_tokens(io.StringIO(text).readline)
         parts = [tok.string for tok in tokens if tok.type == tokenize.COMMENT]
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef |
-                          ast.AsyncFunctionDef):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 parts.append(ast.get_docstring(node) or "")
         return "\n".join(parts)
     if path.suffix == ".lua":
@@ -55,9 +60,12 @@ def _expand(pointer: str) -> list[str]:
     m = re.search(r"\{([^{}]*,[^{}]*)\}", pointer)
     if not m:
         return [pointer]
-    return list(itertools.chain.from_iterable(
-        _expand(pointer[:m.start()] + choice + pointer[m.end():])
-        for choice in m.group(1).split(",")))
+    return list(
+        itertools.chain.from_iterable(
+            _expand(pointer[: m.start()] + choice + pointer[m.end() :])
+            for choice in m.group(1).split(",")
+        )
+    )
 
 
 def _exists(pointer: str, where: Path) -> bool:
@@ -96,8 +104,9 @@ def test_every_relative_link_resolves(doc: Path) -> None:
 @pytest.mark.parametrize("path", DOCS + CODE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_pointer_names_a_repository_file(path: Path) -> None:
     text = path.read_text() if path.suffix == ".md" else comments(path)
-    missing = [p for m in POINTER.finditer(text) for p in _expand(m.group(1))
-               if not _exists(p, path)]
+    missing = [
+        p for m in POINTER.finditer(text) for p in _expand(m.group(1)) if not _exists(p, path)
+    ]
     assert missing == [], f"{path.relative_to(ROOT)} points at files that do not exist"
     assert not OUTSIDE.findall(text), f"{path.relative_to(ROOT)} points outside the repository"
 
@@ -130,15 +139,18 @@ def test_the_readme_example_runs(real_url: str) -> None:
     assert code is not None
     source = code.group(1).replace("redis://localhost:6379/0", real_url)
     source += "\nassert placed.node_id == 'n1' and placed.reservation_id\n"
-    run = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
 
 
 def test_the_design_names_the_four_files_of_a_schedule() -> None:
     text = (ROOT / "docs" / "design.md").read_text()
-    section = text[text.index("## One Schedule"):text.index("## The package")]
+    section = text[text.index("## One Schedule") : text.index("## The package")]
     files = re.findall(r"^\d\. `([^`]+)`", section, re.M)
-    assert files == ["scheduler/service.py", "scheduler/aio.py", "scheduler/calls.py",
-                     "lua/includes/schedule.lua"]
+    assert files == [
+        "scheduler/service.py",
+        "scheduler/aio.py",
+        "scheduler/calls.py",
+        "lua/includes/schedule.lua",
+    ]
     assert all((ROOT / f).exists() for f in files)

@@ -42,8 +42,10 @@ Make = Callable[..., Scheduler]
 
 # -- key layout and ids -----------------------------------------------------
 
-@pytest.mark.parametrize("bad", ["", "   ", "a" * 257, "a{b}", "a:b", "a\nb", "a b", "x\x00",
-                                 "caf\u00e9"])
+
+@pytest.mark.parametrize(
+    "bad", ["", "   ", "a" * 257, "a{b}", "a:b", "a\nb", "a b", "x\x00", "caf\u00e9"]
+)
 def test_bad_ids_are_refused_naming_the_field(bad: str) -> None:
     with pytest.raises(InvalidArgument) as e:
         validate_id("sandbox_id", bad)
@@ -54,8 +56,18 @@ def test_bad_ids_are_refused_naming_the_field(bad: str) -> None:
 def test_ids_are_trimmed_and_keys_share_the_cell_hash_tag() -> None:
     assert validate_id("node_id", "  n-1.a_b@c/d  ") == "n-1.a_b@c/d"
     k = CellKeys("blue", "sched")
-    keys = [k.policy, k.nodes, k.node("n1"), k.res("r1"), k.bind("s1"), k.node_res("n1"),
-            k.node_sbx("n1"), k.rr, k.expiry, k.stats]
+    keys = [
+        k.policy,
+        k.nodes,
+        k.node("n1"),
+        k.res("r1"),
+        k.bind("s1"),
+        k.node_res("n1"),
+        k.node_sbx("n1"),
+        k.rr,
+        k.expiry,
+        k.stats,
+    ]
     assert all(key.startswith("sched:{blue}:") for key in keys)
     assert len(set(keys)) == len(keys)
     with pytest.raises(InvalidArgument):
@@ -76,26 +88,59 @@ def test_every_script_has_a_contract_header_and_declared_key_count() -> None:
 
 # -- heartbeat --------------------------------------------------------------
 
+
 def test_heartbeat_stores_every_snapshot_field_with_redis_time(make_scheduler: Make) -> None:
     s = make_scheduler()
-    snap = NodeSnapshot(status="READY", allocated_cpu=3, allocated_memory_bytes=5 * GIB,
-                        cpu_percent=41, cpu_count=32, memory_used_bytes=7 * GIB,
-                        memory_total_bytes=128 * GIB,
-                        disks=[DiskMetric(mount_point="/", used_bytes=1, total_bytes=2)],
-                        sandbox_count=4, sandbox_starting_count=1, create_successes=9,
-                        create_fails=2, reported_at_unix_ms=0, paused_sandbox_count=2,
-                        paused_allocated_cpu=1, paused_allocated_memory_bytes=GIB)
-    r = s.heartbeat(Heartbeat(node_id="n1", service_instance_id="boot-1", cluster_id="c1",
-                              version="1.2", commit="abc", endpoint="10.0.0.1:5000",
-                              machine_info=MachineInfo(cpu_family="6", cpu_config_json="{}"),
-                              snapshot=snap, sandbox_ids=["s1", " s2 ", "", "s1"],
-                              p2p_backend="bt", p2p_address="10.0.0.1:7000"))
+    snap = NodeSnapshot(
+        status="READY",
+        allocated_cpu=3,
+        allocated_memory_bytes=5 * GIB,
+        cpu_percent=41,
+        cpu_count=32,
+        memory_used_bytes=7 * GIB,
+        memory_total_bytes=128 * GIB,
+        disks=[DiskMetric(mount_point="/", used_bytes=1, total_bytes=2)],
+        sandbox_count=4,
+        sandbox_starting_count=1,
+        create_successes=9,
+        create_fails=2,
+        reported_at_unix_ms=0,
+        paused_sandbox_count=2,
+        paused_allocated_cpu=1,
+        paused_allocated_memory_bytes=GIB,
+    )
+    r = s.heartbeat(
+        Heartbeat(
+            node_id="n1",
+            service_instance_id="boot-1",
+            cluster_id="c1",
+            version="1.2",
+            commit="abc",
+            endpoint="10.0.0.1:5000",
+            machine_info=MachineInfo(cpu_family="6", cpu_config_json="{}"),
+            snapshot=snap,
+            sandbox_ids=["s1", " s2 ", "", "s1"],
+            p2p_backend="bt",
+            p2p_address="10.0.0.1:7000",
+        )
+    )
     assert (r.generation, r.restarted, r.roster_mode) == (1, False, True)
     rec = {k.decode(): v.decode() for k, v in s.client.hgetall(s.keys.node("n1")).items()}
-    for name in ("allocated_cpu", "allocated_memory_bytes", "cpu_percent", "cpu_count",
-                 "memory_used_bytes", "memory_total_bytes", "sandbox_count",
-                 "sandbox_starting_count", "create_successes", "create_fails",
-                 "paused_sandbox_count", "paused_allocated_cpu", "paused_allocated_memory_bytes"):
+    for name in (
+        "allocated_cpu",
+        "allocated_memory_bytes",
+        "cpu_percent",
+        "cpu_count",
+        "memory_used_bytes",
+        "memory_total_bytes",
+        "sandbox_count",
+        "sandbox_starting_count",
+        "create_successes",
+        "create_fails",
+        "paused_sandbox_count",
+        "paused_allocated_cpu",
+        "paused_allocated_memory_bytes",
+    ):
         assert rec[name] == str(getattr(snap, name)), name
     assert rec["status"] == "READY" and rec["cluster_id"] == "c1" and rec["version"] == "1.2"
     assert rec["reported_at_unix_ms"] == rec["last_seen_ms"] == str(r.now_ms)
@@ -103,19 +148,31 @@ def test_heartbeat_stores_every_snapshot_field_with_redis_time(make_scheduler: M
     assert rec["disks"].startswith("[{") and rec["cpu_config_json"] == "{}"
     assert rec["p2p_address"] == "10.0.0.1:7000" and rec["endpoint"] == "10.0.0.1:5000"
     # an empty cpu_config_json keeps the previous one; a new instance id is a restart
-    r2 = s.heartbeat(Heartbeat(node_id="n1", service_instance_id="boot-2",
-                               snapshot=NodeSnapshot(cpu_count=32, reported_at_unix_ms=123)))
+    r2 = s.heartbeat(
+        Heartbeat(
+            node_id="n1",
+            service_instance_id="boot-2",
+            snapshot=NodeSnapshot(cpu_count=32, reported_at_unix_ms=123),
+        )
+    )
     assert (r2.generation, r2.restarted) == (2, True)
     rec = {k.decode(): v.decode() for k, v in s.client.hgetall(s.keys.node("n1")).items()}
     assert rec["cpu_config_json"] == "{}" and rec["restarts"] == "1"
     assert rec["reported_at_unix_ms"] == "123"
     assert rec["service_instance_id"] == "boot-2" and rec["node_id"] == "n1"
     # the new instance is the record's now: its next heartbeat is no restart
-    r3 = s.heartbeat(Heartbeat(node_id="n1", service_instance_id="boot-2",
-                               snapshot=NodeSnapshot(cpu_count=32, reported_at_unix_ms=124)))
+    r3 = s.heartbeat(
+        Heartbeat(
+            node_id="n1",
+            service_instance_id="boot-2",
+            snapshot=NodeSnapshot(cpu_count=32, reported_at_unix_ms=124),
+        )
+    )
     assert (r3.generation, r3.restarted) == (3, False)
     assert s.client.hmget(s.keys.node("n1"), "restarts", "incarnation") == [
-        b"1", rec["incarnation"].encode()]
+        b"1",
+        rec["incarnation"].encode(),
+    ]
 
 
 def test_static_node_list_refuses_unknown_heartbeats(make_scheduler: Make) -> None:
@@ -133,10 +190,13 @@ def test_static_node_list_refuses_unknown_heartbeats(make_scheduler: Make) -> No
 def test_bad_heartbeat_writes_nothing(make_scheduler: Make) -> None:
     s = make_scheduler()
     before = sorted(s.client.keys("*"))
-    for bad, field in [(hb("n:1"), "node_id"), (hb("n1", sid=""), "service_instance_id"),
-                       (hb("n1", cpu=-1), "snapshot.cpu_count"),
-                       (hb("n1", roster=["ok", "b{a}d"]), "sandbox_ids[1]"),
-                       (hb("n1", sandbox_count=1 << 40), "snapshot.sandbox_count")]:
+    for bad, field in [
+        (hb("n:1"), "node_id"),
+        (hb("n1", sid=""), "service_instance_id"),
+        (hb("n1", cpu=-1), "snapshot.cpu_count"),
+        (hb("n1", roster=["ok", "b{a}d"]), "sandbox_ids[1]"),
+        (hb("n1", sandbox_count=1 << 40), "snapshot.sandbox_count"),
+    ]:
         with pytest.raises(InvalidArgument) as e:
             s.heartbeat(bad)
         assert e.value.field == field
@@ -144,6 +204,7 @@ def test_bad_heartbeat_writes_nothing(make_scheduler: Make) -> None:
 
 
 # -- selection --------------------------------------------------------------
+
 
 def test_least_loaded_places_by_projected_pressure(make_scheduler: Make) -> None:
     s = make_scheduler()
@@ -164,8 +225,7 @@ def test_ceiling_compares_after_the_placement(make_scheduler: Make) -> None:
     s.schedule(Request.cold(1, 1))  # 2 running + 0 pending + 1 <= 3
     with pytest.raises(NoNodesAvailable) as e:
         s.schedule(Request.cold(1, 1))  # 2 + 1 + 1 > 3
-    assert str(e.value) == ("no nodes available: 0/1 nodes available: "
-                            "1 at max_sandbox_count (3)")
+    assert str(e.value) == ("no nodes available: 0/1 nodes available: 1 at max_sandbox_count (3)")
 
 
 def test_refusal_counts_every_reason(make_scheduler: Make) -> None:
@@ -178,13 +238,15 @@ def test_refusal_counts_every_reason(make_scheduler: Make) -> None:
     s.set_lingering("parked", True)
     s.advance_clock(1500)
     for n in ("full1", "full2", "tiny", "parked"):
-        s.heartbeat(hb(n, sandbox_count=2 if n.startswith("full") else 0,
-                       cpu=1 if n == "tiny" else 16))
+        s.heartbeat(
+            hb(n, sandbox_count=2 if n.startswith("full") else 0, cpu=1 if n == "tiny" else 16)
+        )
     with pytest.raises(NoNodesAvailable) as e:
         s.schedule(Request.cold(2, 1024))
     assert str(e.value) == (
         "no nodes available: 0/5 nodes available: 2 at max_sandbox_count (2), "
-        "1 insufficient cpu, 1 lingering, 1 stale heartbeat")
+        "1 insufficient cpu, 1 lingering, 1 stale heartbeat"
+    )
     assert s.stats().refused_total == 1 and s.stats().pending == 0
 
 
@@ -289,8 +351,9 @@ def test_policy_conflict_shows_both(make_scheduler: Make) -> None:
     assert e.value.wanted["max_sandbox_count"] == "12"
     assert "max_sandbox_count" in str(e.value) and "--overwrite-policy" in str(e.value)
     assert s.sync_policy(Policy(limits=Limits(max_sandbox_count=10))) == "same"
-    assert s.sync_policy(Policy(limits=Limits(max_sandbox_count=12)), overwrite=True) == \
-        "overwritten"
+    assert (
+        s.sync_policy(Policy(limits=Limits(max_sandbox_count=12)), overwrite=True) == "overwritten"
+    )
     stored = s.policy()
     assert stored is not None and stored.limits.max_sandbox_count == 12
 
@@ -304,6 +367,7 @@ def test_scripts_refuse_an_uninitialised_cell(redis_client: Any) -> None:
 
 
 # -- scripts and transport --------------------------------------------------
+
 
 def test_unreachable_redis_is_one_clear_error() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
@@ -325,8 +389,9 @@ def test_async_client_mirrors_the_sync_one(redis_client: Any, backend: str) -> N
         else:
             import fakeredis
 
-            client = fakeredis.FakeAsyncRedis(server=redis_client.connection_pool
-                                              .connection_kwargs["server"])
+            client = fakeredis.FakeAsyncRedis(
+                server=redis_client.connection_pool.connection_kwargs["server"]
+            )
         a = AsyncScheduler(client, cell="async")
         try:
             placed = [(await a.schedule(Request.cold(1, 1))).node_id for _ in range(2)]
@@ -363,8 +428,10 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     # one field changed: a delta with just that field, no roster
     delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=3), a.beats)
     assert delta.script == "heartbeat" and delta.args[3].endswith(":2")
-    assert delta.args[5] == "0" and sorted(delta.args[7:11:2]) == ["allocated_cpu",
-                                                                    "reported_at_unix_ms"]
+    assert delta.args[5] == "0" and sorted(delta.args[7:11:2]) == [
+        "allocated_cpu",
+        "reported_at_unix_ms",
+    ]
     a.run(delta)
     assert a.nodes()[0].cpu_allocated == 3
     # b writes in between: a's next delta is refused and resent in full
@@ -389,11 +456,19 @@ def _roster_state(s: Scheduler, node_id: str) -> tuple[Any, ...]:
     binds = {}
     for key in s.client.scan_iter(match=s.keys.base + "bind:*"):
         b = s.client.hgetall(key)
-        binds[key.decode().rsplit(":", 1)[1]] = (b.get(b"node_id"), b.get(b"listed"),
-                                                 b.get(b"reservation_id"))
-    return (sorted(s.client.smembers(s.keys.node_roster(node_id))),
-            sorted(s.client.smembers(s.keys.node_sbx(node_id))),
-            record[b"roster_size"], record[b"roster_mode"], record[b"roster_digest"], binds)
+        binds[key.decode().rsplit(":", 1)[1]] = (
+            b.get(b"node_id"),
+            b.get(b"listed"),
+            b.get(b"reservation_id"),
+        )
+    return (
+        sorted(s.client.smembers(s.keys.node_roster(node_id))),
+        sorted(s.client.smembers(s.keys.node_sbx(node_id))),
+        record[b"roster_size"],
+        record[b"roster_mode"],
+        record[b"roster_digest"],
+        binds,
+    )
 
 
 def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> None:
@@ -402,8 +477,14 @@ def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> Non
     sent in full does."""
     a = Scheduler(redis_client, cell="rdelta")
     full = Scheduler(redis_client, cell="rfull")
-    rosters = [["s1", "s2", "s3"], ["s2", "s3", "s4", "s5"], ["s5", "s2"], [], ["s6"],
-               ["s6", "s1", "s2"]]
+    rosters = [
+        ["s1", "s2", "s3"],
+        ["s2", "s3", "s4", "s5"],
+        ["s5", "s2"],
+        [],
+        ["s6"],
+        ["s6", "s1", "s2"],
+    ]
     for s in (a, full):
         s.sync_policy(Policy())
         s.heartbeat(hb("n1", roster=rosters[0], sandbox_count=3))
@@ -412,7 +493,7 @@ def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> Non
         joined = [sb for sb in roster if sb not in rosters[i]]
         left = sorted(set(rosters[i]) - set(roster))
         assert call.args[5] == "2"
-        assert call.args[-len(joined) - len(left) - 1:] == [str(len(joined)), *joined, *left]
+        assert call.args[-len(joined) - len(left) - 1 :] == [str(len(joined)), *joined, *left]
         a.run(call)
         full.beats.clear()  # always sent whole
         full.heartbeat(hb("n1", roster=roster, sandbox_count=len(roster)))
@@ -504,7 +585,8 @@ def test_connects_by_unix_socket(backend: str) -> None:
 
 
 def test_a_roster_delta_resyncs_after_an_event_or_an_assignment_took_a_sandbox(
-        redis_client: Any) -> None:
+    redis_client: Any,
+) -> None:
     """Two more ways a sandbox leaves a node's roster besides its heartbeat:
     the node reports it deleted (an event), or a gateway assigns it to
     another node.  Each clears the record's roster digest, so the node's next

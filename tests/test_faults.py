@@ -30,7 +30,8 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
     assert row["health_honest"], where
     # service came back without restarting any replica (the killed one aside)
     assert [x for x in row["replica_exits"] if x is not None] == (
-        [-9] if scenario == "replica-kill" else []), where
+        [-9] if scenario == "replica-kill" else []
+    ), where
     assert row["to_first_ok_s"] is not None, where
     if scenario in ("kill-aof", "pause", "replica-kill", "failover-1"):
         # Redis kept every write it acknowledged

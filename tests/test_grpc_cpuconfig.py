@@ -16,16 +16,26 @@ from scheduler.testing.replicas import LoopThread, ThreadedReplica, settings_for
 from tests.helpers import endpoint_md, hb_request
 
 
-def cfg(kvm: list[str] | None = None, cpuid: list[tuple[Any, Any, int, dict[str, str]]] | None
-        = None, msr: list[tuple[Any, str]] | None = None) -> str:
-    return json.dumps({
-        "kvm_capabilities": kvm or [],
-        "cpuid_modifiers": [
-            {"leaf": leaf, "subleaf": sub, "flags": flags,
-             "modifiers": [{"register": r, "bitmap": b} for r, b in regs.items()]}
-            for leaf, sub, flags, regs in cpuid or []],
-        "msr_modifiers": [{"addr": a, "bitmap": b} for a, b in msr or []],
-    })
+def cfg(
+    kvm: list[str] | None = None,
+    cpuid: list[tuple[Any, Any, int, dict[str, str]]] | None = None,
+    msr: list[tuple[Any, str]] | None = None,
+) -> str:
+    return json.dumps(
+        {
+            "kvm_capabilities": kvm or [],
+            "cpuid_modifiers": [
+                {
+                    "leaf": leaf,
+                    "subleaf": sub,
+                    "flags": flags,
+                    "modifiers": [{"register": r, "bitmap": b} for r, b in regs.items()],
+                }
+                for leaf, sub, flags, regs in cpuid or []
+            ],
+            "msr_modifiers": [{"addr": a, "bitmap": b} for a, b in msr or []],
+        }
+    )
 
 
 ONES = "1" * 32
@@ -33,33 +43,77 @@ INTERSECT_TABLE = [
     pytest.param(
         [cfg(kvm=["171", "!56", "9"]), cfg(kvm=["9", "171"])],
         {"kvm_capabilities": ["171", "9"], "cpuid_modifiers": [], "msr_modifiers": []},
-        id="kvm-set-intersection-sorted"),
+        id="kvm-set-intersection-sorted",
+    ),
     pytest.param(
-        [cfg(cpuid=[("0x1", "0x0", 0, {"ecx": "0b1100", "edx": "0b1"})]),
-         cfg(cpuid=[("0x01", "0x00", 0, {"ecx": "1010"})])],
-        {"kvm_capabilities": [], "cpuid_modifiers": [
-            {"leaf": "0x1", "subleaf": "0x0", "flags": 0,
-             "modifiers": [{"register": "ecx", "bitmap": "0b" + "0" * 28 + "1000"}]}],
-         "msr_modifiers": []},
-        id="cpuid-hex-numeric-and-and-registers-in-all"),
+        [
+            cfg(cpuid=[("0x1", "0x0", 0, {"ecx": "0b1100", "edx": "0b1"})]),
+            cfg(cpuid=[("0x01", "0x00", 0, {"ecx": "1010"})]),
+        ],
+        {
+            "kvm_capabilities": [],
+            "cpuid_modifiers": [
+                {
+                    "leaf": "0x1",
+                    "subleaf": "0x0",
+                    "flags": 0,
+                    "modifiers": [{"register": "ecx", "bitmap": "0b" + "0" * 28 + "1000"}],
+                }
+            ],
+            "msr_modifiers": [],
+        },
+        id="cpuid-hex-numeric-and-and-registers-in-all",
+    ),
     pytest.param(
-        [cfg(cpuid=[("0x7", "0x0", 0, {"ebx": ONES}), ("0xb", "0x0", 0, {"eax": ONES}),
-                    ("0x1f", "0x1", 0, {"eax": ONES}), ("0x4", "0x0", 1, {"eax": ONES})]),
-         cfg(cpuid=[("0xb", "0x0", 0, {"eax": ONES}), ("0x1f", "0x1", 0, {"eax": ONES}),
-                    ("0x7", "0x0", 0, {"ebx": "0b" + ONES}), ("0x4", "0x0", 0, {"eax": ONES})])],
-        {"kvm_capabilities": [], "cpuid_modifiers": [
-            {"leaf": "0x7", "subleaf": "0x0", "flags": 0,
-             "modifiers": [{"register": "ebx", "bitmap": "0b" + ONES}]}],
-         "msr_modifiers": []},
-        id="leaves-0xb-0x1f-dropped-flags-part-of-key"),
+        [
+            cfg(
+                cpuid=[
+                    ("0x7", "0x0", 0, {"ebx": ONES}),
+                    ("0xb", "0x0", 0, {"eax": ONES}),
+                    ("0x1f", "0x1", 0, {"eax": ONES}),
+                    ("0x4", "0x0", 1, {"eax": ONES}),
+                ]
+            ),
+            cfg(
+                cpuid=[
+                    ("0xb", "0x0", 0, {"eax": ONES}),
+                    ("0x1f", "0x1", 0, {"eax": ONES}),
+                    ("0x7", "0x0", 0, {"ebx": "0b" + ONES}),
+                    ("0x4", "0x0", 0, {"eax": ONES}),
+                ]
+            ),
+        ],
+        {
+            "kvm_capabilities": [],
+            "cpuid_modifiers": [
+                {
+                    "leaf": "0x7",
+                    "subleaf": "0x0",
+                    "flags": 0,
+                    "modifiers": [{"register": "ebx", "bitmap": "0b" + ONES}],
+                }
+            ],
+            "msr_modifiers": [],
+        },
+        id="leaves-0xb-0x1f-dropped-flags-part-of-key",
+    ),
     pytest.param(
-        [cfg(msr=[("0x10a", "0b" + "1" * 64), ("0x48", "0b1")]),
-         cfg(msr=[("0x10A", "0b0101"), ("0x49", "0b1")])],
-        {"kvm_capabilities": [], "cpuid_modifiers": [],
-         "msr_modifiers": [{"addr": "0x10a", "bitmap": "0b" + "0" * 61 + "101"}]},
-        id="msr-by-address-anded-64-digits"),
-    pytest.param([cfg(kvm=["1"])], {"kvm_capabilities": ["1"], "cpuid_modifiers": [],
-                                    "msr_modifiers": []}, id="single-config"),
+        [
+            cfg(msr=[("0x10a", "0b" + "1" * 64), ("0x48", "0b1")]),
+            cfg(msr=[("0x10A", "0b0101"), ("0x49", "0b1")]),
+        ],
+        {
+            "kvm_capabilities": [],
+            "cpuid_modifiers": [],
+            "msr_modifiers": [{"addr": "0x10a", "bitmap": "0b" + "0" * 61 + "101"}],
+        },
+        id="msr-by-address-anded-64-digits",
+    ),
+    pytest.param(
+        [cfg(kvm=["1"])],
+        {"kvm_capabilities": ["1"], "cpuid_modifiers": [], "msr_modifiers": []},
+        id="single-config",
+    ),
 ]
 
 
@@ -71,27 +125,36 @@ def test_intersect(configs: list[str], expected: dict[str, Any]) -> None:
     assert list(json.loads(out)) == ["kvm_capabilities", "cpuid_modifiers", "msr_modifiers"]
 
 
-@pytest.mark.parametrize("bad", [
-    "{not json", "[]", '{"kvm_capabilities": "x"}',
-    cfg(cpuid=[("0xzz", "0x0", 0, {"eax": "0b1"})]),
-    cfg(cpuid=[("0x1", "0x0", 0, {"eax": "0b102"})]),
-    cfg(msr=[("0x1", "0b" + "1" * 65)]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{not json",
+        "[]",
+        '{"kvm_capabilities": "x"}',
+        cfg(cpuid=[("0xzz", "0x0", 0, {"eax": "0b1"})]),
+        cfg(cpuid=[("0x1", "0x0", 0, {"eax": "0b102"})]),
+        cfg(msr=[("0x1", "0b" + "1" * 65)]),
+    ],
+)
 def test_invalid_input_gives_nothing(bad: str) -> None:
     assert intersect([cfg(kvm=["1"]), bad]) is None
 
 
 def test_empty_arrays_stay_arrays() -> None:
-    assert intersect(["{}", "{}"]) == \
-        '{"kvm_capabilities":[],"cpuid_modifiers":[],"msr_modifiers":[]}'
+    assert (
+        intersect(["{}", "{}"]) == '{"kvm_capabilities":[],"cpuid_modifiers":[],"msr_modifiers":[]}'
+    )
 
 
 # ---------------------------------------------------------------------------
 # Delivery over gRPC, per cluster, exactly once, the same from any replica
 # ---------------------------------------------------------------------------
 @pytest.fixture
-def two_replicas(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-                 ) -> Iterator[tuple[ThreadedReplica, ThreadedReplica]]:
+def two_replicas(
+    backend: str,
+    redis_client: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[ThreadedReplica, ThreadedReplica]]:
     if backend == "real":
         url: str | None = request.getfixturevalue("redis_server").url
         make: Callable[[], Any] = lambda: async_client(url)  # noqa: E731
@@ -101,15 +164,18 @@ def two_replicas(backend: str, redis_client: Any, request: pytest.FixtureRequest
         make = lambda: fakeredis.FakeAsyncRedis(server=server)  # noqa: E731
     loop = LoopThread()
     try:
-        with ThreadedReplica(settings_for(), make, url, loop) as a, \
-                ThreadedReplica(settings_for(), make, url, loop) as b:
+        with (
+            ThreadedReplica(settings_for(), make, url, loop) as a,
+            ThreadedReplica(settings_for(), make, url, loop) as b,
+        ):
             yield a, b
     finally:
         loop.close()
 
 
-def beat(r: ThreadedReplica, node_id: str, config: str = "", cluster: str = "c1",
-         sid: str = "i1") -> str:
+def beat(
+    r: ThreadedReplica, node_id: str, config: str = "", cluster: str = "c1", sid: str = "i1"
+) -> str:
     req = hb_request(node_id, cluster=cluster, sid=sid)
     req.machine_info.cpu_config_json = config
     resp = r.stub.Heartbeat(req, metadata=endpoint_md(f"{node_id}:5000"))
@@ -122,7 +188,8 @@ C = cfg(kvm=["3"], msr=[("0x10a", "0b100")])
 
 
 def test_delivered_once_per_node_when_every_node_has_one(
-        two_replicas: tuple[ThreadedReplica, ThreadedReplica]) -> None:
+    two_replicas: tuple[ThreadedReplica, ThreadedReplica],
+) -> None:
     ra, rb = two_replicas
     ab = intersect([A, B])
     assert beat(rb, "n2") == ""  # n2 is observed but has no config: wait
@@ -151,7 +218,8 @@ def test_delivered_once_per_node_when_every_node_has_one(
 
 
 def test_invalid_config_delivers_nothing(
-        two_replicas: tuple[ThreadedReplica, ThreadedReplica]) -> None:
+    two_replicas: tuple[ThreadedReplica, ThreadedReplica],
+) -> None:
     ra, rb = two_replicas
     assert beat(rb, "n2", "{broken") == ""
     assert beat(ra, "n1", A) == ""
@@ -160,7 +228,8 @@ def test_invalid_config_delivers_nothing(
 
 
 def test_node_leaving_unblocks_the_cluster(
-        two_replicas: tuple[ThreadedReplica, ThreadedReplica]) -> None:
+    two_replicas: tuple[ThreadedReplica, ThreadedReplica],
+) -> None:
     ra, rb = two_replicas
     from scheduler.grpc import scheduler_pb2 as pb
 

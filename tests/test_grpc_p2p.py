@@ -19,8 +19,11 @@ from tests.helpers import endpoint_md, hb_request
 Pair = tuple[ThreadedReplica, ThreadedReplica]
 
 
-def _client_factory(backend: str, redis_client: Any, request: pytest.FixtureRequest,
-                    ) -> tuple[Callable[[], Any], str | None]:
+def _client_factory(
+    backend: str,
+    redis_client: Any,
+    request: pytest.FixtureRequest,
+) -> tuple[Callable[[], Any], str | None]:
     if backend == "real":
         url: str = request.getfixturevalue("redis_server").url
         return (lambda: async_client(url)), url
@@ -31,12 +34,15 @@ def _client_factory(backend: str, redis_client: Any, request: pytest.FixtureRequ
 @pytest.fixture
 def pair(backend: str, redis_client: Any, request: pytest.FixtureRequest) -> Iterator[Pair]:
     make, url = _client_factory(backend, redis_client, request)
-    settings = settings_for(Policy(report_ttl_ms=30_000), artifact_store_capacity=3,
-                            artifact_lookup_node_limit=2)
+    settings = settings_for(
+        Policy(report_ttl_ms=30_000), artifact_store_capacity=3, artifact_lookup_node_limit=2
+    )
     loop = LoopThread()
     try:
-        with ThreadedReplica(settings, make, url, loop) as a, \
-                ThreadedReplica(settings, make, url, loop) as b:
+        with (
+            ThreadedReplica(settings, make, url, loop) as a,
+            ThreadedReplica(settings, make, url, loop) as b,
+        ):
             yield a, b
     finally:
         loop.close()
@@ -47,8 +53,13 @@ def sched(redis_client: Any) -> Scheduler:
     return Scheduler(redis_client, cell="test")
 
 
-def p2p_node(r: ThreadedReplica, node_id: str, cluster: str = "c1", backend: str = "bt",
-             address: str | None = None) -> None:
+def p2p_node(
+    r: ThreadedReplica,
+    node_id: str,
+    cluster: str = "c1",
+    backend: str = "bt",
+    address: str | None = None,
+) -> None:
     req = hb_request(node_id, cluster=cluster)
     req.p2p_endpoint.backend = backend
     req.p2p_endpoint.address = f"{node_id}:6881" if address is None else address
@@ -60,14 +71,22 @@ def peers(resp: Any) -> list[tuple[str, str, str]]:
 
 
 def record(r: ThreadedReplica, key: str, node_id: str, cluster: str = "c1") -> None:
-    r.stub.RecordP2pArtifact(pb.RecordP2pArtifactRequest(
-        cluster_id=cluster, backend="bt", key=key, node_id=node_id))
+    r.stub.RecordP2pArtifact(
+        pb.RecordP2pArtifactRequest(cluster_id=cluster, backend="bt", key=key, node_id=node_id)
+    )
 
 
-def lookup(r: ThreadedReplica, key: str, exclude: str = "", cluster: str = "c1",
-           ) -> list[str]:
-    resp = r.stub.LookupP2pArtifact(pb.LookupP2pArtifactRequest(
-        cluster_id=cluster, backend="bt", key=key, exclude_node_id=exclude))
+def lookup(
+    r: ThreadedReplica,
+    key: str,
+    exclude: str = "",
+    cluster: str = "c1",
+) -> list[str]:
+    resp = r.stub.LookupP2pArtifact(
+        pb.LookupP2pArtifactRequest(
+            cluster_id=cluster, backend="bt", key=key, exclude_node_id=exclude
+        )
+    )
     return [p.node_id for p in resp.peers]
 
 
@@ -82,10 +101,14 @@ def test_list_peers_filters(pair: Pair, sched: Scheduler) -> None:
     every = peers(b.stub.ListP2pPeers(pb.ListP2pPeersRequest()))
     assert every == [("n1", "bt", "n1:6881"), ("n2", "http", "n2:6881"), ("n3", "bt", "n3:6881")]
     assert peers(a.stub.ListP2pPeers(pb.ListP2pPeersRequest(cluster_id="c1"))) == every[:2]
-    assert peers(a.stub.ListP2pPeers(pb.ListP2pPeersRequest(
-        cluster_id="c1", backend="bt"))) == every[:1]
-    assert peers(b.stub.ListP2pPeers(pb.ListP2pPeersRequest(
-        cluster_id="c1", exclude_node_id="n1"))) == every[1:2]
+    assert (
+        peers(a.stub.ListP2pPeers(pb.ListP2pPeersRequest(cluster_id="c1", backend="bt")))
+        == every[:1]
+    )
+    assert (
+        peers(b.stub.ListP2pPeers(pb.ListP2pPeersRequest(cluster_id="c1", exclude_node_id="n1")))
+        == every[1:2]
+    )
     sched.advance_clock(30_001)  # stale heartbeats: UNHEALTHY, not READY
     assert peers(a.stub.ListP2pPeers(pb.ListP2pPeersRequest())) == []
 
@@ -101,11 +124,15 @@ def test_artifacts_recorded_on_one_replica_are_found_on_the_other(pair: Pair) ->
     assert lookup(a, "img:sha256:1", cluster="c2") == []  # other cluster: another artifact
     record(a, "img:sha256:1", "n3")
     assert lookup(b, "img:sha256:1") == ["n1", "n2"]  # artifact_lookup_node_limit 2
-    b.stub.ForgetP2pArtifact(pb.ForgetP2pArtifactRequest(
-        cluster_id="c1", backend="bt", key="img:sha256:1", node_id="n1"))
+    b.stub.ForgetP2pArtifact(
+        pb.ForgetP2pArtifactRequest(cluster_id="c1", backend="bt", key="img:sha256:1", node_id="n1")
+    )
     assert lookup(a, "img:sha256:1") == ["n2", "n3"]
-    b.stub.ForgetP2pArtifact(pb.ForgetP2pArtifactRequest(  # idempotent
-        cluster_id="c1", backend="bt", key="img:sha256:1", node_id="n1"))
+    b.stub.ForgetP2pArtifact(
+        pb.ForgetP2pArtifactRequest(  # idempotent
+            cluster_id="c1", backend="bt", key="img:sha256:1", node_id="n1"
+        )
+    )
     assert lookup(a, "missing") == []
 
 
@@ -114,7 +141,9 @@ def test_unknown_node_cannot_record(pair: Pair) -> None:
     with pytest.raises(grpc.RpcError) as e:
         record(a, "k", "ghost")
     assert (e.value.code(), e.value.details()) == (
-        grpc.StatusCode.INVALID_ARGUMENT, "node is not in scheduler node list")
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "node is not in scheduler node list",
+    )
 
 
 def test_store_capacity_is_an_lru_refreshed_by_record_and_lookup(pair: Pair) -> None:

@@ -33,12 +33,13 @@ def user_url(redis_server: RedisServer) -> Iterator[str]:
     admin.close()
 
 
-def test_a_permission_lost_at_run_time_is_one_log_line(user_url: str,
-                                                       redis_server: RedisServer,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_a_permission_lost_at_run_time_is_one_log_line(
+    user_url: str, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     admin = redis.Redis.from_url(redis_server.url)
-    with ThreadedReplica(settings_for(Policy(), cell="acl"), lambda: async_client(user_url),
-                         user_url) as r:
+    with ThreadedReplica(
+        settings_for(Policy(), cell="acl"), lambda: async_client(user_url), user_url
+    ) as r:
         r.stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1.local:5000"))
         admin.execute_command("ACL", "SETUSER", "sched-rt", "-hmget")
         with caplog.at_level("ERROR"), pytest.raises(grpc.RpcError) as e:

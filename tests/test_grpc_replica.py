@@ -35,33 +35,52 @@ def wait_until(predicate: Any, timeout: float, what: str) -> float:
 
 
 def test_embedded_store_warns_logs_effective_settings_and_serves(
-        processes: list[ServeProcess]) -> None:
-    p = ServeProcess({"scheduler": {"node_resource_limit": {"max_sandbox_count": 3},
-                                    "report_ttl": "20s", "overcommit": {"cpu": 1.5}},
-                      "log_format": "json"}, redis_url=None)
+    processes: list[ServeProcess],
+) -> None:
+    p = ServeProcess(
+        {
+            "scheduler": {
+                "node_resource_limit": {"max_sandbox_count": 3},
+                "report_ttl": "20s",
+                "overcommit": {"cpu": 1.5},
+            },
+            "log_format": "json",
+        },
+        redis_url=None,
+    )
     processes.append(p)
     p.wait_serving()
     assert places_on_a_fresh_node(p.address) == "n1"
     assert p.terminate() == 0
     records = [json.loads(line) for line in p.log().splitlines() if line.startswith("{")]
     messages = [r["msg"] for r in records]
-    assert any(r["level"] == "warning" and "serves this one replica only" in r["msg"]
-               for r in records)
+    assert any(
+        r["level"] == "warning" and "serves this one replica only" in r["msg"] for r in records
+    )
     text = "\n".join(messages)
-    for expected in ("strategy: least_loaded", "node_resource_limit: max_sandbox_count=3",
-                     "report_ttl: 20000ms", "placement_reservation_ttl: 600000ms",
-                     "overcommit: cpu 1.5 memory 1.0",
-                     "Redis: embedded in-process store (fakeredis, one replica only)",
-                     "stopping: draining in-flight calls"):
+    for expected in (
+        "strategy: least_loaded",
+        "node_resource_limit: max_sandbox_count=3",
+        "report_ttl: 20000ms",
+        "placement_reservation_ttl: 600000ms",
+        "overcommit: cpu 1.5 memory 1.0",
+        "Redis: embedded in-process store (fakeredis, one replica only)",
+        "stopping: draining in-flight calls",
+    ):
         assert expected in text
 
 
 @pytest.mark.real_only
-def test_overwrite_policy_replaces_the_stored_one(processes: list[ServeProcess],
-                                                  real_url: str) -> None:
+def test_overwrite_policy_replaces_the_stored_one(
+    processes: list[ServeProcess], real_url: str
+) -> None:
     Scheduler.connect(real_url, cell="ow", policy=Policy(limits=Limits(max_sandbox_count=10)))
-    p = ServeProcess({"scheduler": {"node_resource_limit": {"max_sandbox_count": 20}}},
-                     real_url, cell="ow", extra_args=("--overwrite-policy",))
+    p = ServeProcess(
+        {"scheduler": {"node_resource_limit": {"max_sandbox_count": 20}}},
+        real_url,
+        cell="ow",
+        extra_args=("--overwrite-policy",),
+    )
     processes.append(p)
     p.wait_serving()
     stored = Scheduler.connect(real_url, cell="ow").policy()
@@ -70,8 +89,9 @@ def test_overwrite_policy_replaces_the_stored_one(processes: list[ServeProcess],
 
 
 @pytest.mark.real_only
-def test_sigterm_drains_in_flight_calls_and_exits_0(processes: list[ServeProcess],
-                                                    real_url: str) -> None:
+def test_sigterm_drains_in_flight_calls_and_exits_0(
+    processes: list[ServeProcess], real_url: str
+) -> None:
     p = ServeProcess({"scheduler": {}}, real_url, cell="drain")
     processes.append(p)
     p.wait_serving()
@@ -94,10 +114,12 @@ def test_sigterm_drains_in_flight_calls_and_exits_0(processes: list[ServeProcess
     assert s.stats().reserved_total == 20
 
 
-
-
-async def _load(address: str, stop: asyncio.Event, out: list[Outcome], workers: int = 4,
-                ) -> None:
+async def _load(
+    address: str,
+    stop: asyncio.Event,
+    out: list[Outcome],
+    workers: int = 4,
+) -> None:
     async with grpc.aio.insecure_channel(address) as ch:
         stub = pb_grpc.SchedulerStub(ch)
 
@@ -112,9 +134,14 @@ async def _load(address: str, stop: asyncio.Event, out: list[Outcome], workers: 
 
         async def worker(i: int) -> None:
             while not stop.is_set():
-                await one("Heartbeat", stub.Heartbeat(
-                    hb_request("n1", cpu=100_000, mem_gib=100_000), timeout=5,
-                    metadata=endpoint_md("n1:5000")))
+                await one(
+                    "Heartbeat",
+                    stub.Heartbeat(
+                        hb_request("n1", cpu=100_000, mem_gib=100_000),
+                        timeout=5,
+                        metadata=endpoint_md("n1:5000"),
+                    ),
+                )
                 await one("Schedule", stub.Schedule(cold(1, 16), timeout=5))
                 await one("ListNodes", stub.ListNodes(pb.ListNodesRequest(), timeout=5))
                 await asyncio.sleep(0.01)
@@ -140,23 +167,35 @@ def test_redis_outage_fails_fast_and_recovers_under_load(processes: list[ServePr
             await asyncio.to_thread(rs.stop)
             marks["stopped"] = time.monotonic()
             marks["not_serving_after"] = await asyncio.to_thread(
-                wait_until, lambda: health_status(p.address) == health_pb2.HealthCheckResponse
-                .NOT_SERVING, 5, "NOT_SERVING")
+                wait_until,
+                lambda: health_status(p.address) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                5,
+                "NOT_SERVING",
+            )
             await asyncio.sleep(0.7)
             marks["starting"] = time.monotonic()
             await asyncio.to_thread(rs.start)  # returns once it answers PING
             marks["up"] = time.monotonic()
 
             def heartbeats_back() -> list[Outcome]:
-                return [o for o in outcomes if o.start > marks["up"] and o.rpc == "Heartbeat"
-                        and o.code == grpc.StatusCode.OK]
+                return [
+                    o
+                    for o in outcomes
+                    if o.start > marks["up"]
+                    and o.rpc == "Heartbeat"
+                    and o.code == grpc.StatusCode.OK
+                ]
 
             marks["recovered_after"] = await asyncio.to_thread(
-                wait_until, heartbeats_back, 10, "a heartbeat after Redis came back")
+                wait_until, heartbeats_back, 10, "a heartbeat after Redis came back"
+            )
             marks["recovered"] = min(o.end for o in heartbeats_back())
             await asyncio.to_thread(
-                wait_until, lambda: health_status(p.address) == health_pb2.HealthCheckResponse
-                .SERVING, 5, "SERVING")
+                wait_until,
+                lambda: health_status(p.address) == health_pb2.HealthCheckResponse.SERVING,
+                5,
+                "SERVING",
+            )
             await asyncio.sleep(0.3)
             stop.set()
             await load
@@ -165,29 +204,38 @@ def test_redis_outage_fails_fast_and_recovers_under_load(processes: list[ServePr
         assert p.proc.poll() is None  # the replica stayed up throughout
 
         before = [o for o in outcomes if o.end < marks["down"]]
-        during = [o for o in outcomes
-                  if o.start > marks["stopped"] and o.end < marks["starting"]]
+        during = [o for o in outcomes if o.start > marks["stopped"] and o.end < marks["starting"]]
         # Redis came back empty (no persistence): the first heartbeat restored the cell's
         # policy and re-registered the node; from then on everything succeeds.
         after = [o for o in outcomes if o.start > marks["recovered"]]
         assert before and during and after
         assert {o.code for o in before} == {grpc.StatusCode.OK}, p.log()
         assert {o.code for o in during} == {grpc.StatusCode.UNAVAILABLE}
-        assert [o.details for o in during if "Redis at" not in o.details
-                or "unreachable" not in o.details] == []
+        assert [
+            o.details
+            for o in during
+            if "Redis at" not in o.details or "unreachable" not in o.details
+        ] == []
         assert max(o.end - o.start for o in during) < 1.0  # fails fast
         assert {o.code for o in after} == {grpc.StatusCode.OK}, [
-            (o.rpc, round(o.start - marks["up"], 3), o.details) for o in after
-            if o.code != grpc.StatusCode.OK]
+            (o.rpc, round(o.start - marks["up"], 3), o.details)
+            for o in after
+            if o.code != grpc.StatusCode.OK
+        ]
         assert marks["recovered_after"] < 2.0
-        assert not [o for o in outcomes if o.code not in (
-            grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE)], p.log()[-8000:]
+        assert not [
+            o for o in outcomes if o.code not in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE)
+        ], p.log()[-8000:]
         restored = Scheduler.connect(rs.url, cell="outage").policy()
         assert restored == Policy()
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{p.metrics_port}/metrics",
-                                         timeout=5).read().decode()
-        errors = next(line for line in metrics.splitlines()
-                      if line.startswith("sched_redis_errors_total "))
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{p.metrics_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        errors = next(
+            line for line in metrics.splitlines() if line.startswith("sched_redis_errors_total ")
+        )
         assert float(errors.split()[1]) >= len(during)
         assert "sched_redis_up 1.0" in metrics
         assert p.terminate() == 0
@@ -197,11 +245,15 @@ def test_redis_outage_fails_fast_and_recovers_under_load(processes: list[ServePr
 
 @pytest.mark.real_only
 def test_a_replica_started_before_redis_waits_and_then_serves(
-        processes: list[ServeProcess]) -> None:
+    processes: list[ServeProcess],
+) -> None:
     server = RedisServer()  # its port is chosen, nothing listens there yet
     try:
-        p = ServeProcess({"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}},
-                         server.url, cell="late")
+        p = ServeProcess(
+            {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}},
+            server.url,
+            cell="late",
+        )
         processes.append(p)
         deadline = time.monotonic() + 10
         while "retrying in" not in p.log() and time.monotonic() < deadline:

@@ -69,7 +69,7 @@ def _cell_keys(s: Scheduler) -> dict[bytes, Any]:
     out = {}
     for key, value in snapshot_keys(s.client).items():
         if key.startswith(prefix):
-            out[key[len(prefix):]] = value
+            out[key[len(prefix) :]] = value
     return out
 
 
@@ -86,13 +86,20 @@ def _outcome(s: Scheduler, call: Any) -> HeartbeatResult | Exception:
         return e
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(creations=st.integers(0, 6),
-       rounds=st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(ACTIONS)),
-                                min_size=1, max_size=10), min_size=1, max_size=3))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    creations=st.integers(0, 6),
+    rounds=st.lists(
+        st.lists(st.tuples(st.integers(0, 3), st.sampled_from(ACTIONS)), min_size=1, max_size=10),
+        min_size=1,
+        max_size=3,
+    ),
+)
 def test_a_batch_of_heartbeats_leaves_redis_as_one_by_one(
-        redis_client: Any, creations: int, rounds: list[list[tuple[int, str]]]) -> None:
+    redis_client: Any, creations: int, rounds: list[list[tuple[int, str]]]
+) -> None:
     """Rounds of heartbeats, each built (as a replica builds them) from what
     the replica last wrote, sent one by one to one cell and as one batch to
     its twin: the same answers (a node's second heartbeat of a round was
@@ -196,6 +203,7 @@ def test_each_heartbeat_of_a_batch_gets_its_own_answer(make_scheduler: Any) -> N
 @pytest.mark.real_only
 def test_a_replica_client_batches_heartbeats_that_queue() -> None:
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="beats", policy=Policy())
             try:
@@ -203,8 +211,9 @@ def test_a_replica_client_batches_heartbeats_that_queue() -> None:
                 first = await asyncio.gather(*(a.heartbeat(n.heartbeat()) for n in nodes))
                 assert [r.generation for r in first] == [1] * 40
                 assert a.beat_coalescer.batches >= 1 and a.beat_coalescer.batched > 1
-                placed = await asyncio.gather(*(a.schedule(Request.cold(1, 512))
-                                                for _ in range(20)))
+                placed = await asyncio.gather(
+                    *(a.schedule(Request.cold(1, 512)) for _ in range(20))
+                )
                 for i, p in enumerate(placed):
                     await a.assign(f"sb{i}", p.node_id, p.endpoint, p.reservation_id)
                     nodes[int(p.node_id[1:])].create(f"sb{i}", 1, 512 * MIB)
@@ -227,9 +236,7 @@ def test_a_replica_client_batches_heartbeats_that_queue() -> None:
         asyncio.run(scenario())
 
 
-
-def test_a_batch_sweeps_once_and_its_steady_heartbeats_need_no_resync(
-        make_scheduler: Any) -> None:
+def test_a_batch_sweeps_once_and_its_steady_heartbeats_need_no_resync(make_scheduler: Any) -> None:
     """Reservations due when a batch comes: it expires them first (one
     sweep), so its steady heartbeats apply where alone each would answer
     RESYNC; the nodes whose pending load fell are reindexed by the call."""
@@ -259,6 +266,7 @@ def test_many_heartbeats_of_one_node_at_once_all_land() -> None:
     each of those goes again in full, whatever base the memo holds by then
     (a second RESYNC would fail the heartbeat)."""
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="race", policy=Policy())
             try:
@@ -266,8 +274,11 @@ def test_many_heartbeats_of_one_node_at_once_all_land() -> None:
                 # waves that overlap: a retry meets heartbeats built on a newer base
                 tasks = []
                 for k in range(200):
-                    tasks.append(asyncio.create_task(a.heartbeat(
-                        hb("n1", allocated_cpu=k % 4, roster=[f"s{k % 7}"]))))
+                    tasks.append(
+                        asyncio.create_task(
+                            a.heartbeat(hb("n1", allocated_cpu=k % 4, roster=[f"s{k % 7}"]))
+                        )
+                    )
                     if k % 4 == 3:
                         await asyncio.sleep(0.0005)
                 got = await asyncio.gather(*tasks)
@@ -284,8 +295,10 @@ def test_a_batch_carries_a_long_roster(make_scheduler: Any) -> None:
     is sliced out of the batch's arguments all the same."""
     s = make_scheduler()
     roster = [f"long-{i}" for i in range(1500)]
-    calls = [s.ops.heartbeat(hb("n1", roster=roster, sandbox_count=1500), s.beats),
-             s.ops.heartbeat(hb("n2", roster=["short"], sandbox_count=1), s.beats)]
+    calls = [
+        s.ops.heartbeat(hb("n1", roster=roster, sandbox_count=1500), s.beats),
+        s.ops.heartbeat(hb("n2", roster=["short"], sandbox_count=1), s.beats),
+    ]
     got = s.run(s.ops.heartbeat_batch(calls))
     assert [r.generation for r in got] == [1, 1]
     assert s.client.scard(s.keys.node_roster("n1")) == 1500
@@ -300,6 +313,7 @@ def test_coalesced_heartbeat_rpcs_deliver_the_cpu_config_once_each() -> None:
     """A heartbeat RPC's next step, the CPU config exchange, joins the batch
     calls too: nodes heartbeating at once with their configs each get the
     cluster's intersection exactly once, as one by one."""
+
     def beat(i: int, config: str = "") -> Heartbeat:
         b = hb(f"c{i}")
         b.cluster_id = "k1"
@@ -307,25 +321,29 @@ def test_coalesced_heartbeat_rpcs_deliver_the_cpu_config_once_each() -> None:
         return b
 
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="cfg", policy=Policy())
             try:
                 got: dict[int, list[str]] = {i: [] for i in range(6)}
-                first = await asyncio.gather(*(a.heartbeat(beat(i, KVM[i]), cpu_config=True)
-                                               for i in range(6)))
+                first = await asyncio.gather(
+                    *(a.heartbeat(beat(i, KVM[i]), cpu_config=True) for i in range(6))
+                )
                 for i, r in enumerate(first):
                     got[i].append(r.cpu_config_json)
                 for _ in range(3):
-                    more = await asyncio.gather(*(a.heartbeat(beat(i), cpu_config=True)
-                                                  for i in range(6)))
+                    more = await asyncio.gather(
+                        *(a.heartbeat(beat(i), cpu_config=True) for i in range(6))
+                    )
                     for i, r in enumerate(more):
                         got[i].append(r.cpu_config_json)
                 # (24 heartbeats; more only if the exchange steps went in batches too)
                 assert a.beat_coalescer.batched > 24, a.beat_coalescer.batched
                 for i in range(6):
                     delivered = [json.loads(c) for c in got[i] if c]
-                    assert delivered[-1:] == [{"kvm_capabilities": ["171"], "cpuid_modifiers": [],
-                                               "msr_modifiers": []}], (i, got[i])
+                    assert delivered[-1:] == [
+                        {"kvm_capabilities": ["171"], "cpuid_modifiers": [], "msr_modifiers": []}
+                    ], (i, got[i])
                     # once the whole cluster's config is in, nothing more
                     assert got[i][-1] == "" or len(delivered) == 1
                 assert all(got[i][-2:] == ["", ""] for i in range(6)), got
@@ -348,8 +366,11 @@ def test_a_batch_runs_cpu_config_steps_as_one_by_one(make_scheduler: Any) -> Non
 
     def steps(s: Scheduler) -> list[Any]:
         out = [s.cpu_ops.ingest(f"c{i}", "k1", digest(KVM[i]), False) for i in range(3)]
-        return [*out, s.cpu_ops.ingest("nobody", "k1", "", False),
-                s.cpu_ops.ingest("c0", "k1", "", True)]
+        return [
+            *out,
+            s.cpu_ops.ingest("nobody", "k1", "", False),
+            s.cpu_ops.ingest("c0", "k1", "", True),
+        ]
 
     sequential = [one.run(c) for c in steps(one)]
     batched = many.run(many.ops.heartbeat_batch(steps(many)))
@@ -364,18 +385,21 @@ def test_heartbeats_with_long_rosters_go_a_few_at_a_time() -> None:
     long rosters (every node's, after Redis lost its data) go in batches of
     at most MAX_ARGS arguments, a longer one alone."""
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="long", policy=Policy())
             try:
-                beats = [hb(f"n{i}", roster=[f"n{i}-s{k}" for k in range(1000)],
-                            sandbox_count=1000) for i in range(12)]
-                beats.append(hb("big", roster=[f"big-{k}" for k in range(4090)],
-                                sandbox_count=4090))
+                beats = [
+                    hb(f"n{i}", roster=[f"n{i}-s{k}" for k in range(1000)], sandbox_count=1000)
+                    for i in range(12)
+                ]
+                beats.append(
+                    hb("big", roster=[f"big-{k}" for k in range(4090)], sandbox_count=4090)
+                )
                 got = await asyncio.gather(*(a.heartbeat(b) for b in beats))
                 assert [r.generation for r in got] == [1] * 13
                 per_call = a.ops.heartbeat(beats[0], None)
-                assert 3 * len(per_call.args) <= a.beat_coalescer.MAX_ARGS < 4 * len(
-                    per_call.args)
+                assert 3 * len(per_call.args) <= a.beat_coalescer.MAX_ARGS < 4 * len(per_call.args)
                 assert a.beat_coalescer.batches >= 4 and a.beat_coalescer.largest == 3
                 assert (await a.lookup("big-4089")).node_id == "big"
             finally:
@@ -391,6 +415,7 @@ def test_what_queues_behind_a_stalled_call_still_reaches_redis() -> None:
     resumes (the nodes' reports of that moment), as one call each would
     have been, instead of waiting in the queue past their deadlines."""
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="stall", policy=Policy())
             try:
@@ -411,9 +436,15 @@ def test_what_queues_behind_a_stalled_call_still_reaches_redis() -> None:
                     rs.resume()
                 s = Scheduler.connect(rs.url, cell="stall")
                 try:
-                    await asyncio.to_thread(wait_until, lambda: [
-                        s.client.hget(s.keys.node(n), "allocated_cpu") for n in ("n1", "n2")]
-                        == [b"1", b"2"], 5, "both stalled heartbeats run on resume")
+                    await asyncio.to_thread(
+                        wait_until,
+                        lambda: (
+                            [s.client.hget(s.keys.node(n), "allocated_cpu") for n in ("n1", "n2")]
+                            == [b"1", b"2"]
+                        ),
+                        5,
+                        "both stalled heartbeats run on resume",
+                    )
                 finally:
                     s.close()
             finally:

@@ -51,8 +51,7 @@ def test_a_roster_over_max_roster_ids_is_refused_before_redis() -> None:
         with pytest.raises(InvalidArgument) as e:
             s.heartbeat(hb("n1", roster=roster(4097)))
         assert e.value.field == "sandbox_ids"
-        assert e.value.message == ("sandbox_ids has 4097 entries, more than "
-                                   "max_roster_ids (4096)")
+        assert e.value.message == ("sandbox_ids has 4097 entries, more than max_roster_ids (4096)")
         with pytest.raises(StoreUnavailable):  # at the limit, it goes to Redis
             s.heartbeat(hb("n1", roster=roster(4096)))
     finally:
@@ -111,8 +110,10 @@ def test_a_roster_of_100000_ids_at_a_limit_of_100000(make_scheduler: Make) -> No
 
 
 def test_the_static_node_list_is_bounded(tmp_path: Path) -> None:
-    nodes = [{"id": f"n{i}", "endpoint": f"10.0.{i // 250}.{i % 250}:5000"}
-             for i in range(MAX_STATIC_NODES + 1)]
+    nodes = [
+        {"id": f"n{i}", "endpoint": f"10.0.{i // 250}.{i % 250}:5000"}
+        for i in range(MAX_STATIC_NODES + 1)
+    ]
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"scheduler": {"nodes": nodes}}))
     with pytest.raises(ConfigError, match=r"scheduler.nodes: has 10001 entries, more than 10000"):
@@ -124,8 +125,7 @@ def test_events_are_bounded_in_the_client_too(make_scheduler: Make) -> None:
 
     s = make_scheduler()
     s.heartbeat(hb("n1"))
-    events = [SandboxEvent(sandbox_id=f"s{i}", event_type="CREATE")
-              for i in range(MAX_EVENTS + 1)]
+    events = [SandboxEvent(sandbox_id=f"s{i}", event_type="CREATE") for i in range(MAX_EVENTS + 1)]
     with pytest.raises(InvalidArgument, match=f"events has {MAX_EVENTS + 1} entries"):
         s.events("n1", events)
     assert s.events("n1", events[:3]).acked == 0
@@ -157,19 +157,45 @@ def test_artifact_keys_are_capped(make_scheduler: Make) -> None:
 # ---------------------------------------------------------------------------
 # Endpoints
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("value", [
-    "10.0.0.1:5000", "node-1.local:5000", "localhost:1", "[::1]:443", "[fd00::1]:50051",
-    "http://10.0.0.1:80", "https://node-1.example.com:8443", "https://[::1]:443/",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "10.0.0.1:5000",
+        "node-1.local:5000",
+        "localhost:1",
+        "[::1]:443",
+        "[fd00::1]:50051",
+        "http://10.0.0.1:80",
+        "https://node-1.example.com:8443",
+        "https://[::1]:443/",
+    ],
+)
 def test_endpoints_that_pass(value: str) -> None:
     assert endpoint("x-node-endpoint", value) == value
 
 
-@pytest.mark.parametrize("value", [
-    "javascript:alert(1) <b>", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", "host:port",
-    "ftp://h:21", "http://h:80/path", "h:80/", "a b:80", "<b>:80", "[::1", "[zz::1]:80",
-    "user@h:80", "http://user:pw@h:80", "-h:80", "h_1:80", "x" * 300 + ":80",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "javascript:alert(1) <b>",
+        "10.0.0.1",
+        "10.0.0.1:0",
+        "10.0.0.1:65536",
+        "host:port",
+        "ftp://h:21",
+        "http://h:80/path",
+        "h:80/",
+        "a b:80",
+        "<b>:80",
+        "[::1",
+        "[zz::1]:80",
+        "user@h:80",
+        "http://user:pw@h:80",
+        "-h:80",
+        "h_1:80",
+        "x" * 300 + ":80",
+    ],
+)
 def test_endpoints_that_do_not(value: str) -> None:
     with pytest.raises(InvalidArgument) as e:
         endpoint("x-node-endpoint", value)
@@ -191,45 +217,67 @@ def refused(fn: Callable[[], Any]) -> str:
     return str(e.value.details())
 
 
-def test_grpc_bounds_name_the_field_and_write_nothing(replica: ThreadedReplica,
-                                                      redis_client: Any) -> None:
+def test_grpc_bounds_name_the_field_and_write_nothing(
+    replica: ThreadedReplica, redis_client: Any
+) -> None:
     stub = replica.stub
     stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1.local:5000"))
     before = snapshot_keys(redis_client)
     big = hb_request("n1", roster=roster(4097))
     assert refused(lambda: stub.Heartbeat(big)).startswith(
-        "sandbox_ids has 4097 entries, more than max_roster_ids (4096)")
+        "sandbox_ids has 4097 entries, more than max_roster_ids (4096)"
+    )
     disks = hb_request("n1")
     disks.snapshot.disks.extend(pb.DiskMetric(mount_point=f"/d{i}") for i in range(MAX_DISKS + 1))
     assert refused(lambda: stub.Heartbeat(disks)).startswith("snapshot.disks has 257 entries")
-    assert refused(lambda: stub.Heartbeat(
-        hb_request("n1"), metadata=endpoint_md("javascript:alert(1) <b>"))).startswith(
-        "x-node-endpoint must be host:port or an http(s)://host:port URL")
-    events = pb.ReportSandboxEventRequest(node_id="n1", events=[
-        pb.SandboxEvent(sandbox_id=f"s{i}", event_type=pb.SANDBOX_EVENT_TYPE_CREATE)
-        for i in range(MAX_EVENTS + 1)])
+    assert refused(
+        lambda: stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("javascript:alert(1) <b>"))
+    ).startswith("x-node-endpoint must be host:port or an http(s)://host:port URL")
+    events = pb.ReportSandboxEventRequest(
+        node_id="n1",
+        events=[
+            pb.SandboxEvent(sandbox_id=f"s{i}", event_type=pb.SANDBOX_EVENT_TYPE_CREATE)
+            for i in range(MAX_EVENTS + 1)
+        ],
+    )
     assert refused(lambda: stub.ReportSandboxEvent(events)).startswith(
-        f"events has {MAX_EVENTS + 1} entries")
-    images = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(new_cold_sandbox=pb.NewColdSandboxHint(
-        cpu_count=1, memory_mb=1, images=[f"i{i}" for i in range(MAX_IMAGES + 1)])))
+        f"events has {MAX_EVENTS + 1} entries"
+    )
+    images = pb.ScheduleRequest(
+        hint=pb.ScheduleRequestHint(
+            new_cold_sandbox=pb.NewColdSandboxHint(
+                cpu_count=1, memory_mb=1, images=[f"i{i}" for i in range(MAX_IMAGES + 1)]
+            )
+        )
+    )
     assert refused(lambda: stub.Schedule(images)).startswith(
-        "hint.new_cold_sandbox.images has 257 entries")
-    meta = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(new_sandbox=pb.NewSandboxHint(
-        metadata={f"k{i}": "v" for i in range(MAX_METADATA + 1)})))
+        "hint.new_cold_sandbox.images has 257 entries"
+    )
+    meta = pb.ScheduleRequest(
+        hint=pb.ScheduleRequestHint(
+            new_sandbox=pb.NewSandboxHint(metadata={f"k{i}": "v" for i in range(MAX_METADATA + 1)})
+        )
+    )
     assert refused(lambda: stub.Schedule(meta)).startswith(
-        "hint.new_sandbox.metadata has 257 entries")
-    fat = pb.ScheduleRequest(hint=pb.ScheduleRequestHint(new_sandbox=pb.NewSandboxHint(
-        metadata={"k": "v" * 70_000})))
+        "hint.new_sandbox.metadata has 257 entries"
+    )
+    fat = pb.ScheduleRequest(
+        hint=pb.ScheduleRequestHint(new_sandbox=pb.NewSandboxHint(metadata={"k": "v" * 70_000}))
+    )
     assert refused(lambda: stub.Schedule(fat)).startswith(
-        "hint.new_sandbox.metadata holds more than 65536 characters")
+        "hint.new_sandbox.metadata holds more than 65536 characters"
+    )
     art = pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="k" * 513, node_id="n1")
     assert refused(lambda: stub.RecordP2pArtifact(art)).startswith(
-        "key is longer than 512 bytes (artifact_key_max_bytes)")
+        "key is longer than 512 bytes (artifact_key_max_bytes)"
+    )
     assert snapshot_keys(redis_client) == before
     # a good endpoint is taken
     stub.Heartbeat(hb_request("n2"), metadata=endpoint_md("https://[::1]:8443"))
-    assert redis_client.hget(replica.settings.prefix + ":{test}:node:n2", "endpoint") == \
-        b"https://[::1]:8443"
+    assert (
+        redis_client.hget(replica.settings.prefix + ":{test}:node:n2", "endpoint")
+        == b"https://[::1]:8443"
+    )
 
 
 def test_policy_set_changes_the_bounds_every_replica_holds(real_url: str) -> None:
@@ -237,27 +285,50 @@ def test_policy_set_changes_the_bounds_every_replica_holds(real_url: str) -> Non
     from scheduler.cli.main import main
 
     s = Scheduler.connect(real_url, cell="pb", policy=Policy())
-    result = CliRunner().invoke(main, [
-        "policy", "set", "--redis", real_url, "--cell", "pb", "--max-roster-ids", "2",
-        "--node-forget-after", "0", "--reservation-tombstone-ttl", "1m",
-        "--artifact-key-max-bytes", "64", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "policy",
+            "set",
+            "--redis",
+            real_url,
+            "--cell",
+            "pb",
+            "--max-roster-ids",
+            "2",
+            "--node-forget-after",
+            "0",
+            "--reservation-tombstone-ttl",
+            "1m",
+            "--artifact-key-max-bytes",
+            "64",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     stored = s.policy()
     assert stored is not None
-    assert (stored.max_roster_ids, stored.node_forget_after_ms,
-            stored.reservation_tombstone_ttl_ms, stored.artifact_key_max_bytes) == (
-        2, 0, 60_000, 64)
+    assert (
+        stored.max_roster_ids,
+        stored.node_forget_after_ms,
+        stored.reservation_tombstone_ttl_ms,
+        stored.artifact_key_max_bytes,
+    ) == (2, 0, 60_000, 64)
     with pytest.raises(InvalidArgument, match="3 entries, more than max_roster_ids \\(2\\)"):
         s.heartbeat(hb("n1", roster=roster(3)))
-    shown = json.loads(CliRunner().invoke(main, ["policy", "show", "--redis", real_url,
-                                                 "--cell", "pb", "--json"]).stdout)
+    shown = json.loads(
+        CliRunner()
+        .invoke(main, ["policy", "show", "--redis", real_url, "--cell", "pb", "--json"])
+        .stdout
+    )
     assert shown["max_roster_ids"] == 2 and shown["node_forget_after_ms"] == 0
     s.close()
 
 
 @pytest.mark.parametrize("value", ["1.5", "", "-1", " 5", "1e3", "0x10", "12345678901234567"])
-def test_the_script_takes_only_whole_numbers_for_the_index_fields(make_scheduler: Make,
-                                                                   value: str) -> None:
+def test_the_script_takes_only_whole_numbers_for_the_index_fields(
+    make_scheduler: Make, value: str
+) -> None:
     """A writer other than this client (its own checks bypassed) cannot slip a
     fraction, a sign, a blank or 17 digits into a field the index spells:
     1 to 16 digits, else BADARG naming the field, and nothing written."""
@@ -265,7 +336,7 @@ def test_the_script_takes_only_whole_numbers_for_the_index_fields(make_scheduler
     s.heartbeat(hb("n1", allocated_cpu=2))
     call = s.ops.heartbeat(hb("n1", allocated_cpu=3))
     at = call.args.index("allocated_cpu")
-    args = [*call.args[:at + 1], value, *call.args[at + 2:]]
+    args = [*call.args[: at + 1], value, *call.args[at + 2 :]]
     before = snapshot_keys(s.client)
     with pytest.raises(InvalidArgument) as e:
         s.run(replace(call, args=args))
@@ -279,8 +350,9 @@ def test_the_script_takes_only_whole_numbers_for_the_index_fields(make_scheduler
 
 @pytest.mark.parametrize("value", ["1.5", "-1", "inf", "nan", "abc"])
 @pytest.mark.parametrize("batch", [False, True], ids=["alone", "batch"])
-def test_the_script_takes_only_whole_numbers_for_a_request(make_scheduler: Make, value: str,
-                                                           batch: bool) -> None:
+def test_the_script_takes_only_whole_numbers_for_a_request(
+    make_scheduler: Make, value: str, batch: bool
+) -> None:
     """A Schedule's cpu and memory reach the script as text: anything but a
     whole number (a fraction, a sign, an infinity, NaN) is BADARG naming the
     field, alone or in a batch, and nothing is written."""
@@ -288,7 +360,7 @@ def test_the_script_takes_only_whole_numbers_for_a_request(make_scheduler: Make,
     s.heartbeat(hb("n1"))
     for at, field in ((3, "cpu"), (4, "memory_bytes")):
         call = s.ops.schedule(Request.cold(1, 1024), reservation_id=f"r-{field}")
-        args = [*call.args[:at], value, *call.args[at + 1:]]
+        args = [*call.args[:at], value, *call.args[at + 1 :]]
         before = snapshot_keys(s.client)
         if batch:
             answer = s.run(s.ops.schedule_batch([replace(call, args=args)]))[0]

@@ -40,19 +40,30 @@ def expected_bucket(n: NodeState, policy: Policy, now: int) -> str:
     limits = policy.limits.active()
     if "max_cpu_used_percent" in limits and n.cpu_percent > limits["max_cpu_used_percent"]:
         return ""
-    if ("max_memory_used_percent" in limits and n.memory_total_bytes > 0
-            and n.memory_used_bytes * 100 > limits["max_memory_used_percent"]
-            * n.memory_total_bytes):
+    if (
+        "max_memory_used_percent" in limits
+        and n.memory_total_bytes > 0
+        and n.memory_used_bytes * 100 > limits["max_memory_used_percent"] * n.memory_total_bytes
+    ):
         return ""
     assert derive_status(n, policy, now) in ("READY", "CONNECTING")
     # the ranking counts first, 9 digits each, so byte order is rank order
-    counts = (f"{n.sandbox_starting_count + n.pending_count:09d}{n.sandbox_count:09d}"
-              f"{n.paused_sandbox_count:09d}")
-    parts = [n.cpu_count, n.memory_total_bytes,
-             n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu,
-             n.allocated_memory_bytes + n.paused_allocated_memory_bytes + n.pending_memory_bytes,
-             n.allocated_cpu, n.pending_cpu, n.allocated_memory_bytes, n.pending_memory_bytes,
-             n.sandbox_starting_count, n.pending_count]
+    counts = (
+        f"{n.sandbox_starting_count + n.pending_count:09d}{n.sandbox_count:09d}"
+        f"{n.paused_sandbox_count:09d}"
+    )
+    parts = [
+        n.cpu_count,
+        n.memory_total_bytes,
+        n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu,
+        n.allocated_memory_bytes + n.paused_allocated_memory_bytes + n.pending_memory_bytes,
+        n.allocated_cpu,
+        n.pending_cpu,
+        n.allocated_memory_bytes,
+        n.pending_memory_bytes,
+        n.sandbox_starting_count,
+        n.pending_count,
+    ]
     return counts + ":" + ":".join(str(p) for p in parts)
 
 
@@ -61,10 +72,12 @@ def index_is_consistent(s: Scheduler, policy: Policy, now: int) -> None:
     base = s.keys.base
     members: dict[str, str] = {}
     for shape in (x.decode() for x in c.smembers(base + "idx-shapes")):
-        cpu_scores = {b.decode(): sc for b, sc in
-                      c.zrange(base + "idx-cpu:" + shape, 0, -1, withscores=True)}
-        mem_scores = {b.decode(): sc for b, sc in
-                      c.zrange(base + "idx-mem:" + shape, 0, -1, withscores=True)}
+        cpu_scores = {
+            b.decode(): sc for b, sc in c.zrange(base + "idx-cpu:" + shape, 0, -1, withscores=True)
+        }
+        mem_scores = {
+            b.decode(): sc for b, sc in c.zrange(base + "idx-mem:" + shape, 0, -1, withscores=True)
+        }
         by_cpu = set(cpu_scores)
         # (a shape left empty is dropped from idx-shapes by the next pick)
         assert by_cpu == set(mem_scores), shape
@@ -100,43 +113,70 @@ def fleets(draw: Any) -> list[tuple[str, NodeSnapshot]]:
     for i in range(draw(st.integers(2, 12))):
         cpu, mem_gib = draw(st.sampled_from(SHAPES))
         used = draw(st.integers(0, max(cpu, 1)))
-        out.append((f"ix-{i:02d}", NodeSnapshot(
-            cpu_count=cpu, memory_total_bytes=mem_gib * GIB, allocated_cpu=used,
-            allocated_memory_bytes=draw(st.sampled_from([0, used * 2 * GIB, used * 4 * GIB])),
-            sandbox_count=draw(st.integers(0, 9)), sandbox_starting_count=draw(st.integers(0, 2)),
-            paused_sandbox_count=draw(st.integers(0, 2)), cpu_percent=draw(st.integers(0, 100)),
-            memory_used_bytes=draw(st.integers(0, mem_gib * GIB)))))
+        out.append(
+            (
+                f"ix-{i:02d}",
+                NodeSnapshot(
+                    cpu_count=cpu,
+                    memory_total_bytes=mem_gib * GIB,
+                    allocated_cpu=used,
+                    allocated_memory_bytes=draw(
+                        st.sampled_from([0, used * 2 * GIB, used * 4 * GIB])
+                    ),
+                    sandbox_count=draw(st.integers(0, 9)),
+                    sandbox_starting_count=draw(st.integers(0, 2)),
+                    paused_sandbox_count=draw(st.integers(0, 2)),
+                    cpu_percent=draw(st.integers(0, 100)),
+                    memory_used_bytes=draw(st.integers(0, mem_gib * GIB)),
+                ),
+            )
+        )
     return out
 
 
-steps = st.lists(st.one_of(
-    st.tuples(st.just("schedule"), st.sampled_from([0, 1, 2, 4, 8]),
-              st.sampled_from([0, 512, 4096, 16384])),
-    st.tuples(st.just("route"), st.just(0), st.just(0)),
-    st.tuples(st.just("advance"), st.sampled_from([5_000, 20_000]), st.just(0)),
-    st.tuples(st.just("beat"), st.integers(0, 11), st.just(0)),
-    st.tuples(st.just("created"), st.integers(0, 11), st.integers(1, 3)),
-    st.tuples(st.just("linger"), st.integers(0, 11), st.just(0)),
-), min_size=1, max_size=25)
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("schedule"),
+            st.sampled_from([0, 1, 2, 4, 8]),
+            st.sampled_from([0, 512, 4096, 16384]),
+        ),
+        st.tuples(st.just("route"), st.just(0), st.just(0)),
+        st.tuples(st.just("advance"), st.sampled_from([5_000, 20_000]), st.just(0)),
+        st.tuples(st.just("beat"), st.integers(0, 11), st.just(0)),
+        st.tuples(st.just("created"), st.integers(0, 11), st.integers(1, 3)),
+        st.tuples(st.just("linger"), st.integers(0, 11), st.just(0)),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 policies = st.builds(
     Policy,
     report_ttl_ms=st.just(30_000),
-    limits=st.builds(Limits, max_sandbox_count=st.sampled_from([0, 6, 10]),
-                     max_cpu_used_percent=st.sampled_from([0, 80]),
-                     max_memory_allocated_percent=st.sampled_from([0, 90]),
-                     max_sandbox_starting_count=st.sampled_from([0, 3])),
-    overcommit=st.builds(Overcommit, cpu=st.sampled_from([1.0, 2.0, 4.0]),
-                         memory=st.sampled_from([1.0, 1.5])),
+    limits=st.builds(
+        Limits,
+        max_sandbox_count=st.sampled_from([0, 6, 10]),
+        max_cpu_used_percent=st.sampled_from([0, 80]),
+        max_memory_allocated_percent=st.sampled_from([0, 90]),
+        max_sandbox_starting_count=st.sampled_from([0, 3]),
+    ),
+    overcommit=st.builds(
+        Overcommit, cpu=st.sampled_from([1.0, 2.0, 4.0]), memory=st.sampled_from([1.0, 1.5])
+    ),
 )
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(fleet=fleets(), policy=policies, script=steps)
 def test_index_decides_like_the_model_while_the_fleet_changes(
-        redis_client: Any, fleet: list[tuple[str, NodeSnapshot]], policy: Policy,
-        script: list[tuple[str, int, int]]) -> None:
+    redis_client: Any,
+    fleet: list[tuple[str, NodeSnapshot]],
+    policy: Policy,
+    script: list[tuple[str, int, int]],
+) -> None:
     """Nodes go stale and come back, linger, fill up to ceilings that bind
     before pressure does, under overcommit; shapes tie."""
     s = Scheduler(redis_client, cell="index")
@@ -146,8 +186,11 @@ def test_index_decides_like_the_model_while_the_fleet_changes(
     snaps = dict(fleet)
     ids = list(snaps)
     for node_id, snap in fleet:
-        s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
-                              endpoint=f"{node_id}:1", snapshot=snap))
+        s.heartbeat(
+            Heartbeat(
+                node_id=node_id, service_instance_id="b", endpoint=f"{node_id}:1", snapshot=snap
+            )
+        )
     for kind, a, b in script:
         if kind == "schedule":
             check_stream(s, policy, [Request.cold(a, b)])
@@ -157,21 +200,26 @@ def test_index_decides_like_the_model_while_the_fleet_changes(
             now = s.advance_clock(a)
         elif kind == "beat":
             node_id = ids[a % len(ids)]
-            s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
-                                  snapshot=snaps[node_id]))
+            s.heartbeat(
+                Heartbeat(node_id=node_id, service_instance_id="b", snapshot=snaps[node_id])
+            )
         elif kind == "created":
             # the node counts b more creations (and runs them): as many of
             # its reservations are released, oldest first
             node_id = ids[a % len(ids)]
             snap = snaps[node_id]
             snaps[node_id] = snap = msgspec.structs.replace(
-                snap, create_successes=snap.create_successes + b,
-                sandbox_count=snap.sandbox_count + b, allocated_cpu=snap.allocated_cpu + b)
+                snap,
+                create_successes=snap.create_successes + b,
+                sandbox_count=snap.sandbox_count + b,
+                allocated_cpu=snap.allocated_cpu + b,
+            )
             s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b", snapshot=snap))
         else:
             node_id = ids[a % len(ids)]
-            s.set_lingering(node_id, not any(
-                v.lingering for v in s.nodes() if v.node_id == node_id))
+            s.set_lingering(
+                node_id, not any(v.lingering for v in s.nodes() if v.node_id == node_id)
+            )
         index_is_consistent(s, policy, now)
 
 
@@ -184,21 +232,32 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
     s.advance_clock(0, "freeze")
     pipe = s.client.pipeline(transaction=False)
     for i in range(300):
-        call = s.ops.heartbeat(Heartbeat(
-            node_id=f"m{i:03d}", service_instance_id="b", endpoint=f"m{i}:1",
-            snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB)))
+        call = s.ops.heartbeat(
+            Heartbeat(
+                node_id=f"m{i:03d}",
+                service_instance_id="b",
+                endpoint=f"m{i}:1",
+                snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB),
+            )
+        )
         s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
     pipe.execute()
     now = s.advance_clock(31_000)
     survivors = ["m150", "m299"]
     for node_id in survivors:
-        s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b",
-                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
-                                                    allocated_cpu=4)))
+        s.heartbeat(
+            Heartbeat(
+                node_id=node_id,
+                service_instance_id="b",
+                snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=4),
+            )
+        )
     for _ in range(4):  # 298 stale nodes: two sweeps of 128 cannot finish, the third does
         check_stream(s, policy, [Request.cold(2, 1024)])
-    assert {v.node_id: v.pending_reservations for v in s.nodes()
-            if v.pending_reservations} == {"m150": 2, "m299": 2}
+    assert {v.node_id: v.pending_reservations for v in s.nodes() if v.pending_reservations} == {
+        "m150": 2,
+        "m299": 2,
+    }
     seen = s.client.zrange(s.keys.base + "idx-seen", 0, -1)
     assert sorted(x.decode() for x in seen) == survivors
     index_is_consistent(s, policy, now)
@@ -213,9 +272,16 @@ def test_an_index_of_an_earlier_layout_is_never_read_and_is_rebuilt(redis_client
     s.sync_policy(policy, overwrite=True)
     now = s.advance_clock(0, "freeze")
     for i, used in enumerate([12, 2, 8]):
-        s.heartbeat(Heartbeat(node_id=f"u{i}", service_instance_id="b", endpoint=f"u{i}:1",
-                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
-                                                    allocated_cpu=used)))
+        s.heartbeat(
+            Heartbeat(
+                node_id=f"u{i}",
+                service_instance_id="b",
+                endpoint=f"u{i}:1",
+                snapshot=NodeSnapshot(
+                    cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=used
+                ),
+            )
+        )
     c, base = s.client, s.keys.base
     # What an earlier version left: its own bucket ids (shape first, fractions as
     # scores), a packed policy of 20 fields and no index_format.  Its lowest
@@ -259,9 +325,14 @@ def test_a_lagging_seen_score_makes_the_sweep_look_early_never_late(redis_client
     base, node = s.keys.base, s.keys.node("a")
 
     def beat(cpu: int = 0) -> None:
-        s.heartbeat(Heartbeat(node_id="a", service_instance_id="b", endpoint="a:1",
-                              snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
-                                                    allocated_cpu=cpu)))
+        s.heartbeat(
+            Heartbeat(
+                node_id="a",
+                service_instance_id="b",
+                endpoint="a:1",
+                snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=cpu),
+            )
+        )
 
     def scores() -> tuple[float | None, float | None]:
         return s.client.zscore(base + "idx-seen", "a"), s.client.zscore(s.keys.seen, "a")

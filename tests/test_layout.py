@@ -41,13 +41,25 @@ def runtime_modules() -> list[str]:
 
 def test_runtime_modules_import_no_test_or_benchmark_code() -> None:
     names = runtime_modules()
-    assert {"scheduler.client", "scheduler.service", "scheduler.simulate",
-            "scheduler.simnode", "scheduler.cli.main", "scheduler.lua"} <= set(names)
-    run = subprocess.run([sys.executable, "-c", PROBE, *names], capture_output=True, text=True,
-                         timeout=120, check=True)
+    assert {
+        "scheduler.client",
+        "scheduler.service",
+        "scheduler.simulate",
+        "scheduler.simnode",
+        "scheduler.cli.main",
+        "scheduler.lua",
+    } <= set(names)
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE, *names],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     loaded = json.loads(run.stdout)
-    leaked = [m for m in loaded if m.split(".")[0] in FORBIDDEN
-              or m.startswith("scheduler.testing")]
+    leaked = [
+        m for m in loaded if m.split(".")[0] in FORBIDDEN or m.startswith("scheduler.testing")
+    ]
     assert leaked == []
 
 

@@ -51,8 +51,10 @@ def test_the_async_client_runs_the_same_exchange(backend: str, request: Any) -> 
         a = AsyncScheduler(client, cell="t")
         await a.sync_policy(Policy())
         try:
-            return [(await a.heartbeat(beat("a", KVM_A), cpu_config=True)).cpu_config_json,
-                    (await a.heartbeat(beat("b", KVM_B), cpu_config=True)).cpu_config_json]
+            return [
+                (await a.heartbeat(beat("a", KVM_A), cpu_config=True)).cpu_config_json,
+                (await a.heartbeat(beat("b", KVM_B), cpu_config=True)).cpu_config_json,
+            ]
         finally:
             await a.close()
 
@@ -61,8 +63,7 @@ def test_the_async_client_runs_the_same_exchange(backend: str, request: Any) -> 
     assert json.loads(second) == BOTH
 
 
-def test_a_kept_cell_is_put_back_when_redis_lost_it(make_scheduler: Any,
-                                                    redis_client: Any) -> None:
+def test_a_kept_cell_is_put_back_when_redis_lost_it(make_scheduler: Any, redis_client: Any) -> None:
     policy = Policy(limits=Limits(max_sandbox_count=3))
     s: Scheduler = make_scheduler(policy)
     other: Scheduler = make_scheduler(policy)

@@ -77,8 +77,9 @@ def test_assignment_after_the_roster_listed_it_releases_at_once(make_scheduler: 
 
 
 @pytest.mark.parametrize("how", ["assign", "CREATE", "FORK"])
-def test_a_sandbox_listed_by_a_node_gone_silent_is_still_counted_once(make_scheduler: Make,
-                                                                       how: str) -> None:
+def test_a_sandbox_listed_by_a_node_gone_silent_is_still_counted_once(
+    make_scheduler: Make, how: str
+) -> None:
     """Past binding_ttl without a heartbeat, lookups no longer answer for a
     node's listed sandboxes, but its last numbers still include them: a
     reservation charged to one then is released at once, never left pending
@@ -195,7 +196,8 @@ def test_assignment_after_the_node_reported_the_delete(make_scheduler: Make) -> 
 
 
 def test_a_late_delete_from_the_node_a_sandbox_left_keeps_the_new_nodes_binding(
-        make_scheduler: Make) -> None:
+    make_scheduler: Make,
+) -> None:
     """The sandbox moved to n2 (its roster lists it); n1's DELETE of its own
     copy comes after.  n2's binding stays: lookups answer n2, and n2's
     numbers still count the sandbox, so a reservation charged to it now is
@@ -265,8 +267,11 @@ def test_cancel(make_scheduler: Make) -> None:
 
 def test_expiry_after_ttl_frees_the_room(make_scheduler: Make) -> None:
     """A caller that dies after scheduling: its reservation holds until the TTL."""
-    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=1), reservation_ttl_ms=60_000,
-                              report_ttl_ms=3_600_000))
+    s = make_scheduler(
+        Policy(
+            limits=Limits(max_sandbox_count=1), reservation_ttl_ms=60_000, report_ttl_ms=3_600_000
+        )
+    )
     s.heartbeat(hb("n1"))
     s.advance_clock(0, "freeze")
     dead = s.schedule(Request.cold(1, 0))  # ... and the caller is gone
@@ -357,9 +362,15 @@ def test_a_listed_binding_is_the_whole_record(make_scheduler: Make, redis_client
 
     r = s.heartbeat(hb("n1", endpoint="new.local:2", roster=["sb"], sandbox_count=1))
     assert r.released == 1
-    assert record("sb") == {"sandbox_id": "sb", "node_id": "n1", "endpoint": "new.local:2",
-                            "listed": "1", "reservation_id": p.reservation_id,
-                            "expires_ms": expiry(), "deleted": "0"}
+    assert record("sb") == {
+        "sandbox_id": "sb",
+        "node_id": "n1",
+        "endpoint": "new.local:2",
+        "listed": "1",
+        "reservation_id": p.reservation_id,
+        "expires_ms": expiry(),
+        "deleted": "0",
+    }
     s.heartbeat(hb("n1", endpoint="new.local:2", roster=[], sandbox_count=0))
     s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="DELETE")])
     assert record("sb")["deleted"] == "1"
@@ -367,14 +378,21 @@ def test_a_listed_binding_is_the_whole_record(make_scheduler: Make, redis_client
     s.heartbeat(hb("n1", endpoint="third.local:3", roster=["sb"], sandbox_count=1))
     # (the roster dropped it before the delete: its binding, and the charge
     # with it, went; the tombstone charged nothing)
-    assert record("sb") == {"sandbox_id": "sb", "node_id": "n1", "endpoint": "third.local:3",
-                            "listed": "1", "reservation_id": "", "expires_ms": expiry(),
-                            "deleted": "0"}
+    assert record("sb") == {
+        "sandbox_id": "sb",
+        "node_id": "n1",
+        "endpoint": "third.local:3",
+        "listed": "1",
+        "reservation_id": "",
+        "expires_ms": expiry(),
+        "deleted": "0",
+    }
     assert s.lookup("sb").endpoint == "third.local:3"
 
 
-def test_heartbeats_collect_assignments_whose_binding_expired(make_scheduler: Make,
-                                                              redis_client: Any) -> None:
+def test_heartbeats_collect_assignments_whose_binding_expired(
+    make_scheduler: Make, redis_client: Any
+) -> None:
     """An assignment never listed leaves its node's node-sbx set once Redis
     expired its binding: every other heartbeat samples two members.  So does
     a listed sandbox a version that kept every binding there left in it (a
@@ -449,15 +467,21 @@ def test_counters_for_operators(make_scheduler: Make, redis_client: Any) -> None
     s.advance_clock(2000)
     s.heartbeat(hb("n1", roster=["sb"], sandbox_count=1))
     st = s.stats()
-    assert (st.pending, st.reserved_total, st.cancelled_total, st.released_total,
-            st.expired_total) == (0, 3, 1, 1, 1)
+    assert (
+        st.pending,
+        st.reserved_total,
+        st.cancelled_total,
+        st.released_total,
+        st.expired_total,
+    ) == (0, 3, 1, 1, 1)
     raw = redis_client.hgetall(s.keys.stats)
     assert raw[b"expired_total"] == b"1" and raw[b"reserved_total"] == b"3"
     assert c.reservation_id
 
 
 def test_a_sandbox_listed_again_after_its_delete_is_bound_and_in_its_nodes_set(
-        make_scheduler: Make) -> None:
+    make_scheduler: Make,
+) -> None:
     """An assignment is in its node's node-sbx set until a roster lists it,
     then in the roster set only; a deletion's tombstone names the node but is
     in neither, so a sandbox its roster lists again after a DELETE event is

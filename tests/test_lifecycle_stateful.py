@@ -52,8 +52,12 @@ MIB = 1024 * 1024
 ROSTER_NODES = ("r0", "r1")
 COUNTER_NODES = ("c0",)
 NODES = ROSTER_NODES + COUNTER_NODES
-POLICY = Policy(limits=Limits(max_sandbox_count=5), reservation_ttl_ms=20_000,
-                binding_ttl_ms=30_000, report_ttl_ms=10**9)
+POLICY = Policy(
+    limits=Limits(max_sandbox_count=5),
+    reservation_ttl_ms=20_000,
+    binding_ttl_ms=30_000,
+    report_ttl_ms=10**9,
+)
 
 
 def ep(node_id: str) -> str:
@@ -167,16 +171,28 @@ class Lifecycle(RuleBasedStateMachine):
         mem = sum(m for _, m in running.values())
         roster = sorted(running) if node_id in ROSTER_NODES else []
         cs = self.w.created_total[node_id]
-        snap = NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=cpu,
-                            allocated_memory_bytes=mem, sandbox_count=len(running),
-                            create_successes=cs)
+        snap = NodeSnapshot(
+            cpu_count=16,
+            memory_total_bytes=64 * GIB,
+            allocated_cpu=cpu,
+            allocated_memory_bytes=mem,
+            sandbox_count=len(running),
+            create_successes=cs,
+        )
         replica = self.s2 if second else self.s
         sid = f"boot-{self.w.epoch[node_id]}"
-        r = replica.heartbeat(Heartbeat(node_id=node_id, service_instance_id=sid,
-                                       snapshot=snap, sandbox_ids=roster))
-        state = NodeState(node_id=node_id, reported_status="READY", cpu_count=16,
-                          memory_total_bytes=64 * GIB, allocated_cpu=cpu,
-                          allocated_memory_bytes=mem, sandbox_count=len(running))
+        r = replica.heartbeat(
+            Heartbeat(node_id=node_id, service_instance_id=sid, snapshot=snap, sandbox_ids=roster)
+        )
+        state = NodeState(
+            node_id=node_id,
+            reported_status="READY",
+            cpu_count=16,
+            memory_total_bytes=64 * GIB,
+            allocated_cpu=cpu,
+            allocated_memory_bytes=mem,
+            sandbox_count=len(running),
+        )
         assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
@@ -282,14 +298,21 @@ class Lifecycle(RuleBasedStateMachine):
                 if p.node_id != node_id or p.cancelled:
                     continue
                 if node_id in ROSTER_NODES:
-                    accounted = (p.sandbox in self.w.ingested_roster.get(node_id, set())
-                                 or p.sandbox in self.w.deleted)
+                    accounted = (
+                        p.sandbox in self.w.ingested_roster.get(node_id, set())
+                        or p.sandbox in self.w.deleted
+                    )
                 else:
                     # (in the numbers of a heartbeat after it: counted by a
                     # later start's snapshot, or by this start's counter)
                     seen = self.w.ingested_epoch[node_id]
-                    accounted = p.created and (p.created_epoch < seen or (
-                        p.created_epoch == seen and p.created_index <= self.w.ingested_cs[node_id]))
+                    accounted = p.created and (
+                        p.created_epoch < seen
+                        or (
+                            p.created_epoch == seen
+                            and p.created_index <= self.w.ingested_cs[node_id]
+                        )
+                    )
                 outstanding += not accounted
             assert views[node_id] >= outstanding, node_id
 
@@ -297,6 +320,11 @@ class Lifecycle(RuleBasedStateMachine):
 def test_lifecycle_against_the_model(redis_client: Any) -> None:
     Lifecycle.client = redis_client
     run_state_machine_as_test(
-        Lifecycle, settings=settings(max_examples=60, stateful_step_count=40, deadline=None,
-                                     suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                            HealthCheck.too_slow]))
+        Lifecycle,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )

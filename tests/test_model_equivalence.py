@@ -33,8 +33,9 @@ from tests.helpers import GIB, node_states, rr_value
 
 MIB = 1024 * 1024
 
-shapes = st.sampled_from([(0, 0), (2, 8), (8, 32), (16, 64), (16, 64), (64, 256), (192, 768),
-                          (8, 0), (0, 16)])
+shapes = st.sampled_from(
+    [(0, 0), (2, 8), (8, 32), (16, 64), (16, 64), (64, 256), (192, 768), (8, 0), (0, 16)]
+)
 
 
 @st.composite
@@ -43,12 +44,17 @@ def nodes(draw: Any, i: int) -> dict[str, Any]:
     mem = mem_gib * GIB
     return {
         "id": f"node-{i:02d}",
-        "kind": draw(st.sampled_from(["fresh"] * 6 + ["stale", "quiet", "no-endpoint",
-                                                       "lingering", "unsettled"])),
-        "status": draw(st.sampled_from(["READY"] * 6 + ["UNSPECIFIED", "UNHEALTHY", "LINGERING",
-                                                          "CONNECTING"])),
+        "kind": draw(
+            st.sampled_from(
+                ["fresh"] * 6 + ["stale", "quiet", "no-endpoint", "lingering", "unsettled"]
+            )
+        ),
+        "status": draw(
+            st.sampled_from(["READY"] * 6 + ["UNSPECIFIED", "UNHEALTHY", "LINGERING", "CONNECTING"])
+        ),
         "snap": NodeSnapshot(
-            cpu_count=cpu, memory_total_bytes=mem,
+            cpu_count=cpu,
+            memory_total_bytes=mem,
             allocated_cpu=draw(st.integers(0, int(cpu * 1.2) + 1)),
             allocated_memory_bytes=draw(st.integers(0, int(mem * 1.1) + 1)),
             paused_allocated_cpu=draw(st.sampled_from([0, 0, 1, 4])),
@@ -87,29 +93,37 @@ policies = st.builds(
         max_allocated_cpu_including_paused=limit([16, 40]),
         max_allocated_memory_bytes_including_paused=limit([32 * GIB, 200 * GIB]),
     ),
-    overcommit=st.builds(Overcommit, cpu=st.sampled_from([1.0, 1.5, 4.0]),
-                         memory=st.sampled_from([1.0, 1.25])),
-    default_request=st.builds(DefaultRequest, cpu=st.sampled_from([0, 1, 2]),
-                              memory_mb=st.sampled_from([0, 512, 2048])),
+    overcommit=st.builds(
+        Overcommit, cpu=st.sampled_from([1.0, 1.5, 4.0]), memory=st.sampled_from([1.0, 1.25])
+    ),
+    default_request=st.builds(
+        DefaultRequest, cpu=st.sampled_from([0, 1, 2]), memory_mb=st.sampled_from([0, 512, 2048])
+    ),
 )
 
 requests = st.one_of(
-    st.builds(Request.cold, st.sampled_from([0, 1, 2, 4, 8]),
-              st.sampled_from([0, 256, 1024, 4096, 16384])),
+    st.builds(
+        Request.cold, st.sampled_from([0, 1, 2, 4, 8]), st.sampled_from([0, 256, 1024, 4096, 16384])
+    ),
     st.just(Request.template()),
     st.just(Request.route()),
 )
 
 
-def build(s: Scheduler, fleet: list[dict[str, Any]], policy: Policy,
-          settle: bool = False) -> None:
+def build(s: Scheduler, fleet: list[dict[str, Any]], policy: Policy, settle: bool = False) -> None:
     s.client.flushall()
     s.sync_policy(policy, overwrite=True)
     s.sync_nodes([(n["id"], f"{n['id']}:5000") for n in fleet if n["kind"] != "no-endpoint"])
+
     def beat(n: dict[str, Any]) -> None:
-        s.heartbeat(Heartbeat(node_id=n["id"], service_instance_id="b1",
-                              snapshot=NodeSnapshot(**{**_fields(n["snap"]),
-                                                       "status": n["status"]})))
+        s.heartbeat(
+            Heartbeat(
+                node_id=n["id"],
+                service_instance_id="b1",
+                snapshot=NodeSnapshot(**{**_fields(n["snap"]), "status": n["status"]}),
+            )
+        )
+
     for n in fleet:
         if n["kind"] == "stale":
             beat(n)
@@ -140,16 +154,40 @@ def check_stream(s: Scheduler, policy: Policy, stream: list[Request]) -> None:
         call = s.ops.schedule(req)
         rand = float(call.args[6])
         settle = s.client.hget(s.keys.policy, "settle_ms")
-        want = decide(states, policy, req, ex.now_ms, ex.rotation, rand,
-                      settle_ms=int(settle) if settle else None)
+        want = decide(
+            states,
+            policy,
+            req,
+            ex.now_ms,
+            ex.rotation,
+            rand,
+            settle_ms=int(settle) if settle else None,
+        )
         got = {v.node_id: v for v in ex.verdicts}
         assert list(got) == [v.node_id for v in want.verdicts]
         for m in want.verdicts:
             g = got[m.node_id]
-            assert (g.status, g.reason, g.pressure, g.known_capacity, g.starting, g.running,
-                    g.paused, g.projected_cpu, g.projected_memory_bytes) == (
-                m.status, m.reason, m.pressure, m.known, m.starting, m.running, m.paused,
-                m.projected_cpu, m.projected_memory_bytes), m.node_id
+            assert (
+                g.status,
+                g.reason,
+                g.pressure,
+                g.known_capacity,
+                g.starting,
+                g.running,
+                g.paused,
+                g.projected_cpu,
+                g.projected_memory_bytes,
+            ) == (
+                m.status,
+                m.reason,
+                m.pressure,
+                m.known,
+                m.starting,
+                m.running,
+                m.paused,
+                m.projected_cpu,
+                m.projected_memory_bytes,
+            ), m.node_id
         if want.chosen is None:
             assert ex.chosen is None and ex.refusal == want.refusal
             try:
@@ -172,31 +210,47 @@ def check_stream(s: Scheduler, policy: Policy, stream: list[Request]) -> None:
         assert node_states(s) == expected
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fleet=fleets(), policy=policies, stream=st.lists(requests, min_size=1, max_size=12),
-       settle=st.booleans())
-def test_lua_and_model_agree(redis_client: Any, fleet: list[dict[str, Any]], policy: Policy,
-                             stream: list[Request], settle: bool) -> None:
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fleet=fleets(),
+    policy=policies,
+    stream=st.lists(requests, min_size=1, max_size=12),
+    settle=st.booleans(),
+)
+def test_lua_and_model_agree(
+    redis_client: Any,
+    fleet: list[dict[str, Any]],
+    policy: Policy,
+    stream: list[Request],
+    settle: bool,
+) -> None:
     s = Scheduler(redis_client, cell="prop")
     build(s, fleet, policy, settle)
     check_stream(s, policy, stream)
 
 
-ties = st.lists(st.sampled_from([(16, 64), (16, 64), (32, 128), (8, 32)]), min_size=2,
-                max_size=8)
+ties = st.lists(st.sampled_from([(16, 64), (16, 64), (32, 128), (8, 32)]), min_size=2, max_size=8)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(shapes_=ties, n=st.integers(5, 30))
-def test_ties_rotate_like_the_model_on_empty_fleets(redis_client: Any,
-                                                    shapes_: list[tuple[int, int]],
-                                                    n: int) -> None:
+def test_ties_rotate_like_the_model_on_empty_fleets(
+    redis_client: Any, shapes_: list[tuple[int, int]], n: int
+) -> None:
     """Identical empty nodes of several shapes: ties everywhere."""
-    fleet = [{"id": f"t{i}", "kind": "fresh", "status": "READY",
-              "snap": NodeSnapshot(cpu_count=c, memory_total_bytes=m * GIB)}
-             for i, (c, m) in enumerate(shapes_)]
+    fleet = [
+        {
+            "id": f"t{i}",
+            "kind": "fresh",
+            "status": "READY",
+            "snap": NodeSnapshot(cpu_count=c, memory_total_bytes=m * GIB),
+        }
+        for i, (c, m) in enumerate(shapes_)
+    ]
     policy = Policy()
     s = Scheduler(redis_client, cell="ties")
     build(s, fleet, policy)
@@ -206,11 +260,24 @@ def test_ties_rotate_like_the_model_on_empty_fleets(redis_client: Any,
 def test_rotation_over_large_equal_buckets_is_the_models(redis_client: Any) -> None:
     """Equal buckets too large to read whole (over 64 nodes each) rotate through
     a union in Redis; small ones are merged in Lua: both as the model does."""
-    fleet = [{"id": f"big{i:03d}", "kind": "fresh", "status": "READY",
-              "snap": NodeSnapshot(cpu_count=c, memory_total_bytes=m * GIB)}
-             for i, (c, m) in enumerate([(16, 64), (8, 32)] * 70)]
-    fleet += [{"id": f"small{i}", "kind": "fresh", "status": "READY",
-               "snap": NodeSnapshot(cpu_count=4, memory_total_bytes=16 * GIB)} for i in range(3)]
+    fleet = [
+        {
+            "id": f"big{i:03d}",
+            "kind": "fresh",
+            "status": "READY",
+            "snap": NodeSnapshot(cpu_count=c, memory_total_bytes=m * GIB),
+        }
+        for i, (c, m) in enumerate([(16, 64), (8, 32)] * 70)
+    ]
+    fleet += [
+        {
+            "id": f"small{i}",
+            "kind": "fresh",
+            "status": "READY",
+            "snap": NodeSnapshot(cpu_count=4, memory_total_bytes=16 * GIB),
+        }
+        for i in range(3)
+    ]
     policy = Policy()
     s = Scheduler(redis_client, cell="big")
     build(s, fleet, policy)

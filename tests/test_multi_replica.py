@@ -51,18 +51,31 @@ class GrpcNode:
 
     async def heartbeat(self) -> None:
         async with self.lock:
-            await self.stub.Heartbeat(heartbeat_request(self.node.heartbeat()),
-                                      metadata=endpoint_md(self.node.endpoint), timeout=10)
+            await self.stub.Heartbeat(
+                heartbeat_request(self.node.heartbeat()),
+                metadata=endpoint_md(self.node.endpoint),
+                timeout=10,
+            )
 
     async def create(self, sandbox_id: str) -> None:
         """The gateway forwarded a create: the sandbox starts and is reported."""
         async with self.lock:
-            await self.stub.ReportSandboxEvent(pb.ReportSandboxEventRequest(
-                node_id=self.node_id, cluster_id="c1", service_instance_id="boot-1",
-                events=[pb.SandboxEvent(sandbox_id=sandbox_id,
-                                        event_type=pb.SANDBOX_EVENT_TYPE_CREATE,
-                                        requested_cpu=2, requested_memory_bytes=4 * GIB)]),
-                timeout=10)
+            await self.stub.ReportSandboxEvent(
+                pb.ReportSandboxEventRequest(
+                    node_id=self.node_id,
+                    cluster_id="c1",
+                    service_instance_id="boot-1",
+                    events=[
+                        pb.SandboxEvent(
+                            sandbox_id=sandbox_id,
+                            event_type=pb.SANDBOX_EVENT_TYPE_CREATE,
+                            requested_cpu=2,
+                            requested_memory_bytes=4 * GIB,
+                        )
+                    ],
+                ),
+                timeout=10,
+            )
             self.node.create(sandbox_id, 2, 4 * GIB)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -81,9 +94,21 @@ class Result:
 async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, list[GrpcNode]]:
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     stubs = [pb_grpc.SchedulerStub(ch) for ch in channels]
-    nodes = [GrpcNode(SimNode(f"node-{i}", 32, 64 * GIB, endpoint=f"node-{i}.nodes:5000",
-                              cluster_id="c1", busy_percent=0, memory_used_percent=0),
-                      stubs[homes[i]]) for i in range(NODES)]
+    nodes = [
+        GrpcNode(
+            SimNode(
+                f"node-{i}",
+                32,
+                64 * GIB,
+                endpoint=f"node-{i}.nodes:5000",
+                cluster_id="c1",
+                busy_percent=0,
+                memory_used_percent=0,
+            ),
+            stubs[homes[i]],
+        )
+        for i in range(NODES)
+    ]
     by_id = {n.node_id: n for n in nodes}
     result = Result()
     rng = random.Random(7)
@@ -104,7 +129,9 @@ async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, lis
             await by_id[resp.node.node_id].create(sandbox)
             await stubs[rng.randrange(len(stubs))].RecordAssignment(
                 pb.RecordAssignmentRequest(sandbox_id=sandbox, node=resp.node),
-                metadata=(("x-reservation-id", rid),), timeout=10)
+                metadata=(("x-reservation-id", rid),),
+                timeout=10,
+            )
             result.placed[sandbox] = resp.node.node_id
             result.via[sandbox] = replica
 
@@ -118,8 +145,10 @@ async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, lis
             await ch.close()
 
 
-async def _with_call(stub: pb_grpc.SchedulerStub, req: pb.ScheduleRequest,
-                     ) -> tuple[pb.ScheduleResponse, list[tuple[str, str]]]:
+async def _with_call(
+    stub: pb_grpc.SchedulerStub,
+    req: pb.ScheduleRequest,
+) -> tuple[pb.ScheduleResponse, list[tuple[str, str]]]:
     call = stub.Schedule(req, timeout=10)
     resp = await call
     return resp, [(k, v) for k, v in await call.trailing_metadata()]
@@ -130,8 +159,12 @@ async def lookups(addresses: list[str], sandboxes: list[str]) -> list[dict[str, 
     for address in addresses:
         async with grpc.aio.insecure_channel(address) as ch:
             stub = pb_grpc.SchedulerStub(ch)
-            replies = await asyncio.gather(*(stub.LookupNode(pb.LookupNodeRequest(
-                sandbox_id=s), timeout=10) for s in sandboxes))
+            replies = await asyncio.gather(
+                *(
+                    stub.LookupNode(pb.LookupNodeRequest(sandbox_id=s), timeout=10)
+                    for s in sandboxes
+                )
+            )
             out.append({s: r.node.node_id for s, r in zip(sandboxes, replies, strict=True)})
     return out
 
@@ -139,8 +172,10 @@ async def lookups(addresses: list[str], sandboxes: list[str]) -> list[dict[str, 
 @pytest.fixture
 def replicas(request: pytest.FixtureRequest, real_url: str) -> Iterator[list[ServeProcess]]:
     count: int = request.param
-    config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": CEILING}},
-              "log_level": "warn"}
+    config = {
+        "scheduler": {"node_resource_limit": {"max_sandbox_count": CEILING}},
+        "log_level": "warn",
+    }
     procs = [ServeProcess(config, real_url, cell="fleet") for _ in range(count)]
     try:
         for p in procs:
@@ -153,12 +188,17 @@ def replicas(request: pytest.FixtureRequest, real_url: str) -> Iterator[list[Ser
     assert codes == [0] * count  # each drained and exited cleanly
 
 
-@pytest.mark.parametrize(("replicas", "homes"), [
-    pytest.param(3, [0, 0, 0, 0, 0, 0, 2, 2], id="3-replicas-6/0/2"),
-    pytest.param(8, [0, 0, 0, 2, 2, 4, 4, 5], id="8-replicas-3/0/2/0/2/1/0/0"),
-], indirect=["replicas"])
-def test_ceiling_holds_across_replicas(replicas: list[ServeProcess], homes: list[int],
-                                       real_url: str) -> None:
+@pytest.mark.parametrize(
+    ("replicas", "homes"),
+    [
+        pytest.param(3, [0, 0, 0, 0, 0, 0, 2, 2], id="3-replicas-6/0/2"),
+        pytest.param(8, [0, 0, 0, 2, 2, 4, 4, 5], id="8-replicas-3/0/2/0/2/1/0/0"),
+    ],
+    indirect=["replicas"],
+)
+def test_ceiling_holds_across_replicas(
+    replicas: list[ServeProcess], homes: list[int], real_url: str
+) -> None:
     addresses = [p.address for p in replicas]
     result, nodes = asyncio.run(run_fleet(addresses, homes))
 

@@ -47,27 +47,39 @@ def test_paced_creates_with_lagging_heartbeats_never_exceed_the_ceiling(real_url
             truth = Counter(node for node, _, _ in list(created))
             for node_id in NODES:
                 seen = [sb for node, sb, t in list(created) if node == node_id and now - t >= LAG_S]
-                s.heartbeat(Heartbeat(
-                    node_id=node_id, service_instance_id="boot",
-                    snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB,
-                                          sandbox_count=len(seen), allocated_cpu=2 * len(seen),
-                                          allocated_memory_bytes=4 * GIB * len(seen),
-                                          create_successes=len(seen)),
-                    sandbox_ids=seen))
+                s.heartbeat(
+                    Heartbeat(
+                        node_id=node_id,
+                        service_instance_id="boot",
+                        snapshot=NodeSnapshot(
+                            cpu_count=16,
+                            memory_total_bytes=64 * GIB,
+                            sandbox_count=len(seen),
+                            allocated_cpu=2 * len(seen),
+                            allocated_memory_bytes=4 * GIB * len(seen),
+                            create_successes=len(seen),
+                        ),
+                        sandbox_ids=seen,
+                    )
+                )
                 heartbeats += 1
             # the scheduler's view must never count fewer than really exist
             for v in s.nodes():
                 if v.sandbox_count + v.pending_reservations < truth[v.node_id]:
-                    undercounts.append(f"{v.node_id}: view {v.sandbox_count}+"
-                                       f"{v.pending_reservations} < real {truth[v.node_id]}")
+                    undercounts.append(
+                        f"{v.node_id}: view {v.sandbox_count}+"
+                        f"{v.pending_reservations} < real {truth[v.node_id]}"
+                    )
             stop.wait(0.5)
 
     beat = threading.Thread(target=nodes_heartbeat_with_lag)
     beat.start()
     try:
         with ctx.Pool(8) as pool:
-            jobs = [pool.apply_async(paced_gateway, (real_url, "paced", 25, 0.2, created, start))
-                    for _ in range(8)]
+            jobs = [
+                pool.apply_async(paced_gateway, (real_url, "paced", 25, 0.2, created, start))
+                for _ in range(8)
+            ]
             start.set()
             placed = sum(j.get(timeout=120) for j in jobs)
         time.sleep(LAG_S + 0.6)  # let the last heartbeats catch up
@@ -85,10 +97,19 @@ def test_paced_creates_with_lagging_heartbeats_never_exceed_the_ceiling(real_url
 
 
 def test_a_caller_that_dies_holds_its_room_until_the_ttl(real_url: str) -> None:
-    s = Scheduler.connect(real_url, cell="dies", policy=Policy(
-        limits=Limits(max_sandbox_count=1), reservation_ttl_ms=1500))
-    s.heartbeat(Heartbeat(node_id="n1", service_instance_id="b", endpoint="n1:1",
-                          snapshot=NodeSnapshot(cpu_count=4, memory_total_bytes=GIB)))
+    s = Scheduler.connect(
+        real_url,
+        cell="dies",
+        policy=Policy(limits=Limits(max_sandbox_count=1), reservation_ttl_ms=1500),
+    )
+    s.heartbeat(
+        Heartbeat(
+            node_id="n1",
+            service_instance_id="b",
+            endpoint="n1:1",
+            snapshot=NodeSnapshot(cpu_count=4, memory_total_bytes=GIB),
+        )
+    )
     proc = mp.get_context("spawn").Process(target=schedule_then_die, args=(real_url, "dies"))
     proc.start()
     proc.join(30)
@@ -104,8 +125,11 @@ def test_a_caller_that_dies_holds_its_room_until_the_ttl(real_url: str) -> None:
             time.sleep(0.1)
     assert time.monotonic() - born < 10
     assert s.stats().expired_total == 1
-    dead = [s.client.hgetall(k) for k in s.client.scan_iter(s.keys.res("*"))
-            if s.client.hget(k, "state") == b"expired"]
+    dead = [
+        s.client.hgetall(k)
+        for k in s.client.scan_iter(s.keys.res("*"))
+        if s.client.hget(k, "state") == b"expired"
+    ]
     assert len(dead) == 1
     held_ms = int(dead[0][b"ended_ms"]) - int(dead[0][b"created_ms"])
     assert 1500 <= held_ms < 10_000  # not a moment before its TTL

@@ -50,13 +50,16 @@ def test_sentinel_address_forms() -> None:
     assert parse_address(url).options["password"] == "p w"
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("redis+sentinel://h:1", "names no primary"),
-    ("redis+sentinel://h/m", "sentinel 'h' is not host:port"),
-    ("redis+sentinel://h:99999/m", "is not host:port"),
-    ("redis+sentinel://h:1/m?db=x", "db must be a whole number"),
-    ("memcached://h:1", "must be host:port or a redis://"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("redis+sentinel://h:1", "names no primary"),
+        ("redis+sentinel://h/m", "sentinel 'h' is not host:port"),
+        ("redis+sentinel://h:99999/m", "is not host:port"),
+        ("redis+sentinel://h:1/m?db=x", "db must be a whole number"),
+        ("memcached://h:1", "must be host:port or a redis://"),
+    ],
+)
 def test_bad_addresses_name_redis_addr(text: str, problem: str) -> None:
     with pytest.raises(InvalidArgument) as e:
         parse_address(text)
@@ -64,8 +67,11 @@ def test_bad_addresses_name_redis_addr(text: str, problem: str) -> None:
 
 
 def test_addresses_are_shown_without_secrets() -> None:
-    for text in ("redis://:hunter2@h:1/0", "redis+sentinel://u:hunter2@h:1,g:2/m",
-                 "rediss+sentinel://h:1/m?sentinel_password=hunter2&db=1"):
+    for text in (
+        "redis://:hunter2@h:1/0",
+        "redis+sentinel://u:hunter2@h:1,g:2/m",
+        "rediss+sentinel://h:1/m?sentinel_password=hunter2&db=1",
+    ):
         shown = describe_target(text)
         assert "hunter2" not in shown and "***" in shown
     with pytest.raises(InvalidArgument) as e:
@@ -127,8 +133,12 @@ def test_a_retried_schedule_answers_the_same_placement(make_scheduler: Make) -> 
         s.heartbeat(hb(n))
     first = s.schedule(REQ, reservation_id="retry-1")
     again = s.schedule(REQ, reservation_id="retry-1")
-    assert (again.node_id, again.endpoint, again.reservation_id, again.pressure) == \
-        (first.node_id, first.endpoint, "retry-1", first.pressure)
+    assert (again.node_id, again.endpoint, again.reservation_id, again.pressure) == (
+        first.node_id,
+        first.endpoint,
+        "retry-1",
+        first.pressure,
+    )
     assert (s.stats().reserved_total, s.stats().pending) == (1, 1)
     with pytest.raises(InvalidArgument, match="already used by another request"):
         s.schedule(Request.cold(2, 1024), reservation_id="retry-1")
@@ -163,6 +173,7 @@ def test_forget_stops_a_schedule_that_is_still_on_its_way(make_scheduler: Make) 
 @pytest.mark.real_only
 def test_a_pause_longer_than_the_deadline_leaves_no_reservation() -> None:
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="pause", policy=Policy())
             try:
@@ -170,16 +181,19 @@ def test_a_pause_longer_than_the_deadline_leaves_no_reservation() -> None:
                 rs.pause()
                 try:
                     results = await asyncio.gather(
-                        *(a.schedule(REQ, timeout=0.3) for _ in range(5)),
-                        return_exceptions=True)
+                        *(a.schedule(REQ, timeout=0.3) for _ in range(5)), return_exceptions=True
+                    )
                 finally:
                     rs.resume()
-                assert all(isinstance(r, StoreUnavailable) and "did not answer within"
-                           in r.message for r in results), results
+                assert all(
+                    isinstance(r, StoreUnavailable) and "did not answer within" in r.message
+                    for r in results
+                ), results
                 # the calls still ran once Redis resumed, or were stopped by the
                 # tombstones; either way nothing stays reserved
-                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
-                                        "abandoned placements cancelled")
+                await asyncio.to_thread(
+                    wait_until, lambda: not a.forgotten, 10, "abandoned placements cancelled"
+                )
                 st = await a.stats()
                 assert st.pending == 0
                 assert st.reserved_total == st.cancelled_total
@@ -192,6 +206,7 @@ def test_a_pause_longer_than_the_deadline_leaves_no_reservation() -> None:
 @pytest.mark.real_only
 def test_a_caller_that_cancels_leaves_no_reservation() -> None:
     with RedisServer() as rs:
+
         async def scenario() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="gone", policy=Policy())
             try:
@@ -203,8 +218,9 @@ def test_a_caller_that_cancels_leaves_no_reservation() -> None:
                 with pytest.raises(asyncio.CancelledError):
                     await task
                 rs.resume()
-                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
-                                        "abandoned placement cancelled")
+                await asyncio.to_thread(
+                    wait_until, lambda: not a.forgotten, 10, "abandoned placement cancelled"
+                )
                 assert (await a.stats()).pending == 0
             finally:
                 await a.close()
@@ -223,13 +239,15 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
         durable = Durability(replicas=1, timeout_ms=10_000)
 
         async def scenario() -> None:
-            a = await AsyncScheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
-                                             durability=durable)
+            a = await AsyncScheduler.connect(
+                topo.primary.url, cell="acked", policy=Policy(), durability=durable
+            )
             try:
                 await a.heartbeat(hb("n1"))
                 p = await a.schedule(REQ)
-                on_replica = replica.client().hget(f"sched:{{acked}}:res:{p.reservation_id}",
-                                                   "state")
+                on_replica = replica.client().hget(
+                    f"sched:{{acked}}:res:{p.reservation_id}", "state"
+                )
                 assert on_replica == b"pending"  # it was there before the answer
                 a.durability = Durability(replicas=1, timeout_ms=300)
                 replica.pause()
@@ -241,8 +259,9 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                 finally:
                     replica.resume()
                 a.durability = Durability(replicas=1, timeout_ms=10_000)
-                await asyncio.to_thread(wait_until, lambda: not a.forgotten, 10,
-                                        "the unreplicated placement cancelled")
+                await asyncio.to_thread(
+                    wait_until, lambda: not a.forgotten, 10, "the unreplicated placement cancelled"
+                )
                 st = await a.stats()
                 assert (st.pending, st.reserved_total, st.cancelled_total) == (1, 2, 1)
             finally:
@@ -254,8 +273,12 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
 @pytest.mark.real_only
 def test_sync_client_waits_too() -> None:
     with SentinelTopology(replicas=1, sentinels=0) as topo:
-        s = Scheduler.connect(topo.primary.url, cell="acked", policy=Policy(),
-                              durability=Durability(replicas=1, timeout_ms=10_000))
+        s = Scheduler.connect(
+            topo.primary.url,
+            cell="acked",
+            policy=Policy(),
+            durability=Durability(replicas=1, timeout_ms=10_000),
+        )
         try:
             s.heartbeat(hb("n1"))
             p = s.schedule(REQ)
@@ -314,7 +337,6 @@ def test_a_redis_that_came_back_empty_still_counts_what_nodes_hold() -> None:
         s.close()
 
 
-
 def test_after_a_settle_nodes_take_placements_once_they_heartbeat(make_scheduler: Make) -> None:
     """A failover may have lost placements made just before: no node takes a new
     one until its next heartbeat says what it really holds (one report TTL)."""
@@ -328,8 +350,11 @@ def test_after_a_settle_nodes_take_placements_once_they_heartbeat(make_scheduler
         s.schedule(REQ)
     s.heartbeat(hb("n2"))
     assert {s.schedule(REQ).node_id for _ in range(3)} == {"n2"}
-    assert [v.reason for v in s.explain(REQ).verdicts] == \
-        ["awaiting heartbeat", None, "awaiting heartbeat"]
+    assert [v.reason for v in s.explain(REQ).verdicts] == [
+        "awaiting heartbeat",
+        None,
+        "awaiting heartbeat",
+    ]
     # a second settle moves the mark; after one report TTL it no longer applies
     s.settle()
     s.advance_clock(1)

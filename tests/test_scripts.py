@@ -53,15 +53,15 @@ def test_a_pipeline_loads_the_library_before_queueing(make_scheduler: Any) -> No
 @pytest.fixture(scope="module")
 def no_functions_server() -> Iterator[RedisServer]:
     """A real redis-server that knows neither FCALL nor FUNCTION, like Redis 6."""
-    with RedisServer(extra_args=["--rename-command", "FCALL", "",
-                                 "--rename-command", "FUNCTION", ""]) as srv:
+    with RedisServer(
+        extra_args=["--rename-command", "FCALL", "", "--rename-command", "FUNCTION", ""]
+    ) as srv:
         yield srv
 
 
 @pytest.mark.real_only
 def test_a_server_without_functions_gets_the_scripts(no_functions_server: RedisServer) -> None:
-    s = Scheduler.connect(no_functions_server.url, cell="old", policy=POLICY,
-                          overwrite_policy=True)
+    s = Scheduler.connect(no_functions_server.url, cell="old", policy=POLICY, overwrite_policy=True)
     try:
         assert s.scripts.mode == EVAL
         fleet(s, 2)
@@ -79,8 +79,9 @@ def test_a_server_without_functions_gets_the_scripts(no_functions_server: RedisS
 @pytest.mark.real_only
 def test_a_user_denied_functions_gets_the_scripts(redis_server: RedisServer) -> None:
     admin = redis.Redis.from_url(redis_server.url)
-    admin.execute_command("ACL", "SETUSER", "nofn", "on", ">pw", "~*", "+@all", "-function",
-                          "-fcall", "-fcall_ro")
+    admin.execute_command(
+        "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "+@all", "-function", "-fcall", "-fcall_ro"
+    )
     url = f"redis://nofn:pw@127.0.0.1:{redis_server.port}/0"
     s = Scheduler.connect(url, cell="acl", policy=POLICY, overwrite_policy=True)
     try:
@@ -132,8 +133,10 @@ def _workload(s: Scheduler, seed: int) -> list[Any]:
         op = rng.random()
         try:
             if op < 0.45:
-                p = s.schedule(Request.cold(rng.choice([1, 2, 4]), rng.choice([512, 2048])),
-                               reservation_id=f"r{step}")
+                p = s.schedule(
+                    Request.cold(rng.choice([1, 2, 4]), rng.choice([512, 2048])),
+                    reservation_id=f"r{step}",
+                )
                 out.append(p)
                 placed.append((p.node_id, p.endpoint, p.reservation_id, f"sb{step}"))
             elif op < 0.6 and placed:
@@ -146,8 +149,11 @@ def _workload(s: Scheduler, seed: int) -> list[Any]:
                 n = rng.choice(nodes)
                 if running[n] and rng.random() < 0.5:
                     running[n].pop(0)
-                out.append(s.heartbeat(hb(n, cpu=16, roster=list(running[n]),
-                                          sandbox_count=len(running[n]))))
+                out.append(
+                    s.heartbeat(
+                        hb(n, cpu=16, roster=list(running[n]), sandbox_count=len(running[n]))
+                    )
+                )
             elif op < 0.95:
                 out.append(s.explain(Request.cold(2, 1024)))
             else:
@@ -198,8 +204,10 @@ def test_library_state_does_not_leak_between_cells(redis_client: Any) -> None:
 def test_script_errors_keep_their_code(make_scheduler: Any) -> None:
     s = make_scheduler(POLICY)
     with pytest.raises(redis.exceptions.ResponseError, match="BADARG"):
-        s.scripts["schedule"](keys=s.ops.schedule(Request.cold(1, 1)).keys,
-                              args=["bogus", "0", "", "1", "1", "r", "0.5"])
+        s.scripts["schedule"](
+            keys=s.ops.schedule(Request.cold(1, 1)).keys,
+            args=["bogus", "0", "", "1", "1", "r", "0.5"],
+        )
 
 
 def test_a_fractional_count_from_another_writer_is_refused(make_scheduler: Any) -> None:
@@ -209,8 +217,9 @@ def test_a_fractional_count_from_another_writer_is_refused(make_scheduler: Any) 
     call = s.ops.heartbeat(hb("raw", allocated_cpu=2))
     args = list(call.args)
     args[args.index("allocated_cpu") + 1] = "1.5"
-    with pytest.raises(redis.exceptions.ResponseError,
-                       match="BADARG snapshot.allocated_cpu must be a whole number"):
+    with pytest.raises(
+        redis.exceptions.ResponseError, match="BADARG snapshot.allocated_cpu must be a whole number"
+    ):
         s.scripts["heartbeat"](keys=call.keys, args=args)
     assert not s.client.exists(s.keys.node("raw"))
     assert s.nodes() == []

@@ -26,25 +26,39 @@ SECRET = "S3cr3t-Pa55word"
 
 
 def urls(port: int) -> list[str]:
-    return [f"redis://app:{SECRET}@127.0.0.1:{port}/0", f"redis://:{SECRET}@127.0.0.1:{port}",
-            f"rediss://app:{SECRET}@127.0.0.1:{port}/0",
-            f"redis://127.0.0.1:{port}/0?password={SECRET}", f"app:{SECRET}@127.0.0.1:{port}",
-            f"http://app:{SECRET}@127.0.0.1:{port}", f"redis://app:{SECRET}@127.0.0.1:x/0",
-            f"redis://app:{SECRET}@[::1:{port}/0"]
+    return [
+        f"redis://app:{SECRET}@127.0.0.1:{port}/0",
+        f"redis://:{SECRET}@127.0.0.1:{port}",
+        f"rediss://app:{SECRET}@127.0.0.1:{port}/0",
+        f"redis://127.0.0.1:{port}/0?password={SECRET}",
+        f"app:{SECRET}@127.0.0.1:{port}",
+        f"http://app:{SECRET}@127.0.0.1:{port}",
+        f"redis://app:{SECRET}@127.0.0.1:x/0",
+        f"redis://app:{SECRET}@[::1:{port}/0",
+    ]
 
 
-@pytest.mark.parametrize("text", [
-    f"redis://app:{SECRET}@h:1/0", f"redis+sentinel://app:{SECRET}@a:1,b:2/m",
-    f"redis://h:1/0?password={SECRET}&db=2", f"app:{SECRET}@h:1",
-    f"error at redis://:{SECRET}@h:1 and rediss://u:{SECRET}@k:2/0"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"redis://app:{SECRET}@h:1/0",
+        f"redis+sentinel://app:{SECRET}@a:1,b:2/m",
+        f"redis://h:1/0?password={SECRET}&db=2",
+        f"app:{SECRET}@h:1",
+        f"error at redis://:{SECRET}@h:1 and rediss://u:{SECRET}@k:2/0",
+    ],
+)
 def test_redact(text: str) -> None:
     out = redact(text)
     assert SECRET not in out
     assert out.count("***") == text.count(SECRET)
 
 
-@pytest.mark.parametrize("command", [["nodes"], ["policy", "show"], ["bindings", "lookup", "s"],
-                                     ["reservations", "--json"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "command",
+    [["nodes"], ["policy", "show"], ["bindings", "lookup", "s"], ["reservations", "--json"]],
+    ids=" ".join,
+)
 def test_schedctl_never_prints_a_password(command: list[str]) -> None:
     for url in urls(free_port()):
         result = CliRunner().invoke(main, [*command, "--redis", url])
@@ -81,15 +95,22 @@ def app_user(redis_server: RedisServer) -> Iterator[str]:
 
 @pytest.mark.real_only
 @pytest.mark.slow
-def test_a_replica_logs_and_exports_no_password(app_user: str, redis_server: RedisServer,
-                                                ) -> None:
+def test_a_replica_logs_and_exports_no_password(
+    app_user: str,
+    redis_server: RedisServer,
+) -> None:
     replica = ServeProcess({"log_format": "json"}, app_user).wait_serving()
     try:
         with grpc.insecure_channel(replica.address) as ch:
             stub = pb_grpc.SchedulerStub(ch)
             stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1.local:5000"))
-            metrics = urllib.request.urlopen(
-                f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5).read().decode()
+            metrics = (
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5
+                )
+                .read()
+                .decode()
+            )
             assert "agentenv_scheduler_rpc_duration_seconds" in metrics
             assert SECRET not in metrics
             # Redis goes away: the status the caller gets names Redis, not its password

@@ -31,7 +31,8 @@ def topology(redis_server: RedisServer) -> Iterator[SentinelTopology]:
 
 
 def test_a_primary_turned_replica_is_not_serving_until_it_takes_writes(
-        processes: list[ServeProcess]) -> None:
+    processes: list[ServeProcess],
+) -> None:
     """A replica pointed straight at a primary (no Sentinel) that another
     process demotes: it says NOT_SERVING and answers UNAVAILABLE naming Redis,
     instead of SERVING while every write fails; and it comes back by itself."""
@@ -59,8 +60,7 @@ def test_a_primary_turned_replica_is_not_serving_until_it_takes_writes(
         assert p.proc.poll() is None
 
 
-def test_the_library_and_schedctl_follow_a_sentinel_failover(
-        topology: SentinelTopology) -> None:
+def test_the_library_and_schedctl_follow_a_sentinel_failover(topology: SentinelTopology) -> None:
     url = topology.url
     s = Scheduler.connect(url, cell="follow", policy=Policy(), overwrite_policy=True)
     try:
@@ -75,10 +75,11 @@ def test_the_library_and_schedctl_follow_a_sentinel_failover(
         assert new.port != old
         # the next calls reach the new primary: no error in between
         second = s.schedule(Request.cold(1, 1024))
-        assert {r.reservation_id for r in s.reservations()} == \
-            {first.reservation_id, second.reservation_id}
-        after = runner.invoke(main, ["reservations", "--redis", url, "--cell", "follow",
-                                     "--json"])
+        assert {r.reservation_id for r in s.reservations()} == {
+            first.reservation_id,
+            second.reservation_id,
+        }
+        after = runner.invoke(main, ["reservations", "--redis", url, "--cell", "follow", "--json"])
         assert after.exit_code == 0, after.output
         assert len(json.loads(after.stdout)) == 2
         assert new.client().exists(f"sched:{{follow}}:res:{second.reservation_id}")
@@ -88,8 +89,9 @@ def test_the_library_and_schedctl_follow_a_sentinel_failover(
 
 def test_a_sentinel_address_that_names_no_known_primary_is_unavailable() -> None:
     with RedisServer() as rs:  # not a sentinel: asking it for primaries fails
-        result = CliRunner().invoke(main, ["nodes", "--redis",
-                                           f"redis+sentinel://u:hunter2@127.0.0.1:{rs.port}/x"])
+        result = CliRunner().invoke(
+            main, ["nodes", "--redis", f"redis+sentinel://u:hunter2@127.0.0.1:{rs.port}/x"]
+        )
     assert result.exit_code == 1
     assert "unreachable" in result.stderr and "hunter2" not in result.output + result.stderr
     assert "Traceback" not in result.output + result.stderr

@@ -73,8 +73,9 @@ def test_asyncio_when_asked_and_unknown_names_refused() -> None:
 
 # -- flags, refused before anything starts ------------------------------------
 def _serve(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(main, ["serve", *args], env={"SCHEDULER_REDIS_ADDR": None,
-                                                        "SCHEDULER_CONFIG": None})
+    r = CliRunner().invoke(
+        main, ["serve", *args], env={"SCHEDULER_REDIS_ADDR": None, "SCHEDULER_CONFIG": None}
+    )
     return r.exit_code, r.output
 
 
@@ -94,8 +95,9 @@ def test_workers_need_a_redis() -> None:
 
 
 def test_workers_metrics_ports_must_fit() -> None:
-    code, out = _serve("--workers", "3", "--redis", "127.0.0.1:6379", "--metrics-listen",
-                       "127.0.0.1:65534")
+    code, out = _serve(
+        "--workers", "3", "--redis", "127.0.0.1:6379", "--metrics-listen", "127.0.0.1:65534"
+    )
     assert code == 1 and "worker 2 would serve /metrics on port 65536" in out
 
 
@@ -111,16 +113,20 @@ def broken_uvloop(tmp_path: Path) -> str:
     """A PYTHONPATH on which ``import uvloop`` fails, as where it is missing."""
     (tmp_path / "uvloop").mkdir()
     (tmp_path / "uvloop" / "__init__.py").write_text(
-        'raise ImportError("No module named \'uvloop\' (hidden by the test)")\n')
+        "raise ImportError(\"No module named 'uvloop' (hidden by the test)\")\n"
+    )
     return str(tmp_path)
 
 
 @pytest.mark.slow
 def test_a_replica_without_uvloop_says_so_and_serves_on_asyncio(
-        processes: list[ServeProcess], broken_uvloop: str) -> None:
-    p = ServeProcess({"scheduler": {}}, redis_url=None,
-                     env={"PYTHONPATH": os.pathsep.join([broken_uvloop, os.environ.get(
-                         "PYTHONPATH", "")])})
+    processes: list[ServeProcess], broken_uvloop: str
+) -> None:
+    p = ServeProcess(
+        {"scheduler": {}},
+        redis_url=None,
+        env={"PYTHONPATH": os.pathsep.join([broken_uvloop, os.environ.get("PYTHONPATH", "")])},
+    )
     processes.append(p)
     p.wait_serving()
     assert places_on_a_fresh_node(p.address) == "n1"
@@ -163,10 +169,16 @@ def _alive(pid: int) -> bool:
 
 
 def _schedule_counts(metrics_port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
-                                  timeout=5).read().decode()
-    m = re.search(r'agentenv_scheduler_rpc_duration_seconds_count\{rpc="Schedule",'
-                  r'status="OK"\} ([0-9.e+]+)', text)
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+    m = re.search(
+        r'agentenv_scheduler_rpc_duration_seconds_count\{rpc="Schedule",'
+        r'status="OK"\} ([0-9.e+]+)',
+        text,
+    )
     return float(m.group(1)) if m else 0.0
 
 
@@ -174,8 +186,12 @@ def _schedule_counts(metrics_port: int) -> float:
 def workers(real_url: str) -> Iterator[tuple[ServeProcess, list[int]]]:
     """``schedctl serve --workers 2``, serving; the workers' pids."""
     metrics = _two_free_ports()
-    p = ServeProcess({"scheduler": {}, "log_level": "info"}, real_url, cell="workers",
-                     extra_args=("--workers", "2", "--metrics-listen", f"127.0.0.1:{metrics}"))
+    p = ServeProcess(
+        {"scheduler": {}, "log_level": "info"},
+        real_url,
+        cell="workers",
+        extra_args=("--workers", "2", "--metrics-listen", f"127.0.0.1:{metrics}"),
+    )
     p.metrics_port = metrics
     try:
         p.wait_serving()
@@ -188,26 +204,33 @@ def workers(real_url: str) -> Iterator[tuple[ServeProcess, list[int]]]:
 
 @pytest.mark.slow
 @pytest.mark.real_only
-def test_workers_share_one_port_and_each_answers(workers: tuple[ServeProcess, list[int]],
-                                                 processes: list[ServeProcess]) -> None:
+def test_workers_share_one_port_and_each_answers(
+    workers: tuple[ServeProcess, list[int]], processes: list[ServeProcess]
+) -> None:
     p, pids = workers
     assert len(pids) == 2
     expected = "uvloop" if _has_uvloop() else "asyncio"
     assert f"event loop: {expected}" in p.log()
     with grpc.insecure_channel(p.address) as ch:
-        pb_grpc.SchedulerStub(ch).Heartbeat(hb_request("n1", cpu=1000, mem_gib=1000),
-                                            metadata=endpoint_md("n1:5000"))
+        pb_grpc.SchedulerStub(ch).Heartbeat(
+            hb_request("n1", cpu=1000, mem_gib=1000), metadata=endpoint_md("n1:5000")
+        )
     # each channel its own TCP connection: the kernel spreads them over the workers
     for _ in range(24):
-        with grpc.insecure_channel(p.address,
-                                   options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        with grpc.insecure_channel(
+            p.address, options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as ch:
             assert pb_grpc.SchedulerStub(ch).Schedule(cold(1, 16)).node.node_id == "n1"
     counts = [_schedule_counts(p.metrics_port), _schedule_counts(p.metrics_port + 1)]
     assert sum(counts) == 24 and all(c > 0 for c in counts), counts
 
     # the port is taken: a second --workers server refuses to join it
-    second = ServeProcess({"scheduler": {}}, p.redis_url, cell="workers",
-                          extra_args=("--workers", "2", "--grpc-listen", p.address))
+    second = ServeProcess(
+        {"scheduler": {}},
+        p.redis_url,
+        cell="workers",
+        extra_args=("--workers", "2", "--grpc-listen", p.address),
+    )
     processes.append(second)
     assert second.proc.wait(60) == 1
     assert f"gRPC cannot listen on {p.address}" in second.log()
@@ -229,8 +252,7 @@ def test_workers_share_one_port_and_each_answers(workers: tuple[ServeProcess, li
 
 @pytest.mark.slow
 @pytest.mark.real_only
-def test_workers_stop_when_their_parent_is_killed(
-        workers: tuple[ServeProcess, list[int]]) -> None:
+def test_workers_stop_when_their_parent_is_killed(workers: tuple[ServeProcess, list[int]]) -> None:
     p, pids = workers
     p.proc.kill()
     p.proc.wait()

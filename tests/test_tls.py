@@ -37,10 +37,15 @@ class Pki:
     cert_file: Path
     key_file: Path
 
-    def channel(self, port: int, root: bytes | None = None, client: Pair | None = None,
-                ) -> grpc.Channel:
+    def channel(
+        self,
+        port: int,
+        root: bytes | None = None,
+        client: Pair | None = None,
+    ) -> grpc.Channel:
         creds = grpc.ssl_channel_credentials(
-            root or self.ca.pem, client.key if client else None, client.cert if client else None)
+            root or self.ca.pem, client.key if client else None, client.cert if client else None
+        )
         return grpc.secure_channel(f"127.0.0.1:{port}", creds)
 
 
@@ -84,19 +89,21 @@ def list_nodes(channel: grpc.Channel) -> grpc.StatusCode:
         channel.close()
 
 
-def test_tls_client_served_plaintext_refused(pki: Pki, serve: Callable[..., ThreadedReplica],
-                                            ) -> None:
+def test_tls_client_served_plaintext_refused(
+    pki: Pki,
+    serve: Callable[..., ThreadedReplica],
+) -> None:
     r = serve(TlsFiles(str(pki.cert_file), str(pki.key_file)))
     port = port_of(r)
     assert list_nodes(pki.channel(port)) == grpc.StatusCode.OK
     assert list_nodes(grpc.insecure_channel(f"127.0.0.1:{port}")) == grpc.StatusCode.UNAVAILABLE
     # a client that trusts another CA does not talk to it either
-    assert list_nodes(pki.channel(port, root=Authority("other").pem)) == \
-        grpc.StatusCode.UNAVAILABLE
+    assert list_nodes(pki.channel(port, root=Authority("other").pem)) == grpc.StatusCode.UNAVAILABLE
 
 
 def test_mutual_tls_needs_a_client_certificate_of_the_ca(
-        pki: Pki, serve: Callable[..., ThreadedReplica]) -> None:
+    pki: Pki, serve: Callable[..., ThreadedReplica]
+) -> None:
     r = serve(TlsFiles(str(pki.cert_file), str(pki.key_file), str(pki.ca_file)))
     port = port_of(r)
     assert list_nodes(pki.channel(port)) == grpc.StatusCode.UNAVAILABLE  # no certificate
@@ -115,8 +122,10 @@ def _bump(*paths: Path) -> None:
 
 
 def test_a_rotated_certificate_is_taken_without_a_restart(
-        pki: Pki, serve: Callable[..., ThreadedReplica], caplog: pytest.LogCaptureFixture,
-        ) -> None:
+    pki: Pki,
+    serve: Callable[..., ThreadedReplica],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     r = serve(TlsFiles(str(pki.cert_file), str(pki.key_file)))
     port = port_of(r)
     assert list_nodes(pki.channel(port)) == grpc.StatusCode.OK
@@ -137,8 +146,9 @@ def test_a_rotated_certificate_is_taken_without_a_restart(
     assert r.replica is not None and r.replica.tls is not None and r.replica.tls.reloads == 1
 
 
-def test_plaintext_off_loopback_warns(serve: Callable[..., ThreadedReplica],
-                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_plaintext_off_loopback_warns(
+    serve: Callable[..., ThreadedReplica], caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="scheduler.replica"):
         serve(None, "127.0.0.1:0")
     assert not [m for m in caplog.messages if "plaintext" in m]
@@ -148,9 +158,19 @@ def test_plaintext_off_loopback_warns(serve: Callable[..., ThreadedReplica],
     assert warning.startswith("gRPC on 0.0.0.0:0 is plaintext and not loopback-only")
 
 
-@pytest.mark.parametrize(("listen", "loopback"), [
-    ("127.0.0.1:1", True), ("127.8.0.1:1", True), ("[::1]:1", True), ("localhost:1", True),
-    ("0.0.0.0:1", False), ("[::]:1", False), ("10.0.0.1:1", False), ("node.example:1", False)])
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [
+        ("127.0.0.1:1", True),
+        ("127.8.0.1:1", True),
+        ("[::1]:1", True),
+        ("localhost:1", True),
+        ("0.0.0.0:1", False),
+        ("[::]:1", False),
+        ("10.0.0.1:1", False),
+        ("node.example:1", False),
+    ],
+)
 def test_is_loopback(listen: str, loopback: bool) -> None:
     assert is_loopback(listen) is loopback
 
@@ -176,7 +196,8 @@ def test_bad_files_name_the_file_never_the_key(pki: Pki, tmp_path: Path) -> None
         load_config(TlsFiles(str(tmp_path / "missing.crt"), str(pki.key_file)))
     secret = tmp_path / "bad.key"
     secret.write_text(
-        "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n")
+        "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"
+    )
     with pytest.raises(TlsError) as e:
         load_config(TlsFiles(str(pki.cert_file), str(secret)))
     assert str(secret) in str(e.value) and "TOPSECRET" not in str(e.value)
@@ -185,10 +206,21 @@ def test_bad_files_name_the_file_never_the_key(pki: Pki, tmp_path: Path) -> None
     with pytest.raises(TlsError, match="not a PEM certificate and its private key"):
         load_config(TlsFiles(str(pki.cert_file), str(wrong_key)))
     # schedctl serve says so in one line and exits 1
-    result = CliRunner().invoke(main, [
-        "serve", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "",
-        "--grpc-tls-cert", str(pki.cert_file), "--grpc-tls-key", str(secret)],
-        env={"SCHEDULER_REDIS_ADDR": None})
+    result = CliRunner().invoke(
+        main,
+        [
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "",
+            "--grpc-tls-cert",
+            str(pki.cert_file),
+            "--grpc-tls-key",
+            str(secret),
+        ],
+        env={"SCHEDULER_REDIS_ADDR": None},
+    )
     assert result.exit_code == 1
     assert str(secret) in result.output and "TOPSECRET" not in result.output
     assert embedded.WARNING in result.output  # (it got as far as listening)

@@ -27,8 +27,18 @@ REQ = Request.cold(1, 1024)
 
 def test_pack_writes_what_redis_py_writes() -> None:
     command: list[str | bytes | int | float] = [
-        "FCALL", "sched_x_schedule", 1, "sched:{c}:rr", "create", "ünï", "", b"\x00raw", 0.37,
-        -12, 1e-7]
+        "FCALL",
+        "sched_x_schedule",
+        1,
+        "sched:{c}:rr",
+        "create",
+        "ünï",
+        "",
+        b"\x00raw",
+        0.37,
+        -12,
+        1e-7,
+    ]
     conn = redis.connection.Connection()
     assert pack(command) == b"".join(conn.pack_command(*command))
     for bad in (True, None, [1]):
@@ -40,6 +50,7 @@ def test_pack_writes_what_redis_py_writes() -> None:
 
 def _with(scenario: Callable[[AsyncScheduler, RedisServer], Awaitable[None]]) -> None:
     with RedisServer() as rs:
+
         async def run() -> None:
             a = await AsyncScheduler.connect(rs.url, cell="wire", policy=Policy())
             try:
@@ -146,15 +157,31 @@ def test_the_wire_connects_as_redis_py_does(form: str, tmp_path: Path) -> None:
     ca_path = ca.write(tmp_path)
     cert, key = ca.issue("127.0.0.1", server=True).write(tmp_path, "server")
     tls_port = free_port()
-    args = (["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file",
-             str(key), "--tls-ca-cert-file", str(ca_path), "--tls-auth-clients", "no"]
-            if form == "rediss" else [])
+    args = (
+        [
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(ca_path),
+            "--tls-auth-clients",
+            "no",
+        ]
+        if form == "rediss"
+        else []
+    )
     with RedisServer(unix_socket=form == "unix", extra_args=args) as rs:
         admin = rs.client()
         admin.config_set("requirepass", "s3cret")  # (set once the server answered a PING)
         admin.close()
-        url = (f"rediss://:s3cret@127.0.0.1:{tls_port}/3?ssl_ca_certs={ca_path}"
-               if form == "rediss" else f"unix://:s3cret@{rs.socket}?db=3")
+        url = (
+            f"rediss://:s3cret@127.0.0.1:{tls_port}/3?ssl_ca_certs={ca_path}"
+            if form == "rediss"
+            else f"unix://:s3cret@{rs.socket}?db=3"
+        )
 
         async def run() -> None:
             a = await AsyncScheduler.connect(url, cell="wire", policy=Policy())

@@ -8,8 +8,9 @@ from multiprocessing.synchronize import Event
 from scheduler import NoNodesAvailable, Request, Scheduler
 
 
-def schedule_many(url: str, cell: str, count: int, cpu: int, memory_mb: int,
-                  start: Event) -> list[tuple[str | None, str]]:
+def schedule_many(
+    url: str, cell: str, count: int, cpu: int, memory_mb: int, start: Event
+) -> list[tuple[str | None, str]]:
     """``count`` creations; each result is (node_id, reservation_id) or (None, refusal)."""
     s = Scheduler.connect(url, cell=cell)
     start.wait(30)
@@ -26,8 +27,14 @@ def schedule_many(url: str, cell: str, count: int, cpu: int, memory_mb: int,
     return out
 
 
-def paced_gateway(url: str, cell: str, count: int, pause: float,
-                  created: list[tuple[str, str, float]], start: Event) -> int:
+def paced_gateway(
+    url: str,
+    cell: str,
+    count: int,
+    pause: float,
+    created: list[tuple[str, str, float]],
+    start: Event,
+) -> int:
     """A gateway that creates one sandbox per batch: schedule, create on the
     node (recorded in ``created`` with its time), record the assignment."""
     import os

@@ -81,8 +81,7 @@ def mismatches() -> list[str]:
     if missing:
         problems.append(f"scheduler_pb2_grpc.py lacks {', '.join(missing)}")
     pyi = (HERE / "scheduler_pb2.pyi").read_text()
-    missing = [name for name in pb2.DESCRIPTOR.message_types_by_name
-               if f"class {name}(" not in pyi]
+    missing = [name for name in pb2.DESCRIPTOR.message_types_by_name if f"class {name}(" not in pyi]
     if missing:
         problems.append(f"scheduler_pb2.pyi lacks {', '.join(missing)}")
     return problems

@@ -55,23 +55,34 @@ class NodeState:
             return int(f.get(name) or 0)
 
         return cls(
-            node_id=f["node_id"], endpoint=f.get("endpoint", ""),
+            node_id=f["node_id"],
+            endpoint=f.get("endpoint", ""),
             lingering=f.get("lingering") == "1",
             last_seen_ms=int(f["last_seen_ms"]) if f.get("last_seen_ms") else None,
-            reported_status=f.get("status", ""), cpu_count=i("cpu_count"),
-            memory_total_bytes=i("memory_total_bytes"), allocated_cpu=i("allocated_cpu"),
+            reported_status=f.get("status", ""),
+            cpu_count=i("cpu_count"),
+            memory_total_bytes=i("memory_total_bytes"),
+            allocated_cpu=i("allocated_cpu"),
             allocated_memory_bytes=i("allocated_memory_bytes"),
             paused_allocated_cpu=i("paused_allocated_cpu"),
             paused_allocated_memory_bytes=i("paused_allocated_memory_bytes"),
-            sandbox_count=i("sandbox_count"), sandbox_starting_count=i("sandbox_starting_count"),
-            paused_sandbox_count=i("paused_sandbox_count"), cpu_percent=i("cpu_percent"),
-            memory_used_bytes=i("memory_used_bytes"), pending_count=i("pending_count"),
-            pending_cpu=i("pending_cpu"), pending_memory_bytes=i("pending_memory_bytes"))
+            sandbox_count=i("sandbox_count"),
+            sandbox_starting_count=i("sandbox_starting_count"),
+            paused_sandbox_count=i("paused_sandbox_count"),
+            cpu_percent=i("cpu_percent"),
+            memory_used_bytes=i("memory_used_bytes"),
+            pending_count=i("pending_count"),
+            pending_cpu=i("pending_cpu"),
+            pending_memory_bytes=i("pending_memory_bytes"),
+        )
 
     def with_reservation(self, cpu: int, memory_bytes: int, sign: int = 1) -> NodeState:
-        return replace(self, pending_count=self.pending_count + sign,
-                       pending_cpu=self.pending_cpu + sign * cpu,
-                       pending_memory_bytes=self.pending_memory_bytes + sign * memory_bytes)
+        return replace(
+            self,
+            pending_count=self.pending_count + sign,
+            pending_cpu=self.pending_cpu + sign * cpu,
+            pending_memory_bytes=self.pending_memory_bytes + sign * memory_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,11 @@ class Demand:
         if not req.create:
             return cls(False, 0, 0, 0)
         cpu = policy.default_request.cpu if req.cpu is None else req.cpu
-        mem = (policy.default_request.memory_mb * 1024 * 1024 if req.memory_bytes is None
-               else req.memory_bytes)
+        mem = (
+            policy.default_request.memory_mb * 1024 * 1024
+            if req.memory_bytes is None
+            else req.memory_bytes
+        )
         return cls(True, 1, cpu, mem)
 
 
@@ -126,13 +140,22 @@ def ceiling_use(n: NodeState, name: str, d: Demand) -> int | None:
     if name == "max_sandbox_starting_count":
         return n.sandbox_starting_count + n.pending_count + d.count
     if name == "max_sandbox_count_including_paused":
-        return (n.sandbox_count + n.sandbox_starting_count + n.paused_sandbox_count
-                + n.pending_count + d.count)
+        return (
+            n.sandbox_count
+            + n.sandbox_starting_count
+            + n.paused_sandbox_count
+            + n.pending_count
+            + d.count
+        )
     if name == "max_allocated_cpu_including_paused":
         return n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu + d.cpu
     if name == "max_allocated_memory_bytes_including_paused":
-        return (n.allocated_memory_bytes + n.paused_allocated_memory_bytes
-                + n.pending_memory_bytes + d.memory_bytes)
+        return (
+            n.allocated_memory_bytes
+            + n.paused_allocated_memory_bytes
+            + n.pending_memory_bytes
+            + d.memory_bytes
+        )
     if name == "max_cpu_allocated_percent":
         return n.allocated_cpu + n.pending_cpu + d.cpu if n.cpu_count > 0 else None
     if name == "max_memory_allocated_percent":
@@ -158,19 +181,27 @@ def ceiling_holds(n: NodeState, name: str, limit: int, used: int) -> bool:
 def settling(n: NodeState, policy: Policy, now_ms: int, settle_ms: int | None) -> bool:
     """Must the node heartbeat again before it takes a placement?  (Redis may
     have lost placements made up to settle_ms; for one report TTL.)"""
-    return settle_ms is not None and now_ms < settle_ms + policy.report_ttl_ms and (
-        n.last_seen_ms is None or n.last_seen_ms <= settle_ms)
+    return (
+        settle_ms is not None
+        and now_ms < settle_ms + policy.report_ttl_ms
+        and (n.last_seen_ms is None or n.last_seen_ms <= settle_ms)
+    )
 
 
-def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int,
-             settle_ms: int | None = None) -> ModelVerdict:
+def evaluate(
+    n: NodeState, policy: Policy, d: Demand, now_ms: int, settle_ms: int | None = None
+) -> ModelVerdict:
     status = derive_status(n, policy, now_ms)
     stale = n.last_seen_ms is not None and now_ms - n.last_seen_ms > policy.report_ttl_ms
     # stage "project"
     known = n.cpu_count > 0 or n.memory_total_bytes > 0
     proj_cpu = n.allocated_cpu + n.paused_allocated_cpu + n.pending_cpu + d.cpu
-    proj_mem = (n.allocated_memory_bytes + n.paused_allocated_memory_bytes
-                + n.pending_memory_bytes + d.memory_bytes)
+    proj_mem = (
+        n.allocated_memory_bytes
+        + n.paused_allocated_memory_bytes
+        + n.pending_memory_bytes
+        + d.memory_bytes
+    )
     pressure = 0.0
     if n.cpu_count > 0:
         pressure = proj_cpu / n.cpu_count
@@ -201,13 +232,22 @@ def evaluate(n: NodeState, policy: Policy, d: Demand, now_ms: int,
     if reason is None and d.create:
         if n.cpu_count > 0 and proj_cpu > n.cpu_count * policy.overcommit.cpu:
             reason = "insufficient cpu"
-        elif (n.memory_total_bytes > 0
-              and proj_mem > n.memory_total_bytes * policy.overcommit.memory):
+        elif (
+            n.memory_total_bytes > 0 and proj_mem > n.memory_total_bytes * policy.overcommit.memory
+        ):
             reason = "insufficient memory"
     return ModelVerdict(
-        node_id=n.node_id, status=status, reason=reason, pressure=pressure, known=known,
-        starting=n.sandbox_starting_count + n.pending_count, running=n.sandbox_count,
-        paused=n.paused_sandbox_count, projected_cpu=proj_cpu, projected_memory_bytes=proj_mem)
+        node_id=n.node_id,
+        status=status,
+        reason=reason,
+        pressure=pressure,
+        known=known,
+        starting=n.sandbox_starting_count + n.pending_count,
+        running=n.sandbox_count,
+        paused=n.paused_sandbox_count,
+        projected_cpu=proj_cpu,
+        projected_memory_bytes=proj_mem,
+    )
 
 
 def summarize(verdicts: list[ModelVerdict]) -> str:
@@ -227,9 +267,16 @@ class Decision:
     refusal: str | None
 
 
-def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr_next: int,
-           rand: float = 0.0, strategy: str | None = None,
-           settle_ms: int | None = None) -> Decision:
+def decide(
+    nodes: list[NodeState],
+    policy: Policy,
+    req: Request,
+    now_ms: int,
+    rr_next: int,
+    rand: float = 0.0,
+    strategy: str | None = None,
+    settle_ms: int | None = None,
+) -> Decision:
     """One Schedule: the node chosen (or the counted refusal).
 
     ``rr_next`` is the round-robin counter value this decision uses (the
@@ -244,10 +291,14 @@ def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr
         return Decision(None, verdicts, summarize(verdicts))
     strategy = strategy or policy.strategy
     if strategy == "least_loaded":
-        best_key = min(rank_key(v.known, v.pressure, v.starting, v.running, v.paused)
-                       for v in group)
-        equals = [v for v in group
-                  if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key]
+        best_key = min(
+            rank_key(v.known, v.pressure, v.starting, v.running, v.paused) for v in group
+        )
+        equals = [
+            v
+            for v in group
+            if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key
+        ]
         chosen = equals[(rr_next - 1) % len(equals)]
     elif strategy == "round_robin":
         chosen = group[(rr_next - 1) % len(group)]
@@ -261,7 +312,6 @@ def decide(nodes: list[NodeState], policy: Policy, req: Request, now_ms: int, rr
 # ---------------------------------------------------------------------------
 # The lifecycle: reservations and bindings of a whole cell
 # ---------------------------------------------------------------------------
-
 
 
 @dataclass
@@ -323,8 +373,7 @@ class CellModel:
         return out
 
     def live_of(self, node_id: str) -> list[ResModel]:
-        return sorted((r for r in self.res.values() if r.node_id == node_id),
-                      key=lambda r: r.seq)
+        return sorted((r for r in self.res.values() if r.node_id == node_id), key=lambda r: r.seq)
 
     # -- shared pieces (names as in lua/includes/common.lua and bindings.lua) --
     def end(self, rid: str, outcome: str) -> bool:
@@ -336,8 +385,10 @@ class CellModel:
         return True
 
     def sweep(self, now: int) -> None:
-        due = sorted((r for r in self.res.values() if r.expires_ms <= now),
-                     key=lambda r: (r.expires_ms, r.rid.encode()))[:SWEEP_BATCH]
+        due = sorted(
+            (r for r in self.res.values() if r.expires_ms <= now),
+            key=lambda r: (r.expires_ms, r.rid.encode()),
+        )[:SWEEP_BATCH]
         for r in due:
             self.end(r.rid, "expired")
 
@@ -363,15 +414,15 @@ class CellModel:
         b = self.bind.get(sb)
         return b is not None and b.node_id == node_id and b.listed and not b.deleted
 
-    def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None,
-                      now: int) -> None:
+    def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None, now: int) -> None:
         prev = self.bind.get(sb)
         if prev is not None and prev.node_id != node_id:
             self._sbx(prev.node_id).discard(sb)
         if rid is None and prev is not None and prev.node_id == node_id and not prev.deleted:
             rid = prev.rid
-        self.bind[sb] = BindModel(node_id, self.snap[node_id].endpoint, listed, rid,
-                                  now + self.policy.binding_ttl_ms)
+        self.bind[sb] = BindModel(
+            node_id, self.snap[node_id].endpoint, listed, rid, now + self.policy.binding_ttl_ms
+        )
         self._sbx(node_id).add(sb)
 
     def drop_binding(self, sb: str, node_id: str) -> None:
@@ -391,15 +442,28 @@ class CellModel:
         self.snap[node_id] = NodeState(node_id=node_id, endpoint=endpoint)
         self.meta[node_id] = NodeMeta(sandboxes=set())
 
-    def heartbeat(self, node_id: str, sid: str, state: NodeState, create_successes: int,
-                  roster: list[str], now: int) -> int:
+    def heartbeat(
+        self,
+        node_id: str,
+        sid: str,
+        state: NodeState,
+        create_successes: int,
+        roster: list[str],
+        now: int,
+    ) -> int:
         self.sweep(now)
         meta = self.meta[node_id]
         restarted = bool(meta.sid) and meta.sid != sid
         prev_cs, prev_mode = meta.create_successes, meta.roster_mode
-        self.snap[node_id] = replace(state, node_id=node_id, endpoint=self.snap[node_id].endpoint,
-                                     last_seen_ms=now, pending_count=0, pending_cpu=0,
-                                     pending_memory_bytes=0)
+        self.snap[node_id] = replace(
+            state,
+            node_id=node_id,
+            endpoint=self.snap[node_id].endpoint,
+            last_seen_ms=now,
+            pending_count=0,
+            pending_cpu=0,
+            pending_memory_bytes=0,
+        )
         meta.sid, meta.create_successes = sid, create_successes
         listed = list(dict.fromkeys(sb for sb in roster if sb))
         roster_mode = (prev_mode and not restarted) or bool(listed)
@@ -421,8 +485,9 @@ class CellModel:
             baseline = 0 if restarted else prev_cs
             k = create_successes - baseline if baseline is not None else 0
             live = self.live_of(node_id)
-            for r in [r for r in live if r.state == "acked"] + [r for r in live
-                                                              if r.state != "acked"]:
+            for r in [r for r in live if r.state == "acked"] + [
+                r for r in live if r.state != "acked"
+            ]:
                 if k <= 0:
                     break
                 if self.end(r.rid, "released"):
@@ -440,8 +505,14 @@ class CellModel:
         if req.create:
             dem = Demand.of(req, self.policy)
             self.seq += 1
-            self.res[rid] = ResModel(rid, d.chosen, dem.cpu, dem.memory_bytes, self.seq,
-                                     now + self.policy.reservation_ttl_ms)
+            self.res[rid] = ResModel(
+                rid,
+                d.chosen,
+                dem.cpu,
+                dem.memory_bytes,
+                self.seq,
+                now + self.policy.reservation_ttl_ms,
+            )
         return d
 
     def assign(self, sb: str, node_id: str, wanted: str | None, now: int) -> str | None:
@@ -453,8 +524,11 @@ class CellModel:
             if not b.rid and self.meta[node_id].roster_mode:
                 r = self.res.get(wanted) if wanted else None
                 if wanted:
-                    buried = wanted if r is not None and r.node_id == node_id and \
-                        r.state == "pending" else None
+                    buried = (
+                        wanted
+                        if r is not None and r.node_id == node_id and r.state == "pending"
+                        else None
+                    )
                 else:
                     buried = self.oldest_unclaimed(node_id)
             if buried is not None:
@@ -467,8 +541,13 @@ class CellModel:
                 r = self.res.get(wanted) or self.ended.get(wanted)
                 if r is not None and r.node_id == node_id and r.state == "pending":
                     attached = wanted
-                elif (r is not None and r.node_id == node_id and r.sandbox_id
-                      and r.sandbox_id != sb and r.state in ("assigned", "acked", "released")):
+                elif (
+                    r is not None
+                    and r.node_id == node_id
+                    and r.sandbox_id
+                    and r.sandbox_id != sb
+                    and r.state in ("assigned", "acked", "released")
+                ):
                     attached = self.oldest_unclaimed(node_id)
             else:
                 attached = self.oldest_unclaimed(node_id)
@@ -494,8 +573,9 @@ class CellModel:
                     continue
                 charged = prev.rid if prev is not None and prev.node_id == node_id else None
                 self.drop_binding(sb, node_id)
-                self.bind[sb] = BindModel(node_id, "", False, charged,
-                                          now + self.policy.binding_ttl_ms, deleted=True)
+                self.bind[sb] = BindModel(
+                    node_id, "", False, charged, now + self.policy.binding_ttl_ms, deleted=True
+                )
                 continue
             creation = kind in ("CREATE", "FORK")
             if rid is None and creation and not self.charged(sb, node_id):

@@ -45,8 +45,9 @@ class RedisServer:
     """One redis-server process on 127.0.0.1.  ``stop()`` / ``start()`` may be
     called repeatedly (same port, same dir) to test outages."""
 
-    def __init__(self, port: int | None = None, unix_socket: bool = False,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, port: int | None = None, unix_socket: bool = False, extra_args: Sequence[str] = ()
+    ) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -76,11 +77,29 @@ class RedisServer:
 
     def _start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir), "--protected-mode", "no",
-             "--loglevel", "warning", "--logfile", str(self.dir / "redis.log"),
-             *(["--unixsocket", str(self.socket)] if self.socket else []), *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--protected-mode",
+                "no",
+                "--loglevel",
+                "warning",
+                "--logfile",
+                str(self.dir / "redis.log"),
+                *(["--unixsocket", str(self.socket)] if self.socket else []),
+                *self.extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
@@ -92,14 +111,14 @@ class RedisServer:
                 except redis.exceptions.ConnectionError:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(
-                            f"redis-server did not start on port {self.port}") from None
+                            f"redis-server did not start on port {self.port}"
+                        ) from None
                     time.sleep(0.02)
         finally:
             client.close()
 
     def client(self, **kwargs: object) -> Any:
-        return redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=5,
-                           **kwargs)  # type: ignore[arg-type]
+        return redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=5, **kwargs)  # type: ignore[arg-type]
 
     def kill(self) -> None:
         """kill -9: no shutdown, no save."""
@@ -143,8 +162,9 @@ class RedisServer:
         self.close()
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str,
-               interval: float = 0.05) -> float:
+def wait_until(
+    check: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> float:
     """Poll ``check`` until it is truthy; returns the seconds it took."""
     start = time.monotonic()
     while True:
@@ -163,18 +183,27 @@ class SentinelTopology:
     majority) on 127.0.0.1, free ports, temp dirs.  ``url`` is the
     ``redis+sentinel://`` address clients use."""
 
-    def __init__(self, replicas: int = 1, sentinels: int = 3, service: str = "sched",
-                 down_after_ms: int = 1000, failover_timeout_ms: int = 4000,
-                 extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        replicas: int = 1,
+        sentinels: int = 3,
+        service: str = "sched",
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 4000,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.service = service
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         # a replica attaches at once (the default waits 5 s for more replicas to share a sync)
         extra_args = ["--repl-diskless-sync-delay", "0", *extra_args]
         self.primary = RedisServer(extra_args=extra_args)
-        self.replicas = [RedisServer(extra_args=[*extra_args, "--replicaof", "127.0.0.1",
-                                                 str(self.primary.port)])
-                         for _ in range(replicas)]
+        self.replicas = [
+            RedisServer(
+                extra_args=[*extra_args, "--replicaof", "127.0.0.1", str(self.primary.port)]
+            )
+            for _ in range(replicas)
+        ]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinel_dir = Path(tempfile.mkdtemp(prefix="sched-sentinel-"))
         self.sentinel_procs: list[subprocess.Popen[bytes]] = []
@@ -192,8 +221,14 @@ class SentinelTopology:
             self.primary.start()
             for r in self.replicas:
                 r.start()
-            wait_until(lambda: all(r.client().info("replication")["master_link_status"] == "up"
-                                   for r in self.replicas), 15, "replicas in sync")
+            wait_until(
+                lambda: all(
+                    r.client().info("replication")["master_link_status"] == "up"
+                    for r in self.replicas
+                ),
+                15,
+                "replicas in sync",
+            )
             for i, port in enumerate(self.sentinel_ports):
                 self.sentinel_procs.append(self._start_sentinel(i, port))
             quorum = len(self.sentinel_ports) // 2 + 1
@@ -201,8 +236,9 @@ class SentinelTopology:
             def ready() -> bool:
                 for port in self.sentinel_ports:
                     m: Any = self.sentinel(port).sentinel_master(self.service)
-                    if m["num-other-sentinels"] < len(self.sentinel_ports) - 1 or \
-                            m["num-slaves"] < len(self.replicas):
+                    if m["num-other-sentinels"] < len(self.sentinel_ports) - 1 or m[
+                        "num-slaves"
+                    ] < len(self.replicas):
                         return False
                 return quorum > 0
 
@@ -221,15 +257,23 @@ class SentinelTopology:
             f"{len(self.sentinel_ports) // 2 + 1}\n"
             f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
             f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
-            f"sentinel parallel-syncs {self.service} 1\n")
-        proc = subprocess.Popen([self.primary.exe, str(conf), "--sentinel"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            f"sentinel parallel-syncs {self.service} 1\n"
+        )
+        proc = subprocess.Popen(
+            [self.primary.exe, str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_until(lambda: self.sentinel(port).ping(), 10, f"sentinel on {port}")
         return proc
 
     def sentinel(self, port: int | None = None) -> redis.Redis:
-        return redis.Redis(port=port or self.sentinel_ports[0], socket_connect_timeout=1,
-                           socket_timeout=5, decode_responses=True)
+        return redis.Redis(
+            port=port or self.sentinel_ports[0],
+            socket_connect_timeout=1,
+            socket_timeout=5,
+            decode_responses=True,
+        )
 
     def primary_port(self) -> int:
         """The port the sentinels name as primary now."""
@@ -251,8 +295,11 @@ class SentinelTopology:
         sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
         wait_until(lambda: self.primary_port() != old, timeout, "a new primary named")
         new = self.server(self.primary_port())
-        wait_until(lambda: new.client().info("replication")["role"] == "master", timeout,
-                   "the new primary promoted")
+        wait_until(
+            lambda: new.client().info("replication")["role"] == "master",
+            timeout,
+            "the new primary promoted",
+        )
         return new
 
     def close(self) -> None:
@@ -277,11 +324,24 @@ class ClusterTopology:
     replicas, on 127.0.0.1, free ports, temp dirs (``redis-cli --cluster
     create``).  ``url`` is the ``redis+cluster://`` address clients use."""
 
-    def __init__(self, primaries: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
-                 extra_args: Sequence[str] = ()) -> None:
-        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(node_timeout_ms),
-                "--repl-diskless-sync-delay", "0", *extra_args]
+    def __init__(
+        self,
+        primaries: int = 3,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+            "--repl-diskless-sync-delay",
+            "0",
+            *extra_args,
+        ]
         self.servers = [RedisServer(extra_args=args) for _ in range(primaries * (1 + replicas))]
         self.replicas = replicas
         exe = shutil.which("redis-cli")
@@ -298,10 +358,19 @@ class ClusterTopology:
             for s in self.servers:
                 s.start()
             subprocess.run(
-                [self.cli, "--cluster", "create",
-                 *(f"127.0.0.1:{s.port}" for s in self.servers),
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                check=True, capture_output=True, timeout=60)
+                [
+                    self.cli,
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{s.port}" for s in self.servers),
+                    "--cluster-replicas",
+                    str(self.replicas),
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             self.wait_ok()
             return self
         except BaseException:
@@ -349,8 +418,13 @@ class ClusterTopology:
     def keyslot(self, key: str) -> int:
         return int(self.servers[0].client().execute_command("CLUSTER", "KEYSLOT", key))
 
-    def migrate_slot(self, slot: int, target: RedisServer, batch: int = 10,
-                     between: Callable[[], None] | None = None) -> None:
+    def migrate_slot(
+        self,
+        slot: int,
+        target: RedisServer,
+        batch: int = 10,
+        between: Callable[[], None] | None = None,
+    ) -> None:
         """Move ``slot`` to ``target`` the way ``redis-cli --cluster reshard``
         does: IMPORTING / MIGRATING, MIGRATE in batches, then SETSLOT NODE on
         every primary.  ``between`` runs after each batch (load goes on)."""
@@ -364,8 +438,9 @@ class ClusterTopology:
             keys: Any = source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
             if not keys:
                 break
-            source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
-                                            "REPLACE", "KEYS", *keys)
+            source.client().execute_command(
+                "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "REPLACE", "KEYS", *keys
+            )
             if between is not None:
                 between()
         for s in self.primaries():
@@ -375,8 +450,7 @@ class ClusterTopology:
         """``CLUSTER FAILOVER`` on a replica of the primary serving ``slot``;
         returns that replica once it serves the slot."""
         primary = self.slot_owner(slot)
-        rows: Any = primary.client().execute_command("CLUSTER", "REPLICAS",
-                                                      self.node_id(primary))
+        rows: Any = primary.client().execute_command("CLUSTER", "REPLICAS", self.node_id(primary))
         line = rows[0].decode() if isinstance(rows[0], bytes) else str(rows[0])
         port = int(line.split()[1].split("@")[0].rsplit(":", 1)[1])
         replica = self.by_port(port)

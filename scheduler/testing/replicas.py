@@ -49,14 +49,24 @@ from scheduler.testing.redis_server import free_port
 SCHEDCTL = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
 
 
-def settings_for(policy: Policy | None = None, cell: str = "test",
-                 nodes: list[tuple[str, str]] | None = None, **extra: Any) -> Settings:
+def settings_for(
+    policy: Policy | None = None,
+    cell: str = "test",
+    nodes: list[tuple[str, str]] | None = None,
+    **extra: Any,
+) -> Settings:
     base = load(None, env={}, flags=Overrides(grpc_listen="127.0.0.1:0", metrics_listen=""))
     policy = policy or Policy()
     if nodes:
         policy = msgspec.structs.replace(policy, static_nodes=True)
-    return replace(base, policy=policy, cell=cell, nodes=nodes or [],
-                   discovery="static" if nodes else "heartbeat", **extra)
+    return replace(
+        base,
+        policy=policy,
+        cell=cell,
+        nodes=nodes or [],
+        discovery="static" if nodes else "heartbeat",
+        **extra,
+    )
 
 
 class LoopThread:
@@ -79,8 +89,13 @@ class ThreadedReplica:
     """A Replica served by an event loop in a background thread.  Its monitor
     only pings Redis (cell metrics are refreshed by the tests that read them)."""
 
-    def __init__(self, settings: Settings, make_client: Callable[[], Any],
-                 url: str | None = None, loop: LoopThread | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        make_client: Callable[[], Any],
+        url: str | None = None,
+        loop: LoopThread | None = None,
+    ) -> None:
         self.settings = settings
         self.make_client = make_client
         self.url = url
@@ -97,10 +112,16 @@ class ThreadedReplica:
         return self
 
     async def _start(self) -> None:
-        sched = AsyncScheduler(self.make_client(), self.settings.cell, self.settings.prefix,
-                               self.url)
-        self.replica = Replica(self.settings, sched, overwrite_policy=True,
-                               monitor_interval_s=0.1, cell_stats_interval_s=None)
+        sched = AsyncScheduler(
+            self.make_client(), self.settings.cell, self.settings.prefix, self.url
+        )
+        self.replica = Replica(
+            self.settings,
+            sched,
+            overwrite_policy=True,
+            monitor_interval_s=0.1,
+            cell_stats_interval_s=None,
+        )
         await self.replica.prepare_cell()
         await self.replica.start()
 
@@ -126,10 +147,10 @@ class ThreadedReplica:
 def health_status(address: str) -> int:
     """What the replica's gRPC health service says for the whole server."""
     with grpc.insecure_channel(address) as ch:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
-                                                 timeout=2)
+        r = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=2
+        )
         return int(r.status)
-
 
 
 # ---------------------------------------------------------------------------
@@ -140,9 +161,15 @@ class ServeProcess:
     serve /metrics; ``env``: added to its environment; ``wait_serving`` or
     ``wait_listening`` until it is up)."""
 
-    def __init__(self, config: dict[str, Any], redis_url: str | None, cell: str = "e2e",
-                 extra_args: tuple[str, ...] = (), metrics: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        redis_url: str | None,
+        cell: str = "e2e",
+        extra_args: tuple[str, ...] = (),
+        metrics: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.extra_env = env or {}
         self.dir = Path(tempfile.mkdtemp(prefix="sched-replica-"))
@@ -159,15 +186,25 @@ class ServeProcess:
         self.port = free_port()
         self.metrics_port = free_port()
         metrics = f"127.0.0.1:{self.metrics_port}" if self.metrics else ""
-        args = ["--config", str(self.config_path), "--grpc-listen", f"127.0.0.1:{self.port}",
-                "--metrics-listen", metrics, "--cell", self.cell, *self.extra_args]
+        args = [
+            "--config",
+            str(self.config_path),
+            "--grpc-listen",
+            f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            metrics,
+            "--cell",
+            self.cell,
+            *self.extra_args,
+        ]
         if self.redis_url:
             args += ["--redis", self.redis_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
         env.update(self.extra_env)
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([*SCHEDCTL, "serve", *args], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [*SCHEDCTL, "serve", *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
         self.address = f"127.0.0.1:{self.port}"
 
     def log(self) -> str:
@@ -201,15 +238,15 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"schedctl serve exited ({self.proc.returncode}): "
-                                   f"{self.log()}")
+                raise RuntimeError(f"schedctl serve exited ({self.proc.returncode}): {self.log()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"schedctl serve did not listen on {self.port}:\n"
-                                       f"{self.log()}") from None
+                    raise RuntimeError(
+                        f"schedctl serve did not listen on {self.port}:\n{self.log()}"
+                    ) from None
                 time.sleep(0.05)
 
     def signal_stop(self) -> None:
@@ -347,8 +384,11 @@ class LibraryReplicas:
     def __init__(self, url: str, size: int) -> None:
         # fork: a replica is up in milliseconds instead of re-importing everything;
         # each one opens its own connection after the fork.
-        ctx = (mp.get_context("fork") if "fork" in mp.get_all_start_methods()
-               else mp.get_context("spawn"))
+        ctx = (
+            mp.get_context("fork")
+            if "fork" in mp.get_all_start_methods()
+            else mp.get_context("spawn")
+        )
         self.go = ctx.Event()
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
@@ -371,7 +411,7 @@ class LibraryReplicas:
         results and the wall time from the common start to the last finish."""
         if len(jobs) > self.size:
             raise ValueError(f"{len(jobs)} jobs for {self.size} replicas")
-        conns = self.conns[:len(jobs)]
+        conns = self.conns[: len(jobs)]
         for conn, job in zip(conns, jobs, strict=True):
             conn.send(job)
         for conn in conns:
