@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 from functools import cache
@@ -38,7 +39,9 @@ APP = {"app.kubernetes.io/name": "agentenv-scheduler"}
 
 
 def kubectl() -> str:
-    found = shutil.which("kubectl")
+    """``$KUBECTL`` or the kubectl on PATH (the manifests render with the
+    kustomize of Debian's kubectl 1.20, v2.0.3, as with today's v5)."""
+    found = os.environ.get("KUBECTL") or shutil.which("kubectl")
     if found is None:
         if in_ci():
             pytest.fail("kubectl is missing (.ci/run installs kubernetes-client)")
