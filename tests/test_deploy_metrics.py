@@ -127,3 +127,39 @@ def test_every_queried_metric_is_served_by_a_live_replica(real_url: str) -> None
     assert missing == {}, "queried but not served"
     # a name of the gated list that a replica serves already belongs in `expected`
     assert not (ADDED_BY_26 & served), f"served now, drop from ADDED_BY_26: {ADDED_BY_26 & served}"
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "scheduler.json").read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    cells: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not mine & cells, f"{panel['title']} overlaps another panel"
+        cells |= mine
+        assert panel["datasource"]["uid"] == "${datasource}"
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+            assert used <= variables, f"{panel['title']}: {used - variables}"
+    # what the issue asks the dashboard to show
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for name in (
+        "agentenv_scheduler_schedule_assignments_total",
+        "sched_refusals_total",
+        "sched_reservations_pending",
+        "agentenv_scheduler_observed_nodes",
+        "agentenv_scheduler_rpc_duration_seconds_bucket",
+        "sched_script_duration_seconds_bucket",
+        "sched_batched_calls_total",
+        "sched_redis_up",
+    ):
+        assert name in exprs, name
