@@ -51,12 +51,12 @@ def test_three_schedulers_follow_the_sentinels_master() -> None:
     sentinels = services("sentinel-")
     schedulers = services("scheduler-")
     assert len(sentinels) == 3 and len(schedulers) == 3
-    script = (DEPLOY / "compose" / "sentinel.sh").read_text()
+    script = (DEPLOY / "k8s" / "overlays" / "redis-sentinel" / "sentinel-start.sh").read_text()
     for svc in schedulers.values():
         url = urlsplit(svc["environment"]["SCHEDULER_REDIS_ADDR"])
         assert url.scheme == "redis+sentinel"
         assert url.netloc.split(",") == [f"{name}:26379" for name in sorted(sentinels)]
-        assert f"sentinel monitor {url.path.strip('/')} redis-primary 6379 2" in script
+        assert f"sentinel monitor {url.path.strip('/')} " in script
         assert svc["read_only"] is True and svc["user"].split(":")[0] != "0"
         assert svc["cap_drop"] == ["ALL"]
         assert svc["command"] == ["-config", "/config/default.json"]
@@ -64,7 +64,11 @@ def test_three_schedulers_follow_the_sentinels_master() -> None:
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
         assert (COMPOSE.parent / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()
     for name, svc in sentinels.items():
-        assert svc["command"] == ["sh", "/sentinel.sh", name]
+        env = svc["environment"]
+        assert env["SELF"] == name and env["FIRST_PRIMARY"] == "redis-primary:6379"
+        assert env["SENTINELS"].split() == [f"{n}:26379" for n in sorted(sentinels)]
+        (mount,) = svc["volumes"]
+        assert svc["command"] == ["sh", mount.split(":")[1]]
     replica = compose()["services"]["redis-replica"]["command"]
     assert replica[replica.index("--replicaof") + 1] == "redis-primary"
     for name in ("redis-primary", "redis-replica"):

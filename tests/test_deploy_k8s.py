@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import pytest
 import yaml
 
 from scheduler.config import load
-from scheduler.testing.redis_server import in_ci
+from scheduler.testing.redis_server import free_port, in_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -292,3 +293,116 @@ def test_the_base_prometheusrule_holds_the_rules_file() -> None:
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yaml").read_text())
     assert rule["spec"] == rules
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+
+
+# -- the sentinel overlay's start scripts, run against real Redis and Sentinel ----
+SCRIPTS = K8S / "overlays" / "redis-sentinel"
+
+
+class Started:
+    """Processes a test starts from the start scripts; killed at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        server = shutil.which("redis-server")
+        if server is None or shutil.which("redis-cli") is None:
+            if in_ci():
+                pytest.fail("redis-server and redis-cli are missing")
+            pytest.skip("redis-server is not installed")
+        # the image's redis-sentinel is redis-server under that name
+        (self.bin / "redis-sentinel").symlink_to(server)
+
+    def run(self, script: str, name: str, **env: str) -> None:
+        data = self.tmp / name
+        data.mkdir()
+        full = {
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "HOSTNAME": name,
+            "DATA_DIR": str(data),
+            "SELF": "127.0.0.1",
+            **env,
+        }
+        with (self.tmp / f"{name}.log").open("wb") as log:
+            self.procs.append(
+                subprocess.Popen(["sh", str(SCRIPTS / script)], env=full, stdout=log, stderr=log)
+            )
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(10)
+
+
+def _ask(port: int, *command: str, timeout: float = 20) -> str:
+    """A redis-cli answer once the server on ``port`` gives a non-empty one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "--raw", *command],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout
+        assert time.monotonic() < deadline, f"port {port}: {command}: {out.stderr}"
+        time.sleep(0.2)
+
+
+def _replication(port: int) -> dict[str, str]:
+    info = _ask(port, "INFO", "replication")
+    return dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+
+
+def test_the_start_scripts_make_a_primary_replicas_and_sentinels(tmp_path: Path) -> None:
+    started = Started(tmp_path)
+    try:
+        # redis-0, first start (no sentinel answers): the primary
+        primary = free_port()
+        nowhere = f"127.0.0.1:{free_port()}"
+        started.run("redis-start.sh", "redis-0", REDIS_PORT=str(primary), SENTINELS=nowhere)
+        assert _replication(primary)["role"] == "master"
+        # the first sentinel knows no peer: it monitors the first primary
+        s0, s1 = free_port(), free_port()
+        first = f"127.0.0.1:{primary}"
+        started.run(
+            "sentinel-start.sh",
+            "redis-sentinel-0",
+            SENTINEL_PORT=str(s0),
+            SENTINELS=f"127.0.0.1:{s0} {nowhere}",
+            FIRST_PRIMARY=first,
+        )
+        master = ["SENTINEL", "get-master-addr-by-name", "scheduler"]
+        assert _ask(s0, *master).split() == ["127.0.0.1", str(primary)]
+        # the next learns the primary from it, not from its own fallback
+        started.run(
+            "sentinel-start.sh",
+            "redis-sentinel-1",
+            SENTINEL_PORT=str(s1),
+            SENTINELS=f"127.0.0.1:{s0} 127.0.0.1:{s1}",
+            FIRST_PRIMARY=nowhere,
+        )
+        assert _ask(s1, *master).split() == ["127.0.0.1", str(primary)]
+        # redis-1 asks the sentinels and joins the primary they name as its replica
+        replica = free_port()
+        started.run(
+            "redis-start.sh",
+            "redis-1",
+            REDIS_PORT=str(replica),
+            SENTINELS=f"{nowhere} 127.0.0.1:{s1}",
+            FIRST_PRIMARY=nowhere,
+        )
+        deadline = time.monotonic() + 30
+        while (info := _replication(replica)).get("master_link_status") != "up":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.2)
+        assert info["role"] == "slave" and info["master_port"] == str(primary)
+        # and Redis never evicts the cell's keys
+        policy = _ask(replica, "CONFIG", "GET", "maxmemory-policy").split()
+        assert policy == ["maxmemory-policy", "noeviction"]
+    finally:
+        started.close()
