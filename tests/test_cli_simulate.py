@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import redis
@@ -59,7 +60,7 @@ def test_table_output_has_the_node_table_and_the_summary(real_url: str) -> None:
     assert out.startswith("simulated 3 nodes (8x16G), 3 replicas, 6 gateway workers: 30 creates")
     assert "nodes of cell sim at " + real_url in out
     for node in ("node-01", "node-02", "node-03"):
-        assert f"│ {node} │ READY" in out
+        assert re.search(rf"^{node} +READY +0\.50 ", out, re.M), out
     assert "12 of 30 creates" in out
     assert "18 × no nodes available: 0/3 nodes available: 3 at max_sandbox_count (4)" in out
     assert "4 on node-01 against max_sandbox_count 4: the ceiling held" in out
