@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import click
 import msgspec
-from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -174,14 +173,11 @@ def _order(v: ExplainedVerdict) -> tuple[int, int, str]:
     return (0 if v.chosen else 1 if v.rank is not None else 2, v.rank or 0, v.node_id)
 
 
-#: Below this many columns the starting / running / paused counts are dropped
-#: from the table (the reasons under it keep every number that decides).
-NARROW = 120
-
-
 def report_table(r: Report, where: str, width: int = 200) -> Group:
     """The verdicts as a table, and under it each node's reason whole: one
-    line per node (wrapped, never cut), so it reads at 80 columns."""
+    line per node (wrapped, never cut), so it reads at 80 columns.  The
+    starting / running / paused counts (tie-breaks) show where they fit;
+    the reasons keep every number that decides."""
     request = f"{r.cpu} cpu, {size(r.memory_bytes)}"
     if r.chosen:
         head = Text.assemble(("would place on ", ""), (r.chosen, "bold green"))
@@ -190,20 +186,48 @@ def report_table(r: Report, where: str, width: int = 200) -> Group:
     head.append(
         f"\n(request {request}; strategy {r.strategy}; dry run, nothing reserved)", style="dim"
     )
-    narrow = width < NARROW
     table = Table(
         title=f"explain on {where}",
         title_justify="left",
-        box=box.SIMPLE_HEAD,
+        caption="cpu, mem GiB: projected (with this request) / capacity",
+        caption_justify="left",
+        box=None,
+        padding=(0, 1),
         pad_edge=False,
-        show_edge=False,
+        header_style="bold",
     )
-    counts = () if narrow else ("starting", "running", "paused")
-    columns = ("node", "verdict", "status", "pressure", *counts, "cpu proj/cap", "mem GiB proj/cap")
-    for col in columns:
+    base = ("node", "verdict", "status", "pressure")
+    counted_cols = ("starting", "running", "paused")
+    tail = ("cpu", "mem GiB")
+    verdict_words = [
+        "chosen" if v.chosen else f"#{v.rank}" if v.rank is not None else "excluded"
+        for v in r.verdicts
+    ]
+    natural = (
+        sum(
+            max([len(h), *(len(x) for x in xs)])
+            for h, xs in (
+                ("node", [v.node_id for v in r.verdicts]),
+                ("verdict", verdict_words),
+                ("status", [v.status for v in r.verdicts]),
+                ("pressure", ["0.000"]),
+                ("cpu", [f"{v.projected_cpu}/{v.cpu_capacity}" for v in r.verdicts]),
+                (
+                    "mem GiB",
+                    [
+                        f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}"
+                        for v in r.verdicts
+                    ],
+                ),
+            )
+        )
+        + 2 * 5
+    )
+    counts = counted_cols if natural + sum(len(c) + 2 for c in counted_cols) <= width else ()
+    for col in (*base, *counts, *tail):
         table.add_column(
             col,
-            justify="right" if col in ("pressure", "starting", "running", "paused") else "left",
+            justify="right" if col in ("pressure", *counted_cols) else "left",
             no_wrap=True,
         )
     reasons = Table.grid(padding=(0, 2))

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 
 import click
 import msgspec
-from rich import box
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -113,53 +112,90 @@ def _caption(views: list[NodeView], policy: Policy | None) -> str:
     )
 
 
-def compact_table(views: list[NodeView], policy: Policy | None, where: str) -> Table:
-    """The default view: one line per node within 80 columns, the id whole.
+BAR = 5
+_COMPACT_HEADERS = ("NODE", "STATUS", "PRESSURE", "SANDBOXES", "ROOM", "HEARTBEAT")
+
+
+def compact_table(
+    views: list[NodeView], policy: Policy | None, where: str, width: int = 80
+) -> Table:
+    """The default view: one line per node within ``width`` columns, the id whole.
 
     SANDBOXES is what max_sandbox_count counts (running + starting + pending)
     against it; ROOM is the room left under the tightest ceiling (by its share
-    of the limit).  ``-o wide`` shows every number."""
+    of the limit), with the ceiling's short name.  When long ids leave too
+    little room, the pressure bar goes first, then the ceiling's name (the
+    caption says so).  ``-o wide`` shows every number."""
+    rows = []
+    for v in by_pressure(views):
+        tight = _tightest(v)
+        room = None if tight is None else (ceiling(tight[0]).alias, tight[0], tight[1])
+        rows.append((v, room))
+
+    def room_text(room: tuple[str, str, float] | None, named: bool) -> Text:
+        if room is None:
+            return Text("-", style="dim")
+        alias, name, left = room
+        amount = ceiling_amount(name, left)
+        return Text(f"{alias} {amount}" if named else amount, style="red" if left <= 0 else "")
+
+    def needed(with_bar: bool, named: bool) -> int:
+        cols = [
+            [v.node_id for v, _ in rows],
+            [v.status for v, _ in rows],
+            [f"{v.pressure:.2f}" + (" " + "x" * BAR if with_bar else "") for v, _ in rows],
+            [_sandboxes(v) for v, _ in rows],
+            [room_text(r, named).plain for _, r in rows],
+            [age(v.heartbeat_age_ms) for v, _ in rows],
+        ]
+        widths = [max([len(h), *map(len, c)]) for h, c in zip(_COMPACT_HEADERS, cols, strict=True)]
+        return sum(widths) + 2 * (len(widths) - 1)  # two spaces between columns
+
+    with_bar, named = True, True
+    if needed(with_bar, named) > width:
+        with_bar = False
+    if needed(with_bar, named) > width:
+        named = False
     table = Table(
         title=f"nodes of {where}",
         title_justify="left",
         caption_justify="left",
-        box=box.SIMPLE_HEAD,
+        box=None,
+        padding=(0, 1),
         pad_edge=False,
-        show_edge=False,
+        header_style="bold",
     )
-    longest = max((len(v.node_id) for v in views), default=4)
-    table.add_column("NODE", no_wrap=True, overflow="fold", min_width=min(longest, 64))
+    table.add_column("NODE", no_wrap=True, overflow="fold")
     table.add_column("STATUS", no_wrap=True)
     table.add_column("PRESSURE", no_wrap=True)
     table.add_column("SANDBOXES", justify="right", no_wrap=True)
     table.add_column("ROOM", justify="right", no_wrap=True)
     table.add_column("HEARTBEAT", justify="right", no_wrap=True)
-    for v in by_pressure(views):
-        tight = _tightest(v)
-        if tight is None:
-            room = Text("-", style="dim")
-        else:
-            name, left = tight
-            room = Text(
-                f"{ceiling(name).alias} {ceiling_amount(name, left)}",
-                style="red" if left <= 0 else "",
-            )
+    for v, room in rows:
+        pressure = Text(f"{v.pressure:.2f}", style=pressure_color(v.pressure))
+        if with_bar:
+            pressure.append(" ")
+            pressure.append_text(bar(v.pressure, width=BAR))
         table.add_row(
             v.node_id,
             status_text(v.status),
-            Text.assemble(
-                (f"{v.pressure:.2f} ", pressure_color(v.pressure)), bar(v.pressure, width=5)
-            ),
+            pressure,
             _sandboxes(v),
-            room,
+            room_text(room, named),
             age(v.heartbeat_age_ms),
         )
-    table.caption = _caption(views, policy)
+    table.caption = _caption(views, policy) + (
+        "" if named else "; ROOM is under each node's tightest ceiling (-o wide names them)"
+    )
     return table
 
 
-def nodes_view(views: list[NodeView], policy: Policy | None, where: str, wide: bool) -> Table:
-    return nodes_table(views, policy, where) if wide else compact_table(views, policy, where)
+def nodes_view(
+    views: list[NodeView], policy: Policy | None, where: str, wide: bool, width: int = 80
+) -> Table:
+    if wide:
+        return nodes_table(views, policy, where)
+    return compact_table(views, policy, where, width)
 
 
 def read_nodes(target: Target) -> tuple[list[NodeView], Policy | None]:
@@ -225,7 +261,7 @@ def watch(target: Target, interval: float, wide: bool) -> None:
                     target.out.emit_line(views)
             else:
                 frame = watch_frame(
-                    nodes_view(views, policy, target.where, wide),
+                    nodes_view(views, policy, target.where, wide, console().width),
                     refreshed,
                     interval,
                     problem,
@@ -286,7 +322,9 @@ def nodes(ctx: click.Context, output: str | None, watch_: bool, interval: float)
     wide = output == "wide"
     if not watch_:
         views, policy = read_nodes(target)
-        target.out.emit(views, lambda: nodes_view(views, policy, target.where, wide))
+        target.out.emit(
+            views, lambda: nodes_view(views, policy, target.where, wide, console().width)
+        )
         return
     try:
         watch(target, interval, wide)

@@ -282,7 +282,7 @@ def simulate(
         result,
         lambda: Group(
             header,
-            compact_table(result.final_view, scenario.policy(), target.where),
+            compact_table(result.final_view, scenario.policy(), target.where, console().width),
             summary_table(result),
         ),
     )
