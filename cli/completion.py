@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 
 import click
+from click.core import ParameterSource
 from click.shell_completion import get_completion_class
 
 from scheduler.cells import cell_names
@@ -28,13 +29,17 @@ TIMEOUT_S = 1.0
 
 
 def _given(ctx: click.Context | None, name: str) -> str | None:
-    """A parameter's value on this context or a parent (the command line as typed so far)."""
+    """A parameter's value as the command line typed so far gives it: typed on
+    this command or a parent (the nearest wins), else this command's default."""
+    fallback = None
     while ctx is not None:
         value = ctx.params.get(name)
         if value:
-            return str(value)
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+                return str(value)
+            fallback = fallback or str(value)
         ctx = ctx.parent
-    return None
+    return fallback
 
 
 def _connect(ctx: click.Context) -> Scheduler | None:

@@ -16,7 +16,7 @@ from scheduler.keys import validate_id
 from scheduler.records import Binding, Reservation
 from scheduler.translate import translated
 
-from .completion import reservation_ids
+from .completion import node_ids, reservation_ids
 from .options import Failure, Target, cell_options, pass_target
 from .output import age, duration_text, size
 from .snapshot import atomically
@@ -82,7 +82,13 @@ def reservations_table(found: list[Reservation], now: int, where: str) -> Table:
 
 @click.group(invoke_without_command=True)
 @cell_options()
-@click.option("--node", "node_id", metavar="NODE", help="Only this node's reservations.")
+@click.option(
+    "--node",
+    "node_id",
+    metavar="NODE",
+    shell_complete=node_ids,
+    help="Only this node's reservations.",
+)
 @click.pass_context
 def reservations(ctx: click.Context, node_id: str | None) -> None:
     """Pending placements: list them (default), show or cancel one."""
