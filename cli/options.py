@@ -17,6 +17,7 @@ last-resort handler and the JSON document ``--json`` prints on failure).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -146,6 +147,16 @@ def cell_options(
             except redis.exceptions.RedisError as e:  # what translated() does not know
                 where = describe_target(ctx.ensure_object(Target).redis)
                 raise Failure(f"Redis at {where} answered: {e}") from None
+            except (ValueError, TypeError, IndexError) as e:
+                # A reply or record this schedctl cannot read (a corrupt field, a
+                # key written by another version): one line, not a traceback.
+                if os.environ.get("SCHEDCTL_DEBUG"):
+                    raise
+                where = ctx.ensure_object(Target).where
+                raise Failure(
+                    f"{where} holds data this schedctl cannot read (corrupt, or written by "
+                    f"another version?): {type(e).__name__}: {e} (SCHEDCTL_DEBUG=1 shows where)"
+                ) from None
 
         options = [
             click.option(
