@@ -84,8 +84,13 @@ class Target:
     def scheduler(self) -> Scheduler:
         if self._scheduler is None:
             url = self.url
-            if url is None:
+            if url is None and self.redis is None:
                 self.out.note(f"note: {embedded.WARNING} (set --redis or SCHEDULER_REDIS_ADDR)")
+            elif url is None:
+                self.out.note(
+                    "note: --redis embedded: using this process's embedded in-process store "
+                    "(fakeredis); no other process sees it, and it is gone when this one exits"
+                )
             self._scheduler = Scheduler.connect(url, cell=self.cell)
             click.get_current_context().call_on_close(self._scheduler.close)
         return self._scheduler

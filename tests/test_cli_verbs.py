@@ -212,3 +212,24 @@ def test_an_expired_binding_says_so(real_url: str) -> None:
     assert as_json.exit_code == 1 and doc["error"] == line.removeprefix("Error: ").strip()
     assert (doc["state"], doc["node_id"], doc["expired_ms_ago"]) == ("expired", node, 1000)
     assert (doc["node_status"], doc["heartbeat_age_ms"]) == ("UNHEALTHY", 31_000)
+
+
+# -- one duration parser ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "text", ["30s", "1m30s", "250ms", "1500us", "2µs", "1h", "0.5s", "500us", "5x", "10", "0"]
+)
+def test_policy_set_reads_durations_as_the_config_does(real_url: str, text: str) -> None:
+    from scheduler.config import ConfigError, parse_duration_ms
+
+    try:
+        expected: int | None = parse_duration_ms("scheduler.report_ttl", text)
+    except ConfigError:
+        expected = None
+    Scheduler.connect(real_url, cell="d").sync_policy(Policy())
+    result = run(real_url, "--cell", "d", "policy", "set", "--report-ttl", text, "--json")
+    if expected is None:
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for '--report-ttl': {text!r} is" in result.stderr
+    else:
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["policy"]["report_ttl_ms"] == expected
