@@ -1,6 +1,7 @@
 """schedctl entry point (commands are added module by module).
 
-Every failure ends here as one line on stderr (``Error: ...``) and an exit
+Every failure ends here as one line on stderr (``Error: ...``; ``serve``'s
+policy and node-list conflicts are the only messages of several lines) and an exit
 status (1: a failure, 2: a bad argument); with ``--json`` (or ``-o json``)
 stdout also gets one JSON document, ``{"error": "..."}``, so a program reads
 a document whatever happened.  An exception nobody expected is still one
@@ -80,7 +81,8 @@ class Schedctl(click.Group):
         except click.exceptions.Abort:
             _fail("aborted", EXIT_FAILURE, _wants_json(argv, target))
         except click.ClickException as e:
-            message = _one_line(e.format_message())
+            # (as the command wrote it: serve's policy conflict is a table of lines)
+            message = e.format_message()
             if isinstance(e, click.UsageError) and not _wants_json(argv, target):
                 e.show()  # usage errors keep click's "Usage:" hint
                 sys.exit(e.exit_code)
