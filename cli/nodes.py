@@ -117,7 +117,11 @@ _COMPACT_HEADERS = ("NODE", "STATUS", "PRESSURE", "SANDBOXES", "ROOM", "HEARTBEA
 
 
 def compact_table(
-    views: list[NodeView], policy: Policy | None, where: str, width: int = 80
+    views: list[NodeView],
+    policy: Policy | None,
+    where: str,
+    width: int = 80,
+    max_rows: int | None = None,
 ) -> Table:
     """The default view: one line per node within ``width`` columns, the id whole.
 
@@ -127,7 +131,10 @@ def compact_table(
     little room, the pressure bar goes first, then the ceiling's name (the
     caption says so).  ``-o wide`` shows every number."""
     rows = []
-    for v in by_pressure(views):
+    shown = by_pressure(views)
+    if max_rows is not None and len(shown) > max_rows:
+        shown = shown[: max(1, max_rows)]
+    for v in shown:
         tight = _tightest(v)
         room = None if tight is None else (ceiling(tight[0]).alias, tight[0], tight[1])
         rows.append((v, room))
@@ -187,15 +194,27 @@ def compact_table(
     table.caption = _caption(views, policy) + (
         "" if named else "; ROOM is under each node's tightest ceiling (-o wide names them)"
     )
+    if len(shown) < len(views):
+        table.caption += f"; the {len(shown)} most pressed of {len(views)} shown (fit the screen)"
     return table
 
 
 def nodes_view(
-    views: list[NodeView], policy: Policy | None, where: str, wide: bool, width: int = 80
+    views: list[NodeView],
+    policy: Policy | None,
+    where: str,
+    wide: bool,
+    width: int = 80,
+    max_rows: int | None = None,
 ) -> Table:
     if wide:
         return nodes_table(views, policy, where)
-    return compact_table(views, policy, where, width)
+    return compact_table(views, policy, where, width, max_rows)
+
+
+#: Lines of a --watch screen that are not node rows: title, header, caption
+#: (up to three lines), the refresh line, and one to spare.
+WATCH_CHROME_LINES = 7
 
 
 def read_nodes(target: Target) -> tuple[list[NodeView], Policy | None]:
@@ -260,8 +279,14 @@ def watch(target: Target, interval: float, wide: bool) -> None:
                 if problem is None:
                     target.out.emit_line(views)
             else:
+                screen = console()
+                # on a terminal, rows that fit its height (rich would cut the rest to "...")
+                # (a frame that could not refresh has two lines more: title and problem)
+                fit = (
+                    None if live is None else screen.height - WATCH_CHROME_LINES - 3 * bool(problem)
+                )
                 frame = watch_frame(
-                    nodes_view(views, policy, target.where, wide, console().width),
+                    nodes_view(views, policy, target.where, wide, screen.width, fit),
                     refreshed,
                     interval,
                     problem,

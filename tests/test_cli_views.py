@@ -140,3 +140,14 @@ def test_explain_shows_every_reason_whole(target: Target, width: int) -> None:
     header = next(line for line in text.splitlines() if line.startswith("node "))
     counts = ["starting", "running", "paused"] if width >= 120 else []
     assert header.split() == ["node", "verdict", "status", "pressure", *counts, "cpu", "mem", "GiB"]
+
+
+def test_a_watch_screen_shows_the_most_pressed_that_fit_and_says_so(target: Target) -> None:
+    views, policy = read_nodes(target)
+    text = render(compact_table(views, policy, "x", 80, max_rows=3), 80)
+    ids = [v.node_id for v in views]  # most pressed first
+    shown = [i for i in ids if node_lines(text, [i])[i]]
+    assert shown == ids[:3]
+    assert "the 3 most pressed of 8 shown (fit the screen)" in " ".join(text.split())
+    everything = render(compact_table(views, policy, "x", 80, max_rows=8), 80)
+    assert "most pressed of" not in everything
