@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scheduler.aio import AsyncScheduler
+from scheduler.calls import this_replica
 from scheduler.config import Settings
 from scheduler.connection import SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
@@ -206,6 +207,11 @@ class Replica:
             try:
                 due = self.cell_stats_interval_s is not None and loop.time() >= next_stats
                 await self._check_redis(refresh_stats=due)
+                await self.sched.run(
+                    self.sched.ops.replica_seen(
+                        this_replica(self.settings.grpc_listen, self.port), self.monitor_interval_s
+                    )
+                )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
             except StoreUnavailable as e:

@@ -3,6 +3,7 @@ messages, gRPC statuses or metrics.  (Key material: tests/test_tls.py.)"""
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Iterator
 
@@ -65,7 +66,12 @@ def test_schedctl_never_prints_a_password(command: list[str]) -> None:
         assert result.exit_code in (1, 2), (url, result.output, result.exception)
         assert isinstance(result.exception, SystemExit), repr(result.exception)
         assert SECRET not in result.output, result.output
-        assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+        assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+        # (with --json, stdout holds the same error as one JSON document)
+        if "--json" in command:
+            assert json.loads(result.stdout) == {"error": result.stderr[7:].rstrip("\n")}
+        else:
+            assert result.stdout == ""
 
 
 def test_config_errors_and_library_errors_never_show_a_password() -> None:
