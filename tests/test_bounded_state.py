@@ -42,6 +42,9 @@ def sweep_all(s: Scheduler, calls: int = 200) -> int:
 # ---------------------------------------------------------------------------
 def test_nodes_that_vanish_are_forgotten(make_scheduler: Make) -> None:
     s = make_scheduler(Policy())
+    # frozen: the 200 heartbeats below may take longer than the second of
+    # slack the steps leave, on a loaded machine
+    s.advance_clock(0, "freeze")
     for i in range(200):
         s.heartbeat(hb(f"gone{i:03d}", roster=[f"sb{i}a", f"sb{i}b"], sandbox_count=2))
     p = s.schedule(Request.cold(1, 1))
