@@ -176,7 +176,7 @@ def _schedule_counts(metrics_port: int) -> float:
     )
     m = re.search(
         r'agentenv_scheduler_rpc_duration_seconds_count\{rpc="Schedule",'
-        r'status="OK"\} ([0-9.e+]+)',
+        r'status="ok"\} ([0-9.e+]+)',
         text,
     )
     return float(m.group(1)) if m else 0.0
