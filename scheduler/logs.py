@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from contextvars import ContextVar
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from pythonjsonlogger.msgspec import MsgspecFormatter
@@ -138,13 +139,13 @@ class JsonFormatter(MsgspecFormatter):
             "{levelname}{name}{message}",
             style="{",
             rename_fields={"levelname": "level", "name": "logger", "message": "msg"},
-            timestamp="time",
             reserved_attrs=[*_RESERVED, "_replica"],
         )
 
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
+        log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc)
         super().add_fields(log_data, record, message_dict)
         log_data["level"] = str(log_data.get("level", "")).lower()
         if "exc_info" in log_data:
@@ -179,6 +180,12 @@ def configure(
     the decision log at INFO when on, silent when off."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be text or json, not {fmt!r}")
+    root_level = level_of(level)
+    third = os.environ.get(THIRD_PARTY_ENV, "").strip()
+    try:
+        third_level = level_of(third) if third else logging.WARNING
+    except ValueError as e:
+        raise ValueError(f"{THIRD_PARTY_ENV}: {e}") from None
     replica: dict[str, Any] = {"cell": cell}
     if worker is not None:
         replica["worker"] = worker
@@ -189,9 +196,7 @@ def configure(
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(tuple(replica)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level_of(level))
-    third = os.environ.get(THIRD_PARTY_ENV, "").strip()
-    third_level = level_of(third) if third else logging.WARNING
+    root.setLevel(root_level)
     for name in THIRD_PARTY:
         logging.getLogger(name).setLevel(third_level)
     logging.getLogger(DECISIONS).setLevel(logging.INFO if decision_log else logging.CRITICAL + 1)
