@@ -73,11 +73,25 @@ def call(rpc: str) -> None:
 
 
 def bind(*, node: str | None = None, reservation: str | None = None) -> None:
-    """The node or reservation the current call is about (later lines carry it)."""
+    """The node or reservation the current call is about (later lines carry it).
+    They come from the caller, unchecked yet: a long or unprintable one is
+    logged cut short and quoted, so it cannot forge a line of its own."""
     if node is not None:
-        _node.set(node)
+        _node.set(node if _plain(node) else _quoted(node))
     if reservation is not None:
-        _reservation.set(reservation)
+        _reservation.set(reservation if _plain(reservation) else _quoted(reservation))
+
+
+#: the longest caller-given field a line carries as it is
+FIELD_MAX = 256
+
+
+def _plain(value: str) -> bool:
+    return len(value) <= FIELD_MAX and value.isprintable() and " " not in value
+
+
+def _quoted(value: str) -> str:
+    return repr(value[:FIELD_MAX]) + ("..." if len(value) > FIELD_MAX else "")
 
 
 def call_fields() -> dict[str, str]:

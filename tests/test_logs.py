@@ -202,3 +202,22 @@ def test_third_party_loggers_stay_at_warning_unless_asked(
     assert logging.getLogger().handlers == before  # nothing was changed
     with pytest.raises(ValueError, match="log format must be text or json, not 'auto'"):
         logs.configure("info", "auto", cell="c")
+
+
+def test_a_caller_given_field_cannot_forge_a_line(restore_logging: None) -> None:
+    out = io.StringIO()
+    logs.configure("info", "text", cell="c", stream=out)
+
+    async def call() -> None:
+        logs.call("Heartbeat")
+        logs.bind(node="n1\n2026-12-01 00:00:00,000 ERROR scheduler.replica [forged]: x")
+        logging.getLogger("scheduler.test").warning("refused")
+        logs.bind(node="n" * 1000)
+        logging.getLogger("scheduler.test").warning("long")
+
+    asyncio.run(call())
+    forged, long = out.getvalue().splitlines()
+    assert forged.endswith(
+        "node='n1\\n2026-12-01 00:00:00,000 ERROR scheduler.replica [forged]: x'"
+    )
+    assert long.endswith(f"node='{'n' * logs.FIELD_MAX}'...")
