@@ -33,6 +33,8 @@ class Variant:
     log_format: str = "json"
     #: added to the replica's environment (``--before DIR``: another tree's package)
     env: dict[str, str] = field(default_factory=dict)
+    #: more ``schedctl serve`` flags
+    extra: tuple[str, ...] = ()
 
 
 VARIANTS = (
@@ -40,6 +42,16 @@ VARIANTS = (
     Variant("decision log on, json", {"decision_log": True}),
     Variant("decision log on, text", {"decision_log": True}, "text"),
     Variant("decision log off, reflection off", {"grpc_reflection": False}),
+)
+#: ``--coalescing``: the decision log with coalescing off and on (what a line
+#: costs by itself, and what it costs the batches it makes smaller)
+COALESCING = (
+    Variant("decision log off"),
+    Variant("decision log on, json", {"decision_log": True}),
+    Variant("decision log off, coalescing off", extra=("--no-coalesce",)),
+    Variant(
+        "decision log on, json, coalescing off", {"decision_log": True}, extra=("--no-coalesce",)
+    ),
 )
 
 
@@ -54,7 +66,7 @@ def measure(target: Target, p: Params, v: Variant, seed: int) -> dict[str, float
             target.url,
             cell,
             metrics=False,
-            extra_args=grpc_path.serve_args("uvloop", 1),
+            extra_args=grpc_path.serve_args("uvloop", 1, v.extra),
             env=v.env,
         )
         try:
@@ -134,8 +146,11 @@ def main() -> None:
         help="also run the tree in DIR (git archive of a commit, scheduler/cli and "
         "scheduler/lua linked to its cli/ and lua/), with its defaults",
     )
+    ap.add_argument("--coalescing", action="store_true", help="the COALESCING variants instead")
     a = ap.parse_args()
-    variants = VARIANTS if a.before is None else (before(a.before), *VARIANTS)
+    variants = COALESCING if a.coalescing else VARIANTS
+    if a.before is not None:
+        variants = (before(a.before), *variants)
     p = Params(rounds=a.rounds, seconds=a.seconds, concurrency=a.concurrency)
     with redis_target(a.redis) as target:
         rows = run(target, p, variants)

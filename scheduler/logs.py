@@ -146,28 +146,28 @@ def _text_field(key: str, value: Any) -> str:
 
 class JsonFormatter(MsgspecFormatter):
     """One JSON document a line: time (UTC, ISO 8601), level (lower case),
-    logger, msg, the replica's and the call's fields, and any ``extra=``."""
+    logger, msg, the replica's and the call's fields, and any ``extra=``.
 
-    def __init__(self) -> None:
-        super().__init__(
-            "{levelname}{name}{message}",
-            style="{",
-            rename_fields={"levelname": "level", "name": "logger", "message": "msg"},
-            reserved_attrs=[*_RESERVED, "_replica"],
-        )
+    The library formats the message, the exception and the stack and encodes
+    the line; the fields are gathered here in one pass over the record (its
+    own pass tests every attribute twice: a third of a decision line's cost)."""
 
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
         log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc)
-        super().add_fields(log_data, record, message_dict)
-        log_data["level"] = str(log_data.get("level", "")).lower()
-        if "exc_info" in log_data:
-            log_data["exc"] = log_data.pop("exc_info")
+        log_data["level"] = record.levelname.lower()
+        log_data["logger"] = record.name
+        log_data["msg"] = record.message
+        for key, value in message_dict.items():
+            log_data["exc" if key == "exc_info" else key] = value
+        for key, value in record.__dict__.items():
+            if key not in _NOT_FIELDS and key[:1] != "_":
+                log_data[key] = value
 
 
 #: LogRecord attributes that are not fields of a line
-_RESERVED = tuple(
+_NOT_FIELDS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
 )
 

@@ -221,3 +221,21 @@ def test_a_caller_given_field_cannot_forge_a_line(restore_logging: None) -> None
         "node='n1\\n2026-12-01 00:00:00,000 ERROR scheduler.replica [forged]: x'"
     )
     assert long.endswith(f"node='{'n' * logs.FIELD_MAX}'...")
+
+
+def test_json_lines_keep_extra_fields_and_the_exception(restore_logging: None) -> None:
+    out = io.StringIO()
+    logs.configure("info", "json", cell="c", stream=out)
+    log = logging.getLogger("scheduler.test")
+    try:
+        1 / 0  # noqa: B018
+    except ZeroDivisionError:
+        log.exception("monitor failed; retrying", extra={"attempt": 3})
+    (line,) = map(json.loads, out.getvalue().splitlines())
+    assert (line["level"], line["logger"], line["msg"]) == (
+        "error",
+        "scheduler.test",
+        "monitor failed; retrying",
+    )
+    assert line["attempt"] == 3 and "ZeroDivisionError" in line["exc"]
+    assert not {"exc_info", "args", "levelno", "_replica"} & set(line)
