@@ -43,6 +43,11 @@ VARIANTS = (
     Variant("decision log on, text", {"decision_log": True}, "text"),
     Variant("decision log off, reflection off", {"grpc_reflection": False}),
 )
+#: ``--reflection``: reflection on and off alone, for a closer look
+REFLECTION = (
+    Variant("reflection on (default)"),
+    Variant("reflection off", {"grpc_reflection": False}),
+)
 #: ``--coalescing``: the decision log with coalescing off and on (what a line
 #: costs by itself, and what it costs the batches it makes smaller)
 COALESCING = (
@@ -147,8 +152,9 @@ def main() -> None:
         "scheduler/lua linked to its cli/ and lua/), with its defaults",
     )
     ap.add_argument("--coalescing", action="store_true", help="the COALESCING variants instead")
+    ap.add_argument("--reflection", action="store_true", help="the REFLECTION variants instead")
     a = ap.parse_args()
-    variants = COALESCING if a.coalescing else VARIANTS
+    variants = COALESCING if a.coalescing else REFLECTION if a.reflection else VARIANTS
     if a.before is not None:
         variants = (before(a.before), *variants)
     p = Params(rounds=a.rounds, seconds=a.seconds, concurrency=a.concurrency)
