@@ -80,6 +80,8 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     coalesce_schedules: bool = True
     #: heartbeats likewise
     coalesce_heartbeats: bool = True
+    decision_log: bool = False  # one log line per Schedule (scheduler/logs.py)
+    grpc_reflection: bool = True  # the gRPC reflection service (grpcurl list)
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -176,6 +178,8 @@ class Settings:
     source: str = field(default="defaults")
     #: None = plaintext gRPC
     grpc_tls: TlsFiles | None = None
+    decision_log: bool = False
+    grpc_reflection: bool = True
 
 
 def decode(raw: bytes, source: str = "config") -> ConfigFile:
@@ -358,6 +362,8 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         log_format=cfg.log_format,
         source=source,
         grpc_tls=_tls(sec.grpc_tls),
+        decision_log=sec.decision_log,
+        grpc_reflection=sec.grpc_reflection,
     )
 
 

@@ -22,6 +22,7 @@ from collections import Counter
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from scheduler.aio import AsyncScheduler
 from scheduler.calls import this_replica
@@ -39,6 +40,8 @@ log = logging.getLogger("scheduler.replica")
 SERVICE_NAME = "scheduler.v1.Scheduler"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: the services gRPC reflection lists (``grpcurl ADDR list``)
+REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 
 class ListenError(Exception):
@@ -76,6 +79,7 @@ class Replica:
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
             on_unavailable=self.check_now,
+            decision_log=settings.decision_log,
         )
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -127,6 +131,8 @@ class Replica:
         )
         pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.settings.grpc_reflection:
+            reflection.enable_server_reflection(REFLECTED, self.server)
         try:
             self.port = self._add_port(self.server)
         except RuntimeError as e:
