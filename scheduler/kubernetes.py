@@ -587,6 +587,10 @@ class KubernetesWatcher:
                 return
             async with k8s_client.ApiClient(cfg) as api:
                 await self._run(api)
+            if str(cfg.host).startswith("https:"):
+                # (aiohttp closes TLS connections a moment after its session:
+                # its documented wait, so none is left open when the loop ends)
+                await asyncio.sleep(0.25)
         finally:
             self._done.set()
 
