@@ -539,6 +539,7 @@ class KubernetesWatcher:
         self.written: tuple[list[int], dict[str, tuple[str, bool]]] | None = None
         self.applied = 0
         self.stale = 0
+        self.write_failures = 0
         self.view: dict[str, tuple[str, bool]] = {}
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -713,6 +714,7 @@ class KubernetesWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # (Redis down, or a node Redis refuses)
+                self.write_failures += 1
                 log.warning(
                     "kubernetes discovery: writing %d nodes to Redis failed: %s; retrying in %.1fs",
                     len(nodes),

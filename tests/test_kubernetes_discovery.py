@@ -624,3 +624,46 @@ def test_in_cluster_configuration(tmp_path: Path, real_url: str) -> None:
                 await s.close()
 
         asyncio.run(go())
+
+
+def test_redis_down_then_back_empty_gets_the_list_again(
+    api: KubeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis goes away and comes back without its data: the watcher keeps
+    watching, says Redis failed, and its next write (after the replica puts
+    the kept policy back) fills the cell with the current list."""
+    from scheduler.testing.redis_server import RedisServer
+
+    api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
+    caplog.set_level(logging.WARNING, logger="scheduler.kubernetes")
+    timing = Timing(
+        backoff_s=0.05, max_backoff_s=0.2, watch_timeout_s=30, request_timeout_s=2, resync_s=0.2
+    )
+    with RedisServer() as redis_server:
+        where = f"Redis at {redis_server.url} is unreachable"
+
+        async def go() -> None:
+            s = AsyncScheduler(
+                async_client(redis_server.url, 1.0), cell="kube", url=redis_server.url
+            )
+            s.keep_cell(Policy(static_nodes=True))
+            await s.prepare_cell()
+            try:
+                async with running(watcher(api, s, timing)) as w:
+                    await until(nodes_are(s, {"node-1": (ep(1), False)}), "found")
+                    redis_server.kill()
+                    api.put(
+                        SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-2", "10.0.0.2")])
+                    )
+                    await until(lambda: w.write_failures >= 2, "writes failed")
+                    redis_server.wipe()
+                    redis_server.start()
+                    await until(nodes_are(s, {"node-2": (ep(2), False)}), "written again")
+            finally:
+                await s.close()
+
+        asyncio.run(go())
+    assert any(
+        "writing 1 nodes to Redis failed" in r.getMessage() and where in r.getMessage()
+        for r in caplog.records
+    )
