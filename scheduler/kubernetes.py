@@ -541,6 +541,7 @@ class KubernetesWatcher:
         self.stale = 0
         self.write_failures = 0
         self.view: dict[str, tuple[str, bool]] = {}
+        self._started = False
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._done = asyncio.Event()
@@ -573,6 +574,7 @@ class KubernetesWatcher:
     # -- running ---------------------------------------------------------------
     async def run(self) -> None:
         """Watch until :meth:`stop`; never raises for the API server or Redis."""
+        self._started = True
         try:
             delay = self.timing.backoff_s
             while not self._stopping.is_set():
@@ -656,7 +658,7 @@ class KubernetesWatcher:
     async def stop(self) -> None:
         """End :meth:`run` (and wait for it, if it runs)."""
         self._stopping.set()
-        if self.streams or self._done.is_set():
+        if self._started:
             await self._done.wait()
 
     async def _wait_stop(self, seconds: float) -> bool:

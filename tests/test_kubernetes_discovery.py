@@ -667,3 +667,28 @@ def test_redis_down_then_back_empty_gets_the_list_again(
         "writing 1 nodes to Redis failed" in r.getMessage() and where in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_outside_a_pod_the_watcher_says_why_and_stops_when_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="scheduler.kubernetes")
+
+    async def go() -> None:
+        w = KubernetesWatcher(
+            Settings(), _NoTarget(), service_account_dir=str(tmp_path), environ={}, timing=FAST
+        )
+        async with running(w):
+            await until(lambda: len(caplog.records) >= 2, "retried")
+
+    asyncio.run(go())
+    assert "cannot configure its API client" in caplog.records[0].getMessage()
+
+
+def test_resource_versions_are_read_as_etcd_revisions() -> None:
+    from scheduler.kubernetes import NotComparable, resource_version
+
+    assert resource_version("12746") == 12746
+    for bad in ("", "01", "abc", "-1", "1.5"):
+        with pytest.raises(NotComparable, match="not a decimal etcd revision"):
+            resource_version(bad)
