@@ -692,3 +692,26 @@ def test_resource_versions_are_read_as_etcd_revisions() -> None:
     for bad in ("", "01", "abc", "-1", "1.5"):
         with pytest.raises(NotComparable, match="not a decimal etcd revision"):
             resource_version(bad)
+
+
+def test_a_replica_keeping_a_discovered_cell_leaves_its_nodes_alone(real_url: str) -> None:
+    """A replica starting (or restoring the policy) in kubernetes mode must
+    not sync its empty static list: that would remove every discovered node
+    with its bindings and reservations until the watcher wrote them again."""
+
+    async def go() -> None:
+        a = await _sched(real_url)
+        b = AsyncScheduler(async_client(real_url), cell="kube", url=real_url)
+        try:
+            await a.sync_discovered([5, 5, 5], [("node-1", ep(1), False)])
+            await a.heartbeat(hb("node-1", endpoint=""))
+            placed = await a.schedule(Request.cold(1, 512))
+            b.keep_cell(Policy(static_nodes=True), discovered=True)
+            await b.prepare_cell()
+            assert await listed(b) == {"node-1": (ep(1), False)}
+            assert (await b.reservation(placed.reservation_id or "")).state == "pending"
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(go())
