@@ -535,8 +535,8 @@ class KubernetesWatcher:
         self.slices: Stream | None = None
         self.ignore: Stream | None = None
         self.no_schedule: Stream | None = None
-        #: what the last write sent and what came of it
-        self.written: tuple[list[int], dict[str, tuple[str, bool]]] | None = None
+        #: what the last write sent (positions, view) and whether it was applied
+        self.written: tuple[list[int], dict[str, tuple[str, bool]], bool] | None = None
         self.applied = 0
         self.stale = 0
         self.write_failures = 0
@@ -707,9 +707,13 @@ class KubernetesWatcher:
                 last = loop.time()  # (nothing to write before every stream listed)
                 continue
             view = self.compute()
-            resync = loop.time() - last >= self.timing.resync_s
-            if not resync and self.written == (positions, view):
-                continue
+            if loop.time() - last < self.timing.resync_s and self.written is not None:
+                # (an applied view is not written again for a bookmark: only
+                # once it changes, or at the resync; a refused one is tried
+                # again when the watches have moved on)
+                was_positions, was_view, was_applied = self.written
+                if view == was_view and (was_applied or positions == was_positions):
+                    continue
             nodes = [(i, e, ling) for i, (e, ling) in sorted(view.items())]
             try:
                 applied, changed, removed = await self.sched.sync_discovered(positions, nodes)
@@ -730,7 +734,7 @@ class KubernetesWatcher:
                 continue
             delay = self.timing.backoff_s
             last = loop.time()
-            self.written = (positions, view)
+            self.written = (positions, view, applied)
             if applied:
                 self.applied += 1
                 if view != self.view or changed or removed:
