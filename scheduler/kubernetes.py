@@ -293,10 +293,10 @@ def discovered_view(
 ) -> dict[str, tuple[str, bool]]:
     """node id -> (endpoint, lingering): ignored pods out, no-schedule pods
     lingering.  A node active in one slice and terminating in another is
-    active (its serving endpoint rules)."""
+    lingering, at the terminating endpoint (as the reference's registry)."""
     ignored, no_schedule = set(ignored), set(no_schedule)
-    view = {i: (e, True) for i, e in lingering.items()}
-    view.update((i, (e, False)) for i, e in active.items())
+    view = {i: (e, False) for i, e in active.items()}
+    view.update((i, (e, True)) for i, e in lingering.items())
     for node_id in list(view):
         if node_id in ignored:
             del view[node_id]

@@ -128,6 +128,8 @@ def test_nodes_are_derived_as_the_reference_derives_them() -> None:
         "f": "http://10.0.0.7:8000",
     }
     assert lingering == {"d": "http://10.0.0.4:8000"}
+    both = discovered_view({"n": "http://10.0.0.1:8000"}, {"n": "http://10.0.0.2:8000"})
+    assert both == {"n": ("http://10.0.0.2:8000", True)}  # terminating somewhere: lingering
     view = discovered_view(active, lingering, ignored={"a"}, no_schedule={"b"})
     assert view == {
         "b": ("http://10.0.0.2:8000", True),
