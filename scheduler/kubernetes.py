@@ -55,7 +55,8 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 #: where a pod finds its service account token and the cluster's CA
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 FIELD = "scheduler.discovery.kubernetes."
-SCHEMES = ("http", "https")
+#: a URL scheme (RFC 3986); the reference takes any non-empty one
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
 
 class KubernetesSettings(Protocol):
@@ -180,8 +181,8 @@ def check_settings(s: KubernetesSettings) -> None:
         raise InvalidArgument(FIELD + "service_name", "is required")
     if isinstance(s.port, bool) or not isinstance(s.port, int) or not 0 < s.port < 65536:
         raise InvalidArgument(FIELD + "port", f"must be 1-65535, not {s.port!r}")
-    if (s.scheme.strip() or "http") not in SCHEMES:
-        raise InvalidArgument(FIELD + "scheme", f"must be http or https, not {s.scheme!r}")
+    if not _SCHEME.fullmatch(s.scheme.strip() or "http"):
+        raise InvalidArgument(FIELD + "scheme", f"is not a URL scheme (http, https): {s.scheme!r}")
     for name in ("ignore_pod_selector", "no_schedule_pod_selector"):
         text = getattr(s, name).strip()
         if text:

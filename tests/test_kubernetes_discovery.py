@@ -83,7 +83,7 @@ def test_settings_errors_name_the_key() -> None:
         "namespace": Settings(namespace=" "),
         "service_name": Settings(service_name=""),
         "port": Settings(port=0),
-        "scheme": Settings(scheme="grpc"),
+        "scheme": Settings(scheme="http://"),
         "ignore_pod_selector": Settings(ignore_pod_selector="a in ("),
     }
     for key, settings in cases.items():
