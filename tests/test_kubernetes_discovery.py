@@ -717,3 +717,97 @@ def test_a_replica_keeping_a_discovered_cell_leaves_its_nodes_alone(real_url: st
             await b.close()
 
     asyncio.run(go())
+
+
+#: the reference's deploy/k8s/base/config/scheduler.json, key for key
+UPSTREAM_K8S_CONFIG = {
+    "log_level": "info",
+    "log_format": "json",
+    "scheduler": {
+        "grpc_listen_addr": ":9090",
+        "strategy": "round_robin",
+        "discovery": {
+            "mode": "kubernetes",
+            "kubernetes": {
+                "namespace": "agentenv-system",
+                "service_name": "agentenv-nodes",
+                "port": 8000,
+                "scheme": "http",
+            },
+        },
+    },
+}
+
+
+def test_a_replica_over_grpc_places_on_nodes_kubernetes_found(
+    api: KubeApiServer, real_url: str
+) -> None:
+    """The Kubernetes half of the drop-in: upstream's discovery section, the
+    watcher beside a replica on one AsyncScheduler (the cell kept with
+    discovered=True), a heartbeat as the reference's reporter sends it (no
+    endpoint metadata), then Schedule, RecordAssignment and LookupNode."""
+    import grpc
+
+    from scheduler.grpc import scheduler_pb2 as pb
+    from scheduler.replica import Replica
+    from scheduler.testing.replicas import ThreadedReplica, settings_for
+    from tests.helpers import cold, hb_request
+
+    section = UPSTREAM_K8S_CONFIG["scheduler"]["discovery"]["kubernetes"]
+    kube = Settings(**section)
+    api.put(
+        SLICES,
+        endpoint_slice(
+            "agentenv-nodes-x1",
+            kube.service_name,
+            [endpoint("agentenv-node-a", "10.1.0.5"), endpoint("agentenv-node-b", "10.1.0.6")],
+        ),
+    )
+    policy = Policy(static_nodes=True, strategy="round_robin")
+
+    class KubeReplica(ThreadedReplica):
+        watcher: KubernetesWatcher | None = None
+        task: asyncio.Task[None] | None = None
+
+        async def _start(self) -> None:
+            sched = AsyncScheduler(self.make_client(), self.settings.cell, url=self.url)
+            self.replica = Replica(
+                self.settings, sched, overwrite_policy=True, cell_stats_interval_s=None
+            )
+            sched.keep_cell(self.settings.policy, discovered=True)
+            await self.replica.prepare_cell()
+            await self.replica.start()
+            self.watcher = watcher(api, sched, **section)
+            self.task = asyncio.create_task(self.watcher.run())
+
+        def __exit__(self, *exc: object) -> None:
+            if self.watcher is not None:
+                self.call(self.watcher.stop())
+            super().__exit__(*exc)
+
+    r = KubeReplica(settings_for(policy, cell="kube"), lambda: async_client(real_url), real_url)
+    with r:
+        stub = r.stub
+
+        def listed_ids() -> list[str]:
+            return sorted(n.node_id for n in stub.ListNodes(pb.ListNodesRequest()).nodes)
+
+        async def found() -> None:
+            await until(lambda: listed_ids() == ["agentenv-node-a", "agentenv-node-b"], "listed")
+
+        asyncio.run(found())
+        stub.Heartbeat(hb_request("agentenv-node-b"))  # (no x-node-endpoint)
+        placed = stub.Schedule(cold(cpu=1, memory_mb=512))
+        assert (placed.node.node_id, placed.node.endpoint) == (
+            "agentenv-node-b",
+            "http://10.1.0.6:8000",
+        )
+        stub.RecordAssignment(pb.RecordAssignmentRequest(sandbox_id="sb-1", node=placed.node))
+        looked = stub.LookupNode(pb.LookupNodeRequest(sandbox_id="sb-1"))
+        assert (looked.node.node_id, looked.node.endpoint) == (
+            "agentenv-node-b",
+            "http://10.1.0.6:8000",
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Heartbeat(hb_request("not-a-pod-of-the-service"))
+        assert "not in scheduler node list" in str(refused.value.details())
