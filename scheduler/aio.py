@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar, cast
 
@@ -221,6 +221,11 @@ class AsyncScheduler(BaseClient):
 
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
         return self._one(self.ops.sync_nodes(nodes))
+
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Awaitable[tuple[bool, int, int]]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
 
     def policy(self) -> Awaitable[Policy | None]:
         return self._one(self.ops.policy())

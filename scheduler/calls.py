@@ -525,6 +525,31 @@ class Ops:
             args += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
         return self._call("sync_nodes", args, lambda r: (int(r[0]), int(r[1])))
 
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Call[tuple[bool, int, int]]:
+        """Write a discovered node list (id, endpoint, lingering) computed from
+        watches at ``positions`` (3 resourceVersions as integers); applied only
+        if no stored position is ahead (see sync_discovered-5.lua).  Returns
+        (applied, nodes added or changed, nodes removed)."""
+        if len(positions) != 3 or any(
+            not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in positions
+        ):
+            raise InvalidArgument("positions", "must be 3 whole numbers (resourceVersions)")
+        at_most("nodes", nodes, MAX_STATIC_NODES)
+        args = [str(p) for p in positions]
+        for i, (nid, endpoint, lingering) in enumerate(nodes):
+            if not endpoint.strip():
+                raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
+            args += [
+                validate_id(f"nodes[{i}].id", nid),
+                text("endpoint", endpoint.strip()),
+                "1" if lingering else "0",
+            ]
+        return self._call(
+            "sync_discovered", args, lambda r: (s(r[0]) == "applied", int(r[1]), int(r[2]))
+        )
+
     def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
         args = [validate_id("node_id", node_id), "1" if lingering else "0"]
         return self._call("set_lingering", args, lambda r: s(r[0]) == "1")

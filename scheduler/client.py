@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from scheduler.aio import AsyncScheduler
@@ -178,6 +179,11 @@ class Scheduler(BaseClient):
 
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> tuple[int, int]:
         return self._one(self.ops.sync_nodes(nodes))
+
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> tuple[bool, int, int]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
 
     def policy(self) -> Policy | None:
         return self._one(self.ops.policy())

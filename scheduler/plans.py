@@ -91,6 +91,9 @@ class CellSetup:
 
     policy: Policy
     nodes: tuple[tuple[str, str], ...] = ()
+    #: the node list is discovery's (scheduler.kubernetes writes it): this
+    #: client neither checks nor replaces it
+    discovered: bool = False
 
 
 def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str, str]]) -> str:
@@ -205,11 +208,16 @@ class BaseClient:
             del self.forgotten[rid]
 
     # -- the cell this client keeps -----------------------------------------
-    def keep_cell(self, policy: Policy, nodes: Sequence[tuple[str, str]] = ()) -> None:
+    def keep_cell(
+        self, policy: Policy, nodes: Sequence[tuple[str, str]] = (), *, discovered: bool = False
+    ) -> None:
         """Keep the cell: :meth:`prepare_cell` stores this policy and static
         node list, and a call that finds the cell without a policy (Redis
-        lost its data) puts them back (:meth:`restore_cell`) and is sent again."""
-        self.kept = CellSetup(policy, tuple(nodes))
+        lost its data) puts them back (:meth:`restore_cell`) and is sent again.
+        ``discovered``: the node list is Kubernetes discovery's; preparing
+        and restoring leave it alone (an empty list would remove every
+        discovered node, with its bindings and reservations)."""
+        self.kept = CellSetup(policy, tuple(nodes), discovered)
 
     def _kept(self) -> CellSetup:
         if self.kept is None:
@@ -230,6 +238,8 @@ class BaseClient:
     def _prepare(self, overwrite: bool) -> Plan[str]:
         setup = self._kept()
         outcome = cast(str, (yield self.ops.sync_policy(setup.policy, overwrite=overwrite)))
+        if setup.discovered:
+            return outcome
         if setup.nodes and not overwrite:
             _, views = cast(tuple[int, list[NodeView]], (yield self.ops.nodes()))
             stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
@@ -249,7 +259,8 @@ class BaseClient:
                 "restored the cell's policy in Redis (its data was lost); nodes take "
                 "placements again once they heartbeat"
             )
-            yield self.ops.sync_nodes(list(setup.nodes))
+            if not setup.discovered:
+                yield self.ops.sync_nodes(list(setup.nodes))
 
     # -- plans of more than one call ----------------------------------------
     def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
