@@ -24,17 +24,21 @@ from scheduler.scripts import library, sources
 
 DOC_SECTION = 'docs/operations.md "Security", "A least-privilege Redis user"'
 
-#: Outside the scripts: health checks, calling and loading the scripts, and
-#: the MULTI/EXEC that schedctl reads several views in.
-CLIENT_COMMANDS: tuple[str, ...] = ("ping", "multi", "exec")
+#: Outside the scripts: health checks, calling and loading the scripts, the
+#: MULTI/EXEC that schedctl reads several views in, SCAN for the cells of a
+#: prefix (``schedctl cells``, ``simulate``), and INFO for the eviction policy
+#: and evictions a replica checks at start and in its health probe.
+CLIENT_COMMANDS: tuple[str, ...] = ("ping", "multi", "exec", "scan", "info")
 #: The function library (Redis 7): FCALL, and FUNCTION LOAD when the server lost it.
 FUNCTION_COMMANDS: tuple[str, ...] = ("fcall", "function|load")
 #: The EVALSHA fallback (a server without functions, or a user denied them).
 SCRIPT_COMMANDS: tuple[str, ...] = ("evalsha", "script|load", "script|exists")
-#: What the scripts call (lua/), by key type.
+#: What the scripts call (lua/), by key type (tests/test_acl.py reads every
+#: command name out of the library text and checks it is here).
 SCRIPTED_COMMANDS: tuple[str, ...] = (
     "time",
     "get",
+    "set",
     "incr",
     "decr",
     "del",

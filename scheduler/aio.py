@@ -20,8 +20,14 @@ from scheduler.connection import (
     async_client,
 )
 from scheduler.errors import (
+    CellNotInitialised,
+    FailedPrecondition,
+    InvalidArgument,
+    NoNodesAvailable,
+    NotFound,
     SchedulerError,
     StoreUnavailable,
+    UnknownNode,
 )
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX
 from scheduler.p2p import DEFAULT_STORE_CAPACITY, Peer
@@ -47,6 +53,20 @@ from scheduler.scripts import EVAL, AsyncScriptRegistry
 from scheduler.translate import translated
 
 T = TypeVar("T")
+
+#: A script's own refusals: it answers them before its first write
+#: (lua/includes/base.lua ``fail``), so a Schedule refused so reserved nothing.
+_REFUSED_BEFORE_WRITING = (InvalidArgument, NoNodesAvailable, UnknownNode, NotFound)
+
+
+def wrote_nothing(e: BaseException) -> bool:
+    """Did a Schedule that raised ``e`` surely leave no reservation?  True for
+    the scripts' own refusals (no policy, bad input, nothing eligible); False
+    for everything else: a lost answer, a cancelled caller, an ACL refusal or
+    a runtime error in the middle of a script or of a batch."""
+    if isinstance(e, FailedPrecondition):
+        return type(e) in (FailedPrecondition, CellNotInitialised)
+    return isinstance(e, _REFUSED_BEFORE_WRITING)
 
 
 class AsyncScheduler(BaseClient):
@@ -274,9 +294,12 @@ class AsyncScheduler(BaseClient):
         timeout: float | None = None,
     ) -> Placement:
         """Place (and for a creation, reserve), within ``timeout``.  When the
-        caller gives up (cancelled, deadline) or the answer is lost (Redis
-        unreachable mid-call, or not replicated as asked), the reservation is
-        cancelled in the background, so none stays behind."""
+        caller gives up (cancelled, deadline), the answer is lost (Redis
+        unreachable mid-call, or not replicated as asked), or the call failed
+        after it may have written (a batch refused a command mid-way: Redis
+        keeps what a script wrote before its error), the reservation is
+        cancelled in the background, so none outlives a Schedule answered
+        anything but a placement."""
         call = self.ops.schedule(req, strategy, reservation_id)
         rid = call.args[5]
         try:
@@ -284,8 +307,8 @@ class AsyncScheduler(BaseClient):
                 return await self.coalescer.submit(call)
             with self.scoped(timeout=timeout):
                 return await self.coalescer.submit(call)
-        except (StoreUnavailable, asyncio.CancelledError):
-            if rid:
+        except (Exception, asyncio.CancelledError) as e:
+            if rid and not wrote_nothing(e):
                 self.forget(rid)
             raise
 

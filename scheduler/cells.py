@@ -14,6 +14,7 @@ from redis.crc import key_slot
 
 from scheduler.client import Scheduler
 from scheduler.keys import DEFAULT_PREFIX, CellKeys
+from scheduler.translate import translated
 
 
 class CellSummary(msgspec.Struct, kw_only=True):
@@ -54,7 +55,9 @@ def primary_of(client: Any, key: str) -> str:
 
 def summarize(sched: Scheduler, prefix: str = DEFAULT_PREFIX) -> list[CellSummary]:
     out = []
-    for name in cell_names(sched.client, prefix):
+    with translated(sched.target):  # (an ACL without SCAN: one line, not a traceback)
+        names = cell_names(sched.client, prefix)
+    for name in names:
         cell = Scheduler(sched.client, cell=name, prefix=prefix, url=sched.url)
         keys = CellKeys(name, prefix)
         views = cell.nodes()

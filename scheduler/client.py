@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import Any, TypeVar, cast
 
-from scheduler.aio import AsyncScheduler
+from scheduler.aio import AsyncScheduler, wrote_nothing
 from scheduler.calls import Call, Ops, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
@@ -231,8 +231,8 @@ class Scheduler(BaseClient):
         call = self.ops.schedule(req, strategy, reservation_id)
         try:
             return self._one(call)
-        except StoreUnavailable:
-            if call.args[5]:
+        except Exception as e:
+            if call.args[5] and not wrote_nothing(e):
                 self._remember(call.args[5])
             raise
 

@@ -80,6 +80,8 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     coalesce_schedules: bool = True
     #: heartbeats likewise
     coalesce_heartbeats: bool = True
+    #: accept a Redis whose maxmemory-policy evicts keys (logged, not refused)
+    allow_eviction: bool = False
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -176,6 +178,8 @@ class Settings:
     source: str = field(default="defaults")
     #: None = plaintext gRPC
     grpc_tls: TlsFiles | None = None
+    #: accept a Redis whose maxmemory-policy evicts keys (scheduler.allow_eviction)
+    allow_eviction: bool = False
 
 
 def decode(raw: bytes, source: str = "config") -> ConfigFile:
@@ -358,6 +362,7 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         log_format=cfg.log_format,
         source=source,
         grpc_tls=_tls(sec.grpc_tls),
+        allow_eviction=sec.allow_eviction,
     )
 
 

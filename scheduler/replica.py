@@ -25,13 +25,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scheduler.aio import AsyncScheduler
 from scheduler.config import Settings
-from scheduler.connection import SentinelWatch, is_sentinel_client
+from scheduler.connection import EvictionRisk, EvictionWatch, SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService
 from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
+from scheduler.translate import translated
 
 log = logging.getLogger("scheduler.replica")
 
@@ -83,6 +84,8 @@ class Replica:
         self._wake = asyncio.Event()
         self._redis_ok = False
         self._stopping = False
+        #: maxmemory-policy and evictions, at start and in every probe
+        self.eviction = EvictionWatch(allowed=settings.allow_eviction)
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
             SentinelWatch(sched.client, sched.fence, self.after_failover)
@@ -92,8 +95,18 @@ class Replica:
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
-        """Store or check the shared policy and static node list (start-up)."""
+        """Check that Redis keeps what it is given (no eviction policy, unless
+        allowed), then store or check the shared policy and static node list
+        (start-up)."""
+        await self._check_eviction()
         return await self.sched.prepare_cell(overwrite=self.overwrite_policy)
+
+    async def _check_eviction(self) -> None:
+        if self.sched.url is None:
+            return  # the embedded store (fakeredis) evicts nothing and knows no INFO
+        with translated(self.sched.target):
+            await self.eviction.check(self.sched.client, self.sched.target)
+        self.metrics.redis_evicted_keys.set(self.eviction.total())
 
     async def restore_cell(self) -> None:
         """Redis came back empty: put this replica's policy and nodes back, and
@@ -208,7 +221,7 @@ class Replica:
                 await self._check_redis(refresh_stats=due)
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except StoreUnavailable as e:
+            except (StoreUnavailable, EvictionRisk) as e:
                 await self._set_serving(False, e.message)
             except asyncio.TimeoutError:
                 await self._set_serving(False)
@@ -232,6 +245,7 @@ class Replica:
                 if moved:
                     await self.after_failover()
         has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
+        await self._check_eviction()
         if not was_ok or not has_policy:
             await self.restore_cell()
         if refresh_stats:
