@@ -37,6 +37,10 @@ from scheduler.translate import translated
 log = logging.getLogger("scheduler.replica")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
+#: health of the reads alone (LookupNode, GetNode, the list calls): SERVING
+#: while Redis answers them, also when it refuses writes (OOM, CLIENT PAUSE
+#: WRITE), which turn "" and SERVICE_NAME NOT_SERVING
+READS_SERVICE_NAME = "scheduler.v1.Scheduler/reads"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -83,6 +87,7 @@ class Replica:
         self._monitor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._redis_ok = False
+        self._reads_ok = False
         self._stopping = False
         #: maxmemory-policy and evictions, at start and in every probe
         self.eviction = EvictionWatch(allowed=settings.allow_eviction)
@@ -207,6 +212,30 @@ class Replica:
         status = SERVING if ok else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        if ok:
+            await self._set_reads(True)
+        else:  # which of the two is degraded: are reads still answered?
+            await self._set_reads(await self._reads_answer())
+
+    async def _reads_answer(self) -> bool:
+        try:
+            with self.sched.scoped(timeout=max(self.monitor_interval_s, 1.0)):
+                await self.sched.stats()  # (a no-writes function: runs while writes are refused)
+        except (SchedulerError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def _set_reads(self, ok: bool) -> None:
+        if self._stopping:
+            return
+        if ok != self._reads_ok and not self._redis_ok:
+            log.warning(
+                "Redis at %s %s reads (LookupNode, GetNode, the list calls)",
+                self.sched.target,
+                "still answers" if ok else "does not answer",
+            )
+        self._reads_ok = ok
+        await self.health.set(READS_SERVICE_NAME, SERVING if ok else NOT_SERVING)
 
     def check_now(self) -> None:
         """A call found Redis unable to serve: probe at once, not at the next tick."""
