@@ -45,7 +45,7 @@ from redis.retry import Retry
 
 from scheduler import embedded
 from scheduler.errors import FailedPrecondition, InvalidArgument
-from scheduler.redact import redact
+from scheduler.redact import redact, remember
 
 log = logging.getLogger("scheduler.connection")
 # redis-py leaves these untyped
@@ -186,6 +186,7 @@ def describe_target(url: str | None) -> str:
     """The address as logs and errors show it: never its credentials."""
     if not url:
         return "embedded in-process store (fakeredis, one replica only)"
+    remember(url)
     return redact(url)
 
 
@@ -198,6 +199,7 @@ def parse_address(text: str | None) -> RedisAddress:
     if not text or not text.strip():
         return RedisAddress(text="", kind="embedded")
     text = text.strip()
+    remember(text)  # (its secrets are masked wherever they appear from now on)
     scheme, sep, rest = text.partition("://")
     if sep and scheme in SENTINEL_SCHEMES:
         return _parse_sentinel(text, SENTINEL_SCHEMES[scheme], rest)
