@@ -121,6 +121,16 @@ def _commands_at(script: str, kind: str, line: int) -> list[str]:
     return [c.lower() for c in _CALL.findall(lines[line - 1])]
 
 
+def commands_at(error_text: str) -> tuple[str, list[str]]:
+    """(the script, the commands on its line) an error raised inside a script
+    names ("script: <name>, on @user_function:<line>"); ("", []) when none."""
+    m = re.search(r"script: (\S+?), on @(user_function|user_script):(\d+)", error_text)
+    if m is None:
+        return "", []
+    script = m.group(1).removeprefix(f"{library().name}_")
+    return script, _commands_at(m.group(1), m.group(2), int(m.group(3)))
+
+
 def _message(what: str) -> str:
     return (
         f"Redis refused {what} to this replica's user (ACL); grant the scheduler's ACL, "

@@ -49,6 +49,7 @@ from scheduler.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.replies import parsed
 from scheduler.scripts import EVAL, AsyncScriptRegistry
 from scheduler.translate import translated
 
@@ -137,7 +138,7 @@ class AsyncScheduler(BaseClient):
                     f"Redis at {self.target} did not answer within {limit:.3g}s"
                 ) from None
             with translated(self.target):
-                result = call.parse(reply)
+                result = parsed(call.script, call.parse, reply)
         except BaseException as e:
             self._observe(call.script, start, e)
             raise

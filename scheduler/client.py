@@ -47,6 +47,7 @@ from scheduler.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.replies import parsed
 from scheduler.scripts import EVAL, ScriptRegistry
 from scheduler.translate import translated
 
@@ -99,7 +100,7 @@ class Scheduler(BaseClient):
             if self.forgotten:
                 self._cancel_forgotten()
             with translated(self.target):
-                result = call.parse(self._send(call))
+                result = parsed(call.script, call.parse, self._send(call))
         except BaseException as e:
             self._observe(call.script, start, e)
             raise
