@@ -268,7 +268,7 @@ class AsyncScheduler(BaseClient):
         return self._one(self.ops.events(node_id, events))
 
     def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
-        return self._one(self.ops.unregister(node_id, service_instance_id))
+        return self._drive(self._unregister(node_id, service_instance_id))
 
     def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
         return self._one(self.ops.set_lingering(node_id, lingering))
