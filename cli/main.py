@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .cells import cells
+from .doctor import doctor_command
 from .explain import explain
 from .linger import linger
 from .nodes import nodes
@@ -27,5 +28,6 @@ main.add_command(policy)
 main.add_command(simulate)
 main.add_command(linger)
 main.add_command(cells)
+main.add_command(doctor_command, name="doctor")
 
 main.add_command(serve)
