@@ -27,6 +27,7 @@ from scheduler.aio import AsyncScheduler
 from scheduler.config import Settings
 from scheduler.connection import EvictionRisk, EvictionWatch, SentinelWatch, is_sentinel_client
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
+from scheduler.frames import add_guarded
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
@@ -142,7 +143,7 @@ class Replica:
                 ("grpc.max_receive_message_length", limit),
             ]
         )
-        pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
+        add_guarded(pb_grpc.add_SchedulerServicer_to_server, self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             self.port = self._add_port(self.server)
