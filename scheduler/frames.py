@@ -112,3 +112,64 @@ def add_guarded(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio
     add(servicer, proxy)
     if not proxy.registered:  # (a generated module of another shape)
         raise RuntimeError(f"{add.__name__} registered no method handlers")
+
+
+# -- answers within what a default client accepts -----------------------------
+#: gRPC's default receive limit: what the reference gateway's client takes
+CLIENT_MAX_BYTES = 4 * 1024 * 1024
+#: what an answer may fill of it (room for the status, trailers and framing)
+ANSWER_BUDGET = CLIENT_MAX_BYTES - 64 * 1024
+#: trailing metadata saying what a bounded answer left out
+STRIPPED_METADATA = "x-observed-stripped"
+OMITTED_METADATA = "x-observed-omitted"
+
+
+def _entry_bytes(n: Any) -> int:
+    size = int(n.ByteSize())
+    return size + 1 + len(_varint(size))  # (its tag and length in the list)
+
+
+def _varint(x: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((x & 0x7F) | (0x80 if x > 0x7F else 0))
+        x >>= 7
+        if not x:
+            return bytes(out)
+
+
+def fit_observed(nodes: list[Any], budget: int = ANSWER_BUDGET) -> tuple[int, int]:
+    """Bound a ListObservedNodes answer (``ObservedNode`` messages, changed in
+    place) to ``budget`` bytes: first each entry's ``machine_info.cpu_config_json``
+    is left out, largest first, then its ``snapshot.disks``, until it fits;
+    only if the bare entries still do not fit are the last ones left out.
+    Returns (entries stripped, entries left out).  GetNode answers one node
+    whole."""
+    sizes = [_entry_bytes(n) for n in nodes]
+    total = sum(sizes)
+    stripped: set[int] = set()
+    for strip in ("cpu_config_json", "disks"):
+        if total <= budget:
+            break
+        order = sorted(range(len(nodes)), key=lambda i: -sizes[i])
+        for i in order:
+            if total <= budget:
+                break
+            n = nodes[i]
+            if strip == "cpu_config_json" and n.machine_info.cpu_config_json:
+                n.machine_info.cpu_config_json = ""
+            elif strip == "disks" and len(n.snapshot.disks):
+                del n.snapshot.disks[:]
+            else:
+                continue
+            stripped.add(i)
+            new = _entry_bytes(n)
+            total += new - sizes[i]
+            sizes[i] = new
+    omitted = 0
+    while total > budget and nodes:
+        total -= sizes.pop()
+        nodes.pop()
+        stripped.discard(len(nodes))
+        omitted += 1
+    return len(stripped), omitted

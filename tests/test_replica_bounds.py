@@ -8,14 +8,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
+from collections.abc import Callable
 
+import grpc
 import pytest
 
 from scheduler import Policy
 from scheduler.aio import AsyncScheduler
 from scheduler.calls import Beat
+from scheduler.frames import CLIENT_MAX_BYTES, fit_observed
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.limits import MAX_CPU_CONFIG, MAX_DISKS, MAX_TEXT
 from scheduler.plans import BeatMemo
-from tests.helpers import hb
+from scheduler.testing.replicas import ThreadedReplica
+from tests.helpers import endpoint_md, hb, hb_request
 
 pytestmark = pytest.mark.real_only
 
@@ -85,3 +92,62 @@ def test_ghost_nodes_leave_nothing_behind_once_unregistered(real_url: str) -> No
     assert grown > 10 << 20, grown  # (the memo held the rosters: about 22 MB here)
     # back to the baseline, within 2% of what the ghosts took
     assert after - baseline < grown * 0.02, (baseline, full, after)
+
+
+def test_list_observed_nodes_fits_a_default_client(
+    make_replica: Callable[..., ThreadedReplica],
+) -> None:
+    """Six nodes within every documented field limit (256 disks of 1,024-char
+    fields, a 64 KiB cpu_config_json) made 5.2 MB: a default client (4 MiB)
+    got RESOURCE_EXHAUSTED.  Now the answer fits, large fields left out first
+    (said in trailing metadata), and GetNode answers each node whole."""
+    r = make_replica()
+    text = "x" * MAX_TEXT
+    disks = [
+        pb.DiskMetric(mount_point=f"/{i:03d}" + text[4:], device=text, filesystem_type=text)
+        for i in range(MAX_DISKS)
+    ]
+    config = '{"flags": "' + "f" * (MAX_CPU_CONFIG - 20) + '"}'
+    for i in range(6):
+        req = hb_request(f"n{i}", disks=disks)
+        req.machine_info.cpu_config_json = config
+        r.stub.Heartbeat(req, metadata=endpoint_md(f"n{i}:5000"), timeout=30)
+    full = sum(
+        r.stub.GetNode(pb.GetNodeRequest(node_id=f"n{i}"), timeout=30).node.ByteSize()
+        for i in range(6)
+    )
+    assert full > CLIENT_MAX_BYTES  # (what the answer would be, whole)
+    assert r.replica is not None
+    with grpc.insecure_channel(f"127.0.0.1:{r.replica.port}") as ch:  # default options: 4 MiB
+        reply, call = pb_grpc.SchedulerStub(ch).ListObservedNodes.with_call(
+            pb.ListObservedNodesRequest(), timeout=30
+        )
+    assert sorted(n.node_id for n in reply.nodes) == [f"n{i}" for i in range(6)]
+    assert reply.ByteSize() <= CLIENT_MAX_BYTES
+    trailers = dict(call.trailing_metadata() or ())
+    assert int(trailers["x-observed-stripped"]) > 0 and trailers["x-observed-omitted"] == "0"
+    whole = [n for n in reply.nodes if n.machine_info.cpu_config_json]
+    assert all(len(n.snapshot.disks) == MAX_DISKS for n in whole)
+    node = r.stub.GetNode(pb.GetNodeRequest(node_id="n0"), timeout=30).node
+    assert node.machine_info.cpu_config_json == config and len(node.snapshot.disks) == MAX_DISKS
+
+
+def test_fit_observed_leaves_out_large_fields_then_entries() -> None:
+    nodes = [
+        pb.ObservedNode(
+            node_id=f"n{i}",
+            machine_info=pb.MachineInfo(cpu_config_json="c" * 1000),
+            snapshot=pb.NodeSnapshot(disks=[pb.DiskMetric(device="d" * 500)]),
+        )
+        for i in range(4)
+    ]
+    assert fit_observed(nodes, budget=10_000) == (0, 0)
+    assert fit_observed(nodes, budget=5_000) == (2, 0)  # two configs left out suffice
+    assert [bool(n.machine_info.cpu_config_json) for n in nodes].count(False) == 2
+    bare = pb.ObservedNode(
+        node_id="n0", machine_info=pb.MachineInfo(), snapshot=pb.NodeSnapshot()
+    ).ByteSize()
+    budget = 2 * (bare + 2)  # two bare entries, with their tag and length
+    stripped, omitted = fit_observed(nodes, budget=budget)  # bare, then the last left out
+    assert (stripped, omitted) == (2, 2) and [n.node_id for n in nodes] == ["n0", "n1"]
+    assert all(not n.snapshot.disks and not n.machine_info.cpu_config_json for n in nodes)
