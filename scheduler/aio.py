@@ -149,14 +149,15 @@ class AsyncScheduler(BaseClient):
         while True:
             try:
                 if self._waits(call):
+                    wanted = self._wait_for()
                     reply, acked = await self.scripts.call_acked(
                         call.script,
                         call.keys,
                         call.args,
-                        self.durability.replicas,
+                        wanted,
                         self.durability.timeout_ms,
                     )
-                    self._check_acked(acked)
+                    self._check_acked(acked, wanted)
                     return reply
                 return await self.scripts[call.script](keys=call.keys, args=call.args)
             except SLOT_UNSETTLED as e:

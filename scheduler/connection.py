@@ -669,3 +669,11 @@ def _one_node(reply: Any) -> dict[str, Any]:
         if isinstance(value, dict):
             return value
     return dict(reply)
+
+
+async def connected_replicas(client: Any) -> int:
+    """How many Redis replicas are connected to the primary (INFO replication
+    ``connected_slaves``): what a write with ``min_replicas_acked`` waits for,
+    so that whichever one Sentinel promotes has every acknowledged write."""
+    info = await client.info("replication")
+    return _int_field(info, "connected_slaves")

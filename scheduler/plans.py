@@ -183,6 +183,9 @@ class BaseClient:
         if self.cluster:  # a cell is one hash slot: name it in every error
             self.target += f" (slot {key_slot(self.keys.policy.encode())} of cell {cell})"
         self.durability = durability or Durability()
+        #: Redis replicas connected to the primary, as a replica's monitor last
+        #: read them (INFO replication); writes wait for all of them
+        self.replicas_connected = 0
         self.timeout_s = timeout_s
         #: what this client last wrote per node (bases of delta heartbeats),
         #: bounded by size and age, dropped when the node is unregistered
@@ -242,12 +245,20 @@ class BaseClient:
     def _waits(self, call: Call[Any]) -> bool:
         return self.durability.replicas > 0 and call.acked
 
-    def _check_acked(self, acked: int) -> None:
+    def _wait_for(self) -> int:
+        """How many Redis replicas a write waits for: every replica connected
+        to the primary when last counted (``replicas_connected``; whichever
+        Sentinel promotes then has it), and never fewer than min_replicas_acked."""
+        return max(self.durability.replicas, self.replicas_connected)
+
+    def _check_acked(self, acked: int, wanted: int | None = None) -> None:
         d = self.durability
-        if acked < d.replicas:
+        wanted = d.replicas if wanted is None else wanted
+        if acked < wanted:
+            every = "" if wanted == d.replicas else " (every connected replica)"
             raise NotReplicated(
-                f"Redis at {self.target}: the write reached {acked} of the {d.replicas} "
-                f"replica(s) min_replicas_acked asks for within {d.timeout_ms}ms"
+                f"Redis at {self.target}: the write reached {acked} of the {wanted} "
+                f"replica(s){every} min_replicas_acked asks for within {d.timeout_ms}ms"
             )
 
     def _remember(self, rid: str) -> None:

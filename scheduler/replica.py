@@ -25,7 +25,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scheduler.aio import AsyncScheduler
 from scheduler.config import Settings
-from scheduler.connection import EvictionRisk, EvictionWatch, SentinelWatch, is_sentinel_client
+from scheduler.connection import (
+    EvictionRisk,
+    EvictionWatch,
+    SentinelWatch,
+    connected_replicas,
+    is_sentinel_client,
+)
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
 from scheduler.frames import add_guarded
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
@@ -105,7 +111,22 @@ class Replica:
         allowed), then store or check the shared policy and static node list
         (start-up)."""
         await self._check_eviction()
+        await self._count_replicas()
         return await self.sched.prepare_cell(overwrite=self.overwrite_policy)
+
+    async def _count_replicas(self) -> None:
+        """With min_replicas_acked: writes wait for every connected replica."""
+        if self.settings.durability.replicas == 0 or self.sched.url is None:
+            return
+        with translated(self.sched.target):
+            n = await connected_replicas(self.sched.client)
+        if n != self.sched.replicas_connected:
+            log.info(
+                "Redis at %s has %d connected replica(s): writes wait for each",
+                self.sched.target,
+                n,
+            )
+        self.sched.replicas_connected = n
 
     async def _check_eviction(self) -> None:
         if self.sched.url is None:
@@ -274,6 +295,7 @@ class Replica:
             else:
                 if moved:
                     await self.after_failover()
+        await self._count_replicas()
         has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
         await self._check_eviction()
         if not was_ok or not has_policy:
