@@ -45,14 +45,15 @@ _lock = threading.Lock()
 
 def _secrets_of(address: str) -> list[str]:
     """The password-like parts of one address, however unencoded: the
-    userinfo's after its first ``:`` (the whole userinfo without one), up to
-    the address's last ``@``; and each password-like query value."""
+    userinfo's after its first ``:``, up to the address's last ``@``; and
+    each password-like query value."""
     out = []
     text = address.strip()
     body = text.split("://", 1)[1] if "://" in text else text
     if "@" in body:
         userinfo = body.rsplit("@", 1)[0]
-        out.append(userinfo.partition(":")[2] if ":" in userinfo else userinfo)
+        if ":" in userinfo:  # (without one it is a user name: redis://user@host)
+            out.append(userinfo.partition(":")[2])
     for m in _QUERY.finditer(text):
         out.append(m.group(0)[len(m.group("name")) :])
     return [s for s in out if s]
