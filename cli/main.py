@@ -25,6 +25,7 @@ from scheduler.errors import SchedulerError
 
 from .cells import cells
 from .completion import completion
+from .doctor import doctor_command
 from .explain import explain
 from .linger import linger
 from .nodes import nodes
@@ -143,6 +144,7 @@ main.add_command(linger)
 main.add_command(cells)
 main.add_command(replicas)
 main.add_command(completion)
+main.add_command(doctor_command, name="doctor")
 
 main.add_command(serve)
 

@@ -22,6 +22,7 @@ from scheduler.calls import ReplicaEntry
 from scheduler.client import Scheduler
 from scheduler.errors import FailedPrecondition
 from scheduler.keys import DEFAULT_PREFIX, CellKeys
+from scheduler.translate import translated
 
 #: Keys a SCAN step asks for, and keys one UNLINK removes.
 DELETE_STEP = 500
@@ -65,7 +66,9 @@ def primary_of(client: Any, key: str) -> str:
 
 def summarize(sched: Scheduler, prefix: str = DEFAULT_PREFIX) -> list[CellSummary]:
     out = []
-    for name in cell_names(sched.client, prefix):
+    with translated(sched.target):  # (an ACL without SCAN: one line, not a traceback)
+        names = cell_names(sched.client, prefix)
+    for name in names:
         cell = Scheduler(sched.client, cell=name, prefix=prefix, url=sched.url)
         keys = CellKeys(name, prefix)
         views = cell.nodes()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
-from scheduler.aio import AsyncScheduler
+from scheduler.aio import AsyncScheduler, wrote_nothing
 from scheduler.calls import Call, Ops, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
@@ -48,6 +48,7 @@ from scheduler.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.replies import parsed
 from scheduler.scripts import EVAL, ScriptRegistry
 from scheduler.translate import translated
 
@@ -100,7 +101,7 @@ class Scheduler(BaseClient):
             if self.forgotten:
                 self._cancel_forgotten()
             with translated(self.target):
-                result = call.parse(self._send(call))
+                result = parsed(call.script, call.parse, self._send(call))
         except BaseException as e:
             self._observe(call.script, start, e)
             raise
@@ -112,14 +113,15 @@ class Scheduler(BaseClient):
         while True:
             try:
                 if self._waits(call):
+                    wanted = self._wait_for()
                     reply, acked = self.scripts.call_acked(
                         call.script,
                         call.keys,
                         call.args,
-                        self.durability.replicas,
+                        wanted,
                         self.durability.timeout_ms,
                     )
-                    self._check_acked(acked)
+                    self._check_acked(acked, wanted)
                     return reply
                 return self.scripts[call.script](keys=call.keys, args=call.args)
             except SLOT_UNSETTLED:
@@ -210,7 +212,7 @@ class Scheduler(BaseClient):
         return self._one(self.ops.events(node_id, events))
 
     def unregister(self, node_id: str, service_instance_id: str) -> bool:
-        return self._one(self.ops.unregister(node_id, service_instance_id))
+        return self._drive(self._unregister(node_id, service_instance_id))
 
     def set_lingering(self, node_id: str, lingering: bool) -> bool:
         return self._one(self.ops.set_lingering(node_id, lingering))
@@ -237,8 +239,8 @@ class Scheduler(BaseClient):
         call = self.ops.schedule(req, strategy, reservation_id)
         try:
             return self._one(call)
-        except StoreUnavailable:
-            if call.args[5]:
+        except Exception as e:
+            if call.args[5] and not wrote_nothing(e):
                 self._remember(call.args[5])
             raise
 

@@ -82,6 +82,8 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     coalesce_heartbeats: bool = True
     decision_log: bool = False  # one log line per Schedule (scheduler/logs.py)
     grpc_reflection: bool = True  # the gRPC reflection service (grpcurl list)
+    #: accept a Redis whose maxmemory-policy evicts keys (logged, not refused)
+    allow_eviction: bool = False
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -180,6 +182,8 @@ class Settings:
     grpc_tls: TlsFiles | None = None
     decision_log: bool = False
     grpc_reflection: bool = True
+    #: accept a Redis whose maxmemory-policy evicts keys (scheduler.allow_eviction)
+    allow_eviction: bool = False
 
 
 def decode(raw: bytes, source: str = "config") -> ConfigFile:
@@ -364,6 +368,7 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         grpc_tls=_tls(sec.grpc_tls),
         decision_log=sec.decision_log,
         grpc_reflection=sec.grpc_reflection,
+        allow_eviction=sec.allow_eviction,
     )
 
 

@@ -25,6 +25,7 @@ Ours:
     sched_reservations_ended_total{outcome}     released / cancelled / expired, whole cell
     sched_redis_up                              1 while this replica reaches Redis
     sched_redis_errors_total                    calls this replica failed on Redis
+    sched_redis_evicted_keys                    keys Redis evicted (INFO stats), as last probed
     sched_script_duration_seconds{script}       Lua script call latency, this replica
     sched_batches_total{kind}                   batch calls sent (schedule, heartbeat), this replica
     sched_batched_calls_total{kind}             the calls they carried (their mean size: the ratio)
@@ -254,6 +255,11 @@ class Metrics:
         self.redis_errors = Counter(
             "sched_redis_errors",
             "Calls this replica failed because Redis was unreachable.",
+            registry=r,
+        )
+        self.redis_evicted_keys = Gauge(
+            "sched_redis_evicted_keys",
+            "Keys Redis evicted for memory (INFO stats evicted_keys), as this replica last read.",
             registry=r,
         )
         self.script_duration = Histogram(

@@ -27,17 +27,29 @@ from grpc_reflection.v1alpha import reflection
 from scheduler.aio import AsyncScheduler
 from scheduler.calls import this_replica
 from scheduler.config import Settings
-from scheduler.connection import SentinelWatch, is_sentinel_client
+from scheduler.connection import (
+    EvictionRisk,
+    EvictionWatch,
+    SentinelWatch,
+    connected_replicas,
+    is_sentinel_client,
+)
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
+from scheduler.frames import add_guarded
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService
 from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
+from scheduler.translate import translated
 
 log = logging.getLogger("scheduler.replica")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
+#: health of the reads alone (LookupNode, GetNode, the list calls): SERVING
+#: while Redis answers them, also when it refuses writes (OOM, CLIENT PAUSE
+#: WRITE), which turn "" and SERVICE_NAME NOT_SERVING
+READS_SERVICE_NAME = "scheduler.v1.Scheduler/reads"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 #: the services gRPC reflection lists (``grpcurl ADDR list``)
@@ -87,7 +99,10 @@ class Replica:
         self._monitor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._redis_ok = False
+        self._reads_ok = False
         self._stopping = False
+        #: maxmemory-policy and evictions, at start and in every probe
+        self.eviction = EvictionWatch(allowed=settings.allow_eviction)
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
             SentinelWatch(sched.client, sched.fence, self.after_failover)
@@ -97,8 +112,33 @@ class Replica:
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
-        """Store or check the shared policy and static node list (start-up)."""
+        """Check that Redis keeps what it is given (no eviction policy, unless
+        allowed), then store or check the shared policy and static node list
+        (start-up)."""
+        await self._check_eviction()
+        await self._count_replicas()
         return await self.sched.prepare_cell(overwrite=self.overwrite_policy)
+
+    async def _count_replicas(self) -> None:
+        """With min_replicas_acked: writes wait for every connected replica."""
+        if self.settings.durability.replicas == 0 or self.sched.url is None:
+            return
+        with translated(self.sched.target):
+            n = await connected_replicas(self.sched.client)
+        if n != self.sched.replicas_connected:
+            log.info(
+                "Redis at %s has %d connected replica(s): writes wait for each",
+                self.sched.target,
+                n,
+            )
+        self.sched.replicas_connected = n
+
+    async def _check_eviction(self) -> None:
+        if self.sched.url is None:
+            return  # the embedded store (fakeredis) evicts nothing and knows no INFO
+        with translated(self.sched.target):
+            await self.eviction.check(self.sched.client, self.sched.target)
+        self.metrics.redis_evicted_keys.set(self.eviction.total())
 
     async def restore_cell(self) -> None:
         """Redis came back empty: put this replica's policy and nodes back, and
@@ -129,7 +169,7 @@ class Replica:
                 ("grpc.max_receive_message_length", limit),
             ]
         )
-        pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
+        add_guarded(pb_grpc.add_SchedulerServicer_to_server, self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.settings.grpc_reflection:
             reflection.enable_server_reflection(REFLECTED, self.server)
@@ -201,6 +241,30 @@ class Replica:
         status = SERVING if ok else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        if ok:
+            await self._set_reads(True)
+        else:  # which of the two is degraded: are reads still answered?
+            await self._set_reads(await self._reads_answer())
+
+    async def _reads_answer(self) -> bool:
+        try:
+            with self.sched.scoped(timeout=max(self.monitor_interval_s, 1.0)):
+                await self.sched.stats()  # (a no-writes function: runs while writes are refused)
+        except (SchedulerError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def _set_reads(self, ok: bool) -> None:
+        if self._stopping:
+            return
+        if ok != self._reads_ok and not self._redis_ok:
+            log.warning(
+                "Redis at %s %s reads (LookupNode, GetNode, the list calls)",
+                self.sched.target,
+                "still answers" if ok else "does not answer",
+            )
+        self._reads_ok = ok
+        await self.health.set(READS_SERVICE_NAME, SERVING if ok else NOT_SERVING)
 
     def check_now(self) -> None:
         """A call found Redis unable to serve: probe at once, not at the next tick."""
@@ -220,7 +284,7 @@ class Replica:
                 )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except StoreUnavailable as e:
+            except (StoreUnavailable, EvictionRisk) as e:
                 await self._set_serving(False, e.message)
             except asyncio.TimeoutError:
                 await self._set_serving(False)
@@ -243,7 +307,9 @@ class Replica:
             else:
                 if moved:
                     await self.after_failover()
+        await self._count_replicas()
         has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
+        await self._check_eviction()
         if not was_ok or not has_policy:
             await self.restore_cell()
         if refresh_stats:

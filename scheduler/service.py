@@ -31,6 +31,7 @@ from scheduler.errors import (
     StoreUnavailable,
     UnknownNode,
 )
+from scheduler.frames import OMITTED_METADATA, STRIPPED_METADATA, fit_observed
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import (
@@ -556,8 +557,14 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ListObservedNodesResponse:
         async def work() -> pb.ListObservedNodesResponse:
-            nodes = await self.sched.observed_nodes(request.cluster_id)
-            return pb.ListObservedNodesResponse(nodes=[observed_proto(n) for n in nodes])
+            found = [observed_proto(n) for n in await self.sched.observed_nodes(request.cluster_id)]
+            # (within a default client's 4 MiB: large fields first, scheduler/frames.py)
+            stripped, omitted = fit_observed(found)
+            if stripped or omitted:
+                context.set_trailing_metadata(
+                    ((STRIPPED_METADATA, str(stripped)), (OMITTED_METADATA, str(omitted)))
+                )
+            return pb.ListObservedNodesResponse(nodes=found)
 
         return await self._serve("ListObservedNodes", context, work)
 

@@ -29,6 +29,7 @@ EVERY_COMMAND = [
     ["nodes", "forget", "n1"],
     ["replicas"],
     ["linger", "n1"],
+    ["doctor"],
     ["simulate", "--nodes", "1", "--creates", "1"],
 ]
 #: Commands that read one cell's policy (the others list cells, or write one).
