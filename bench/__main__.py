@@ -18,6 +18,7 @@ from typing import Any
 from bench import (
     balance,
     ceiling,
+    churn,
     cluster,
     durability,
     faults,
@@ -191,6 +192,16 @@ def parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--seed", type=int, default=1, help="seed of the load")
 
+    ch = sub.add_parser(
+        "churn",
+        parents=[common],
+        help="short-lived sandboxes, lost events, failed and missing creates "
+        "through 3 replicas: ceilings, capacity held by gone creations, refusals with room",
+    )
+    ch.add_argument("--seconds", type=float, help="load per setting (default 45)")
+    ch.add_argument("--modes", type=_names(churn.MODES), help="roster,counter (default roster)")
+    ch.add_argument("--seed", type=int, default=1, help="seed of the load")
+
     cl = sub.add_parser(
         "cluster",
         parents=[common],
@@ -343,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    if args.scenario in ("faults", "durability", "cluster") and args.redis:
+    if args.scenario in ("faults", "durability", "cluster", "churn") and args.redis:
         parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
     if args.scenario == "cluster":
         cp = _params(
@@ -359,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
             {"calls": "calls", "nodes": "nodes"},
         )
         result = durability.run(dp)
+    elif args.scenario == "churn":
+        chp = _params(
+            args,
+            churn.Params.quick() if args.quick else churn.Params(),
+            {"seconds": "seconds", "modes": "modes"},
+        )
+        result = churn.run(replace(chp, seed=args.seed))
     elif args.scenario == "faults":
         fp = faults.Params.quick() if args.quick else faults.Params()
         fp = replace(
