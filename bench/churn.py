@@ -6,14 +6,14 @@ processes, simulated runtime nodes (:class:`~scheduler.simnode.SimNode`) and
 gateways, all over gRPC:
 
 - **nodes** heartbeat every ``heartbeat_s`` (5 s, the reporter's default
-  ``interval_secs``) with their whole roster, as upstream's reporter does
-  (``src/observability/reporter.rs`` sends ``list_sandbox_ids`` of the store
-  every time; in ``counter`` mode no roster, only the counters), each
+  ``interval_secs``) with their whole roster, as the reference system's
+  node reporter does (its whole sandbox store every time; in ``counter``
+  mode no roster, only the counters), each
   heartbeat through the next replica (a load balancer's rotation).  Their
-  lifecycle events (CREATE when a create succeeded, DELETE when a sandbox
-  ended) go as ReportSandboxEvent batches, best-effort like the reporter's
-  (no retry; a share ``lost`` of them is dropped, as a lagged broadcast
-  receiver drops them).
+  lifecycle events (CREATE once a created sandbox runs, when the create
+  returns; DELETE when a sandbox ended) go as ReportSandboxEvent batches,
+  best-effort like the reporter's (no retry; a share ``lost`` of them is
+  dropped, as a lagged broadcast receiver drops them).
 - **gateways** behave as the reference gateway: Schedule (no reservation id
   kept: the reference gateway never reads ``x-reservation-id``), the create
   forwarded to the node, then RecordAssignment(sandbox, node).  A create that
@@ -37,7 +37,10 @@ What each row reports, from the nodes' truth against the scheduler's view:
   (placements per ``heartbeat_s``), the most the issue's target allows;
 - ``refused_room`` (and in percent of Schedules): Schedules refused while
   some node's own truth had room under the ceiling;
-- ``live_end``: reservations still live when the load stopped.
+- ``live_end``: reservations still live when the load stopped;
+- ``assign_lag_p99_s`` / ``_max_s``: from a Schedule sent to its
+  RecordAssignment answered, less the create's own time (what the
+  scheduler's replicas add to a creation's way to its assignment).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Any
 import grpc
 import redis
 
-from bench.runner import Result, cpu_model
+from bench.runner import Result, cpu_model, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.keys import CellKeys
@@ -70,8 +73,8 @@ EVENT_TYPES = {
     "CREATE": pb.SANDBOX_EVENT_TYPE_CREATE,
     "DELETE": pb.SANDBOX_EVENT_TYPE_DELETE,
 }
-#: the reporter's timeout of every RPC (reporter.rs GRPC_CALL_TIMEOUT) and the
-#: reference gateway's of RecordAssignment (server.go maxRecordAssignmentTimeout)
+#: the reference node reporter's timeout of every RPC, and the reference
+#: gateway's of RecordAssignment
 REPORTER_TIMEOUT_S = 10.0
 ASSIGN_TIMEOUT_S = 5.0
 
@@ -84,7 +87,7 @@ class Params:
     #: load per setting
     seconds: float = 45.0
     #: creations per second over all gateways, and gateway workers
-    rate: float = 8.0
+    rate: float = 5.0
     gateways: int = 8
     heartbeat_s: float = 5.0
     create_s: float = 0.3
@@ -119,6 +122,9 @@ class Tally:
     never: int = 0
     violations: int = 0
     held: list[int] = field(default_factory=list)
+    #: seconds from a Schedule sent to its RecordAssignment answered, less the
+    #: create's own time: what the scheduler adds to a creation's way
+    assign_lag: list[float] = field(default_factory=list)
 
 
 class Run:
@@ -216,6 +222,7 @@ class Run:
                 return
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             t.schedules += 1
+            sent = time.monotonic()
             try:
                 resp = await self.stub().Schedule(req, timeout=self.p.deadline_s)
             except grpc.aio.AioRpcError as e:
@@ -248,6 +255,7 @@ class Run:
                     pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=resp.node),
                     timeout=ASSIGN_TIMEOUT_S,
                 )
+                t.assign_lag.append(time.monotonic() - sent - self.p.create_s)
 
     # -- the measurement --------------------------------------------------------
     def held_now(self) -> int:
@@ -316,6 +324,8 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "held_peak": max(held),
         "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
         "live_end": run.live_reservations(),
+        "assign_lag_p99_s": round(percentile(t.assign_lag, 99), 3) if t.assign_lag else None,
+        "assign_lag_max_s": round(max(t.assign_lag), 3) if t.assign_lag else None,
         "created": t.created,
         "create_failed": t.failed,
         "never_created": t.never,

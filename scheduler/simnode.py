@@ -11,7 +11,8 @@ the roster and counted as starting) before it runs, and end after a
 lifetime.  Thread-safe: gateways and a heartbeat loop may share a node.
 
 A node made with ``record_events`` also keeps the sandbox lifecycle events
-its reporter would send (CREATE when a create succeeded, DELETE when a
+its reporter would send (CREATE once a created sandbox is running, as the
+reference runtime publishes it when the create returns; DELETE when a
 sandbox ended), for a driver to take (:meth:`SimNode.take_events`) and
 deliver, or lose, as the reporter's best-effort event stream does.
 """
@@ -95,8 +96,8 @@ class SimNode:
         #: the highest max(cpu, memory) allocation / capacity it ever held
         self.peak_pressure = 0.0
         self.record_events = record_events
-        #: (sandbox id, CREATE | DELETE) not yet taken, oldest first (record_events only)
-        self.events: list[tuple[str, str]] = []
+        #: (when, sandbox id, CREATE | DELETE) not yet taken (record_events only)
+        self.events: list[tuple[float, str, str]] = []
 
     # -- what it holds -------------------------------------------------------
     @property
@@ -120,7 +121,7 @@ class SimNode:
         ]:
             del self.sandboxes[sid]
             if self.record_events:
-                self.events.append((sid, "DELETE"))
+                self.events.append((now, sid, "DELETE"))
 
     # -- what happens to it ----------------------------------------------------
     def create(
@@ -141,7 +142,7 @@ class SimNode:
             )
             self.create_successes += 1
             if self.record_events:
-                self.events.append((sandbox_id, "CREATE"))
+                self.events.append((running_at, sandbox_id, "CREATE"))
             self.peak_sandboxes = max(self.peak_sandboxes, len(self.sandboxes))
             self.peak_pressure = max(self.peak_pressure, self.pressure())
 
@@ -154,15 +155,17 @@ class SimNode:
         with self.lock:
             del self.sandboxes[sandbox_id]
             if self.record_events:
-                self.events.append((sandbox_id, "DELETE"))
+                self.events.append((self.clock(), sandbox_id, "DELETE"))
 
     def take_events(self) -> list[tuple[str, str]]:
-        """The lifecycle events since the last take (sandboxes that ended by
-        now included), oldest first."""
+        """The lifecycle events due by now and not taken yet (sandboxes that
+        ended by now included), oldest first, as (sandbox id, type)."""
         with self.lock:
-            self._expire(self.clock())
-            out, self.events = self.events, []
-            return out
+            now = self.clock()
+            self._expire(now)
+            due = sorted(e for e in self.events if e[0] <= now)
+            self.events = [e for e in self.events if e[0] > now]
+            return [(sid, kind) for _, sid, kind in due]
 
     # -- what it reports -------------------------------------------------------
     def observe(self) -> Observed:
