@@ -264,15 +264,18 @@ def test_a_restart_counts_from_the_new_instance(make_scheduler: Make) -> None:
 # ---------------------------------------------------------------------------
 # Through real replicas: order across replicas, fields only the wire carries
 # ---------------------------------------------------------------------------
-CELL = "counted"
+@pytest.fixture
+def cell(request: pytest.FixtureRequest) -> str:
+    """A cell of this test's own: nothing another test left is in it."""
+    name: str = request.node.name
+    return "counted-" + name.split("[")[0][-40:].replace("_", "-")
 
 
-@pytest.fixture(scope="module")
-def two_replicas(redis_server: RedisServer) -> Iterator[list[ServeProcess]]:
-    """Two ``schedctl serve`` processes on one cell, max_sandbox_count 2.
-    Tests use node ids of their own (the cell is not flushed)."""
+@pytest.fixture
+def two_replicas(redis_server: RedisServer, cell: str) -> Iterator[list[ServeProcess]]:
+    """Two ``schedctl serve`` processes on one cell, max_sandbox_count 2."""
     config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}}
-    procs = [ServeProcess(config, redis_server.url, cell=CELL) for _ in range(2)]
+    procs = [ServeProcess(config, redis_server.url, cell=cell) for _ in range(2)]
     try:
         for p in procs:
             p.wait_serving(60)
@@ -291,8 +294,8 @@ def stubs(two_replicas: list[ServeProcess]) -> Iterator[list[pb_grpc.SchedulerSt
 
 
 @pytest.fixture
-def cell_view(redis_server: RedisServer) -> Iterator[Scheduler]:
-    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=CELL)
+def cell_view(redis_server: RedisServer, cell: str) -> Iterator[Scheduler]:
+    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=cell)
     yield s
     s.close()
 
