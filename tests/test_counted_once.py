@@ -17,6 +17,9 @@ holding through the fixes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +38,7 @@ from scheduler import (
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.records import Placement
-from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.redis_server import RedisServer, free_port
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import cold, endpoint_md, hb, hb_request
 
@@ -353,6 +356,84 @@ def test_a_late_delete_from_the_previous_instance_keeps_the_listed_binding(
     for _ in range(2):  # steady heartbeats of the current instance
         b.Heartbeat(hb_request(node, sid="i2", roster=["kept"]), metadata=md)
     assert b.LookupNode(pb.LookupNodeRequest(sandbox_id="kept")).node.node_id == node
+
+
+class HoldingProxy:
+    """A TCP proxy in front of a replica that can hold its answers: while
+    ``hold`` is set, bytes from the replica wait ``hold_s`` before going on
+    (a slow link back to the gateway; what reaches the replica is not held)."""
+
+    def __init__(self, port: int, hold_s: float) -> None:
+        self.target = port
+        self.hold_s = hold_s
+        self.hold = False
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(5)
+
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, held: bool) -> None:
+            with contextlib.suppress(OSError):
+                while data := await r.read(65536):
+                    if held and self.hold:
+                        await asyncio.sleep(self.hold_s)
+                    w.write(data)
+                    await w.drain()
+            w.close()
+
+        await asyncio.gather(pipe(client_r, up_w, False), pipe(up_r, client_w, True))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@xfail28(
+    "a placement never assigned gives its room back after unassigned_reservation_ttl; "
+    "an answer the caller's deadline beat is one"
+)
+def test_a_schedule_answered_after_its_callers_deadline_gives_its_room_back(
+    redis_server: RedisServer, cell: str, processes: list[ServeProcess]
+) -> None:
+    """The replica wrote its answer in time, the gateway's deadline passed
+    before the answer reached it: the replica saw no cancel, the gateway
+    never learnt the reservation id, and nothing will ever claim it."""
+    config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}}
+    replica = ServeProcess(config, redis_server.url, cell=cell)
+    processes.append(replica)
+    replica.wait_serving(60)
+    proxy = HoldingProxy(replica.port, hold_s=1.5)
+    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=cell)
+    try:
+        with grpc.insecure_channel(replica.address) as direct:
+            node = pb_grpc.SchedulerStub(direct)
+            node.Heartbeat(hb_request("slow-link"), metadata=endpoint_md("slow-link:5000"))
+        with grpc.insecure_channel(f"127.0.0.1:{proxy.port}") as ch:
+            gateway = pb_grpc.SchedulerStub(ch)
+            gateway.ListNodes(pb.ListNodesRequest(), timeout=5)  # the connection is up
+            proxy.hold = True
+            with pytest.raises(grpc.RpcError) as e:
+                gateway.Schedule(cold(1, 1024), timeout=1.0)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert pending(s, "slow-link") == 1  # placed, and the caller never knew
+        s.advance_clock(UNASSIGNED_TTL_MS + 5_000)
+        for _ in range(2):
+            s.heartbeat(hb("slow-link", endpoint="slow-link:5000", sid="i1"))
+        assert counted(s, "slow-link") == 0
+    finally:
+        proxy.close()
+        s.close()
 
 
 # ---------------------------------------------------------------------------
