@@ -48,6 +48,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated shares, not {text!r}") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected shares from 0 to 1, not {text!r}")
+    return values
+
+
 def _paths(text: str) -> tuple[str, ...]:
     values = tuple(x.strip() for x in text.split(",") if x.strip())
     bad = [v for v in values if v not in throughput.PATHS]
@@ -200,6 +210,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ch.add_argument("--seconds", type=float, help="load per setting (default 45)")
     ch.add_argument("--modes", type=_names(churn.MODES), help="roster,counter (default roster)")
+    ch.add_argument("--losses", type=_shares, help="shares of events lost (default 0,0.1,1)")
     ch.add_argument("--seed", type=int, default=1, help="seed of the load")
 
     cl = sub.add_parser(
@@ -374,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         chp = _params(
             args,
             churn.Params.quick() if args.quick else churn.Params(),
-            {"seconds": "seconds", "modes": "modes"},
+            {"seconds": "seconds", "modes": "modes", "losses": "losses"},
         )
         result = churn.run(replace(chp, seed=args.seed))
     elif args.scenario == "faults":
