@@ -18,6 +18,7 @@ from typing import Any
 from bench import (
     balance,
     ceiling,
+    churn,
     cluster,
     durability,
     faults,
@@ -44,6 +45,16 @@ def _ints(text: str) -> tuple[int, ...]:
         ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive whole numbers, not {text!r}")
+    return values
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated shares, not {text!r}") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected shares from 0 to 1, not {text!r}")
     return values
 
 
@@ -190,6 +201,17 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated, of {','.join(faults.SCENARIOS)} (default all)",
     )
     f.add_argument("--seed", type=int, default=1, help="seed of the load")
+
+    ch = sub.add_parser(
+        "churn",
+        parents=[common],
+        help="short-lived sandboxes, lost events, failed and missing creates "
+        "through 3 replicas: ceilings, capacity held by gone creations, refusals with room",
+    )
+    ch.add_argument("--seconds", type=float, help="load per setting (default 45)")
+    ch.add_argument("--modes", type=_names(churn.MODES), help="roster,counter (default roster)")
+    ch.add_argument("--losses", type=_shares, help="shares of events lost (default 0,0.1,1)")
+    ch.add_argument("--seed", type=int, default=1, help="seed of the load")
 
     cl = sub.add_parser(
         "cluster",
@@ -343,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    if args.scenario in ("faults", "durability", "cluster") and args.redis:
+    if args.scenario in ("faults", "durability", "cluster", "churn") and args.redis:
         parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
     if args.scenario == "cluster":
         cp = _params(
@@ -359,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
             {"calls": "calls", "nodes": "nodes"},
         )
         result = durability.run(dp)
+    elif args.scenario == "churn":
+        chp = _params(
+            args,
+            churn.Params.quick() if args.quick else churn.Params(),
+            {"seconds": "seconds", "modes": "modes", "losses": "losses"},
+        )
+        result = churn.run(replace(chp, seed=args.seed))
     elif args.scenario == "faults":
         fp = faults.Params.quick() if args.quick else faults.Params()
         fp = replace(

@@ -9,6 +9,12 @@ its heartbeat may report a past :class:`Observed` state, which is how
 heartbeats lag behind reality.  A sandbox may start for a while (listed in
 the roster and counted as starting) before it runs, and end after a
 lifetime.  Thread-safe: gateways and a heartbeat loop may share a node.
+
+A node made with ``record_events`` also keeps the sandbox lifecycle events
+its reporter would send (CREATE once a created sandbox is running, as the
+reference runtime publishes it when the create returns; DELETE when a
+sandbox ended), for a driver to take (:meth:`SimNode.take_events`) and
+deliver, or lose, as the reporter's best-effort event stream does.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class SimNode:
         starting_s: float = 0.0,
         lifetime_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        record_events: bool = False,
     ) -> None:
         self.node_id = node_id
         self.cpu = cpu
@@ -88,6 +95,9 @@ class SimNode:
         self.peak_sandboxes = 0
         #: the highest max(cpu, memory) allocation / capacity it ever held
         self.peak_pressure = 0.0
+        self.record_events = record_events
+        #: (when, sandbox id, CREATE | DELETE) not yet taken (record_events only)
+        self.events: list[tuple[float, str, str]] = []
 
     # -- what it holds -------------------------------------------------------
     @property
@@ -110,21 +120,29 @@ class SimNode:
             s for s, sb in self.sandboxes.items() if sb.ends_at is not None and sb.ends_at <= now
         ]:
             del self.sandboxes[sid]
+            if self.record_events:
+                self.events.append((now, sid, "DELETE"))
 
     # -- what happens to it ----------------------------------------------------
-    def create(self, sandbox_id: str, cpu: int, memory_bytes: int) -> None:
-        """A create was forwarded to the node: the sandbox exists (starting) now."""
+    def create(
+        self, sandbox_id: str, cpu: int, memory_bytes: int, lifetime_s: float | None = None
+    ) -> None:
+        """A create was forwarded to the node: the sandbox exists (starting) now.
+        ``lifetime_s``: how long this one runs (default: the node's)."""
         with self.lock:
             now = self.clock()
             self._expire(now)
             running_at = now + self.starting_s
+            lifetime = self.lifetime_s if lifetime_s is None else lifetime_s
             self.sandboxes[sandbox_id] = Sandbox(
                 cpu,
                 memory_bytes,
                 running_at,
-                running_at + self.lifetime_s if self.lifetime_s > 0 else None,
+                running_at + lifetime if lifetime > 0 else None,
             )
             self.create_successes += 1
+            if self.record_events:
+                self.events.append((running_at, sandbox_id, "CREATE"))
             self.peak_sandboxes = max(self.peak_sandboxes, len(self.sandboxes))
             self.peak_pressure = max(self.peak_pressure, self.pressure())
 
@@ -136,6 +154,18 @@ class SimNode:
     def delete(self, sandbox_id: str) -> None:
         with self.lock:
             del self.sandboxes[sandbox_id]
+            if self.record_events:
+                self.events.append((self.clock(), sandbox_id, "DELETE"))
+
+    def take_events(self) -> list[tuple[str, str]]:
+        """The lifecycle events due by now and not taken yet (sandboxes that
+        ended by now included), oldest first, as (sandbox id, type)."""
+        with self.lock:
+            now = self.clock()
+            self._expire(now)
+            due = sorted(e for e in self.events if e[0] <= now)
+            self.events = [e for e in self.events if e[0] > now]
+            return [(sid, kind) for _, sid, kind in due]
 
     # -- what it reports -------------------------------------------------------
     def observe(self) -> Observed:

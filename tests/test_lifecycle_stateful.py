@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, note, settings
+import pytest
+from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -166,6 +167,11 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(node_id=st.sampled_from(NODES), second=st.booleans())
     def heartbeat(self, node_id: str, second: bool = False) -> None:
+        self.send_heartbeat(node_id, self.s2 if second else self.s)
+
+    def send_heartbeat(self, node_id: str, replica: Scheduler, reported: int = 0) -> None:
+        """The node's heartbeat now, through ``replica`` (``reported``: its
+        reported_at_unix_ms, 0 = none)."""
         running = self.w.running[node_id]
         cpu = sum(c for c, _ in running.values())
         mem = sum(m for _, m in running.values())
@@ -178,12 +184,13 @@ class Lifecycle(RuleBasedStateMachine):
             allocated_memory_bytes=mem,
             sandbox_count=len(running),
             create_successes=cs,
+            reported_at_unix_ms=reported,
         )
-        replica = self.s2 if second else self.s
         sid = f"boot-{self.w.epoch[node_id]}"
-        r = replica.heartbeat(
-            Heartbeat(node_id=node_id, service_instance_id=sid, snapshot=snap, sandbox_ids=roster)
+        beat = Heartbeat(
+            node_id=node_id, service_instance_id=sid, snapshot=snap, sandbox_ids=roster
         )
+        r = replica.heartbeat(beat)
         state = NodeState(
             node_id=node_id,
             reported_status="READY",
@@ -194,9 +201,13 @@ class Lifecycle(RuleBasedStateMachine):
             sandbox_count=len(running),
         )
         assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms)
+        self.sent(node_id, beat, state)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
         self.w.ingested_epoch[node_id] = self.w.epoch[node_id]
+
+    def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
+        """A heartbeat was delivered and its answer checked (a hook)."""
 
     @rule(node_id=st.sampled_from(NODES))
     def node_agent_restarts(self, node_id: str) -> None:
@@ -325,6 +336,147 @@ def test_lifecycle_against_the_model(redis_client: Any) -> None:
             max_examples=60,
             stateful_step_count=40,
             deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
+
+
+class LossyLifecycle(Lifecycle):
+    """The same lifecycle with what real nodes also do (#28): a sandbox ends
+    and its DELETE is lost, and a heartbeat arrives after a newer one of the
+    same service instance (through the other replica, or late out of a
+    queue).  Every heartbeat carries ``reported_at_unix_ms`` from one clock,
+    as the reporter stamps it.  Two more invariants, the rules of
+    docs/design.md "What each event does to a creation's count":
+
+    - a heartbeat older than the stored one changes no count: each node's
+      record holds the numbers of its newest heartbeat;
+    - capacity is given back: no reservation of a roster node stays live
+      once its sandbox is gone (nothing runs it) and its node sent two
+      heartbeats since it was assigned and gone.
+    """
+
+    def __init__(self) -> None:
+        self.reported = 1_700_000_000_000
+        #: per node: the heartbeats delivered (in order) and what each said
+        self.beats: dict[str, list[tuple[Heartbeat, NodeState]]] = {}
+        #: per node: heartbeats delivered (late ones not counted)
+        self.hbs: dict[str, int] = {}
+        #: sandbox -> (its node, the node's heartbeat count) when it ended silently
+        self.gone: dict[str, tuple[str, int]] = {}
+        #: reservation id -> its node's heartbeat count when first seen assigned
+        self.assigned_at: dict[str, int] = {}
+        super().__init__()
+        # a long-lived sandbox on each roster node, made outside the scheduler:
+        # the node is in roster mode (a node that never listed one counts by
+        # its counter, which releases a short-lived creation by itself)
+        for node_id in ROSTER_NODES:
+            self.w.running[node_id][f"resident-{node_id}"] = (1, 512 * MIB)
+            self.seen_sandboxes.add(f"resident-{node_id}")
+            self.send_heartbeat(node_id, self.s)
+
+    def send_heartbeat(self, node_id: str, replica: Scheduler, reported: int = 0) -> None:
+        self.reported += 1_000
+        super().send_heartbeat(node_id, replica, self.reported)
+
+    def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
+        self.beats.setdefault(node_id, []).append((beat, state))
+        self.hbs[node_id] = self.hbs.get(node_id, 0) + 1
+
+    @rule(data=st.data())
+    def sandbox_ends_its_delete_lost(self, data: st.DataObject) -> None:
+        live = [(n, sb) for n in NODES for sb in self.w.running[n]]
+        if not live:
+            return
+        node_id, sb = data.draw(st.sampled_from(live))
+        note(f"{sb} ends on {node_id}; its DELETE is lost")
+        del self.w.running[node_id][sb]
+        self.w.deleted.add(sb)
+        self.gone[sb] = (node_id, self.hbs.get(node_id, 0))
+
+    @rule(with_rid=st.booleans())
+    def a_sandbox_lives_between_two_heartbeats(self, with_rid: bool) -> None:
+        """Placed, created, assigned and gone before its node's next
+        heartbeat, its DELETE lost: no roster will ever list it.  Then the
+        node's next two heartbeats come."""
+        p = None
+        for _ in range(len(NODES)):  # until one lands on a roster node (the others stay placed)
+            self.schedule(1, 512)
+            p = self.placements.get(f"res{self.n}")
+            if p is None or p.node_id in ROSTER_NODES:
+                break
+        if p is None or p.node_id not in ROSTER_NODES:
+            return
+        p.created = True
+        self.w.created_total[p.node_id] += 1
+        p.created_index = self.w.created_total[p.node_id]
+        p.created_epoch = self.w.epoch[p.node_id]
+        self.seen_sandboxes.add(p.sandbox)
+        p.assigned = True
+        wanted = p.rid if with_rid else None
+        note(f"{p.sandbox} created on {p.node_id}, assigned, gone; its DELETE is lost")
+        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
+        if got.reservation_id:
+            self.assigned_at[got.reservation_id] = self.hbs.get(p.node_id, 0)
+        self.w.deleted.add(p.sandbox)
+        self.gone[p.sandbox] = (p.node_id, self.hbs.get(p.node_id, 0))
+        for _ in range(2):
+            self.send_heartbeat(p.node_id, self.s)
+
+    @rule(data=st.data(), node_id=st.sampled_from(NODES))
+    def an_older_heartbeat_arrives_late(self, data: st.DataObject, node_id: str) -> None:
+        sid = f"boot-{self.w.epoch[node_id]}"
+        older = [b for b in self.beats.get(node_id, [])[:-1] if b[0].service_instance_id == sid]
+        if not older:
+            return
+        beat, state = data.draw(st.sampled_from(older))
+        note(f"a late heartbeat of {node_id} (reported {beat.snapshot.reported_at_unix_ms})")
+        r = self.s2.heartbeat(beat)
+        # (the model does what the scripts do; the invariants say what they should)
+        self.m.heartbeat(
+            node_id, sid, state, beat.snapshot.create_successes, beat.sandbox_ids, r.now_ms
+        )
+
+    @invariant()
+    def the_newest_heartbeat_holds(self) -> None:
+        stored = {n.node_id: n for n in node_states(self.s)}
+        for node_id, beats in self.beats.items():
+            newest = beats[-1][1]
+            got = stored[node_id]
+            assert (got.sandbox_count, got.allocated_cpu) == (
+                newest.sandbox_count,
+                newest.allocated_cpu,
+            ), node_id
+
+    @invariant()
+    def capacity_is_given_back(self) -> None:
+        for r in self.s.reservations():
+            if r.state in ("assigned", "acked") and r.reservation_id not in self.assigned_at:
+                self.assigned_at[r.reservation_id] = self.hbs.get(r.node_id, 0)
+            if r.node_id not in ROSTER_NODES or r.sandbox_id not in self.gone:
+                continue
+            node_id, at = self.gone[r.sandbox_id]
+            since = max(at, self.assigned_at.get(r.reservation_id, at))
+            assert node_id != r.node_id or self.hbs[node_id] - since < 2, r
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="#28: a heartbeat older than the stored one changes no count; an assigned "
+    "reservation absent from two rosters is released, not built yet",
+)
+def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
+    LossyLifecycle.client = redis_client
+    run_state_machine_as_test(
+        LossyLifecycle,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            database=None,
+            # (it fails today: generating finds it, shrinking would only cost time)
+            phases=[Phase.generate],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )

@@ -1,0 +1,414 @@
+"""Scenario ``churn``: short-lived sandboxes, lost events, failed and missing
+creates, with the nodes' own state as the truth (issue #28's measurement).
+
+Per setting: one real ``redis-server``, three ``schedctl serve`` replica
+processes, simulated runtime nodes (:class:`~scheduler.simnode.SimNode`) and
+gateways, all over gRPC:
+
+- **nodes** heartbeat every ``heartbeat_s`` (5 s, the reporter's default
+  ``interval_secs``) with their whole roster, as the reference system's
+  node reporter does (its whole sandbox store every time; in ``counter``
+  mode no roster, only the counters), each
+  heartbeat through the next replica (a load balancer's rotation).  Their
+  lifecycle events (CREATE once a created sandbox runs, when the create
+  returns; DELETE when a sandbox ended) go as ReportSandboxEvent batches,
+  best-effort like the reporter's (no retry; a share ``lost`` of them is
+  dropped, as a lagged broadcast receiver drops them).
+- **gateways** behave as the reference gateway: Schedule (no reservation id
+  kept: the reference gateway never reads ``x-reservation-id``), the create
+  forwarded to the node, then RecordAssignment(sandbox, node).  A create that
+  fails records nothing (the node counts ``create_fails``); a share of
+  Schedules is never followed by a create at all (the reference gateway
+  calls Schedule before the node authenticates the request).
+- **sandboxes** start for ``create_s`` (listed in the roster and counted as
+  starting meanwhile; the gateway's create call returns then), then run for
+  a lifetime drawn from two ranges: short (0.5-3 s) and long (30-300 s,
+  scaled by ``long_scale`` so that a CI-sized run sees them end too).
+
+What each row reports, from the nodes' truth against the scheduler's view:
+
+- ``peak`` / ``ceiling``: the most sandboxes a node itself held at once;
+  ``violations``: creates that took a node over the ceiling;
+- ``held_mean`` / ``held_peak``: capacity held by creations that are gone,
+  sampled every ``sample_s``: summed over nodes, the scheduler's count of a
+  node (its last heartbeat's running + starting, plus its live
+  reservations) less what the node really holds, where positive.
+  ``allowance``: one heartbeat interval's worth of the fleet's creations
+  (placements per ``heartbeat_s``), the most the issue's target allows;
+- ``refused_room`` (and in percent of Schedules): Schedules refused while
+  some node's own truth had room under the ceiling;
+- ``live_end``: reservations still live when the load stopped;
+- ``assign_lag_p99_s`` / ``_max_s``: from a Schedule sent to its
+  RecordAssignment answered, less the create's own time (what the
+  scheduler's replicas add to a creation's way to its assignment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+import redis
+
+from bench.runner import Result, cpu_model, percentile
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.keys import CellKeys
+from scheduler.service import heartbeat_request
+from scheduler.simnode import SimNode
+from scheduler.testing.redis_server import RedisServer
+from scheduler.testing.replicas import ServeProcess
+
+GIB = 1 << 30
+CELL = "churn"
+MODES = ("roster", "counter")
+EVENT_TYPES = {
+    "CREATE": pb.SANDBOX_EVENT_TYPE_CREATE,
+    "DELETE": pb.SANDBOX_EVENT_TYPE_DELETE,
+}
+#: the reference node reporter's timeout of every RPC, and the reference
+#: gateway's of RecordAssignment
+REPORTER_TIMEOUT_S = 10.0
+ASSIGN_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Params:
+    nodes: int = 8
+    ceiling: int = 8
+    replicas: int = 3
+    #: load per setting
+    seconds: float = 45.0
+    #: creations per second over all gateways, and gateway workers
+    rate: float = 5.0
+    gateways: int = 8
+    heartbeat_s: float = 5.0
+    create_s: float = 0.3
+    short_s: tuple[float, float] = (0.5, 3.0)
+    long_s: tuple[float, float] = (30.0, 300.0)
+    #: the share of sandboxes that live long, and the factor their lifetimes
+    #: are scaled by (CI-sized runs: 0.1, so 3-30 s)
+    long_share: float = 0.2
+    long_scale: float = 0.1
+    losses: tuple[float, ...] = (0.0, 0.1, 1.0)
+    modes: tuple[str, ...] = ("roster",)
+    create_fail: float = 0.02
+    never_created: float = 0.02
+    deadline_s: float = 2.0
+    sample_s: float = 0.25
+    seed: int = 1
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(seconds=6.0, heartbeat_s=1.0, losses=(0.0, 1.0))
+
+
+@dataclass
+class Tally:
+    schedules: int = 0
+    placed: int = 0
+    refused: int = 0
+    refused_room: int = 0
+    errors: int = 0
+    created: int = 0
+    failed: int = 0
+    never: int = 0
+    violations: int = 0
+    held: list[int] = field(default_factory=list)
+    #: seconds from a Schedule sent to its RecordAssignment answered, less the
+    #: create's own time: what the scheduler adds to a creation's way
+    assign_lag: list[float] = field(default_factory=list)
+
+
+class Run:
+    """One setting's load against the replicas at ``addresses``."""
+
+    def __init__(self, p: Params, mode: str, lost: float, addresses: list[str], url: str) -> None:
+        self.p = p
+        self.mode = mode
+        self.lost = lost
+        self.rng = random.Random(f"{p.seed}-{mode}-{lost}")
+        self.nodes = [
+            SimNode(
+                f"node-{k + 1:02d}",
+                32,
+                64 * GIB,
+                endpoint=f"node-{k + 1:02d}.churn:5007",
+                instance=f"node-{k + 1:02d}-boot",
+                busy_percent=0,
+                memory_used_percent=0,
+                starting_s=p.create_s,
+                record_events=True,
+            )
+            for k in range(p.nodes)
+        ]
+        self.by_id = {n.node_id: n for n in self.nodes}
+        self.channels = [grpc.aio.insecure_channel(a) for a in addresses]
+        self.stubs = [pb_grpc.SchedulerStub(c) for c in self.channels]
+        self.redis = redis.Redis.from_url(url)
+        self.keys = CellKeys(CELL)
+        self.stop = asyncio.Event()
+        self.tally = Tally()
+        self.seq = 0
+
+    def lifetime(self) -> float:
+        if self.rng.random() < self.p.long_share:
+            return self.rng.uniform(*self.p.long_s) * self.p.long_scale
+        return self.rng.uniform(*self.p.short_s)
+
+    def stub(self) -> pb_grpc.SchedulerStub:
+        self.seq += 1
+        return self.stubs[self.seq % len(self.stubs)]
+
+    def room(self) -> bool:
+        """Does some node's own truth have room under the ceiling?"""
+        return any(n.count() < self.p.ceiling for n in self.nodes)
+
+    # -- the nodes ----------------------------------------------------------
+    async def heartbeats(self, node: SimNode) -> None:
+        await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
+        while not self.stop.is_set():
+            hb = node.heartbeat(roster=self.mode == "roster")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.stub().Heartbeat(
+                    heartbeat_request(hb),
+                    timeout=REPORTER_TIMEOUT_S,
+                    metadata=(("x-node-endpoint", node.endpoint),),
+                )
+            await asyncio.sleep(self.p.heartbeat_s)
+
+    async def events(self, node: SimNode) -> None:
+        while not self.stop.is_set():
+            await asyncio.sleep(0.1)
+            kept = [e for e in node.take_events() if self.rng.random() >= self.lost]
+            if not kept:
+                continue
+            req = pb.ReportSandboxEventRequest(
+                node_id=node.node_id,
+                service_instance_id=node.instance,
+                events=[
+                    pb.SandboxEvent(
+                        sandbox_id=sb,
+                        event_type=EVENT_TYPES[kind],
+                        requested_cpu=1,
+                        requested_memory_bytes=GIB,
+                    )
+                    for sb, kind in kept
+                ],
+            )
+            with contextlib.suppress(grpc.aio.AioRpcError):  # best-effort: no retry
+                await self.stub().ReportSandboxEvent(req, timeout=REPORTER_TIMEOUT_S)
+
+    # -- the gateways ---------------------------------------------------------
+    async def gateway(self, w: int, t0: float, counter: list[int], until: float) -> None:
+        req = pb.ScheduleRequest(
+            hint=pb.ScheduleRequestHint(
+                new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=1024)
+            )
+        )
+        t = self.tally
+        while True:
+            i = counter[0]
+            counter[0] += 1
+            at = t0 + i / self.p.rate
+            if at >= until:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            t.schedules += 1
+            sent = time.monotonic()
+            try:
+                resp = await self.stub().Schedule(req, timeout=self.p.deadline_s)
+            except grpc.aio.AioRpcError as e:
+                if "no nodes available" in (e.details() or ""):
+                    t.refused += 1
+                    if self.room():
+                        t.refused_room += 1
+                else:
+                    t.errors += 1
+                continue
+            t.placed += 1
+            node = self.by_id[resp.node.node_id]
+            draw = self.rng.random()
+            if draw < self.p.never_created:
+                t.never += 1  # the gateway never forwards the create
+                continue
+            if draw < self.p.never_created + self.p.create_fail:
+                await asyncio.sleep(self.p.create_s)
+                node.fail_create()  # the node counts it; the gateway records nothing
+                t.failed += 1
+                continue
+            sandbox_id = f"sbx-{w}-{i}"
+            node.create(sandbox_id, 1, GIB, self.lifetime())
+            t.created += 1
+            if node.count() > self.p.ceiling:
+                t.violations += 1
+            await asyncio.sleep(self.p.create_s)  # the create returns once it is ready
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.stub().RecordAssignment(
+                    pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=resp.node),
+                    timeout=ASSIGN_TIMEOUT_S,
+                )
+                t.assign_lag.append(time.monotonic() - sent - self.p.create_s)
+
+    # -- the measurement --------------------------------------------------------
+    def held_now(self) -> int:
+        """Capacity the scheduler counts that no node holds, summed over nodes."""
+        pipe = self.redis.pipeline(transaction=False)
+        for n in self.nodes:
+            pipe.hmget(
+                self.keys.node(n.node_id),
+                "sandbox_count",
+                "sandbox_starting_count",
+                "pending_count",
+            )
+        held = 0
+        for n, fields in zip(self.nodes, pipe.execute(), strict=True):
+            view = sum(int(v or 0) for v in fields)
+            held += max(0, view - n.count())
+        return held
+
+    async def sampler(self) -> None:
+        while not self.stop.is_set():
+            self.tally.held.append(await asyncio.to_thread(self.held_now))
+            await asyncio.sleep(self.p.sample_s)
+
+    def live_reservations(self) -> int:
+        return sum(int(self.redis.zcard(self.keys.node_res(n.node_id))) for n in self.nodes)
+
+    async def close(self) -> None:
+        for c in self.channels:
+            await c.close()
+        self.redis.close()
+
+
+async def _drive(p: Params, mode: str, lost: float, addresses: list[str], url: str) -> Run:
+    run = Run(p, mode, lost, addresses, url)
+    nodes = [asyncio.create_task(run.heartbeats(n)) for n in run.nodes]
+    nodes += [asyncio.create_task(run.events(n)) for n in run.nodes]
+    await asyncio.sleep(p.heartbeat_s + 0.5)  # every node heard of before the load
+    t0 = time.monotonic()
+    counter = [0]
+    sampler = asyncio.create_task(run.sampler())
+    gateways = [
+        asyncio.create_task(run.gateway(w, t0, counter, t0 + p.seconds)) for w in range(p.gateways)
+    ]
+    await asyncio.gather(*gateways)
+    run.stop.set()
+    await asyncio.gather(sampler, *nodes)
+    return run
+
+
+def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
+    t = run.tally
+    held = t.held or [0]
+    return {
+        "mode": mode,
+        "lost": lost,
+        "schedules": t.schedules,
+        "placed": t.placed,
+        "refused": t.refused,
+        "refused_room": t.refused_room,
+        "refused_room_pct": round(100.0 * t.refused_room / max(1, t.schedules), 2),
+        "errors": t.errors,
+        "peak": max(n.peak_sandboxes for n in run.nodes),
+        "ceiling": p.ceiling,
+        "violations": t.violations,
+        "held_mean": round(sum(held) / len(held), 2),
+        "held_peak": max(held),
+        "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
+        "live_end": run.live_reservations(),
+        "assign_lag_p99_s": round(percentile(t.assign_lag, 99), 3) if t.assign_lag else None,
+        "assign_lag_max_s": round(max(t.assign_lag), 3) if t.assign_lag else None,
+        "created": t.created,
+        "create_failed": t.failed,
+        "never_created": t.never,
+        "per_node_peak": [n.peak_sandboxes for n in run.nodes],
+    }
+
+
+def _replica_config(p: Params) -> dict[str, Any]:
+    return {"scheduler": {"node_resource_limit": {"max_sandbox_count": p.ceiling}}}
+
+
+def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
+    with RedisServer() as server:
+        replicas = [
+            ServeProcess(_replica_config(p), server.url, cell=CELL) for _ in range(p.replicas)
+        ]
+        try:
+            for r in replicas:
+                r.wait_serving(60)
+
+            async def go() -> dict[str, Any]:
+                run = await _drive(p, mode, lost, [r.address for r in replicas], server.url)
+                try:
+                    return _row(p, mode, lost, run)
+                finally:
+                    await run.close()
+
+            row = asyncio.run(go())
+            row["replica_exits"] = [r.proc.poll() for r in replicas]
+            return row
+        finally:
+            for r in replicas:
+                r.close(10)
+
+
+COLUMNS = [
+    "mode",
+    "lost",
+    "schedules",
+    "refused",
+    "refused_room",
+    "refused_room_pct",
+    "peak",
+    "ceiling",
+    "violations",
+    "held_mean",
+    "held_peak",
+    "allowance",
+    "live_end",
+]
+
+
+def run(p: Params) -> Result:
+    facts = _machine()
+    rows = [run_setting(p, mode, lost) for mode in p.modes for lost in p.losses]
+    notes = [
+        f"{p.nodes} nodes, max_sandbox_count {p.ceiling}, {p.replicas} schedctl serve replicas, "
+        f"{p.rate:g} Schedules/s by {p.gateways} gateways for {p.seconds:g} s per setting; "
+        f"heartbeats every {p.heartbeat_s:g} s ({'full roster' if 'roster' in p.modes else ''}"
+        f"{', ' if len(p.modes) > 1 else ''}{'counters only' if 'counter' in p.modes else ''}).",
+        f"sandboxes start {p.create_s:g} s, then live {p.short_s[0]:g}-{p.short_s[1]:g} s, or "
+        f"{p.long_share:.0%} of them {p.long_s[0]:g}-{p.long_s[1]:g} s x {p.long_scale:g}; "
+        f"{p.create_fail:.0%} of creates fail, {p.never_created:.0%} of Schedules are never "
+        "followed by a create; lost: the share of CREATE/DELETE events dropped.",
+        "held: capacity counted by the scheduler (last heartbeat's running + starting, plus "
+        "live reservations) that the node does not hold, summed over nodes, sampled every "
+        f"{p.sample_s:g} s; allowance: placements per heartbeat interval (the target's bound "
+        "on held_mean); refused_room: refusals while a node's own truth had room.",
+    ]
+    return Result(
+        scenario="churn", columns=COLUMNS, rows=rows, params=asdict(p), machine=facts, notes=notes
+    )
+
+
+def _machine() -> dict[str, Any]:
+    with RedisServer() as rs:
+        version = str(rs.client().info("server").get("redis_version", "?"))
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "redis_version": version,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "redis": "started by the benchmark",
+    }

@@ -1,0 +1,472 @@
+"""Counted exactly once, as real nodes behave (issue #28): one test per scenario.
+
+Each test drives one scenario of the issue against a real ``redis-server``
+(through real ``schedctl serve`` replicas where the scenario involves more
+than one, or a field only the wire carries) and asserts the invariant of
+docs/design.md "What each event does to a creation's count": never counted
+twice once the node's numbers include it, never dropped before an event that
+ends it, capacity held by a creation that provably did not happen or already
+ended given back within two heartbeat intervals of its node, and no event in
+any order putting a node over a ceiling.
+
+The scenarios today's code gets wrong are marked strict xfail with the rule
+that is not built yet: a fix that makes one pass turns the suite red until
+its mark goes.  The others are plain tests: they hold today and must keep
+holding through the fixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from scheduler import (
+    Limits,
+    NoNodesAvailable,
+    Policy,
+    Request,
+    SandboxEvent,
+    Scheduler,
+)
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.records import Placement
+from scheduler.testing.redis_server import RedisServer, free_port
+from scheduler.testing.replicas import ServeProcess
+from tests.helpers import cold, endpoint_md, hb, hb_request
+
+pytestmark = pytest.mark.real_only
+Make = Callable[..., Scheduler]
+EP = "n1.local:5000"
+
+
+def xfail28(rule: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=f"#28: {rule}, not built yet")
+
+
+def view(s: Scheduler, node_id: str = "n1") -> Any:
+    return next(v for v in s.nodes() if v.node_id == node_id)
+
+
+def counted(s: Scheduler, node_id: str = "n1") -> int:
+    """What a count ceiling compares for the node: running + starting + pending."""
+    v = view(s, node_id)
+    return int(v.sandbox_count + v.sandbox_starting_count + v.pending_reservations)
+
+
+def pending(s: Scheduler, node_id: str = "n1") -> int:
+    return int(view(s, node_id).pending_reservations)
+
+
+def state(s: Scheduler, p: Placement) -> str:
+    """The state of the reservation ``p`` was placed under."""
+    assert p.reservation_id
+    return str(s.reservation(p.reservation_id).state)
+
+
+def ev(sandbox_id: str, kind: str) -> SandboxEvent:
+    return SandboxEvent(sandbox_id=sandbox_id, event_type=kind)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# Capacity held by sandboxes that are gone
+# ---------------------------------------------------------------------------
+@xfail28(
+    "an assigned reservation whose sandbox is absent from two rosters received after "
+    "its assignment is released"
+)
+def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete_lost(
+    make_scheduler: Make,
+) -> None:
+    """Never listed, its DELETE lost: two heartbeats later its slot is back."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)  # as the reference gateway: no reservation id
+    assert counted(s) == 2
+    # sb1 lived half a second: created and gone between two heartbeats
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    assert state(s, p) not in ("pending", "assigned", "acked")
+    assert counted(s) == 1
+
+
+def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete(
+    make_scheduler: Make,
+) -> None:
+    """Roster mode, the DELETE arrives: the reservation ends at once, once."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    s.schedule(Request.cold(1, 1024))
+    other = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)
+    s.events("n1", [ev("sb1", "CREATE"), ev("sb1", "DELETE")])
+    assert counted(s) == 2  # keep + the other creation still on its way
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    assert counted(s) == 2
+    assert state(s, other) == "pending"  # never dropped early
+
+
+def test_counter_mode_a_short_sandbox_is_released_by_the_counter(make_scheduler: Make) -> None:
+    """Counter mode, every event lost: create_successes rising releases it, once."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", create_successes=5))
+    s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)
+    second = s.schedule(Request.cold(1, 1024))
+    # sb1 was created and is gone: the counter rose by one, nothing runs
+    s.heartbeat(hb("n1", create_successes=6))
+    assert counted(s) == 1
+    assert state(s, second) == "pending"
+    s.heartbeat(hb("n1", create_successes=6))
+    assert counted(s) == 1
+
+
+@xfail28(
+    "the heartbeat that switches a node from counter to roster mode releases what the "
+    "counter rose by (or what its roster does not list, two heartbeats on)"
+)
+def test_the_switch_from_counter_to_roster_mode_keeps_no_dead_reservation(
+    make_scheduler: Make,
+) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", create_successes=0))
+    s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)
+    # sb1 was created and deleted; then the node's first roster (another sandbox)
+    s.heartbeat(hb("n1", roster=["sb2"], sandbox_count=1, create_successes=2))
+    s.heartbeat(hb("n1", roster=["sb2"], sandbox_count=1, create_successes=2))
+    s.heartbeat(hb("n1", roster=["sb2"], sandbox_count=1, create_successes=2))
+    assert counted(s) == 1
+
+
+@xfail28(
+    "in counter mode a DELETE of an assigned sandbox releases its reservation and moves "
+    "the counter's baseline"
+)
+def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)
+    second = s.schedule(Request.cold(1, 1024))  # its create still on the way
+    s.events("n1", [ev("sb1", "CREATE"), ev("sb1", "DELETE")])
+    assert state(s, first) == "released"
+    assert counted(s) == 1
+    # the counter rose for sb1: the DELETE already accounted for it
+    s.heartbeat(hb("n1", create_successes=1))
+    assert state(s, second) == "pending"
+    assert counted(s) == 1
+
+
+# ---------------------------------------------------------------------------
+# Reservations that end without a trace
+# ---------------------------------------------------------------------------
+#: the proposed default of unassigned_reservation_ttl (docs/design.md)
+UNASSIGNED_TTL_MS = 90_000
+
+
+@xfail28(
+    "a placement never assigned gives its room back after unassigned_reservation_ttl "
+    "(proposed default 90 s)"
+)
+def test_a_schedule_never_followed_by_a_create_gives_its_room_back(make_scheduler: Make) -> None:
+    """The gateway never sent the create (or never learnt the id: its deadline
+    passed as the answer came).  Nothing will ever claim the reservation."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
+    s.heartbeat(hb("n1"))
+    lost = s.schedule(Request.cold(1, 1024))
+    s.advance_clock(UNASSIGNED_TTL_MS + 5_000)
+    s.heartbeat(hb("n1"))
+    s.heartbeat(hb("n1"))
+    assert state(s, lost) not in ("pending", "assigned", "acked")
+    assert counted(s) == 0
+
+
+def test_a_placement_being_created_is_not_dropped_before_its_create_could_finish(
+    make_scheduler: Make,
+) -> None:
+    """The other side of the rule: a create the node may still finish (the
+    slowest reports after tens of seconds) keeps its reservation meanwhile."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
+    s.heartbeat(hb("n1"))
+    slow = s.schedule(Request.cold(1, 1024))
+    for _ in range(6):  # 30 s of 5 s heartbeats, the create still starting
+        s.advance_clock(5_000)
+        s.heartbeat(hb("n1"))
+    assert state(s, slow) == "pending"
+    assert counted(s) == 1
+
+
+@xfail28("create_fails rising releases the node's oldest unassigned reservation")
+def test_a_failed_create_releases_its_reservation(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
+    s.heartbeat(hb("n1", create_fails=3))
+    failed = s.schedule(Request.cold(1, 1024))
+    s.heartbeat(hb("n1", create_fails=4))  # the node says the create failed
+    assert state(s, failed) not in ("pending", "assigned", "acked")
+    assert counted(s) == 0
+
+
+# ---------------------------------------------------------------------------
+# Ceilings
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["FORK", "CREATE"])
+@xfail28(
+    "FORK and outside CREATE events count the new sandbox as the node's own, never by "
+    "taking another creation's reservation"
+)
+def test_a_fork_or_outside_create_never_takes_a_creation_in_flight(
+    make_scheduler: Make, kind: str
+) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=3)))
+    s.heartbeat(hb("n1", roster=["a", "b"], sandbox_count=2))
+    flight = s.schedule(Request.cold(1, 1024))  # the node is full: 2 + 1
+    s.events("n1", [ev("child", kind)])  # not placed by the scheduler
+    s.heartbeat(hb("n1", roster=["a", "b", "child"], sandbox_count=3))
+    # the creation in flight is still on its way: it must still be counted
+    assert state(s, flight) == "pending"
+    assert counted(s) == 4  # 3 running + the one on its way: over, so nothing more
+    with pytest.raises(NoNodesAvailable):
+        s.schedule(Request.cold(1, 1024))
+
+
+@xfail28("a counter that goes backwards within one service instance releases nothing")
+def test_a_counter_going_backwards_releases_nothing(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", create_successes=10))
+    for _ in range(3):
+        s.schedule(Request.cold(1, 1024))
+    s.heartbeat(hb("n1", create_successes=8))  # an older count, late
+    # one real creation since 10: it runs, and two are still on their way
+    s.heartbeat(hb("n1", roster=[], sandbox_count=1, create_successes=11))
+    assert pending(s) == 2
+    assert counted(s) == 3
+
+
+def test_a_restart_counts_from_the_new_instance(make_scheduler: Make) -> None:
+    """A node agent restart (new service_instance_id, counters from 0) keeps
+    what the new instance reports and releases nothing for the reset."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", sid="boot-1", create_successes=7, sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    s.heartbeat(hb("n1", sid="boot-2", create_successes=0, sandbox_count=1))
+    assert state(s, p) == "pending"
+    assert counted(s) == 2
+    s.heartbeat(hb("n1", sid="boot-2", create_successes=1, sandbox_count=2))
+    assert counted(s) == 2
+
+
+# ---------------------------------------------------------------------------
+# Through real replicas: order across replicas, fields only the wire carries
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def cell(request: pytest.FixtureRequest) -> str:
+    """A cell of this test's own: nothing another test left is in it."""
+    name: str = request.node.name
+    return "counted-" + name.split("[")[0][-40:].replace("_", "-")
+
+
+@pytest.fixture
+def two_replicas(redis_server: RedisServer, cell: str) -> Iterator[list[ServeProcess]]:
+    """Two ``schedctl serve`` processes on one cell, max_sandbox_count 2."""
+    config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}}
+    procs = [ServeProcess(config, redis_server.url, cell=cell) for _ in range(2)]
+    try:
+        for p in procs:
+            p.wait_serving(60)
+        yield procs
+    finally:
+        for p in procs:
+            p.close()
+
+
+@pytest.fixture
+def stubs(two_replicas: list[ServeProcess]) -> Iterator[list[pb_grpc.SchedulerStub]]:
+    channels = [grpc.insecure_channel(p.address) for p in two_replicas]
+    yield [pb_grpc.SchedulerStub(c) for c in channels]
+    for c in channels:
+        c.close()
+
+
+@pytest.fixture
+def cell_view(redis_server: RedisServer, cell: str) -> Iterator[Scheduler]:
+    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=cell)
+    yield s
+    s.close()
+
+
+def _place_and_create(
+    stub: pb_grpc.SchedulerStub, sandbox_id: str, node_id: str
+) -> pb.ScheduleResponse:
+    resp = stub.Schedule(cold(1, 1024), timeout=5)
+    assert resp.node.node_id == node_id
+    stub.RecordAssignment(pb.RecordAssignmentRequest(sandbox_id=sandbox_id, node=resp.node))
+    return resp  # type: ignore[no-any-return]
+
+
+@xfail28(
+    "a heartbeat older than the stored one of the same service instance (by "
+    "reported_at_unix_ms) changes no count"
+)
+def test_an_older_heartbeat_through_another_replica_changes_no_count(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    a, b = stubs
+    node, md = "old-hb", endpoint_md("old-hb:5000")
+    older = hb_request(node, roster=["x"], reported_at_unix_ms=1_000_000)
+    a.Heartbeat(hb_request(node, roster=["x"], reported_at_unix_ms=999_000), metadata=md)
+    _place_and_create(a, "y", node)
+    # the newer heartbeat lists both (via B)
+    b.Heartbeat(hb_request(node, roster=["x", "y"], reported_at_unix_ms=1_005_000), metadata=md)
+    assert counted(cell_view, node) == 2
+    # the older one, stuck in a queue, arrives last (via A)
+    a.Heartbeat(older, metadata=md)
+    assert counted(cell_view, node) == 2
+    with pytest.raises(grpc.RpcError) as e:
+        a.Schedule(cold(1, 1024), timeout=5)  # the node holds 2 of 2
+    assert "no nodes available" in (e.value.details() or "")
+
+
+@xfail28(
+    "events carry and check service_instance_id: a late DELETE of the node's previous "
+    "instance leaves the sandbox its current instance lists"
+)
+def test_a_late_delete_from_the_previous_instance_keeps_the_listed_binding(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    a, b = stubs
+    node, md = "late-del", endpoint_md("late-del:5000")
+    a.Heartbeat(hb_request(node, sid="i1", roster=["kept"]), metadata=md)
+    b.Heartbeat(hb_request(node, sid="i2", roster=["kept"]), metadata=md)  # restarted
+    a.ReportSandboxEvent(
+        pb.ReportSandboxEventRequest(
+            node_id=node,
+            service_instance_id="i1",
+            events=[pb.SandboxEvent(sandbox_id="kept", event_type=pb.SANDBOX_EVENT_TYPE_DELETE)],
+        )
+    )
+    for _ in range(2):  # steady heartbeats of the current instance
+        b.Heartbeat(hb_request(node, sid="i2", roster=["kept"]), metadata=md)
+    assert b.LookupNode(pb.LookupNodeRequest(sandbox_id="kept")).node.node_id == node
+
+
+class HoldingProxy:
+    """A TCP proxy in front of a replica that can hold its answers: while
+    ``hold`` is set, bytes from the replica wait ``hold_s`` before going on
+    (a slow link back to the gateway; what reaches the replica is not held)."""
+
+    def __init__(self, port: int, hold_s: float) -> None:
+        self.target = port
+        self.hold_s = hold_s
+        self.hold = False
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(5)
+
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, held: bool) -> None:
+            with contextlib.suppress(OSError):
+                while data := await r.read(65536):
+                    if held and self.hold:
+                        await asyncio.sleep(self.hold_s)
+                    w.write(data)
+                    await w.drain()
+            w.close()
+
+        await asyncio.gather(pipe(client_r, up_w, False), pipe(up_r, client_w, True))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@xfail28(
+    "a placement never assigned gives its room back after unassigned_reservation_ttl; "
+    "an answer the caller's deadline beat is one"
+)
+def test_a_schedule_answered_after_its_callers_deadline_gives_its_room_back(
+    redis_server: RedisServer, cell: str, processes: list[ServeProcess]
+) -> None:
+    """The replica wrote its answer in time, the gateway's deadline passed
+    before the answer reached it: the replica saw no cancel, the gateway
+    never learnt the reservation id, and nothing will ever claim it."""
+    config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}}
+    replica = ServeProcess(config, redis_server.url, cell=cell)
+    processes.append(replica)
+    replica.wait_serving(60)
+    proxy = HoldingProxy(replica.port, hold_s=1.5)
+    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=cell)
+    try:
+        with grpc.insecure_channel(replica.address) as direct:
+            node = pb_grpc.SchedulerStub(direct)
+            node.Heartbeat(hb_request("slow-link"), metadata=endpoint_md("slow-link:5000"))
+        with grpc.insecure_channel(f"127.0.0.1:{proxy.port}") as ch:
+            gateway = pb_grpc.SchedulerStub(ch)
+            gateway.ListNodes(pb.ListNodesRequest(), timeout=5)  # the connection is up
+            proxy.hold = True
+            with pytest.raises(grpc.RpcError) as e:
+                gateway.Schedule(cold(1, 1024), timeout=1.0)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert pending(s, "slow-link") == 1  # placed, and the caller never knew
+        s.advance_clock(UNASSIGNED_TTL_MS + 5_000)
+        for _ in range(2):
+            s.heartbeat(hb("slow-link", endpoint="slow-link:5000", sid="i1"))
+        assert counted(s, "slow-link") == 0
+    finally:
+        proxy.close()
+        s.close()
+
+
+# ---------------------------------------------------------------------------
+# Moves: a sandbox two nodes claim
+# ---------------------------------------------------------------------------
+@xfail28(
+    "one rule for which node a sandbox belongs to: the reservation it was placed under "
+    "follows it or ends exactly once"
+)
+def test_a_sandbox_recorded_on_one_node_while_another_lists_it_is_counted_once(
+    make_scheduler: Make,
+) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    s.heartbeat(hb("b"))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    s.assign("sbx", "b", "b.local:5000", p.reservation_id)  # the gateway says: on b
+    # a still lists it (the sandbox is a's): a's numbers include it
+    s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    for _ in range(2):
+        s.heartbeat(hb("b"))
+    assert counted(s, "a") + counted(s, "b") == 1
+
+
+@xfail28("a node's steady heartbeat restores a listed binding that something else removed")
+def test_a_listed_sandbox_stays_found_after_another_node_listed_it_once(
+    make_scheduler: Make,
+) -> None:
+    s = make_scheduler(Policy())
+    s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    s.heartbeat(hb("b", roster=["sbx"], sandbox_count=1))  # b listed it once (a stale copy)
+    s.heartbeat(hb("b"))  # and no more
+    for _ in range(2):  # a's heartbeats, unchanged: it runs there all along
+        s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    assert s.lookup("sbx").node_id == "a"
