@@ -6,6 +6,7 @@ import click
 
 from .cells import cells
 from .explain import explain
+from .health import health
 from .linger import linger
 from .nodes import nodes
 from .policy import policy
@@ -29,3 +30,4 @@ main.add_command(linger)
 main.add_command(cells)
 
 main.add_command(serve)
+main.add_command(health)

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
-from scheduler.config import Settings
+from scheduler.config import Settings, resolve_log_format
 from scheduler.loops import Loop, choose
 
 log = logging.getLogger("scheduler.serve")
@@ -130,7 +130,7 @@ def _worker(
 
     from .serve import StartupError, configure_logging, run_replica
 
-    configure_logging(settings.log_level, settings.log_format, worker=index)
+    configure_logging(settings.log_level, resolve_log_format(settings.log_format), worker=index)
     # SIGINT of a terminal reaches every process of the group; the parent
     # forwards a SIGTERM anyway, so the first of them starts the drain.
 

@@ -11,6 +11,14 @@ UNAVAILABLE.  A call that finds Redis unable to serve wakes the monitor at
 once.  Under Sentinel the replica follows the primary the sentinels
 announce.  When Redis is back the replica restores the cell's policy if Redis
 lost it and serves again, without a restart.
+
+Its ports listen from the first second (:meth:`Replica.listen`), before Redis
+has answered: health reads NOT_SERVING, ``/metrics`` says ``sched_redis_up 0``,
+``/healthz`` is 200 (alive) and ``/readyz`` 503, and every scheduler call is
+UNAVAILABLE until the cell's policy is checked (:meth:`Replica.open`), so a
+liveness probe does not restart a replica that waits for Redis.  A
+``-query-only`` replica answers LookupNode alone (every other call
+UNAVAILABLE, naming the mode) and never writes the cell.
 """
 
 from __future__ import annotations
@@ -18,10 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler.aio import AsyncScheduler
 from scheduler.config import Settings
@@ -36,12 +50,59 @@ from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
 log = logging.getLogger("scheduler.replica")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
+LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ListenError(Exception):
     """An address this replica should listen on is not available."""
+
+
+class _Handlers:
+    """Takes the generated code's method handlers instead of a server."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.handlers = {f"/{service}/{name}": h for name, h in handlers.items()}
+
+
+def _refuser(why: str) -> grpc.RpcMethodHandler:
+    async def refuse(_request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class _Gate(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """The scheduler's methods, each refused UNAVAILABLE while ``refusal`` has a
+    reason (before the cell is checked; every one but LookupNode when
+    query-only), else its own handler."""
+
+    def __init__(
+        self, handlers: dict[str, grpc.RpcMethodHandler], refusal: Callable[[str], str | None]
+    ) -> None:
+        self.handlers = handlers
+        self.refusal = refusal
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self.handlers.get(details.method)
+        if handler is None:
+            return None
+        why = self.refusal(details.method)
+        return handler if why is None else _refuser(why)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
 
 
 class Replica:
@@ -75,7 +136,15 @@ class Replica:
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
             on_unavailable=self.check_now,
+            heartbeat_endpoint=(settings.heartbeat_scheme, settings.heartbeat_port)
+            if settings.heartbeat_port
+            else None,
         )
+        #: the cell's policy is checked (query-only: from the start): calls are served
+        self._open = False
+        #: stop() has run
+        self.stopped = False
+        self._http: ThreadingWSGIServer | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -117,6 +186,28 @@ class Replica:
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
+        """Listen and serve (the cell is already checked)."""
+        await self.listen()
+        await self.open()
+
+    def refusal(self, method: str) -> str | None:
+        """Why a call of ``method`` is refused now; None when it is served."""
+        if self.settings.query_only and method != LOOKUP_METHOD:
+            name = method.rpartition("/")[2]
+            return (
+                f"{name}: this replica is query-only (-query-only): it answers LookupNode "
+                f"alone; send {name} to a scheduling replica"
+            )
+        if not self._open:
+            return (
+                f"Redis at {self.sched.target} has not answered since this replica "
+                "started: it serves once the cell's policy is checked"
+            )
+        return None
+
+    async def listen(self) -> None:
+        """Open the gRPC port and /metrics now, Redis or not: health NOT_SERVING,
+        every scheduler call UNAVAILABLE until :meth:`open`."""
         limit = max_message_bytes(self.settings.policy.max_roster_ids)
         self.server = grpc.aio.server(
             options=[
@@ -124,7 +215,9 @@ class Replica:
                 ("grpc.max_receive_message_length", limit),
             ]
         )
-        pb_grpc.add_SchedulerServicer_to_server(self.service, self.server)
+        taken = _Handlers()
+        pb_grpc.add_SchedulerServicer_to_server(self.service, taken)
+        self.server.add_generic_rpc_handlers((_Gate(taken.handlers, self.refusal),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             self.port = self._add_port(self.server)
@@ -134,16 +227,52 @@ class Replica:
             raise ListenError(f"gRPC cannot listen on {self.settings.grpc_listen}")
         if self.settings.metrics_listen:
             try:
-                self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+                self.metrics_port = self._serve_http(self.settings.metrics_listen)
             except OSError as e:
                 raise ListenError(
                     f"/metrics cannot listen on {self.settings.metrics_listen}: {e.strerror or e}"
                 ) from None
+        await self._publish(False)
         await self.server.start()
-        await self._set_serving(True)
+
+    async def open(self) -> None:
+        """The cell is checked (a query-only replica checks none): serve calls,
+        and watch Redis from now on."""
+        self._open = True
+        if not self.settings.query_only:
+            await self._set_serving(True)
         if self.sentinel is not None:
             self.sentinel.start()
         self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")
+
+    def _serve_http(self, listen: str) -> int:
+        """/metrics, /healthz (alive: 200 while the process runs) and /readyz
+        (200 while this replica serves, else 503) on ``host:port``, in a thread;
+        returns the bound port."""
+        metrics_app = make_wsgi_app(self.metrics.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                start_response("200 OK", [("Content-Type", "text/plain")])
+                return [b"ok\n"]
+            if path == "/readyz":
+                if self._open and self._redis_ok:
+                    start_response("200 OK", [("Content-Type", "text/plain")])
+                    return [b"ready\n"]
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"not ready: Redis at {self.sched.target} does not serve\n".encode()]
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        if host == "::":
+            host = "0.0.0.0"
+        server = make_server(host, int(port), app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        self._http = server
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
+        return int(server.server_address[1])
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         listen, files = self.settings.grpc_listen, self.settings.grpc_tls
@@ -165,6 +294,7 @@ class Replica:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking calls, let in-flight ones finish (up to the grace), close."""
         self._stopping = True
+        self.stopped = True
         await self.health.enter_graceful_shutdown()
         if self.sentinel is not None:
             await self.sentinel.stop()
@@ -175,6 +305,10 @@ class Replica:
             await asyncio.wait([self._monitor], timeout=5)
         if self.server is not None:
             await self.server.stop(self.settings.drain_timeout_s if grace_s is None else grace_s)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
         self.metrics.close()
 
     # -- monitoring ----------------------------------------------------------
@@ -189,6 +323,9 @@ class Replica:
                     "%s: NOT_SERVING until this replica can write again",
                     why or f"Redis at {self.sched.target} is unreachable",
                 )
+        await self._publish(ok)
+
+    async def _publish(self, ok: bool) -> None:
         self._redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
         status = SERVING if ok else NOT_SERVING
@@ -222,6 +359,10 @@ class Replica:
                 await asyncio.wait_for(self._wake.wait(), self.monitor_interval_s)
 
     async def _check_redis(self, refresh_stats: bool) -> None:
+        if self.settings.query_only:  # reads alone: nothing of the cell to keep
+            await asyncio.wait_for(self.sched.ping(), max(self.monitor_interval_s, 1.0))
+            await self._set_serving(True)
+            return
         was_ok = self._redis_ok
         if self.sentinel is not None:
             try:
