@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
@@ -123,7 +123,7 @@ class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_level: str = "info"
     log_format: str = "text"
     #: the reference system's other service in the shared file: ignored
-    gateway: msgspec.Raw | None = None
+    gateway: dict[str, Any] | None = None
 
 
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")

@@ -153,7 +153,7 @@ def reporter_heartbeat(node_id: str) -> pb.HeartbeatRequest:
             status=pb.NODE_STATUS_READY,
             allocated_cpu=0,
             allocated_memory_bytes=0,
-            cpu_percent=3.5,
+            cpu_percent=3,
             cpu_count=16,
             memory_used_bytes=2 << 30,
             memory_total_bytes=64 << 30,
@@ -184,7 +184,9 @@ def place_record_lookup(u: Upstream, node_id: str, endpoint: str) -> None:
     u.stub.Heartbeat(reporter_heartbeat(node_id), timeout=10)
     placed = u.stub.Schedule(
         pb.ScheduleRequest(
-            hint=pb.ScheduleRequestHint(new_sandbox=pb.NewSandboxHint(cpu_count=1, memory_mb=512))
+            hint=pb.ScheduleRequestHint(
+                new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=512)
+            )
         ),
         timeout=10,
     )
