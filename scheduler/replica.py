@@ -69,35 +69,42 @@ class _Handlers:
         pass
 
     def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        self.handlers = {f"/{service}/{name}": h for name, h in handlers.items()}
-
-
-def _refuser(why: str) -> grpc.RpcMethodHandler:
-    async def refuse(_request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, why)
-
-    return grpc.unary_unary_rpc_method_handler(refuse)
-
-
-class _Gate(grpc.GenericRpcHandler):  # type: ignore[misc]
-    """The scheduler's methods, each refused UNAVAILABLE while ``refusal`` has a
-    reason (before the cell is checked; every one but LookupNode when
-    query-only), else its own handler."""
-
-    def __init__(
-        self, handlers: dict[str, grpc.RpcMethodHandler], refusal: Callable[[str], str | None]
+        self, _service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
         self.handlers = handlers
-        self.refusal = refusal
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = self.handlers.get(details.method)
-        if handler is None:
-            return None
-        why = self.refusal(details.method)
-        return handler if why is None else _refuser(why)
+
+class _Gate:
+    """The scheduler's methods, each refused UNAVAILABLE while ``refusal`` has a
+    reason (before the cell is checked; every one but LookupNode when
+    query-only).  They stay registered methods: the generic-handler path
+    instead made a burst of calls on a new connection measurably later
+    (tests/test_multi_replica.py's silent replicas lost every race)."""
+
+    def __init__(self, refusal: Callable[[str], str | None]) -> None:
+        self.refusal = refusal
+        #: nothing is refused any more (open, not query-only): one attribute test a call
+        self.open = False
+
+    def wrap(self, handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._gated(f"/{SERVICE_NAME}/{name}", h.unary_unary),
+                request_deserializer=h.request_deserializer,
+                response_serializer=h.response_serializer,
+            )
+            for name, h in handlers.items()
+        }
+
+    def _gated(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if not self.open:
+                why = self.refusal(method)
+                if why is not None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+            return await behaviour(request, context)
+
+        return call
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -145,6 +152,7 @@ class Replica:
         #: stop() has run
         self.stopped = False
         self._http: ThreadingWSGIServer | None = None
+        self._gate: _Gate | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -217,7 +225,12 @@ class Replica:
         )
         taken = _Handlers()
         pb_grpc.add_SchedulerServicer_to_server(self.service, taken)
-        self.server.add_generic_rpc_handlers((_Gate(taken.handlers, self.refusal),))
+        self._gate = _Gate(self.refusal)
+        gated = self._gate.wrap(taken.handlers)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, gated),)
+        )
+        self.server.add_registered_method_handlers(SERVICE_NAME, gated)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             self.port = self._add_port(self.server)
@@ -240,6 +253,8 @@ class Replica:
         and watch Redis from now on."""
         self._open = True
         if not self.settings.query_only:
+            if self._gate is not None:
+                self._gate.open = True
             await self._set_serving(True)
         if self.sentinel is not None:
             self.sentinel.start()
