@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated, get_type_hints
 
 import msgspec
@@ -79,20 +82,23 @@ class NodeSnapshot(msgspec.Struct, kw_only=True):
     paused_allocated_memory_bytes: _Bytes = 0
 
 
-def snapshot_fields() -> dict[str, Field]:
-    """NodeSnapshot's annotated fields, in wire order."""
+@functools.cache
+def snapshot_fields() -> Mapping[str, Field]:
+    """NodeSnapshot's annotated fields, in wire order.  Worked out once:
+    ``get_type_hints`` costs about 0.4 ms, and every heartbeat reads these."""
     hints = get_type_hints(NodeSnapshot, include_extras=True)
     out: dict[str, Field] = {}
     for name in NodeSnapshot.__struct_fields__:
         marks = [m for m in getattr(hints[name], "__metadata__", ()) if isinstance(m, Field)]
         if marks:
             out[name] = marks[0]
-    return out
+    return MappingProxyType(out)
 
 
-def snapshot_numbers() -> dict[str, Field]:
+@functools.cache
+def snapshot_numbers() -> Mapping[str, Field]:
     """The snapshot's numbers (name -> how they are taken), in wire order."""
-    return {name: f for name, f in snapshot_fields().items() if f.maximum}
+    return MappingProxyType({name: f for name, f in snapshot_fields().items() if f.maximum})
 
 
 class Heartbeat(msgspec.Struct, kw_only=True):

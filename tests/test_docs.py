@@ -154,3 +154,14 @@ def test_the_design_names_the_four_files_of_a_schedule() -> None:
         "lua/includes/schedule.lua",
     ]
     assert all((ROOT / f).exists() for f in files)
+
+
+def test_every_runbook_url_names_a_heading_of_operations() -> None:
+    # the alerts' runbook_url (deploy/prometheus/rules.yaml) are anchors of docs/operations.md
+    rules = (ROOT / "deploy" / "prometheus" / "rules.yaml").read_text()
+    urls = re.findall(r"runbook_url:\s*(\S+)", rules)
+    assert urls
+    for url in urls:
+        target, _, anchor = url.partition("#")
+        assert target == "docs/operations.md" and anchor, url
+        assert anchor in anchors(ROOT / target), f"{url}: no such heading"
