@@ -31,6 +31,7 @@ from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict
 from scheduler.loops import CHOICES as LOOP_CHOICES
 from scheduler.loops import LoopUnavailable, choose
 from scheduler.replica import ListenError, Replica
+from scheduler.version import describe
 
 log = logging.getLogger("scheduler.serve")
 
@@ -347,7 +348,7 @@ def serve(
         except WorkersError as e:
             raise click.ClickException(str(e)) from None
     configure_logging(settings.log_level, resolve_log_format(settings.log_format))
-    log.info("event loop: %s (%s)", loop.name, loop.why)
+    log.info("schedctl serve %s; event loop: %s (%s)", describe(), loop.name, loop.why)
     try:
         if workers > 1:
             announce(settings)

@@ -144,8 +144,9 @@ ENV_OVERRIDES = {
     "SCHEDULER_ARTIFACT_STORE_CAPACITY": "artifact_store_capacity",
     "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "artifact_lookup_node_limit",
 }
-#: read elsewhere: ``SCHEDULER_CONFIG`` is ``--config``'s variable
-ENV_KNOWN = (*ENV_OVERRIDES, "SCHEDULER_CONFIG")
+#: read elsewhere: ``SCHEDULER_CONFIG`` is ``--config``'s variable,
+#: ``SCHEDULER_BUILD_COMMIT`` the commit an image bakes in (scheduler.version)
+ENV_KNOWN = (*ENV_OVERRIDES, "SCHEDULER_CONFIG", "SCHEDULER_BUILD_COMMIT")
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {
