@@ -75,6 +75,7 @@ SCENARIOS = (
     "failover-1",
     "slot-move",
     "cluster-failover",
+    "eviction",
 )
 GIB = 1 << 30
 CELL = "faults"
@@ -292,6 +293,8 @@ class Topology:
             )
         else:
             extra = ["--appendonly", "yes"] if scenario == "kill-aof" else []
+            if scenario == "eviction":  # (a managed Redis's default)
+                extra = ["--maxmemory-policy", "allkeys-lru"]
             self.server = RedisServer(extra_args=extra)
 
     def start(self) -> Topology:
@@ -352,6 +355,20 @@ class Topology:
             self.server.pause()
             time.sleep(self.params.pause_s)
             self.server.resume()
+        elif s == "eviction":
+            # maxmemory just above what the cell uses, then other keys: Redis
+            # evicts the least recently used, the cell's among them
+            assert self.server is not None
+            admin = self.server.client()
+            used = int(admin.info("memory")["used_memory"])
+            admin.config_set("maxmemory", used + (1 << 20))
+            filler = admin.pipeline(transaction=False)
+            for i in range(8_000):
+                filler.set(f"filler:{i}", "x" * 512)
+            filler.execute()
+            time.sleep(self.params.pause_s)
+            admin.config_set("maxmemory", 0)
+            admin.close()
         elif s == "replica-kill":
             run.dead.add(0)
             replicas[0].proc.kill()
@@ -378,13 +395,28 @@ class Topology:
             self.server.close()
 
 
-def _replica_config(params: Params, acked: int) -> dict[str, Any]:
+def _replica_config(params: Params, acked: int, allow_eviction: bool = False) -> dict[str, Any]:
     return {
         "scheduler": {
             "node_resource_limit": {"max_sandbox_count": params.ceiling},
             "min_replicas_acked": acked,
+            **({"allow_eviction": True} if allow_eviction else {}),
         }
     }
+
+
+def _refused_at_start(params: Params, url: str) -> str:
+    """The eviction scenario: a replica without allow_eviction must refuse to
+    start; its last log line ("" when it started)."""
+    p = ServeProcess(_replica_config(params, 0), url, cell=CELL)
+    try:
+        p.wait_serving(30)
+    except RuntimeError:
+        lines = [x for x in p.log().splitlines() if x.strip()]
+        return lines[-1] if lines else "exited"
+    finally:
+        p.terminate(10)
+    return ""
 
 
 async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -> dict[str, Any]:
@@ -503,14 +535,26 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     replicas: list[ServeProcess] = []
     try:
         acked = 1 if scenario == "failover-1" else 0
+        evicting = scenario == "eviction"
+        refusal = _refused_at_start(params, topo.url) if evicting else ""
         replicas = [
-            ServeProcess(_replica_config(params, acked), topo.url, cell=CELL)
+            ServeProcess(_replica_config(params, acked, evicting), topo.url, cell=CELL)
             for _ in range(params.replicas)
         ]
         for r in replicas:
             r.wait_serving(30)
         row = asyncio.run(_drive(params, topo, replicas))
         row["replica_exits"] = [r.proc.poll() for r in replicas]
+        if evicting:
+            # refused at start without allow_eviction; with it, each replica's log
+            # and sched_redis_evicted_keys say that keys went
+            row["refused_at_start"] = refusal
+            row["evicted_keys"] = int(topo.primary().info("stats")["evicted_keys"])
+            row["evictions_reported"] = sum(
+                1
+                for r in replicas
+                if "evicted" in r.log() and "keys since the last check" in r.log()
+            )
         return row
     finally:
         for r in replicas:

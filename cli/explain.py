@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 import msgspec
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -20,7 +20,7 @@ from scheduler.records import MIB, Explanation, NodeView, Request, Verdict
 
 from .nodes import ceiling_amount
 from .options import Target, cell_options, pass_target
-from .output import age, gib, pressure_color, size, status_text
+from .output import age, console, gib, pressure_color, size, status_text
 from .snapshot import atomically
 
 
@@ -173,31 +173,66 @@ def _order(v: ExplainedVerdict) -> tuple[int, int, str]:
     return (0 if v.chosen else 1 if v.rank is not None else 2, v.rank or 0, v.node_id)
 
 
-def report_table(r: Report, where: str) -> Group:
+def report_table(r: Report, where: str, width: int = 200) -> Group:
+    """The verdicts as a table, and under it each node's reason whole: one
+    line per node (wrapped, never cut), so it reads at 80 columns.  The
+    starting / running / paused counts (tie-breaks) show where they fit;
+    the reasons keep every number that decides."""
     request = f"{r.cpu} cpu, {size(r.memory_bytes)}"
     if r.chosen:
         head = Text.assemble(("would place on ", ""), (r.chosen, "bold green"))
     else:
         head = Text(f"would refuse: {r.refusal}", style="bold red")
     head.append(
-        f"   (request {request}; strategy {r.strategy}; dry run, nothing reserved)", style="dim"
+        f"\n(request {request}; strategy {r.strategy}; dry run, nothing reserved)", style="dim"
     )
-    table = Table(title=f"explain on {where}", title_justify="left")
-    for col in (
-        "node",
-        "verdict",
-        "status",
-        "pressure",
-        "starting",
-        "running",
-        "paused",
-        "cpu proj/cap",
-        "mem GiB proj/cap",
-        "why",
-    ):
-        table.add_column(
-            col, justify="right" if col in ("pressure", "starting", "running", "paused") else "left"
+    table = Table(
+        title=f"explain on {where}",
+        title_justify="left",
+        caption="cpu, mem GiB: projected (with this request) / capacity",
+        caption_justify="left",
+        box=None,
+        padding=(0, 1),
+        pad_edge=False,
+        header_style="bold",
+    )
+    base = ("node", "verdict", "status", "pressure")
+    counted_cols = ("starting", "running", "paused")
+    tail = ("cpu", "mem GiB")
+    verdict_words = [
+        "chosen" if v.chosen else f"#{v.rank}" if v.rank is not None else "excluded"
+        for v in r.verdicts
+    ]
+    natural = (
+        sum(
+            max([len(h), *(len(x) for x in xs)])
+            for h, xs in (
+                ("node", [v.node_id for v in r.verdicts]),
+                ("verdict", verdict_words),
+                ("status", [v.status for v in r.verdicts]),
+                ("pressure", ["0.000"]),
+                ("cpu", [f"{v.projected_cpu}/{v.cpu_capacity}" for v in r.verdicts]),
+                (
+                    "mem GiB",
+                    [
+                        f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}"
+                        for v in r.verdicts
+                    ],
+                ),
+            )
         )
+        + 2 * 5
+    )
+    counts = counted_cols if natural + sum(len(c) + 2 for c in counted_cols) <= width else ()
+    for col in (*base, *counts, *tail):
+        table.add_column(
+            col,
+            justify="right" if col in ("pressure", *counted_cols) else "left",
+            no_wrap=True,
+        )
+    reasons = Table.grid(padding=(0, 2))
+    reasons.add_column(no_wrap=True, style="bold")
+    reasons.add_column(overflow="fold")
     for v in r.verdicts:
         verdict = (
             Text("chosen", style="bold green")
@@ -206,23 +241,27 @@ def report_table(r: Report, where: str) -> Group:
             if v.rank is not None
             else Text("excluded", style="red")
         )
+        counted = (str(v.starting), str(v.running), str(v.paused)) if counts else ()
         table.add_row(
             v.node_id,
             verdict,
             status_text(v.status),
             Text(f"{v.pressure:.3f}", style=pressure_color(v.pressure)),
-            str(v.starting),
-            str(v.running),
-            str(v.paused),
+            *counted,
             f"{v.projected_cpu}/{v.cpu_capacity}",
             f"{gib(v.projected_memory_bytes)}/{gib(v.memory_capacity_bytes)}",
-            v.detail,
         )
+        reasons.add_row(v.node_id, Text(v.detail, style="" if v.reason is None else "red"))
+    parts: list[RenderableType] = [head, table, Text("why:", style="bold"), reasons]
     if r.strategy != "least_loaded":
-        table.caption = (
-            f"ranks are least_loaded order; {r.strategy} picks among the eligible without pressure"
+        parts.append(
+            Text(
+                f"ranks are least_loaded order; {r.strategy} picks among the eligible "
+                "without pressure",
+                style="dim",
+            )
         )
-    return Group(head, table)
+    return Group(*parts)
 
 
 @click.command()
@@ -280,4 +319,4 @@ def explain(
         refusal=e.refusal,
         verdicts=verdicts,
     )
-    target.out.emit(report, lambda: report_table(report, target.where))
+    target.out.emit(report, lambda: report_table(report, target.where, console().width))

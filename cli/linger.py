@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 import msgspec
 
+from .completion import node_ids
 from .options import Target, cell_options, pass_target
 
 
@@ -20,7 +21,7 @@ class Lingering(msgspec.Struct, kw_only=True):
 
 @click.command()
 @cell_options()
-@click.argument("node_id", metavar="NODE")
+@click.argument("node_id", metavar="NODE", shell_complete=node_ids)
 @click.option("--off", is_flag=True, help="Make the node schedulable again.")
 @pass_target
 def linger(target: Target, node_id: str, off: bool) -> None:

@@ -4,23 +4,30 @@ The values land on one :class:`Target` per invocation, so a group and its
 subcommands share them: ``schedctl reservations --cell c show ID`` and
 ``schedctl reservations show ID --cell c`` mean the same.  A value typed on
 the command line wins over the environment and defaults, wherever it was typed.
-The connection opens on first use only (``--help`` and bad arguments never
-touch Redis).  Our errors become one line on stderr and a non-zero exit:
-1 for a failure (Redis unreachable, not found, ...), 2 for a bad argument.
+The options are accepted before the command as well (``schedctl --redis URL
+nodes``).  The connection opens on first use only (``--help`` and bad
+arguments never touch Redis).  Operator commands need a target: ``--redis``,
+``SCHEDULER_REDIS_ADDR``, or an explicit ``--redis embedded`` (the in-process
+store); only ``simulate`` defaults to the embedded store, and says so.  Our
+errors become one line on stderr and a non-zero exit: 1 for a failure (Redis
+unreachable, not found, ...), 2 for a bad argument (see :mod:`.main` for the
+last-resort handler and the JSON document ``--json`` prints on failure).
 """
 
 from __future__ import annotations
 
 import functools
-import re
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
+import redis
 from click.core import ParameterSource
 
 from scheduler import embedded
 from scheduler.client import Scheduler, describe_target
+from scheduler.config import ConfigError, parse_duration_ms
 from scheduler.errors import InvalidArgument, SchedulerError
 from scheduler.keys import DEFAULT_CELL
 
@@ -31,6 +38,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_FAILURE = 1
 EXIT_BAD_ARGUMENT = 2
 
+#: ``--redis embedded``: the in-process store, asked for by name.
+EMBEDDED = "embedded"
+NO_TARGET = (
+    "no Redis to operate on: give --redis URL or set SCHEDULER_REDIS_ADDR "
+    "(--redis embedded: this process's own in-process store)"
+)
+
 
 class Target:
     """What ``--redis`` / ``--cell`` / ``--json`` selected, and the lazily opened client."""
@@ -40,6 +54,9 @@ class Target:
         self.cell: str = DEFAULT_CELL
         self.json: bool = False
         self.typed: set[str] = set()
+        #: the command may run on the embedded store when no target is given
+        #: (simulate); every other command refuses to guess
+        self.embedded_default = False
         self._scheduler: Scheduler | None = None
 
     @property
@@ -47,15 +64,34 @@ class Target:
         return Output(self.json)
 
     @property
+    def url(self) -> str | None:
+        """The URL to connect to (None: the embedded store); Failure when no
+        target was given to a command that needs one."""
+        if self.redis is None:
+            if not self.embedded_default:
+                raise Failure(NO_TARGET, EXIT_BAD_ARGUMENT)
+            return None
+        if self.redis.strip().lower() == EMBEDDED:
+            return None
+        return self.redis
+
+    @property
     def where(self) -> str:
-        return f"cell {self.cell} at {describe_target(self.redis)}"
+        url = None if self.redis is None or self.redis.strip().lower() == EMBEDDED else self.redis
+        return f"cell {self.cell} at {describe_target(url)}"
 
     @property
     def scheduler(self) -> Scheduler:
         if self._scheduler is None:
-            if not self.redis:
+            url = self.url
+            if url is None and self.redis is None:
                 self.out.note(f"note: {embedded.WARNING} (set --redis or SCHEDULER_REDIS_ADDR)")
-            self._scheduler = Scheduler.connect(self.redis, cell=self.cell)
+            elif url is None:
+                self.out.note(
+                    "note: --redis embedded: using this process's embedded in-process store "
+                    "(fakeredis); no other process sees it, and it is gone when this one exits"
+                )
+            self._scheduler = Scheduler.connect(url, cell=self.cell)
             click.get_current_context().call_on_close(self._scheduler.close)
         return self._scheduler
 
@@ -83,20 +119,49 @@ def _merge(ctx: click.Context, values: dict[str, Any]) -> None:
             target.typed.add(attr)
 
 
-def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callable[[F], F]:
+def complete_cells(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    from .completion import cells as names
+
+    return names(ctx, incomplete)
+
+
+def cell_options(
+    default_cell: str = DEFAULT_CELL, cell: bool = True, embedded_default: bool = False
+) -> Callable[[F], F]:
     """Add ``--redis``, ``--cell`` (unless ``cell`` is False: a command about
-    every cell) and ``--json``, and map our errors to exits."""
+    every cell) and ``--json``, and map our errors to exits.  With
+    ``embedded_default`` the command runs on the embedded store when no
+    target is given (simulate); otherwise it needs one."""
 
     def decorate(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            _merge(click.get_current_context(), {k: kwargs.pop(k) for k in _SHARED if k in kwargs})
+            ctx = click.get_current_context()
+            _merge(ctx, {k: kwargs.pop(k) for k in _SHARED if k in kwargs})
+            if embedded_default:
+                ctx.ensure_object(Target).embedded_default = True
             try:
                 return f(*args, **kwargs)
             except InvalidArgument as e:
                 raise Failure(e.message, EXIT_BAD_ARGUMENT) from None
             except SchedulerError as e:
                 raise Failure(e.message) from None
+            except redis.exceptions.InvalidResponse as e:  # (a subclass of RedisError)
+                where = describe_target(ctx.ensure_object(Target).redis)
+                raise Failure(f"the server at {where} does not answer as Redis: {e}") from None
+            except redis.exceptions.RedisError as e:  # what translated() does not know
+                where = describe_target(ctx.ensure_object(Target).redis)
+                raise Failure(f"Redis at {where} answered: {e}") from None
+            except (ValueError, TypeError, IndexError) as e:
+                # A reply or record this schedctl cannot read (a corrupt field, a
+                # key written by another version): one line, not a traceback.
+                if os.environ.get("SCHEDCTL_DEBUG"):
+                    raise
+                where = ctx.ensure_object(Target).where
+                raise Failure(
+                    f"{where} holds data this schedctl cannot read (corrupt, or written by "
+                    f"another version?): {type(e).__name__}: {e} (SCHEDCTL_DEBUG=1 shows where)"
+                ) from None
 
         options = [
             click.option(
@@ -107,7 +172,12 @@ def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callabl
                 help="Redis to use: host:port, a redis://, rediss://, unix:// URL, "
                 "redis+sentinel://h:p[,h:p...]/MASTER or "
                 "redis+cluster://h:p[,h:p...] "
-                "[env SCHEDULER_REDIS_ADDR; default: the embedded store]",
+                "or 'embedded' (this process's in-process store) "
+                + (
+                    "[env SCHEDULER_REDIS_ADDR; default: the embedded store]"
+                    if embedded_default
+                    else "[env SCHEDULER_REDIS_ADDR; required]"
+                ),
             ),
             *(
                 [
@@ -115,6 +185,7 @@ def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callabl
                         "--cell",
                         default=default_cell,
                         show_default=True,
+                        shell_complete=complete_cells,
                         help="Scheduling domain (key hash tag).",
                     )
                 ]
@@ -138,14 +209,14 @@ def cell_options(default_cell: str = DEFAULT_CELL, cell: bool = True) -> Callabl
 class Failure(click.ClickException):
     """One line on stderr ("Error: ..."), exit status 1 or 2."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+    def __init__(
+        self, message: str, exit_code: int = EXIT_FAILURE, detail: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
+        #: more fields of the ``{"error": ...}`` document ``--json`` prints
+        self.detail = detail or {}
         # (click >= 8.2 declares exit_code a class variable; it is read per instance)
         vars(self)["exit_code"] = exit_code
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
 if TYPE_CHECKING:  # click >= 8.2 makes ParamType generic; older ones cannot subscript it
@@ -155,7 +226,9 @@ else:
 
 
 class Duration(_IntParamType):
-    """A Go-style duration ("30s", "10m", "1m30s", "250ms") as whole milliseconds."""
+    """A Go-style duration ("30s", "10m", "1m30s", "250ms", "1500us") as whole
+    milliseconds: the configuration file's parser
+    (:func:`scheduler.config.parse_duration_ms`), so both accept the same text."""
 
     name = "duration"
 
@@ -170,16 +243,11 @@ class Duration(_IntParamType):
     ) -> int:
         if isinstance(value, int):
             return value
-        text = str(value).strip()
-        if self.zero_ok and text == "0":
-            return 0
-        parts = _DURATION.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            self.fail(f"{text!r} is not a duration like 30s, 10m, 1m30s or 250ms", param, ctx)
-        ms = sum(float(n) * _UNIT_MS[u] for n, u in parts)
-        if ms != int(ms) or ms <= 0:
-            self.fail(f"{text!r} must be a positive whole number of milliseconds", param, ctx)
-        return int(ms)
+        text = str(value)
+        try:
+            return parse_duration_ms("", text, zero_ok=self.zero_ok)
+        except ConfigError as e:
+            self.fail(str(e).removeprefix(": "), param, ctx)
 
 
 def format_duration(ms: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 import msgspec
 from rich.console import Group
@@ -9,10 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler.calls import Call
-from scheduler.errors import NotFound
+from scheduler.errors import FailedPrecondition, NotFound
+from scheduler.keys import validate_id
 from scheduler.records import Binding, Reservation
+from scheduler.translate import translated
 
-from .options import Target, cell_options, pass_target
+from .completion import node_ids, reservation_ids
+from .options import Failure, Target, cell_options, pass_target
 from .output import age, duration_text, size
 from .snapshot import atomically
 
@@ -77,7 +82,13 @@ def reservations_table(found: list[Reservation], now: int, where: str) -> Table:
 
 @click.group(invoke_without_command=True)
 @cell_options()
-@click.option("--node", "node_id", metavar="NODE", help="Only this node's reservations.")
+@click.option(
+    "--node",
+    "node_id",
+    metavar="NODE",
+    shell_complete=node_ids,
+    help="Only this node's reservations.",
+)
 @click.pass_context
 def reservations(ctx: click.Context, node_id: str | None) -> None:
     """Pending placements: list them (default), show or cancel one."""
@@ -110,7 +121,7 @@ def _show_table(view: ReservationView) -> Group:
 
 @reservations.command()
 @cell_options()
-@click.argument("reservation_id", metavar="ID")
+@click.argument("reservation_id", metavar="ID", shell_complete=reservation_ids)
 @pass_target
 def show(target: Target, reservation_id: str) -> None:
     """One reservation, live or ended (ended ones stay readable for the policy's
@@ -128,24 +139,55 @@ def show(target: Target, reservation_id: str) -> None:
 class Cancelled(msgspec.Struct, kw_only=True):
     reservation_id: str
     node_id: str
+    #: "cancelled" now, or "already cancelled" / "already released" /
+    #: "already expired" (it held nothing any more), or "not found"
+    #: (with --ignore-not-found)
     state: str = "cancelled"
+
+
+_ALREADY = re.compile(r"reservation (?P<id>\S+) already (?P<state>released|cancelled|expired)$")
 
 
 @reservations.command()
 @cell_options()
-@click.argument("reservation_id", metavar="ID")
+@click.argument("reservation_id", metavar="ID", shell_complete=reservation_ids)
+@click.option(
+    "--ignore-not-found",
+    is_flag=True,
+    help="Exit 0 when the cell does not know the reservation (its tombstone is gone too).",
+)
 @pass_target
-def cancel(target: Target, reservation_id: str) -> None:
-    """Give a reservation back now (its create failed), instead of waiting for its TTL."""
-    node_id = target.scheduler.cancel(reservation_id)
-    done = Cancelled(reservation_id=reservation_id.strip(), node_id=node_id)
-    target.out.emit(
-        done,
-        lambda: (
-            f"cancelled reservation {done.reservation_id} on node "
-            f"{node_id}: its cpu, memory and slot are free again"
-        ),
-    )
+def cancel(target: Target, reservation_id: str, ignore_not_found: bool) -> None:
+    """Give a reservation back now (its create failed), instead of waiting for its TTL.
+
+    Idempotent: a reservation that already ended (cancelled, released or
+    expired) holds nothing; that exits 0 and says how it ended."""
+    s = target.scheduler
+    rid = reservation_id.strip()
+    try:
+        done = Cancelled(reservation_id=rid, node_id=s.cancel(reservation_id))
+    except FailedPrecondition as e:
+        m = _ALREADY.match(e.message)
+        if m is None:
+            raise
+        ended = s.reservation(rid)
+        done = Cancelled(reservation_id=rid, node_id=ended.node_id, state=f"already {ended.state}")
+    except NotFound:
+        if not ignore_not_found:
+            raise
+        done = Cancelled(reservation_id=rid, node_id="", state="not found")
+
+    def render() -> str:
+        if done.state == "cancelled":
+            return (
+                f"cancelled reservation {rid} on node {done.node_id}: "
+                "its cpu, memory and slot are free again"
+            )
+        if done.state == "not found":
+            return f"reservation {rid} not found in {target.where} (nothing to cancel)"
+        return f"reservation {rid} on node {done.node_id} was {done.state}: it holds nothing"
+
+    target.out.emit(done, render)
 
 
 @click.group()
@@ -169,9 +211,12 @@ def lookup(target: Target, sandbox_id: str) -> None:
     s = target.scheduler
     call = s.ops.lookup(sandbox_id)
     # The script also returns the cell's clock; keep it for "expires in".
-    binding, now = s.run(
-        Call(call.script, call.keys, call.args, lambda r: (call.parse(r), int(r[5])))
-    )
+    try:
+        binding, now = s.run(
+            Call(call.script, call.keys, call.args, lambda r: (call.parse(r), int(r[5])))
+        )
+    except NotFound:
+        raise _why_not_bound(target, validate_id("sandbox_id", sandbox_id)) from None
     view = BindingView(binding=binding, key=s.keys.bind(binding.sandbox_id), now_ms=now)
 
     target.out.emit(
@@ -187,4 +232,63 @@ def lookup(target: Target, sandbox_id: str) -> None:
             ],
             view.key,
         ),
+    )
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _why_not_bound(target: Target, sb: str) -> Failure:
+    """LookupNode answers NOT_FOUND for a binding that is missing, deleted or
+    expired; the record may still be in Redis (until its key's own TTL), so
+    say which, with the node, its heartbeat and the binding's age."""
+    s = target.scheduler
+    key = s.keys.bind(sb)
+    with translated(s.target):
+        raw = {_text(k): _text(v) for k, v in s.client.hgetall(key).items()}
+    if not raw.get("node_id"):
+        return Failure(
+            f"sandbox {sb} has no binding in {target.where} (never assigned, "
+            "or its record is gone)",
+            detail={"sandbox_id": sb, "state": "missing"},
+        )
+    node = raw["node_id"]
+    (now, views), policy = atomically(s, s.ops.nodes(), s.ops.policy())
+    view = next((v for v in views if v.node_id == node), None)
+    ttl = policy.binding_ttl_ms if policy else 0
+    listed = raw.get("listed") == "1"
+    expires = int(raw.get("expires_ms") or 0)
+    if listed and view is not None and view.last_seen_ms is not None:
+        expires = max(expires, view.last_seen_ms + ttl)
+    heartbeat = (
+        "not known to the cell any more"
+        if view is None
+        else f"{view.status}, last heartbeat {age(view.heartbeat_age_ms)}"
+    )
+    if raw.get("deleted") == "1":
+        state, why = "deleted", "the node reported the sandbox deleted"
+    elif listed:
+        state = "expired"
+        why = (
+            f"the node's roster listed it, but no heartbeat came within binding_ttl "
+            f"{duration_text(ttl)}"
+        )
+    else:
+        state = "expired"
+        why = f"no heartbeat of the node listed it within binding_ttl {duration_text(ttl)}"
+    return Failure(
+        f"sandbox {sb}: its binding to node {node} {state} {age(now - expires)} "
+        f"(node {heartbeat}): {why}; LookupNode answers NOT_FOUND "
+        f"(redis-cli HGETALL '{key}')",
+        detail={
+            "sandbox_id": sb,
+            "state": state,
+            "node_id": node,
+            "expired_ms_ago": now - expires,
+            "listed": listed,
+            "node_status": view.status if view else None,
+            "heartbeat_age_ms": view.heartbeat_age_ms if view else None,
+            "key": key,
+        },
     )

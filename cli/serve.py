@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import click
-import msgspec
 
-from scheduler import embedded
+from scheduler import embedded, logs
 from scheduler.aio import AsyncScheduler
 from scheduler.config import (
     ConfigError,
@@ -37,41 +36,6 @@ log = logging.getLogger("scheduler.serve")
 
 #: the most ``--workers`` (each is a whole replica process)
 MAX_WORKERS = 64
-
-
-class _JsonFormatter(logging.Formatter):
-    def __init__(self, worker: int | None = None) -> None:
-        super().__init__()
-        self.worker = worker
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if self.worker is not None:
-            doc["worker"] = self.worker
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return msgspec.json.encode(doc).decode()
-
-
-def configure_logging(level: str, fmt: str, worker: int | None = None) -> None:
-    """Log to stderr; a worker of ``--workers`` names itself on every line."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter(worker))
-    else:
-        who = "" if worker is None else f"[worker {worker}]"
-        handler.setFormatter(
-            logging.Formatter(f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
-        )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel({"warn": "WARNING"}.get(level, level.upper()))
 
 
 class StartupError(Exception):
@@ -285,6 +249,11 @@ async def run_replica(
     "scheduler.coalesce_heartbeats.",
 )
 @click.option(
+    "--reflection/--no-reflection",
+    default=None,
+    help="Serve gRPC reflection (grpcurl list) (default on); overrides scheduler.grpc_reflection.",
+)
+@click.option(
     "--loop",
     "loop_name",
     type=click.Choice(LOOP_CHOICES),
@@ -312,6 +281,7 @@ def serve(
     grpc_tls_key: str | None,
     grpc_tls_client_ca: str | None,
     coalesce: bool | None,
+    reflection: bool | None,
     loop_name: str,
     workers: int,
     query_only: bool,
@@ -336,6 +306,10 @@ def serve(
         check_kubernetes(settings)
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
+    if reflection is not None:
+        settings = dataclasses.replace(settings, grpc_reflection=reflection)
+    # auto: JSON unless stderr is a terminal; console: text (workers inherit the choice)
+    settings = dataclasses.replace(settings, log_format=resolve_log_format(settings.log_format))
     try:
         loop = choose(loop_name)
     except LoopUnavailable as e:
@@ -347,7 +321,10 @@ def serve(
             check(settings, workers)
         except WorkersError as e:
             raise click.ClickException(str(e)) from None
-    configure_logging(settings.log_level, resolve_log_format(settings.log_format))
+    try:
+        logs.from_settings(settings)
+    except ValueError as e:
+        raise click.ClickException(f"logging: {e}") from None
     log.info("schedctl serve %s; event loop: %s (%s)", describe(), loop.name, loop.why)
     try:
         if workers > 1:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import click
 from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -10,13 +13,16 @@ from rich.text import Text
 
 from scheduler import simulate as engine
 from scheduler.catalog import STRATEGIES
-from scheduler.errors import InvalidArgument
+from scheduler.connection import describe_target
+from scheduler.errors import FailedPrecondition, InvalidArgument
 
-from .nodes import nodes_table
+from .nodes import compact_table
 from .options import Failure, Target, cell_options, pass_target
 from .output import console
 
 _D = engine.Scenario()
+#: Seconds between progress lines on stderr when it is not a terminal.
+PROGRESS_EVERY_S = 5.0
 
 
 def summary_table(r: engine.SimulationResult) -> Table:
@@ -76,7 +82,7 @@ def summary_table(r: engine.SimulationResult) -> Table:
 
 
 @click.command()
-@cell_options(default_cell=engine.DEFAULT_CELL)
+@cell_options(default_cell=engine.DEFAULT_CELL, embedded_default=True)
 @click.option("--nodes", type=click.IntRange(1, 10_000), default=_D.nodes, show_default=True)
 @click.option(
     "--node-shapes",
@@ -199,7 +205,8 @@ def simulate(
     sandboxes through them, and nodes take a while to create each one.  Ends
     with the node table and a summary: placed, refused (with the reasons),
     the highest count any node really ran against its ceiling, peak pressure.
-    Runs on the embedded store unless --redis is given.  Exit status 1 when
+    Runs on the embedded store unless --redis is given (its first line on
+    stderr says which).  Exit status 1 when
     the ceiling broke or a request failed for another reason than a refusal.
     """
     try:
@@ -226,6 +233,11 @@ def simulate(
         seed=seed,
     ).validate()
     out = target.out
+    url = target.url
+    out.note(
+        f"simulate: on {describe_target(url)}, cell {target.cell}"
+        + ("" if url else " (no --redis given; other processes cannot see it)")
+    )
     progress = Progress(
         TextColumn("creates"),
         BarColumn(),
@@ -237,12 +249,29 @@ def simulate(
         disable=not console(stderr=True).is_terminal,
     )
     task = progress.add_task("creates", total=creates, tally="")
+    on_terminal = console(stderr=True).is_terminal
+    started = last_line = time.monotonic()
 
     def advance(done: int, placed: int, refused: int) -> None:
+        nonlocal last_line
         progress.update(task, completed=done, tally=f"placed {placed} refused {refused}")
+        now = time.monotonic()
+        if not on_terminal and now - last_line >= PROGRESS_EVERY_S:
+            with lock:
+                if now - last_line < PROGRESS_EVERY_S:
+                    return
+                last_line = now
+                out.note(
+                    f"simulate: {done}/{creates} creates, placed {placed}, refused {refused} "
+                    f"({now - started:.0f}s)"
+                )
 
-    with progress:
-        result = engine.run(scenario, target.redis, target.cell, reset=reset, on_progress=advance)
+    lock = threading.Lock()
+    try:
+        with progress:
+            result = engine.run(scenario, url, target.cell, reset=reset, on_progress=advance)
+    except FailedPrecondition as e:  # (the engine names its Python parameter too)
+        raise Failure(e.message.replace(" (reset=True)", "")) from None
     header = (
         f"simulated {nodes} nodes ({node_shapes}), {replicas} replicas, "
         f"{scenario.gateway_workers} gateway workers: {creates} creates of {cpu} cpu / "
@@ -253,12 +282,14 @@ def simulate(
         result,
         lambda: Group(
             header,
-            nodes_table(result.final_view, scenario.policy(), target.where),
+            compact_table(result.final_view, scenario.policy(), target.where, console().width),
             summary_table(result),
         ),
     )
-    if not out.json and target.redis:
-        out.note(f"the cell is kept: schedctl nodes --redis <URL> --cell {target.cell}")
+    if not out.json and url:
+        out.note(
+            f"the cell is kept: schedctl nodes --redis {describe_target(url)} --cell {target.cell}"
+        )
     if not result.ceiling_held:
         raise Failure(
             f"ceiling broken: a node ran {result.max_node_count} sandboxes, "

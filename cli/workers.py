@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
-from scheduler.config import Settings, resolve_log_format
+from scheduler.config import Settings
 from scheduler.loops import Loop, choose
 
 log = logging.getLogger("scheduler.serve")
@@ -126,11 +126,12 @@ def _worker(
     settings: Settings, overwrite_policy: bool, index: int, loop_name: str, conn: Connection
 ) -> None:
     """One worker process: a replica on the shared port."""
+    from scheduler import logs
     from scheduler.replica import Replica
 
-    from .serve import StartupError, configure_logging, run_replica
+    from .serve import StartupError, run_replica
 
-    configure_logging(settings.log_level, resolve_log_format(settings.log_format), worker=index)
+    logs.from_settings(settings, worker=index)
     # SIGINT of a terminal reaches every process of the group; the parent
     # forwards a SIGTERM anyway, so the first of them starts the drain.
 

@@ -24,17 +24,21 @@ from scheduler.scripts import library, sources
 
 DOC_SECTION = 'docs/operations.md "Security", "A least-privilege Redis user"'
 
-#: Outside the scripts: health checks, calling and loading the scripts, and
-#: the MULTI/EXEC that schedctl reads several views in.
-CLIENT_COMMANDS: tuple[str, ...] = ("ping", "multi", "exec")
+#: Outside the scripts: health checks, calling and loading the scripts, the
+#: MULTI/EXEC that schedctl reads several views in, SCAN for the cells of a
+#: prefix (``schedctl cells``, ``simulate``), and INFO for the eviction policy
+#: and evictions a replica checks at start and in its health probe.
+CLIENT_COMMANDS: tuple[str, ...] = ("ping", "multi", "exec", "scan", "info")
 #: The function library (Redis 7): FCALL, and FUNCTION LOAD when the server lost it.
 FUNCTION_COMMANDS: tuple[str, ...] = ("fcall", "function|load")
 #: The EVALSHA fallback (a server without functions, or a user denied them).
 SCRIPT_COMMANDS: tuple[str, ...] = ("evalsha", "script|load", "script|exists")
-#: What the scripts call (lua/), by key type.
+#: What the scripts call (lua/), by key type (tests/test_acl.py reads every
+#: command name out of the library text and checks it is here).
 SCRIPTED_COMMANDS: tuple[str, ...] = (
     "time",
     "get",
+    "set",
     "incr",
     "decr",
     "del",
@@ -115,6 +119,16 @@ def _commands_at(script: str, kind: str, line: int) -> list[str]:
     if not 1 <= line <= len(lines):
         return []
     return [c.lower() for c in _CALL.findall(lines[line - 1])]
+
+
+def commands_at(error_text: str) -> tuple[str, list[str]]:
+    """(the script, the commands on its line) an error raised inside a script
+    names ("script: <name>, on @user_function:<line>"); ("", []) when none."""
+    m = re.search(r"script: (\S+?), on @(user_function|user_script):(\d+)", error_text)
+    if m is None:
+        return "", []
+    script = m.group(1).removeprefix(f"{library().name}_")
+    return script, _commands_at(m.group(1), m.group(2), int(m.group(3)))
 
 
 def _message(what: str) -> str:

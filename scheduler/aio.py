@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar, cast
 
@@ -20,8 +20,14 @@ from scheduler.connection import (
     async_client,
 )
 from scheduler.errors import (
+    CellNotInitialised,
+    FailedPrecondition,
+    InvalidArgument,
+    NoNodesAvailable,
+    NotFound,
     SchedulerError,
     StoreUnavailable,
+    UnknownNode,
 )
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX
 from scheduler.p2p import DEFAULT_STORE_CAPACITY, Peer
@@ -43,10 +49,25 @@ from scheduler.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.replies import parsed
 from scheduler.scripts import EVAL, AsyncScriptRegistry
 from scheduler.translate import translated
 
 T = TypeVar("T")
+
+#: A script's own refusals: it answers them before its first write
+#: (lua/includes/base.lua ``fail``), so a Schedule refused so reserved nothing.
+_REFUSED_BEFORE_WRITING = (InvalidArgument, NoNodesAvailable, UnknownNode, NotFound)
+
+
+def wrote_nothing(e: BaseException) -> bool:
+    """Did a Schedule that raised ``e`` surely leave no reservation?  True for
+    the scripts' own refusals (no policy, bad input, nothing eligible); False
+    for everything else: a lost answer, a cancelled caller, an ACL refusal or
+    a runtime error in the middle of a script or of a batch."""
+    if isinstance(e, FailedPrecondition):
+        return type(e) in (FailedPrecondition, CellNotInitialised)
+    return isinstance(e, _REFUSED_BEFORE_WRITING)
 
 
 class AsyncScheduler(BaseClient):
@@ -117,7 +138,7 @@ class AsyncScheduler(BaseClient):
                     f"Redis at {self.target} did not answer within {limit:.3g}s"
                 ) from None
             with translated(self.target):
-                result = call.parse(reply)
+                result = parsed(call.script, call.parse, reply)
         except BaseException as e:
             self._observe(call.script, start, e)
             raise
@@ -128,14 +149,15 @@ class AsyncScheduler(BaseClient):
         while True:
             try:
                 if self._waits(call):
+                    wanted = self._wait_for()
                     reply, acked = await self.scripts.call_acked(
                         call.script,
                         call.keys,
                         call.args,
-                        self.durability.replicas,
+                        wanted,
                         self.durability.timeout_ms,
                     )
-                    self._check_acked(acked)
+                    self._check_acked(acked, wanted)
                     return reply
                 return await self.scripts[call.script](keys=call.keys, args=call.args)
             except SLOT_UNSETTLED as e:
@@ -222,6 +244,11 @@ class AsyncScheduler(BaseClient):
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
         return self._one(self.ops.sync_nodes(nodes))
 
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Awaitable[tuple[bool, int, int]]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
+
     def policy(self) -> Awaitable[Policy | None]:
         return self._one(self.ops.policy())
 
@@ -247,7 +274,7 @@ class AsyncScheduler(BaseClient):
         return self._one(self.ops.events(node_id, events))
 
     def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
-        return self._one(self.ops.unregister(node_id, service_instance_id))
+        return self._drive(self._unregister(node_id, service_instance_id))
 
     def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
         return self._one(self.ops.set_lingering(node_id, lingering))
@@ -274,9 +301,12 @@ class AsyncScheduler(BaseClient):
         timeout: float | None = None,
     ) -> Placement:
         """Place (and for a creation, reserve), within ``timeout``.  When the
-        caller gives up (cancelled, deadline) or the answer is lost (Redis
-        unreachable mid-call, or not replicated as asked), the reservation is
-        cancelled in the background, so none stays behind."""
+        caller gives up (cancelled, deadline), the answer is lost (Redis
+        unreachable mid-call, or not replicated as asked), or the call failed
+        after it may have written (a batch refused a command mid-way: Redis
+        keeps what a script wrote before its error), the reservation is
+        cancelled in the background, so none outlives a Schedule answered
+        anything but a placement."""
         call = self.ops.schedule(req, strategy, reservation_id)
         rid = call.args[5]
         try:
@@ -284,8 +314,8 @@ class AsyncScheduler(BaseClient):
                 return await self.coalescer.submit(call)
             with self.scoped(timeout=timeout):
                 return await self.coalescer.submit(call)
-        except (StoreUnavailable, asyncio.CancelledError):
-            if rid:
+        except (Exception, asyncio.CancelledError) as e:
+            if rid and not wrote_nothing(e):
                 self.forget(rid)
             raise
 

@@ -9,8 +9,12 @@ Input is validated before anything reaches Redis
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import re
 import secrets
+import socket
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -57,6 +61,46 @@ T = TypeVar("T")
 READ_ONLY_SCRIPTS = frozenset(
     {"lookup", "nodes_view", "observed", "peer_list", "reservations", "stats"}
 )
+
+
+#: How long a replica's roster entry lives unless its monitor loop refreshes it.
+REPLICA_TTL_MS = 15_000
+
+
+class ReplicaEntry(msgspec.Struct, kw_only=True):
+    """One replica in the cell's roster (``<base>replica:<id>``, expires)."""
+
+    replica_id: str
+    version: str
+    commit: str
+    host: str
+    pid: int
+    #: the gRPC address it listens on
+    grpc: str
+    started_ms: int
+    #: Redis time of its last refresh (0 until written)
+    seen_ms: int = 0
+
+
+_STARTED_MS = int(time.time() * 1000)
+
+
+def this_replica(listen: str, port: int) -> ReplicaEntry:
+    """This process as a roster entry (id ``host/pid``), listening for gRPC on
+    ``listen`` (host:port; ``port`` is the one it really got)."""
+    from scheduler import version
+
+    host = socket.gethostname() or "localhost"
+    safe = re.sub(r"[^A-Za-z0-9._@+=~-]", "-", host)[:200]
+    return ReplicaEntry(
+        replica_id=f"{safe}/{os.getpid()}",
+        version=version.version(),
+        commit=version.commit(),
+        host=host,
+        pid=os.getpid(),
+        grpc=f"{listen.rpartition(':')[0] or '[::]'}:{port}",
+        started_ms=_STARTED_MS,
+    )
 
 
 def _whole(field: str, value: int, maximum: int) -> int:
@@ -481,6 +525,31 @@ class Ops:
             args += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
         return self._call("sync_nodes", args, lambda r: (int(r[0]), int(r[1])))
 
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Call[tuple[bool, int, int]]:
+        """Write a discovered node list (id, endpoint, lingering) computed from
+        watches at ``positions`` (3 resourceVersions as integers); applied only
+        if no stored position is ahead (see sync_discovered-5.lua).  Returns
+        (applied, nodes added or changed, nodes removed)."""
+        if len(positions) != 3 or any(
+            not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in positions
+        ):
+            raise InvalidArgument("positions", "must be 3 whole numbers (resourceVersions)")
+        at_most("nodes", nodes, MAX_STATIC_NODES)
+        args = [str(p) for p in positions]
+        for i, (nid, endpoint, lingering) in enumerate(nodes):
+            if not endpoint.strip():
+                raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
+            args += [
+                validate_id(f"nodes[{i}].id", nid),
+                text("endpoint", endpoint.strip()),
+                "1" if lingering else "0",
+            ]
+        return self._call(
+            "sync_discovered", args, lambda r: (s(r[0]) == "applied", int(r[1]), int(r[2]))
+        )
+
     def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
         args = [validate_id("node_id", node_id), "1" if lingering else "0"]
         return self._call("set_lingering", args, lambda r: s(r[0]) == "1")
@@ -577,6 +646,18 @@ class Ops:
         """The cell's bounded sweeps (lua/sweep-5.lua): (nodes forgotten,
         reservations expired)."""
         return self._call("sweep", [], lambda r: (int(r[0]), int(r[1])))
+
+    def replica_seen(self, entry: ReplicaEntry, interval_s: float = 1.0) -> Call[int]:
+        """Refresh this replica's entry of the cell's replica roster
+        (lua/replica_seen-5.lua), refreshed every ``interval_s``: it lives
+        :data:`REPLICA_TTL_MS` or 5 intervals, whichever is longer.  Redis time
+        back.  No WAIT after it: an entry lost in a failover is written again
+        at the next refresh."""
+        rid = validate_id("replica_id", entry.replica_id)
+        args = [rid, str(max(REPLICA_TTL_MS, int(interval_s * 5000)))]
+        for name in ("version", "commit", "host", "pid", "grpc", "started_ms"):
+            args += [name, str(getattr(entry, name))]
+        return Call("replica_seen", self.k.fixed(), args, lambda r: int(r[0]), writes=False)
 
     def advance_clock(self, ms: int, mode: str = "") -> Call[int]:
         """Move the cell's clock forward; ``mode`` "freeze" stops it first, "thaw"

@@ -3,17 +3,29 @@
 A cell is found by its policy hash (``<prefix>:{<cell>}:policy``, the key a
 replica writes first); its numbers come from its own scripts, so they read
 exactly as ``schedctl nodes`` and ``schedctl reservations`` would.
+
+Also here: deleting a cell (every key under its ``<prefix>:{<cell>}:``, in
+bounded SCAN / UNLINK steps) and reading its replica roster (the
+``replica:<id>`` entries each replica refreshes, see
+:meth:`scheduler.calls.Ops.replica_seen`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from redis.crc import key_slot
 
+from scheduler.calls import ReplicaEntry
 from scheduler.client import Scheduler
+from scheduler.errors import FailedPrecondition
 from scheduler.keys import DEFAULT_PREFIX, CellKeys
+from scheduler.translate import translated
+
+#: Keys a SCAN step asks for, and keys one UNLINK removes.
+DELETE_STEP = 500
 
 
 class CellSummary(msgspec.Struct, kw_only=True):
@@ -54,7 +66,9 @@ def primary_of(client: Any, key: str) -> str:
 
 def summarize(sched: Scheduler, prefix: str = DEFAULT_PREFIX) -> list[CellSummary]:
     out = []
-    for name in cell_names(sched.client, prefix):
+    with translated(sched.target):  # (an ACL without SCAN: one line, not a traceback)
+        names = cell_names(sched.client, prefix)
+    for name in names:
         cell = Scheduler(sched.client, cell=name, prefix=prefix, url=sched.url)
         keys = CellKeys(name, prefix)
         views = cell.nodes()
@@ -73,3 +87,83 @@ def summarize(sched: Scheduler, prefix: str = DEFAULT_PREFIX) -> list[CellSummar
             )
         )
     return out
+
+
+def cell_keys(client: Any, keys: CellKeys, match: str = "*") -> list[str]:
+    """Every key of the cell matching ``<base><match>`` (a cell's name holds no
+    glob characters: see :class:`~scheduler.keys.CellKeys`)."""
+    found = client.scan_iter(match=keys.base + match, count=DELETE_STEP)
+    return sorted({_text(k) for k in found})
+
+
+def delete_cell(
+    client: Any,
+    cell: str,
+    prefix: str = DEFAULT_PREFIX,
+    on_step: Callable[[int], None] | None = None,
+) -> int:
+    """Remove every key of ``cell``: SCAN in steps of :data:`DELETE_STEP`, each
+    step's keys UNLINKed at once (Redis frees them in the background).  The
+    policy goes first, so a replica or a command that comes between sees an
+    uninitialised cell, never half a cell that looks served.  Returns how many
+    keys went; 0 for a cell that does not exist (deleting twice is harmless).
+    """
+    keys = CellKeys(cell, prefix)
+    removed = int(client.unlink(keys.policy))
+    batch: list[Any] = []
+    # (SCAN returns every key that stays present while it runs; deleting the
+    # keys it already returned does not make it skip others)
+    for key in client.scan_iter(match=keys.base + "*", count=DELETE_STEP):
+        batch.append(key)
+        if len(batch) >= DELETE_STEP:
+            removed += int(client.unlink(*batch))
+            batch = []
+            if on_step is not None:
+                on_step(removed)
+    if batch:
+        removed += int(client.unlink(*batch))
+    return removed
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def read_replicas(client: Any, cell: str, prefix: str = DEFAULT_PREFIX) -> list[ReplicaEntry]:
+    """The cell's replica roster: every entry not yet expired, newest first."""
+    keys = CellKeys(cell, prefix)
+    names = cell_keys(client, keys, "replica:*")
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(name)
+    out = []
+    for name, raw in zip(names, pipe.execute(), strict=True):
+        if not raw:
+            continue  # expired between SCAN and HGETALL
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        out.append(
+            ReplicaEntry(
+                replica_id=fields.get("replica_id") or name.removeprefix(keys.base + "replica:"),
+                version=fields.get("version", ""),
+                commit=fields.get("commit", ""),
+                host=fields.get("host", ""),
+                pid=_int(fields.get("pid")),
+                grpc=fields.get("grpc", ""),
+                started_ms=_int(fields.get("started_ms")),
+                seen_ms=_int(fields.get("seen_ms")),
+            )
+        )
+    return sorted(out, key=lambda e: (-e.seen_ms, e.replica_id))
+
+
+def _int(text: str | None) -> int:
+    if text is None or text == "":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise FailedPrecondition(
+            f"replica roster entry has a non-numeric field: {text!r}"
+        ) from None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
-from scheduler.aio import AsyncScheduler
+from scheduler.aio import AsyncScheduler, wrote_nothing
 from scheduler.calls import Call, Ops, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
@@ -47,6 +48,7 @@ from scheduler.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.replies import parsed
 from scheduler.scripts import EVAL, ScriptRegistry
 from scheduler.translate import translated
 
@@ -99,7 +101,7 @@ class Scheduler(BaseClient):
             if self.forgotten:
                 self._cancel_forgotten()
             with translated(self.target):
-                result = call.parse(self._send(call))
+                result = parsed(call.script, call.parse, self._send(call))
         except BaseException as e:
             self._observe(call.script, start, e)
             raise
@@ -111,14 +113,15 @@ class Scheduler(BaseClient):
         while True:
             try:
                 if self._waits(call):
+                    wanted = self._wait_for()
                     reply, acked = self.scripts.call_acked(
                         call.script,
                         call.keys,
                         call.args,
-                        self.durability.replicas,
+                        wanted,
                         self.durability.timeout_ms,
                     )
-                    self._check_acked(acked)
+                    self._check_acked(acked, wanted)
                     return reply
                 return self.scripts[call.script](keys=call.keys, args=call.args)
             except SLOT_UNSETTLED:
@@ -179,6 +182,11 @@ class Scheduler(BaseClient):
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> tuple[int, int]:
         return self._one(self.ops.sync_nodes(nodes))
 
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> tuple[bool, int, int]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
+
     def policy(self) -> Policy | None:
         return self._one(self.ops.policy())
 
@@ -204,7 +212,7 @@ class Scheduler(BaseClient):
         return self._one(self.ops.events(node_id, events))
 
     def unregister(self, node_id: str, service_instance_id: str) -> bool:
-        return self._one(self.ops.unregister(node_id, service_instance_id))
+        return self._drive(self._unregister(node_id, service_instance_id))
 
     def set_lingering(self, node_id: str, lingering: bool) -> bool:
         return self._one(self.ops.set_lingering(node_id, lingering))
@@ -231,8 +239,8 @@ class Scheduler(BaseClient):
         call = self.ops.schedule(req, strategy, reservation_id)
         try:
             return self._one(call)
-        except StoreUnavailable:
-            if call.args[5]:
+        except Exception as e:
+            if call.args[5] and not wrote_nothing(e):
                 self._remember(call.args[5])
             raise
 

@@ -114,6 +114,10 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     coalesce_schedules: bool = True
     #: heartbeats likewise
     coalesce_heartbeats: bool = True
+    decision_log: bool = False  # one log line per Schedule (scheduler/logs.py)
+    grpc_reflection: bool = True  # the gRPC reflection service (grpcurl list)
+    #: accept a Redis whose maxmemory-policy evicts keys (logged, not refused)
+    allow_eviction: bool = False
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -145,8 +149,14 @@ ENV_OVERRIDES = {
     "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "artifact_lookup_node_limit",
 }
 #: read elsewhere: ``SCHEDULER_CONFIG`` is ``--config``'s variable,
-#: ``SCHEDULER_BUILD_COMMIT`` the commit an image bakes in (scheduler.version)
-ENV_KNOWN = (*ENV_OVERRIDES, "SCHEDULER_CONFIG", "SCHEDULER_BUILD_COMMIT")
+#: ``SCHEDULER_BUILD_COMMIT`` the commit an image bakes in (scheduler.version),
+#: ``SCHEDULER_LOG_THIRD_PARTY`` the third-party loggers' level (scheduler.logs)
+ENV_KNOWN = (
+    *ENV_OVERRIDES,
+    "SCHEDULER_CONFIG",
+    "SCHEDULER_BUILD_COMMIT",
+    "SCHEDULER_LOG_THIRD_PARTY",
+)
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {
@@ -238,6 +248,10 @@ class Settings:
     query_only: bool = False
     #: start-up lines the loader has for the log: (level, text)
     notes: tuple[tuple[str, str], ...] = ()
+    decision_log: bool = False
+    grpc_reflection: bool = True
+    #: accept a Redis whose maxmemory-policy evicts keys (scheduler.allow_eviction)
+    allow_eviction: bool = False
 
 
 def decode(raw: bytes, source: str = "config") -> ConfigFile:
@@ -445,7 +459,9 @@ def _settings(
             limits=sec.node_resource_limit,
             overcommit=sec.overcommit,
             default_request=sec.default_request,
-            static_nodes=discovery == "static",
+            # kubernetes: the watcher's list is the node list (a heartbeat from
+            # a node not in it is refused, as with a static list)
+            static_nodes=discovery in ("static", "kubernetes"),
             max_roster_ids=sec.max_roster_ids,
             node_forget_after_ms=parse_duration_ms(
                 "scheduler.node_forget_after", sec.node_forget_after, zero_ok=True
@@ -510,6 +526,9 @@ def _settings(
         heartbeat_scheme=hb.scheme.strip(),
         query_only=query_only,
         notes=notes,
+        decision_log=sec.decision_log,
+        grpc_reflection=sec.grpc_reflection,
+        allow_eviction=sec.allow_eviction,
     )
 
 

@@ -51,6 +51,13 @@ class FailedPrecondition(SchedulerError):
     code = "PRECONDITION"
 
 
+class CorruptState(FailedPrecondition):
+    """The cell holds what this version cannot read: a record field that fails
+    its type or range check, or a key of the wrong type (an old version's or
+    an operator's write).  The message names the key and the field;
+    ``schedctl doctor`` finds such state."""
+
+
 #: What every script answers when the cell has no policy (the generated include
 #: ``constants`` spells it for the scripts).
 NO_POLICY = "cell policy is not initialised: start a replica or run `schedctl policy set`"

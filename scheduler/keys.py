@@ -30,6 +30,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>node-art:<node>     set     artifact digests a node holds
     <base>art-lru             zset    artifact digest -> recency
     <base>art-names           hash    artifact digest -> "cluster\\nbackend\\nkey"
+    <base>replica:<replica>   hash    a replica serving the cell (version, host, pid; expires)
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
 same way (see ``lua/includes/base.lua``); the fixed keys are passed explicitly.
@@ -76,6 +77,7 @@ LIFETIMES: dict[str, str] = {
     "node-art:<node>": "sweep",
     "art-lru": "cell",
     "art-names": "cell",
+    "replica:<replica>": "ttl",
 }
 
 MAX_ID_BYTES = 256
@@ -177,6 +179,9 @@ class CellKeys:
 
     def node_roster(self, node_id: str) -> str:
         return f"{self.base}node-roster:{node_id}"
+
+    def replica(self, replica_id: str) -> str:
+        return f"{self.base}replica:{replica_id}"
 
     def node_art(self, node_id: str) -> str:
         return f"{self.base}node-art:{node_id}"

@@ -91,6 +91,9 @@ class CellSetup:
 
     policy: Policy
     nodes: tuple[tuple[str, str], ...] = ()
+    #: the node list is discovery's (scheduler.kubernetes writes it): this
+    #: client neither checks nor replaces it
+    discovered: bool = False
 
 
 def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str, str]]) -> str:
@@ -101,6 +104,61 @@ def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str
         "start with --overwrite-policy to replace the stored node list",
     ]
     return "\n".join(lines)
+
+
+class BeatMemo(dict[str, Beat]):
+    """The heartbeat memo: what this client last wrote per node.  A delta
+    heartbeat needs its node's entry; a missing one only costs that node one
+    heartbeat in full.  So it is bounded: at most ``max_entries`` nodes (the
+    one written longest ago goes first) and ``max_age_s`` since an entry was
+    written (a node silent that long is stale, and forgotten by the cell
+    later: its entry is of no use), and dropped on unregister.  Without the
+    bounds 1,000 ghost nodes with 200-id rosters kept about 66 MB for good."""
+
+    MAX_ENTRIES = 10_000
+    MAX_AGE_S = 600.0
+
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        max_age_s: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+        self.max_age_s = max_age_s
+        self.clock = clock
+        #: node -> when its entry was written (insertion order = write order)
+        self.written: dict[str, float] = {}
+
+    def __setitem__(self, node_id: str, beat: Beat) -> None:
+        now = self.clock()
+        super().__setitem__(node_id, beat)
+        self.written.pop(node_id, None)
+        self.written[node_id] = now
+        self._expire(now)
+        while len(self) > self.max_entries:
+            self.pop(next(iter(self.written)), None)
+
+    def get(self, node_id: str, default: Any = None) -> Any:
+        at = self.written.get(node_id)
+        if at is not None and self.clock() - at > self.max_age_s:
+            self.pop(node_id, None)
+            return default
+        return super().get(node_id, default)
+
+    def pop(self, node_id: str, default: Any = None) -> Any:
+        self.written.pop(node_id, None)
+        return super().pop(node_id, default)
+
+    def _expire(self, now: float) -> None:
+        """Drop entries older than max_age_s (the oldest first; stops at the
+        first young one, so a write costs O(1) amortised)."""
+        while self.written:
+            node_id, at = next(iter(self.written.items()))
+            if now - at <= self.max_age_s:
+                break
+            self.pop(node_id, None)
 
 
 class BaseClient:
@@ -128,9 +186,13 @@ class BaseClient:
         if self.cluster:  # a cell is one hash slot: name it in every error
             self.target += f" (slot {key_slot(self.keys.policy.encode())} of cell {cell})"
         self.durability = durability or Durability()
+        #: Redis replicas connected to the primary, as a replica's monitor last
+        #: read them (INFO replication); writes wait for all of them
+        self.replicas_connected = 0
         self.timeout_s = timeout_s
-        #: what this client last wrote per node (bases of delta heartbeats)
-        self.beats: dict[str, Beat] = {}
+        #: what this client last wrote per node (bases of delta heartbeats),
+        #: bounded by size and age, dropped when the node is unregistered
+        self.beats: BeatMemo = BeatMemo()
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.forgotten: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
@@ -186,12 +248,20 @@ class BaseClient:
     def _waits(self, call: Call[Any]) -> bool:
         return self.durability.replicas > 0 and call.acked
 
-    def _check_acked(self, acked: int) -> None:
+    def _wait_for(self) -> int:
+        """How many Redis replicas a write waits for: every replica connected
+        to the primary when last counted (``replicas_connected``; whichever
+        Sentinel promotes then has it), and never fewer than min_replicas_acked."""
+        return max(self.durability.replicas, self.replicas_connected)
+
+    def _check_acked(self, acked: int, wanted: int | None = None) -> None:
         d = self.durability
-        if acked < d.replicas:
+        wanted = d.replicas if wanted is None else wanted
+        if acked < wanted:
+            every = "" if wanted == d.replicas else " (every connected replica)"
             raise NotReplicated(
-                f"Redis at {self.target}: the write reached {acked} of the {d.replicas} "
-                f"replica(s) min_replicas_acked asks for within {d.timeout_ms}ms"
+                f"Redis at {self.target}: the write reached {acked} of the {wanted} "
+                f"replica(s){every} min_replicas_acked asks for within {d.timeout_ms}ms"
             )
 
     def _remember(self, rid: str) -> None:
@@ -205,11 +275,16 @@ class BaseClient:
             del self.forgotten[rid]
 
     # -- the cell this client keeps -----------------------------------------
-    def keep_cell(self, policy: Policy, nodes: Sequence[tuple[str, str]] = ()) -> None:
+    def keep_cell(
+        self, policy: Policy, nodes: Sequence[tuple[str, str]] = (), *, discovered: bool = False
+    ) -> None:
         """Keep the cell: :meth:`prepare_cell` stores this policy and static
         node list, and a call that finds the cell without a policy (Redis
-        lost its data) puts them back (:meth:`restore_cell`) and is sent again."""
-        self.kept = CellSetup(policy, tuple(nodes))
+        lost its data) puts them back (:meth:`restore_cell`) and is sent again.
+        ``discovered``: the node list is Kubernetes discovery's; preparing
+        and restoring leave it alone (an empty list would remove every
+        discovered node, with its bindings and reservations)."""
+        self.kept = CellSetup(policy, tuple(nodes), discovered)
 
     def _kept(self) -> CellSetup:
         if self.kept is None:
@@ -230,6 +305,8 @@ class BaseClient:
     def _prepare(self, overwrite: bool) -> Plan[str]:
         setup = self._kept()
         outcome = cast(str, (yield self.ops.sync_policy(setup.policy, overwrite=overwrite)))
+        if setup.discovered:
+            return outcome
         if setup.nodes and not overwrite:
             _, views = cast(tuple[int, list[NodeView]], (yield self.ops.nodes()))
             stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
@@ -249,7 +326,8 @@ class BaseClient:
                 "restored the cell's policy in Redis (its data was lost); nodes take "
                 "placements again once they heartbeat"
             )
-            yield self.ops.sync_nodes(list(setup.nodes))
+            if not setup.discovered:
+                yield self.ops.sync_nodes(list(setup.nodes))
 
     # -- plans of more than one call ----------------------------------------
     def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
@@ -269,6 +347,11 @@ class BaseClient:
             )
             result = msgspec.structs.replace(result, cpu_config_json=config)
         return result
+
+    def _unregister(self, node_id: str, service_instance_id: str) -> Plan[bool]:
+        removed = yield from self._step(self.ops.unregister(node_id, service_instance_id))
+        self.beats.pop(node_id.strip(), None)  # (whatever the answer: the next one goes in full)
+        return removed
 
     def _reservation(self, reservation_id: str) -> Plan[Reservation]:
         found = yield from self._step(self.ops.reservations(None, reservation_id))

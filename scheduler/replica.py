@@ -34,25 +34,41 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler.aio import AsyncScheduler
+from scheduler.calls import this_replica
 from scheduler.config import Settings
-from scheduler.connection import SentinelWatch, is_sentinel_client
+from scheduler.connection import (
+    EvictionRisk,
+    EvictionWatch,
+    SentinelWatch,
+    connected_replicas,
+    is_sentinel_client,
+)
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
+from scheduler.frames import add_guarded
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService
 from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
+from scheduler.translate import translated
 
 log = logging.getLogger("scheduler.replica")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
+#: health of the reads alone (LookupNode, GetNode, the list calls): SERVING
+#: while Redis answers them, also when it refuses writes (OOM, CLIENT PAUSE
+#: WRITE), which turn "" and SERVICE_NAME NOT_SERVING
+READS_SERVICE_NAME = "scheduler.v1.Scheduler/reads"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: the services gRPC reflection lists (``grpcurl ADDR list``)
+REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 
 class ListenError(Exception):
@@ -135,7 +151,8 @@ class Replica:
         self.metrics.watch_batches({"schedule": sched.coalescer, "heartbeat": sched.beat_coalescer})
         self.health = health.aio.HealthServicer()
         #: the cell this replica keeps: stored at start-up, put back if Redis loses it
-        sched.keep_cell(settings.policy, settings.nodes)
+        # (kubernetes: discovery writes the node list; preparing leaves it alone)
+        sched.keep_cell(settings.policy, settings.nodes, discovered=settings.kubernetes is not None)
         self.service = SchedulerService(
             sched,
             self.metrics,
@@ -146,6 +163,7 @@ class Replica:
             heartbeat_endpoint=(settings.heartbeat_scheme, settings.heartbeat_port)
             if settings.heartbeat_port
             else None,
+            decision_log=settings.decision_log,
         )
         #: the cell's policy is checked (query-only: from the start): calls are served
         self._open = False
@@ -159,7 +177,10 @@ class Replica:
         self._monitor: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._redis_ok = False
+        self._reads_ok = False
         self._stopping = False
+        #: maxmemory-policy and evictions, at start and in every probe
+        self.eviction = EvictionWatch(allowed=settings.allow_eviction)
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
             SentinelWatch(sched.client, sched.fence, self.after_failover)
@@ -169,8 +190,33 @@ class Replica:
 
     # -- cell policy and node list ------------------------------------------
     async def prepare_cell(self) -> str:
-        """Store or check the shared policy and static node list (start-up)."""
+        """Check that Redis keeps what it is given (no eviction policy, unless
+        allowed), then store or check the shared policy and static node list
+        (start-up)."""
+        await self._check_eviction()
+        await self._count_replicas()
         return await self.sched.prepare_cell(overwrite=self.overwrite_policy)
+
+    async def _count_replicas(self) -> None:
+        """With min_replicas_acked: writes wait for every connected replica."""
+        if self.settings.durability.replicas == 0 or self.sched.url is None:
+            return
+        with translated(self.sched.target):
+            n = await connected_replicas(self.sched.client)
+        if n != self.sched.replicas_connected:
+            log.info(
+                "Redis at %s has %d connected replica(s): writes wait for each",
+                self.sched.target,
+                n,
+            )
+        self.sched.replicas_connected = n
+
+    async def _check_eviction(self) -> None:
+        if self.sched.url is None:
+            return  # the embedded store (fakeredis) evicts nothing and knows no INFO
+        with translated(self.sched.target):
+            await self.eviction.check(self.sched.client, self.sched.target)
+        self.metrics.redis_evicted_keys.set(self.eviction.total())
 
     async def restore_cell(self) -> None:
         """Redis came back empty: put this replica's policy and nodes back, and
@@ -223,15 +269,18 @@ class Replica:
                 ("grpc.max_receive_message_length", limit),
             ]
         )
-        taken = _Handlers()
-        pb_grpc.add_SchedulerServicer_to_server(self.service, taken)
-        self._gate = _Gate(self.refusal)
-        gated = self._gate.wrap(taken.handlers)
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, gated),)
-        )
-        self.server.add_registered_method_handlers(SERVICE_NAME, gated)
+        self._gate = gate = _Gate(self.refusal)
+
+        def add_gated(servicer: Any, server: Any) -> None:
+            taken = _Handlers()
+            pb_grpc.add_SchedulerServicer_to_server(servicer, taken)
+            server.add_registered_method_handlers(SERVICE_NAME, gate.wrap(taken.handlers))
+
+        # malformed frames are refused first (frames.py), then the gate, then the call
+        add_guarded(add_gated, self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.settings.grpc_reflection:
+            reflection.enable_server_reflection(REFLECTED, self.server)
         try:
             self.port = self._add_port(self.server)
         except RuntimeError as e:
@@ -245,7 +294,11 @@ class Replica:
                 raise ListenError(
                     f"/metrics cannot listen on {self.settings.metrics_listen}: {e.strerror or e}"
                 ) from None
-        await self._publish(False)
+        # NOT_SERVING, reads too, until the monitor has asked Redis
+        self._redis_ok = self._reads_ok = False
+        self.metrics.redis_up.set(0)
+        for name in ("", SERVICE_NAME, READS_SERVICE_NAME):
+            await self.health.set(name, NOT_SERVING)
         await self.server.start()
 
     async def open(self) -> None:
@@ -346,6 +399,30 @@ class Replica:
         status = SERVING if ok else NOT_SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        if ok:
+            await self._set_reads(True)
+        else:  # which of the two is degraded: are reads still answered?
+            await self._set_reads(await self._reads_answer())
+
+    async def _reads_answer(self) -> bool:
+        try:
+            with self.sched.scoped(timeout=max(self.monitor_interval_s, 1.0)):
+                await self.sched.stats()  # (a no-writes function: runs while writes are refused)
+        except (SchedulerError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def _set_reads(self, ok: bool) -> None:
+        if self._stopping:
+            return
+        if ok != self._reads_ok and not self._redis_ok:
+            log.warning(
+                "Redis at %s %s reads (LookupNode, GetNode, the list calls)",
+                self.sched.target,
+                "still answers" if ok else "does not answer",
+            )
+        self._reads_ok = ok
+        await self.health.set(READS_SERVICE_NAME, SERVING if ok else NOT_SERVING)
 
     def check_now(self) -> None:
         """A call found Redis unable to serve: probe at once, not at the next tick."""
@@ -358,9 +435,16 @@ class Replica:
             try:
                 due = self.cell_stats_interval_s is not None and loop.time() >= next_stats
                 await self._check_redis(refresh_stats=due)
+                if not self.settings.query_only:  # (it writes nothing)
+                    await self.sched.run(
+                        self.sched.ops.replica_seen(
+                            this_replica(self.settings.grpc_listen, self.port),
+                            self.monitor_interval_s,
+                        )
+                    )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except StoreUnavailable as e:
+            except (StoreUnavailable, EvictionRisk) as e:
                 await self._set_serving(False, e.message)
             except asyncio.TimeoutError:
                 await self._set_serving(False)
@@ -387,7 +471,9 @@ class Replica:
             else:
                 if moved:
                     await self.after_failover()
+        await self._count_replicas()
         has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
+        await self._check_eviction()
         if not was_ok or not has_policy:
             await self.restore_cell()
         if refresh_stats:

@@ -6,11 +6,13 @@ Each parser takes one script's reply (the shapes their headers state under
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import msgspec
 
 from scheduler.catalog import CEILING_NAMES, NODE_STATUSES, Status, ceiling
+from scheduler.errors import CorruptState
 from scheduler.records import (
     CeilingUse,
     DiskMetric,
@@ -25,10 +27,70 @@ from scheduler.records import (
     snapshot_numbers,
 )
 
+T = TypeVar("T")
+
 
 def s(v: Any) -> str:
     """A reply value as text."""
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+#: What a parser raises on a reply it cannot read (a field that is not a
+#: number, a row of the wrong shape, a missing field)
+UNREADABLE = (ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+def parsed(script: str, parse: Callable[[Any], T], reply: Any) -> T:
+    """``parse(reply)``; a reply it cannot read is :class:`CorruptState`
+    naming the script (the parsers below name the key and field where they
+    can), never a traceback."""
+    try:
+        return parse(reply)
+    except UNREADABLE as e:
+        raise CorruptState(
+            f"the reply of {script} cannot be read ({type(e).__name__}: {e}): the cell holds "
+            "state this version cannot read; `schedctl doctor` checks it"
+        ) from None
+
+
+def corrupt(key: str, field: str, value: Any, want: str) -> CorruptState:
+    return CorruptState(
+        f"corrupt record {key}: field {field} is {s(value)!r}, not {want}; "
+        "`schedctl doctor` checks the cell"
+    )
+
+
+def whole(f: dict[str, str], field: str, key: str, minimum: int | None = 0) -> int:
+    """Field ``field`` of record ``key`` as an integer (absent or "" = 0),
+    at least ``minimum``; else :class:`CorruptState` naming both."""
+    v = f.get(field)
+    if v is None or v == "":
+        return 0
+    try:
+        x = int(v)
+    except ValueError:
+        raise corrupt(key, field, v, "an integer") from None
+    if minimum is not None and x < minimum:
+        raise corrupt(key, field, v, f"an integer >= {minimum}")
+    return x
+
+
+def real(f: dict[str, str], field: str, key: str) -> float:
+    v = f.get(field)
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise corrupt(key, field, v, "a number") from None
+    if x != x:  # NaN
+        raise corrupt(key, field, v, "a number")
+    return x
+
+
+def required(f: dict[str, str], field: str, key: str) -> str:
+    v = f.get(field)
+    if v is None:
+        raise CorruptState(f"corrupt record {key}: field {field} is missing")
+    return v
 
 
 def pairs(flat: list[Any]) -> dict[str, str]:
@@ -112,20 +174,21 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
     views = []
     for row in r[1:]:
         f = pairs(row)
+        key = f"node:{f.get('node_id', '?')}"
 
-        def i(name: str, f: dict[str, str] = f) -> int:
-            return int(f.get(name) or 0)
+        def i(name: str, f: dict[str, str] = f, key: str = key) -> int:
+            return whole(f, name, key)
 
         ceilings: list[CeilingUse] = []
         last_seen = opt_int(f.get("last_seen_ms"))
         views.append(
             NodeView(
-                node_id=f["node_id"],
+                node_id=required(f, "node_id", key),
                 endpoint=f.get("endpoint", ""),
-                status=f["derived_status"],
+                status=required(f, "derived_status", key),
                 reason=f.get("reason") or None,
-                pressure=float(f["pressure"]),
-                known_capacity=f["known"] == "1",
+                pressure=real(f, "pressure", key),
+                known_capacity=f.get("known") == "1",
                 cpu_capacity=i("cpu_count"),
                 cpu_allocated=i("allocated_cpu"),
                 cpu_paused=i("paused_allocated_cpu"),
@@ -155,11 +218,11 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
                 ceilings=ceilings,
             )
         )
-        for key, value in f.items():
+        for key in list(f):
             if key.startswith("use:"):
                 name = key[4:]
-                limit = int(f[f"limit:{name}"])
-                used = int(value)
+                limit = whole(f, f"limit:{name}", f"node:{f['node_id']}", None)
+                used = whole(f, key, f"node:{f['node_id']}", None)
                 ceilings.append(
                     CeilingUse(
                         name=name, limit=limit, used=used, headroom=_headroom(name, limit, used, f)
@@ -170,17 +233,18 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
 
 
 def parse_reservation(f: dict[str, str]) -> Reservation:
+    key = f"res:{f.get('reservation_id', '?')}"
     return Reservation(
-        reservation_id=f["reservation_id"],
-        node_id=f["node_id"],
-        state=f["state"],
-        cpu=int(f["cpu"]),
-        memory_bytes=int(f["memory_bytes"]),
-        created_ms=int(f["created_ms"]),
-        expires_ms=int(f["expires_ms"]),
+        reservation_id=required(f, "reservation_id", key),
+        node_id=required(f, "node_id", key),
+        state=required(f, "state", key),
+        cpu=whole(f, "cpu", key),
+        memory_bytes=whole(f, "memory_bytes", key),
+        created_ms=whole(f, "created_ms", key),
+        expires_ms=whole(f, "expires_ms", key),
         sandbox_id=f.get("sandbox_id") or None,
-        ended_ms=opt_int(f.get("ended_ms")),
-        pressure=float(f["pressure"]) if f.get("pressure") else None,
+        ended_ms=whole(f, "ended_ms", key) if f.get("ended_ms") else None,
+        pressure=real(f, "pressure", key) if f.get("pressure") else None,
     )
 
 
@@ -207,8 +271,10 @@ def parse_observed(r: list[Any]) -> list[ObservedNode]:
 
 
 def observed_node(f: dict[str, str]) -> ObservedNode:
+    key = f"node:{f.get('node_id', '?')}"
+
     def i(name: str) -> int:
-        return int(f.get(name) or 0)
+        return whole(f, name, key)
 
     try:
         disks = _disks.decode(f["disks"]) if f.get("disks") else []

@@ -11,8 +11,9 @@ The scripts reach Redis in one of two forms, built from the same files:
 
 * **A function library** (Redis 7 ``FUNCTION LOAD``, called with ``FCALL``):
   every include once, then one ``redis.register_function`` per script whose
-  body is the script file.  Redis defines the helpers and constant tables
-  once, when the library loads, instead of on every call as it does for a
+  body is the script file, with its :data:`FLAGS` (``no-writes`` for the
+  reads).  Redis defines the helpers and constant tables once, when the
+  library loads, instead of on every call as it does for a
   script sent by ``EVALSHA``; that was about 30 us of every call.  The
   library and function names carry a hash of the library text, so replicas
   of different versions sharing one Redis each call their own code.
@@ -51,6 +52,16 @@ _NO_FUNCTIONS = ("unknown command", "unknown subcommand")
 
 FUNCTION = "function"
 EVAL = "eval"
+
+#: Functions registered with flags: the read-only ones carry ``no-writes``, so
+#: Redis runs them while it refuses writes (OOM at maxmemory, ``CLIENT PAUSE
+#: WRITE``, a replica mid-failover); a write inside one is an error.  LookupNode,
+#: GetNode and the list calls are these.  (The EVALSHA form has no flags: a
+#: Redis without functions knows no shebang, and runs scripts as before.)
+FLAGS: dict[str, tuple[str, ...]] = {
+    name: ("no-writes",)
+    for name in ("lookup", "nodes_view", "observed", "peer_list", "reservations", "stats")
+}
 
 
 @dataclass(frozen=True)
@@ -165,9 +176,11 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
     functions = {name: f"{lib}_{name}" for name in bodies}
     parts = [f"#!lua name={lib}\n", body]
     for name, text in bodies.items():
+        flags = ", ".join(f"'{f}'" for f in FLAGS.get(name, ()))
         parts.append(
-            f"redis.register_function('{functions[name]}', function(keys, args)\n"
-            f"bind_call(keys, args)\n{text}\nend)\n"
+            f"redis.register_function({{function_name = '{functions[name]}', "
+            f"flags = {{{flags}}}, callback = function(keys, args)\n"
+            f"bind_call(keys, args)\n{text}\nend}})\n"
         )
     return Library(lib, "".join(parts), functions)
 

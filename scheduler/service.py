@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 import grpc
 
+from scheduler import logs
 from scheduler.aio import AsyncScheduler
 from scheduler.catalog import EVENT_TYPES, NODE_STATUSES, Status
 from scheduler.errors import (
@@ -32,6 +33,7 @@ from scheduler.errors import (
     StoreUnavailable,
     UnknownNode,
 )
+from scheduler.frames import OMITTED_METADATA, STRIPPED_METADATA, fit_observed
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.limits import (
@@ -44,7 +46,7 @@ from scheduler.limits import (
     text,
 )
 from scheduler.limits import endpoint as valid_endpoint
-from scheduler.metrics import Metrics
+from scheduler.metrics import Metrics, refusal_reasons, status_label
 from scheduler.p2p import Peer
 from scheduler.records import (
     MAX_BYTES,
@@ -62,6 +64,7 @@ from scheduler.records import (
 )
 
 log = logging.getLogger("scheduler.service")
+decisions = logging.getLogger(logs.DECISIONS)
 T = TypeVar("T")
 
 #: Schedule answers kept, one per node (then the cache starts over)
@@ -278,6 +281,23 @@ def _peers(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
     ]
 
 
+class CallerGone(StoreUnavailable):
+    """The caller gave up before its placement was answered (not a Redis failure)."""
+
+
+def _request_fields(req: Request) -> dict[str, Any]:
+    """A Schedule request as the decision log records it (None: the policy's default)."""
+    return {"create": req.create, "cpu": req.cpu, "memory_bytes": req.memory_bytes}
+
+
+def _described(req: Request) -> str:
+    if not req.create:
+        return "a non-creating call"
+    cpu = "default" if req.cpu is None else str(req.cpu)
+    mem = "default" if req.memory_bytes is None else f"{req.memory_bytes // (1 << 20)}MiB"
+    return f"a creation (cpu {cpu}, memory {mem})"
+
+
 # ---------------------------------------------------------------------------
 # The servicer
 # ---------------------------------------------------------------------------
@@ -292,6 +312,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         artifact_lookup_node_limit: int,
         on_unavailable: Callable[[], None] = lambda: None,
         heartbeat_endpoint: tuple[str, int] | None = None,
+        decision_log: bool = False,
     ) -> None:
         self.sched = sched
         #: (scheme, port): a heartbeat without x-node-endpoint gets scheme://peer:port
@@ -305,9 +326,13 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self._answers: dict[tuple[str, str], pb.ScheduleResponse] = {}
         self._rpc_series: dict[tuple[str, str], Any] = {}
         self._script_series: dict[str, Any] = {}
-        self._schedule_ok = metrics.schedule_duration.labels(strategy, "OK")
+        self._schedule_ok = metrics.schedule_duration.labels(strategy, "ok")
         self._assigned = metrics.assignments.labels(strategy)
-        self._schedule_rpc_ok = self._rpc_seconds("Schedule", "OK")
+        self._schedule_rpc_ok = self._rpc_seconds("Schedule", "ok")
+        self._placed = metrics.placements
+        self._redis_refusals = metrics.refusals.labels("redis")
+        #: one line per Schedule on the logger scheduler.decisions
+        self.decision_log = decision_log
 
     # -- plumbing ----------------------------------------------------------
     def _metered(self, script: str, seconds: float, error: BaseException | None) -> None:
@@ -324,12 +349,13 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         work: Callable[[], Awaitable[T]],
     ) -> T:
         start = time.perf_counter()
+        logs.call(rpc)
         try:
             with self.sched.scoped(timeout=context.time_remaining(), observe=self._metered):
                 result = await work()
         except Exception as e:
             await self._fail(rpc, context, start, e)
-        self._rpc_seconds(rpc, "OK").observe(time.perf_counter() - start)
+        self._rpc_seconds(rpc, "ok").observe(time.perf_counter() - start)
         return result
 
     async def _fail(
@@ -345,7 +371,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             code, message = grpc.StatusCode.INTERNAL, f"{rpc} failed; see the replica's log"
             log.error("%s failed", rpc, exc_info=e)
         # recorded before abort() sends the status, so a caller never sees it first
-        self._rpc_seconds(rpc, code.name).observe(time.perf_counter() - start)
+        self._rpc_seconds(rpc, status_label(code)).observe(time.perf_counter() - start)
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort() always raises
 
@@ -369,6 +395,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     ) -> pb.ScheduleResponse:
         # _serve written out: this is the call a replica answers most
         start = time.perf_counter()
+        logs.call("Schedule")
         try:
             with self.sched.scoped(timeout=context.time_remaining(), observe=self._metered):
                 req = request_of(request)
@@ -376,19 +403,77 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                 try:
                     placed = await self._place(req, context)
                 except SchedulerError as e:
-                    self.metrics.schedule_duration.labels(self.strategy, status_of(e).name).observe(
-                        time.perf_counter() - placing
-                    )
+                    self.metrics.schedule_duration.labels(
+                        self.strategy, status_label(status_of(e))
+                    ).observe(time.perf_counter() - placing)
+                    self._refused(req, e)
                     raise
         except Exception as e:
             await self._fail("Schedule", context, start, e)
         done = time.perf_counter()
         self._schedule_ok.observe(done - placing)
         self._assigned.inc()
+        self._placed.inc()
+        logs.bind(node=placed.node_id, reservation=placed.reservation_id)
         if placed.reservation_id:
             context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))
+        if self.decision_log:
+            self._log_placed(req, placed)
         self._schedule_rpc_ok.observe(done - start)
         return self._answer(placed.node_id, placed.endpoint)
+
+    def _refused(self, req: Request, e: SchedulerError) -> None:
+        """Count a refused Schedule by reason (and log it, with the decision log)."""
+        if isinstance(e, NoNodesAvailable):
+            self.metrics.refused(e.message)
+            if self.decision_log:
+                reasons = refusal_reasons(e.message)
+                decisions.info(
+                    "refused %s: %s",
+                    _described(req),
+                    e.message,
+                    extra={
+                        "decision": "refused",
+                        "strategy": self.strategy,
+                        "request": _request_fields(req),
+                        "reasons": reasons,
+                    },
+                )
+        elif isinstance(e, StoreUnavailable) and not isinstance(e, CallerGone):
+            self._redis_refusals.inc()
+            if self.decision_log:
+                decisions.info(
+                    "failed %s: %s",
+                    _described(req),
+                    e.message,
+                    extra={
+                        "decision": "failed",
+                        "strategy": self.strategy,
+                        "request": _request_fields(req),
+                    },
+                )
+
+    def _log_placed(self, req: Request, placed: Placement) -> None:
+        """The decision log's line of a placement: what was asked, where it
+        went and how loaded that node was.  (The Schedule script answers the
+        chosen node only, not the runner-up: ``schedctl explain`` ranks them.)"""
+        decisions.info(
+            "placed %s on %s (pressure %.3f, %s)",
+            _described(req),
+            placed.node_id,
+            placed.pressure,
+            placed.status,
+            extra={
+                "decision": "placed",
+                "strategy": self.strategy,
+                "request": _request_fields(req),
+                "endpoint": placed.endpoint,
+                "pressure": placed.pressure,
+                "node_status": placed.status,
+                "reserved_cpu": placed.cpu,
+                "reserved_memory_bytes": placed.memory_bytes,
+            },
+        )
 
     def _answer(self, node_id: str, endpoint: str) -> pb.ScheduleResponse:
         """The ScheduleResponse naming this node, built once per node: a
@@ -416,7 +501,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         if rid:
             if context.cancelled() or context.done():
                 self.sched.forget(rid)
-                raise StoreUnavailable(
+                raise CallerGone(
                     "the caller gave up before its placement was answered; "
                     "its reservation is cancelled"
                 )
@@ -436,6 +521,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     ) -> pb.RecordAssignmentResponse:
         async def work() -> pb.RecordAssignmentResponse:
             rid = _metadata(context, RESERVATION_METADATA).strip() or None
+            logs.bind(node=request.node.node_id, reservation=rid)
             await self.sched.assign(
                 request.sandbox_id, request.node.node_id, request.node.endpoint, rid
             )
@@ -457,6 +543,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.HeartbeatResponse:
         async def work() -> pb.HeartbeatResponse:
+            logs.bind(node=request.node_id)
             endpoint = _metadata(context, ENDPOINT_METADATA)
             if not endpoint and self.heartbeat_endpoint is not None:
                 endpoint = peer_endpoint(context.peer(), *self.heartbeat_endpoint)
@@ -472,6 +559,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ReportSandboxEventResponse:
         async def work() -> pb.ReportSandboxEventResponse:
+            logs.bind(node=request.node_id)
             await self.sched.events(request.node_id, events_of(request))
             return pb.ReportSandboxEventResponse()
 
@@ -494,8 +582,14 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ListObservedNodesResponse:
         async def work() -> pb.ListObservedNodesResponse:
-            nodes = await self.sched.observed_nodes(request.cluster_id)
-            return pb.ListObservedNodesResponse(nodes=[observed_proto(n) for n in nodes])
+            found = [observed_proto(n) for n in await self.sched.observed_nodes(request.cluster_id)]
+            # (within a default client's 4 MiB: large fields first, scheduler/frames.py)
+            stripped, omitted = fit_observed(found)
+            if stripped or omitted:
+                context.set_trailing_metadata(
+                    ((STRIPPED_METADATA, str(stripped)), (OMITTED_METADATA, str(omitted)))
+                )
+            return pb.ListObservedNodesResponse(nodes=found)
 
         return await self._serve("ListObservedNodes", context, work)
 
@@ -503,6 +597,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self, request: pb.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetNodeResponse:
         async def work() -> pb.GetNodeResponse:
+            logs.bind(node=request.node_id)
             node = await self.sched.observed_node(request.node_id, request.cluster_id)
             return pb.GetNodeResponse(node=observed_proto(node))
 
@@ -514,6 +609,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.UnregisterNodeResponse:
         async def work() -> pb.UnregisterNodeResponse:
+            logs.bind(node=request.node_id)
             await self.sched.unregister(request.node_id, request.service_instance_id)
             return pb.UnregisterNodeResponse()
 

@@ -4,8 +4,10 @@ again whenever one of the files changes, without a restart.
 gRPC asks :meth:`ReloadingCredentials.fetch` before every new connection's
 handshake; it answers a new certificate configuration only when a file's
 size, mtime or inode moved and the new files form a valid pair (checked
-with the standard library's ``ssl``), so a rotation caught half-written keeps
-the old certificate until the second file lands.  Errors name the file,
+with the standard library's ``ssl``) whose certificate is inside its
+validity window, so a rotation caught half-written, or to a certificate
+that expired or is not valid yet, keeps the old certificate (one log line
+per change of the files).  Errors name the file,
 never its contents.
 """
 
@@ -16,6 +18,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -73,8 +76,32 @@ def _check_pair(files: TlsFiles) -> None:
             ) from None
 
 
+def _check_validity(cert_file: str, now: float | None = None) -> None:
+    """The certificate (the chain's first) is inside its validity window: a
+    rotated certificate that already expired, or is not valid yet, would fail
+    every new handshake."""
+    try:
+        # (the standard library's own decoder, as its tests use it: the
+        # package needs no X.509 dependency for two dates)
+        decoded = ssl._ssl._test_decode_cert(cert_file)  # type: ignore[attr-defined]
+        begins = ssl.cert_time_to_seconds(decoded["notBefore"])
+        ends = ssl.cert_time_to_seconds(decoded["notAfter"])
+    except (ssl.SSLError, OSError, KeyError, ValueError) as e:
+        raise TlsError(
+            f"grpc_tls.cert_file: {cert_file} cannot be read as a certificate ({e})"
+        ) from None
+    at = time.time() if now is None else now
+    if at < begins:
+        raise TlsError(
+            f"grpc_tls.cert_file: {cert_file} is not valid before {decoded['notBefore']}"
+        )
+    if at >= ends:
+        raise TlsError(f"grpc_tls.cert_file: {cert_file} expired on {decoded['notAfter']}")
+
+
 def load_config(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
     _check_pair(files)
+    _check_validity(files.cert_file)
     cert = _read(files.cert_file, "cert_file")
     key = _read(files.key_file, "key_file")
     ca = _read(files.client_ca_file, "client_ca_file") if files.client_ca_file else None
@@ -99,6 +126,8 @@ class ReloadingCredentials:
         self.files = files
         self._lock = threading.Lock()
         self._stamp = _stamp(files.paths())
+        #: the files' stamp when they were last refused (logged once per change)
+        self._refused: tuple[tuple[int, int, int], ...] | None = None
         self._initial = load_config(files)
         #: how many times new files were taken (for tests and logs)
         self.reloads = 0
@@ -111,11 +140,13 @@ class ReloadingCredentials:
             try:
                 config = load_config(self.files)
             except TlsError as e:
-                log.warning(
-                    "TLS files changed but cannot be used yet (%s); keeping the "
-                    "previous certificate",
-                    e,
-                )
+                if stamp != self._refused:  # (one line per change, not per connection)
+                    self._refused = stamp
+                    log.warning(
+                        "TLS files changed but cannot be used yet (%s); keeping the "
+                        "previous certificate",
+                        e,
+                    )
                 return None
             self._stamp = stamp
             self.reloads += 1

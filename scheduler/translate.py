@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import redis
 
 from scheduler import acl
-from scheduler.errors import SchedulerError, StoreUnavailable, from_reply
+from scheduler.errors import CorruptState, SchedulerError, StoreUnavailable, from_reply
 
 #: Error replies by which Redis says it cannot serve right now (not a bug of ours).
 TRANSIENT_ERRORS = (
@@ -39,9 +39,23 @@ def reply_error(e: redis.exceptions.ResponseError, target: str) -> SchedulerErro
     mapped = from_reply(str(e)) or acl.denied(e)
     if mapped is not None:
         return mapped
+    if str(e).startswith("WRONGTYPE"):
+        return wrong_type(str(e))
     if isinstance(e, TRANSIENT_ERRORS) or str(e).startswith(TRANSIENT_REPLIES):
         return StoreUnavailable(f"Redis at {target} cannot serve: {e}")
     return None
+
+
+def wrong_type(text: str) -> CorruptState:
+    """WRONGTYPE inside a script: a key of the cell holds another type than
+    the scripts write (a foreign or corrupt write)."""
+    script, commands = acl.commands_at(text)
+    where = f" in {script}" if script else ""
+    at = f" at its {' or '.join(repr(c) for c in commands)}" if commands else ""
+    return CorruptState(
+        f"a key of the cell holds the wrong type of value for the scripts (WRONGTYPE{where}{at}): "
+        "corrupt or foreign state; `schedctl doctor` checks the cell"
+    )
 
 
 def unreachable(target: str, e: BaseException) -> StoreUnavailable:

@@ -75,7 +75,14 @@ class Authority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, cn: str, server: bool) -> Pair:
+    def issue(
+        self,
+        cn: str,
+        server: bool,
+        begins: dt.timedelta = -dt.timedelta(minutes=5),
+        ends: dt.timedelta = dt.timedelta(days=1),
+    ) -> Pair:
+        """A certificate valid from now + ``begins`` until now + ``ends``."""
         key = _key()
         now = dt.datetime.now(dt.timezone.utc)
         builder = (
@@ -84,8 +91,8 @@ class Authority:
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
+            .not_valid_before(now + begins)
+            .not_valid_after(now + ends)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]

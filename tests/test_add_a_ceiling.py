@@ -55,9 +55,10 @@ except NoNodesAvailable as e:
 out["oracle"] = model.decide(states, policy, Request(cpu=1, memory_bytes=1 << 20),
                              now_ms=states[0].last_seen_ms, rr_next=1).refusal
 runner = CliRunner()
-out["policy_show"] = runner.invoke(main, ["policy", "show", "--cell", "t"]).output
-out["nodes"] = runner.invoke(main, ["nodes", "--cell", "t", "--json"]).stdout
-out["nodes_table"] = runner.invoke(main, ["nodes", "--cell", "t"],
+on = ["--redis", "embedded", "--cell", "t"]  # (this process's store, by name)
+out["policy_show"] = runner.invoke(main, [*on, "policy", "show"]).output
+out["nodes"] = runner.invoke(main, [*on, "nodes", "--json"]).stdout
+out["nodes_table"] = runner.invoke(main, [*on, "nodes", "-o", "wide"],
                                    env={"COLUMNS": "250"}).output
 print(json.dumps(out))
 """

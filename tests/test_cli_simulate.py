@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import redis
@@ -59,19 +60,44 @@ def test_table_output_has_the_node_table_and_the_summary(real_url: str) -> None:
     assert out.startswith("simulated 3 nodes (8x16G), 3 replicas, 6 gateway workers: 30 creates")
     assert "nodes of cell sim at " + real_url in out
     for node in ("node-01", "node-02", "node-03"):
-        assert f"│ {node} │ READY" in out
+        assert re.search(rf"^{node} +READY +0\.50 ", out, re.M), out
     assert "12 of 30 creates" in out
     assert "18 × no nodes available: 0/3 nodes available: 3 at max_sandbox_count (4)" in out
     assert "4 on node-01 against max_sandbox_count 4: the ceiling held" in out
     assert "0.500 on node-01" in out  # 4 cpu of 8
-    assert "the cell is kept" in result.stderr
+    # where it ran, first; and how to look at the cell it kept, with the real URL
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"simulate: on {real_url}, cell sim"
+    assert lines[-1] == f"the cell is kept: schedctl nodes --redis {real_url} --cell sim"
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(
+    real_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler.cli import simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "PROGRESS_EVERY_S", 0.0)  # a line per create
+    result = invoke(*SMALL, "--redis", real_url, "--json")
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # stdout keeps its one document
+    progress = [x for x in result.stderr.splitlines() if re.match(r"simulate: \d+/30 creates", x)]
+    assert progress, result.stderr
+    last = re.match(
+        r"simulate: (\d+)/30 creates, placed (\d+), refused (\d+) \(\d+s\)$", progress[-1]
+    )
+    assert last is not None, progress[-1]
+    done, placed, refused = map(int, last.groups())
+    assert placed + refused <= done <= 30
 
 
 def test_an_occupied_cell_needs_reset(real_url: str) -> None:
     assert invoke(*SMALL, "--redis", real_url).exit_code == 0
     again = invoke(*SMALL, "--redis", real_url)
     assert (again.exit_code, again.stdout) == (1, "")
-    assert "already holds scheduler state; pass --reset" in again.stderr
+    assert again.stderr.splitlines()[-1] == (
+        f"Error: cell 'sim' at {real_url} already holds scheduler state; pass --reset to "
+        "wipe it, or choose another cell"
+    )
     assert invoke(*SMALL, "--redis", real_url, "--reset").exit_code == 0
 
 

@@ -551,12 +551,15 @@ def test_a_roster_delta_is_held_to_the_stored_limit(make_scheduler: Make) -> Non
 def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None:
     """Unregistered and registered again through another replica, a node's
     record restarts at generation 1: a delta based on the old record's
-    generation 1 must still be refused."""
+    generation 1 must still be refused.  (The replica that unregisters a node
+    drops its memory of it; another replica keeps its own.)"""
     a = Scheduler(redis_client, cell="again")
     a.sync_policy(Policy())
     b = Scheduler(redis_client, cell="again")
     a.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
-    a.unregister("n1", "boot-1")
+    b.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
+    b.unregister("n1", "boot-1")
+    assert "n1" not in b.beats and "n1" in a.beats
     b.heartbeat(hb("n1", allocated_cpu=6, sandbox_count=3))  # generation 1 again
     stale = a.ops.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1), a.beats)
     assert stale.args[3] != ""  # a delta, against a's memory of the old record

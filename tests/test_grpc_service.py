@@ -500,16 +500,16 @@ def test_health_serving_and_metrics(make_replica: Make, sched: Scheduler) -> Non
         v: float | None = reg.get_sample_value(name, labels)
         return v
 
-    assert value("agentenv_scheduler_rpc_duration_seconds_count", rpc="Schedule", status="OK") == 1
+    assert value("agentenv_scheduler_rpc_duration_seconds_count", rpc="Schedule", status="ok") == 1
     assert (
-        value("agentenv_scheduler_rpc_duration_seconds_count", rpc="LookupNode", status="NOT_FOUND")
+        value("agentenv_scheduler_rpc_duration_seconds_count", rpc="LookupNode", status="not_found")
         == 1
     )
     assert (
         value(
             "agentenv_scheduler_schedule_duration_seconds_count",
             strategy="least_loaded",
-            status="OK",
+            status="ok",
         )
         == 1
     )
@@ -519,7 +519,7 @@ def test_health_serving_and_metrics(make_replica: Make, sched: Scheduler) -> Non
     assert value("sched_redis_up") == 1
     r.call(r.replica.refresh_cell_metrics())
     assert value("sched_reservations_pending") == sched.stats().pending == 1
-    assert value("agentenv_scheduler_observed_nodes", status="READY") == 1
+    assert value("agentenv_scheduler_observed_nodes", status="ready") == 1
     rid = sched.reservations()[0].reservation_id
     sched.cancel(rid)
     r.call(r.replica.refresh_cell_metrics())

@@ -176,10 +176,15 @@ def _schedule_counts(metrics_port: int) -> float:
     )
     m = re.search(
         r'agentenv_scheduler_rpc_duration_seconds_count\{rpc="Schedule",'
-        r'status="OK"\} ([0-9.e+]+)',
+        r'status="ok"\} ([0-9.e+]+)',
         text,
     )
     return float(m.group(1)) if m else 0.0
+
+
+def _stopped(log: str, worker: int) -> bool:
+    """Worker ``worker`` logged that it stopped (its lines name it)."""
+    return re.search(rf"worker={worker} pid=\d+ v[^\]]*\]: stopped$", log, re.M) is not None
 
 
 @pytest.fixture
@@ -246,8 +251,7 @@ def test_workers_share_one_port_and_each_answers(
     # SIGTERM to the parent stops every worker, each after its drain
     assert p.terminate() == 0
     assert not _alive(pids[0]) and not _alive(again)
-    log = p.log()
-    assert "[worker 0]: stopped" in log and "[worker 1]: stopped" in log
+    assert _stopped(p.log(), 0) and _stopped(p.log(), 1)
 
 
 @pytest.mark.slow
@@ -260,7 +264,7 @@ def test_workers_stop_when_their_parent_is_killed(workers: tuple[ServeProcess, l
     while any(_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "workers outlived their parent"
         time.sleep(0.05)
-    assert "[worker 0]: stopped" in p.log() and "[worker 1]: stopped" in p.log()
+    assert _stopped(p.log(), 0) and _stopped(p.log(), 1)
 
 
 def test_workers_check_the_port_and_hold_it() -> None:

@@ -5,6 +5,7 @@ taken without a restart.  Plaintext on a non-loopback address warns."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import time
@@ -144,6 +145,38 @@ def test_a_rotated_certificate_is_taken_without_a_restart(
     assert list_nodes(pki.channel(port, root=new_ca.pem)) == grpc.StatusCode.OK
     assert list_nodes(pki.channel(port)) == grpc.StatusCode.UNAVAILABLE  # the old one is gone
     assert r.replica is not None and r.replica.tls is not None and r.replica.tls.reloads == 1
+
+
+@pytest.mark.parametrize(
+    ("begins", "ends", "why"),
+    [
+        (-dt.timedelta(days=2), -dt.timedelta(days=1), "expired on"),
+        (dt.timedelta(days=1), dt.timedelta(days=2), "is not valid before"),
+    ],
+)
+def test_a_rotated_certificate_outside_its_validity_is_not_loaded(
+    pki: Pki,
+    serve: Callable[..., ThreadedReplica],
+    caplog: pytest.LogCaptureFixture,
+    begins: dt.timedelta,
+    ends: dt.timedelta,
+    why: str,
+) -> None:
+    """Before, an expired certificate (a matching pair) was hot-loaded and
+    every new connection failed until it was replaced."""
+    r = serve(TlsFiles(str(pki.cert_file), str(pki.key_file)))
+    port = port_of(r)
+    pki.ca.issue("replica", server=True, begins=begins, ends=ends).write(pki.dir, "server")
+    _bump(pki.cert_file, pki.key_file)
+    with caplog.at_level(logging.WARNING, logger="scheduler.tls"):
+        for _ in range(3):  # new connections, each asking for the certificate
+            assert list_nodes(pki.channel(port)) == grpc.StatusCode.OK
+    refused = [m for m in caplog.messages if "keeping the previous certificate" in m]
+    assert len(refused) == 1 and why in refused[0], caplog.messages
+    assert r.replica is not None and r.replica.tls is not None and r.replica.tls.reloads == 0
+    # at start, such a certificate is refused with the file's name
+    with pytest.raises(TlsError, match=f"grpc_tls.cert_file: {pki.cert_file} {why}"):
+        load_config(TlsFiles(str(pki.cert_file), str(pki.key_file)))
 
 
 def test_plaintext_off_loopback_warns(
