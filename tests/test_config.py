@@ -353,7 +353,8 @@ DROPIN = Path(__file__).parent / "dropin"
 
 def test_the_reference_kubernetes_file_loads_as_it_is() -> None:
     s = load(DROPIN / "scheduler.json", env={})
-    assert s.discovery == "kubernetes" and s.nodes == [] and not s.policy.static_nodes
+    # the watcher's list is the node list: heartbeats of other nodes are refused
+    assert s.discovery == "kubernetes" and s.nodes == [] and s.policy.static_nodes
     assert s.kubernetes == KubernetesDiscovery(
         namespace="agentenv-system", service_name="agentenv-nodes", port=8000, scheme="http"
     )
