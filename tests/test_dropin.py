@@ -349,24 +349,26 @@ def test_health_says_not_serving_while_redis_is_down(upstream: list[Upstream]) -
         redis.close()
 
 
-def test_kubernetes_file_needs_the_watcher_of_this_build(
-    redis_server: RedisServer, tmp_path: Path
+def test_the_kubernetes_file_starts_the_watcher_beside_the_replica(
+    redis_server: RedisServer, upstream: list[Upstream]
 ) -> None:
-    """Until scheduler.kubernetes exists, discovery kubernetes is a clear refusal."""
-    try:
-        import scheduler.kubernetes  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("this build has Kubernetes discovery (its own tests cover it)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    env["SCHEDULER_REDIS_ADDR"] = redis_addr(redis_server)
-    r = subprocess.run(
-        [*SCHEDCTL, "serve", "-config", str(FIXTURES / "scheduler.json")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert r.returncode == 1
-    assert "kubernetes discovery is not available in this build" in r.stderr
+    """The reference's Kubernetes file as it is: serve starts the watcher once
+    the cell is prepared and stops it on SIGTERM.  Out of a pod (no API server
+    here; tests/test_kubernetes_discovery.py runs it against a double) the
+    watcher says so and retries, and the replica serves all the while."""
+    pytest.importorskip("scheduler.kubernetes")
+    u = Upstream(FIXTURES / "scheduler.json", redis_addr(redis_server), cell="dropin-k8s")
+    upstream.append(u)
+    u.wait_health(SERVING)
+    deadline = time.monotonic() + 30
+    while "scheduler.kubernetes" not in u.log():
+        assert time.monotonic() < deadline, u.log()
+        time.sleep(0.1)
+    # kubernetes keeps a static node policy: a node no slice lists is refused
+    with pytest.raises(grpc.RpcError) as e:
+        u.stub.Heartbeat(reporter_heartbeat("node-a"), timeout=10)
+    assert "not in scheduler node list" in (e.value.details() or "")
+    assert u.health() == SERVING
+    u.proc.terminate()
+    assert u.proc.wait(30) == 0
+    assert "stopped" in u.log()
