@@ -38,9 +38,11 @@ class Upstream:
     metrics addresses come from SCHEDULER_GRPC_LISTEN_ADDR and
     SCHEDULER_METRICS_LISTEN_ADDR (free loopback ports, not :9090/:9101)."""
 
-    def __init__(self, config: Path, redis_addr: str, *args: str, cell: str = "") -> None:
+    def __init__(
+        self, config: Path, redis_addr: str, *args: str, cell: str = "", host: str = "127.0.0.1"
+    ) -> None:
         self.port, self.metrics_port = free_port(), free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
         env.update(
             SCHEDULER_GRPC_LISTEN_ADDR=self.address,
@@ -231,6 +233,16 @@ def test_a_reporter_heartbeat_without_metadata_gets_its_peer_address(
     place_record_lookup(u, "node-hb", "http://127.0.0.1:8000")
     listed = u.stub.ListNodes(pb.ListNodesRequest(), timeout=10)
     assert [(n.node_id, n.endpoint) for n in listed.nodes] == [("node-hb", "http://127.0.0.1:8000")]
+
+
+def test_an_ipv6_caller_gets_a_bracketed_endpoint(
+    redis_server: RedisServer, upstream: list[Upstream]
+) -> None:
+    cell = f"dropin-{uuid.uuid4().hex[:8]}"
+    u = Upstream(FIXTURES / "heartbeat.json", redis_addr(redis_server), cell=cell, host="[::1]")
+    upstream.append(u)
+    u.wait_health(SERVING)
+    place_record_lookup(u, "node-v6", "http://[::1]:8000")
 
 
 def test_without_the_heartbeat_port_such_a_node_stays_without_endpoint(
