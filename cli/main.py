@@ -27,6 +27,7 @@ from .cells import cells
 from .completion import completion
 from .doctor import doctor_command
 from .explain import explain
+from .health import health
 from .linger import linger
 from .nodes import nodes
 from .options import EXIT_BAD_ARGUMENT, EXIT_FAILURE, Failure, Target, cell_options
@@ -147,5 +148,6 @@ main.add_command(completion)
 main.add_command(doctor_command, name="doctor")
 
 main.add_command(serve)
+main.add_command(health)
 
 __all__ = ["EXIT_BAD_ARGUMENT", "Failure", "main"]

@@ -6,21 +6,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
 from scheduler import embedded, logs
 from scheduler.aio import AsyncScheduler
-from scheduler.config import ConfigError, Overrides, Settings, load, summary
+from scheduler.config import (
+    ConfigError,
+    Overrides,
+    Settings,
+    load,
+    resolve_log_format,
+    summary,
+)
 from scheduler.connection import async_client, describe_target
 from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict, StoreUnavailable
 from scheduler.loops import CHOICES as LOOP_CHOICES
 from scheduler.loops import LoopUnavailable, choose
 from scheduler.replica import ListenError, Replica
+from scheduler.version import describe
 
 log = logging.getLogger("scheduler.serve")
 
@@ -32,8 +42,26 @@ class StartupError(Exception):
     pass
 
 
+KUBERNETES_UNAVAILABLE = (
+    "scheduler.discovery.mode: kubernetes discovery is not available in this build"
+)
+
+
+def check_kubernetes(settings: Settings) -> None:
+    """discovery kubernetes needs scheduler.kubernetes (ConfigError without it)."""
+    if settings.kubernetes is None or settings.query_only:
+        return
+    try:
+        importlib.import_module("scheduler.kubernetes")
+    except ImportError:
+        raise ConfigError(KUBERNETES_UNAVAILABLE) from None
+
+
 def announce(settings: Settings) -> None:
-    """The start-up summary: Redis target, limits, TTLs, listen addresses."""
+    """The start-up summary: Redis target, limits, TTLs, listen addresses, and
+    what the loader noted (ignored sections, unknown variables)."""
+    for level, text in settings.notes:
+        log.log(logging.WARNING if level == "warning" else logging.INFO, "%s", text)
     if settings.redis_url is None:
         log.warning(embedded.WARNING)
     for line in summary(settings, describe_target(settings.redis_url)):
@@ -78,11 +106,27 @@ async def run_replica(
             stop.set()
 
         loop.add_reader(fd, parent_gone)
+    watcher: Any = None
+    watching: asyncio.Task[None] | None = None
     try:
+        # The ports listen at once (health NOT_SERVING, calls UNAVAILABLE), so a
+        # liveness probe sees a live process while Redis is down.
+        try:
+            await replica.listen()
+        except ListenError as e:
+            raise StartupError(str(e)) from None
+        log.info(
+            "listening: gRPC on port %d%s; NOT_SERVING until %s",
+            replica.port,
+            f", /metrics /healthz /readyz on port {replica.metrics_port}"
+            if replica.metrics_port
+            else "",
+            "Redis answers" if settings.query_only else "the cell's policy is checked",
+        )
         # Redis down at start is waited out, not a crash: serving begins once
         # the cell's policy could be checked (nothing is ever served unchecked).
         delay = 0.5
-        while True:
+        while not settings.query_only:
             try:
                 outcome = await replica.prepare_cell()
                 break
@@ -102,19 +146,23 @@ async def run_replica(
                 delay = min(2 * delay, 5.0)
             except SchedulerError as e:
                 raise StartupError(f"cannot prepare cell {settings.cell!r}: {e.message}") from None
-        log.info(
-            "cell policy: %s",
-            {
-                "created": "stored (new cell)",
-                "same": "matches the stored one",
-                "overwritten": "overwrote the stored one",
-            }.get(outcome, outcome),
-        )
-        try:
-            await replica.start()
-        except ListenError as e:
-            await replica.stop(grace_s=0)
-            raise StartupError(str(e)) from None
+        if not settings.query_only:
+            log.info(
+                "cell policy: %s",
+                {
+                    "created": "stored (new cell)",
+                    "same": "matches the stored one",
+                    "overwritten": "overwrote the stored one",
+                }.get(outcome, outcome),
+            )
+        await replica.open()
+        if settings.kubernetes is not None and not settings.query_only:
+            try:
+                from scheduler.kubernetes import KubernetesWatcher  # type: ignore[import-not-found,unused-ignore]
+            except ImportError:
+                raise StartupError(f"configuration: {KUBERNETES_UNAVAILABLE}") from None
+            watcher = KubernetesWatcher(settings.kubernetes, sched)
+            watching = asyncio.create_task(watcher.run(), name="kubernetes-discovery")
         log.info(
             "serving scheduler.v1.Scheduler on port %d%s",
             replica.port,
@@ -124,9 +172,15 @@ async def run_replica(
             serving(replica)
         await stop.wait()
         log.info("stopping: draining in-flight calls (up to %.1fs)", settings.drain_timeout_s)
+        if watcher is not None:
+            await watcher.stop()
         await replica.stop()
         log.info("stopped")
     finally:
+        if watching is not None and not watching.done():
+            watching.cancel()
+        if not replica.stopped:  # start-up ended early: close what listens
+            await replica.stop(grace_s=0)
         if stop_when_readable is not None:
             loop.remove_reader(stop_when_readable)
         await sched.close()
@@ -134,11 +188,21 @@ async def run_replica(
 
 @click.command("serve")
 @click.option(
+    "-config",
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
     envvar="SCHEDULER_CONFIG",
-    help='JSON config file ({"scheduler": {...}}).',
+    help='JSON config file ({"scheduler": {...}}, or the reference system\'s shared '
+    "file); -config (Go's single dash) works too.",
+)
+@click.option(
+    "-query-only",
+    "--query-only",
+    "query_only",
+    is_flag=True,
+    help="Serve LookupNode alone, from the bindings in Redis (every other call "
+    "UNAVAILABLE, naming the mode); needs scheduler.redis_addr.  Writes nothing.",
 )
 @click.option(
     "--redis",
@@ -220,6 +284,7 @@ def serve(
     reflection: bool | None,
     loop_name: str,
     workers: int,
+    query_only: bool,
 ) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
     try:
@@ -235,12 +300,16 @@ def serve(
                 grpc_tls_key=grpc_tls_key,
                 grpc_tls_client_ca=grpc_tls_client_ca,
                 coalesce=coalesce,
+                query_only=query_only,
             ),
         )
+        check_kubernetes(settings)
     except ConfigError as e:
         raise click.ClickException(f"configuration: {e}") from None
     if reflection is not None:
         settings = dataclasses.replace(settings, grpc_reflection=reflection)
+    # auto: JSON unless stderr is a terminal; console: text (workers inherit the choice)
+    settings = dataclasses.replace(settings, log_format=resolve_log_format(settings.log_format))
     try:
         loop = choose(loop_name)
     except LoopUnavailable as e:
@@ -256,7 +325,7 @@ def serve(
         logs.from_settings(settings)
     except ValueError as e:
         raise click.ClickException(f"logging: {e}") from None
-    log.info("event loop: %s (%s)", loop.name, loop.why)
+    log.info("schedctl serve %s; event loop: %s (%s)", describe(), loop.name, loop.why)
     try:
         if workers > 1:
             announce(settings)

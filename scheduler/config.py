@@ -1,19 +1,24 @@
 """The replica's configuration: JSON file, environment, flags -> :class:`Settings`.
 
-The file has the reference system's shape, ``{"scheduler": {...}}`` plus
-``log_level`` and ``log_format`` at the top level (docs/operations.md lists
-the keys).  It is decoded with msgspec: an unknown or misspelled key is an error
-that names it, never a silent default.  Durations are strings ("30s", "10m",
-"1h30m", "500ms").  Precedence: flags > environment > file > defaults.
+The file has the reference system's shared shape: ``{"scheduler": {...}}``
+plus ``service``, ``log_level`` and ``log_format`` at the top level, and the
+sections of its other services (``gateway``), which are ignored with one info
+line naming them (docs/operations.md lists the keys).  It is decoded with
+msgspec: an unknown or misspelled key is an error that names it, never a
+silent default.  Durations are strings ("30s", "10m", "1h30m", "500ms").
+Precedence: flags > environment > file > defaults, as the reference binary
+has it (its only flags are ``-config`` and ``-query-only``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 import msgspec
 
@@ -45,9 +50,37 @@ class GrpcTls(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     client_ca_file: str = ""
 
 
+class KubernetesDiscovery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    namespace: str = ""
+    service_name: str = ""
+    port: int = 0
+    scheme: str = "http"
+    ignore_pod_selector: str = ""
+    no_schedule_pod_selector: str = ""
+
+
+class HeartbeatDiscovery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``discovery.heartbeat`` (ours): a heartbeat without ``x-node-endpoint``
+    metadata gets ``scheme://<the caller's address>:port`` as its endpoint;
+    port 0 = off (such a node is refused for placement: no endpoint)."""
+
+    port: int = 0
+    scheme: str = "http"
+
+
+class Discovery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The reference system's object form of ``scheduler.discovery``."""
+
+    #: "" = static when ``nodes`` is given, else heartbeat
+    mode: str = ""
+    kubernetes: KubernetesDiscovery = msgspec.field(default_factory=KubernetesDiscovery)
+    heartbeat: HeartbeatDiscovery = msgspec.field(default_factory=HeartbeatDiscovery)
+
+
 class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    grpc_listen_addr: str = "127.0.0.1:50051"
-    metrics_listen_addr: str = "127.0.0.1:9090"
+    # the reference system's defaults: a gateway left on its own finds us
+    grpc_listen_addr: str = ":9090"
+    metrics_listen_addr: str = ":9101"
     strategy: str = "least_loaded"
     report_ttl: str = "30s"
     binding_ttl: str = "30s"
@@ -57,8 +90,9 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     node_resource_limit: Limits = msgspec.field(default_factory=Limits)
     artifact_store_capacity: int = DEFAULT_STORE_CAPACITY
     artifact_lookup_node_limit: int = 0
-    #: "" = static when ``nodes`` is given, else heartbeat; or "static" / "heartbeat".
-    discovery: str = ""
+    #: "" = static when ``nodes`` is given, else heartbeat; or "static" /
+    #: "heartbeat" / "kubernetes"; or the object form (:class:`Discovery`)
+    discovery: str | Discovery = ""
     # ours
     overcommit: Overcommit = msgspec.field(default_factory=Overcommit)
     default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
@@ -87,20 +121,42 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 
 class ConfigFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: the reference system's shared file names the service; this is the scheduler
+    service: str = ""
     scheduler: SchedulerSection = msgspec.field(default_factory=SchedulerSection)
     log_level: str = "info"
     log_format: str = "text"
+    #: the reference system's other service in the shared file: ignored
+    gateway: dict[str, Any] | None = None
 
 
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
-LOG_FORMATS = ("text", "json")
-DISCOVERY = ("", "static", "heartbeat")
+#: "auto" = json when stderr is not a terminal; "console" is our text format
+LOG_FORMATS = ("auto", "json", "console", "text")
+DISCOVERY = ("", "static", "heartbeat", "kubernetes")
+#: top-level sections of the shared file that configure another service
+OTHER_SERVICES = ("gateway",)
+#: every variable the reference binary reads for its scheduler (its
+#: ``overrideWithEnv``), and the scheduler.* key each sets; like it, an empty
+#: value counts as unset
 ENV_OVERRIDES = {
+    "SCHEDULER_GRPC_LISTEN_ADDR": "grpc_listen_addr",
+    "SCHEDULER_METRICS_LISTEN_ADDR": "metrics_listen_addr",
+    "SCHEDULER_STRATEGY": "strategy",
     "SCHEDULER_REDIS_ADDR": "redis_addr",
     "SCHEDULER_BINDING_TTL": "binding_ttl",
     "SCHEDULER_ARTIFACT_STORE_CAPACITY": "artifact_store_capacity",
     "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "artifact_lookup_node_limit",
 }
+#: read elsewhere: ``SCHEDULER_CONFIG`` is ``--config``'s variable,
+#: ``SCHEDULER_BUILD_COMMIT`` the commit an image bakes in (scheduler.version),
+#: ``SCHEDULER_LOG_THIRD_PARTY`` the third-party loggers' level (scheduler.logs)
+ENV_KNOWN = (
+    *ENV_OVERRIDES,
+    "SCHEDULER_CONFIG",
+    "SCHEDULER_BUILD_COMMIT",
+    "SCHEDULER_LOG_THIRD_PARTY",
+)
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {
@@ -156,6 +212,8 @@ class Overrides:
     grpc_tls_key: str | None = None
     grpc_tls_client_ca: str | None = None
     coalesce: bool | None = None
+    #: ``-query-only``: serve LookupNode alone (the reference system's HA mode)
+    query_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +238,16 @@ class Settings:
     source: str = field(default="defaults")
     #: None = plaintext gRPC
     grpc_tls: TlsFiles | None = None
+    #: discovery kubernetes: what to watch (None for every other mode)
+    kubernetes: KubernetesDiscovery | None = None
+    #: heartbeat discovery: a heartbeat without x-node-endpoint gets
+    #: ``heartbeat_scheme://<peer address>:heartbeat_port`` (0 = off)
+    heartbeat_port: int = 0
+    heartbeat_scheme: str = "http"
+    #: ``-query-only``: LookupNode alone; every other call UNAVAILABLE
+    query_only: bool = False
+    #: start-up lines the loader has for the log: (level, text)
+    notes: tuple[tuple[str, str], ...] = ()
     decision_log: bool = False
     grpc_reflection: bool = True
     #: accept a Redis whose maxmemory-policy evicts keys (scheduler.allow_eviction)
@@ -214,6 +282,39 @@ def _env_int(name: str, value: str) -> int:
         raise ConfigError(f"{name}: {value!r} is not a whole number") from None
 
 
+def resolve_log_format(fmt: str, stream: TextIO | None = None) -> str:
+    """The formatter a ``log_format`` value chooses: "json" or "text" ("console"
+    is text; "auto" is json unless ``stream``, stderr by default, is a terminal)."""
+    fmt = fmt.strip().lower()
+    if fmt == "auto":
+        stream = sys.stderr if stream is None else stream
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        return "text" if tty else "json"
+    return "json" if fmt == "json" else "text"
+
+
+def _env(env: Mapping[str, str], sec: SchedulerSection) -> tuple[str | None, str | None]:
+    """Apply the reference binary's variables to ``sec``; returns LOG_LEVEL and
+    LOG_FORMAT (None when unset)."""
+
+    def get(name: str) -> str | None:
+        value = env.get(name, "").strip()
+        return value or None
+
+    for name, key in ENV_OVERRIDES.items():
+        value = get(name)
+        if value is None:
+            continue
+        if key in ("artifact_store_capacity", "artifact_lookup_node_limit"):
+            setattr(sec, key, _env_int(name, value))
+        else:
+            setattr(sec, key, value)
+    return get("LOG_LEVEL"), get("LOG_FORMAT")
+
+
 def load(
     path: str | Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -231,19 +332,19 @@ def load(
     else:
         cfg = ConfigFile()
     sec = cfg.scheduler
+    notes: list[tuple[str, str]] = []
+    for name in OTHER_SERVICES:
+        if getattr(cfg, name) is not None:
+            notes.append(("info", f"{source}: section {name!r} ignored (it configures the {name})"))
+    if cfg.service.strip() not in ("", "scheduler"):
+        notes.append(("info", f"{source}: service {cfg.service!r} ignored: this is the scheduler"))
+    for name in sorted(env):
+        if name.startswith("SCHEDULER_") and name not in ENV_KNOWN:
+            notes.append(("warning", f"environment: {name} is not a setting; ignored"))
 
-    if "SCHEDULER_REDIS_ADDR" in env:
-        sec.redis_addr = env["SCHEDULER_REDIS_ADDR"]
-    if "SCHEDULER_BINDING_TTL" in env:
-        sec.binding_ttl = env["SCHEDULER_BINDING_TTL"]
-    if "SCHEDULER_ARTIFACT_STORE_CAPACITY" in env:
-        sec.artifact_store_capacity = _env_int(
-            "SCHEDULER_ARTIFACT_STORE_CAPACITY", env["SCHEDULER_ARTIFACT_STORE_CAPACITY"]
-        )
-    if "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT" in env:
-        sec.artifact_lookup_node_limit = _env_int(
-            "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT", env["SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT"]
-        )
+    env_level, env_format = _env(env, sec)
+    if env_format is not None:
+        cfg.log_format = env_format
     if flags.redis is not None:
         sec.redis_addr = flags.redis
     if flags.grpc_listen is not None:
@@ -260,24 +361,76 @@ def load(
         sec.grpc_tls.key_file = flags.grpc_tls_key
     if flags.grpc_tls_client_ca is not None:
         sec.grpc_tls.client_ca_file = flags.grpc_tls_client_ca
-    log_level = (flags.log_level or cfg.log_level).lower()
-    return _settings(cfg, sec, log_level, source)
+    log_level = (flags.log_level or env_level or cfg.log_level).strip().lower()
+    return _settings(cfg, sec, log_level, source, tuple(notes), flags.query_only)
 
 
-def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: str) -> Settings:
+def _discovery(
+    sec: SchedulerSection, query_only: bool
+) -> tuple[str, KubernetesDiscovery | None, HeartbeatDiscovery]:
+    """The discovery mode, what kubernetes watches, and heartbeat's endpoint rule."""
+    obj = sec.discovery if isinstance(sec.discovery, Discovery) else Discovery(mode=sec.discovery)
+    key = (
+        "scheduler.discovery.mode"
+        if isinstance(sec.discovery, Discovery)
+        else "scheduler.discovery"
+    )
+    mode = obj.mode.strip().lower()
+    if mode not in DISCOVERY:
+        raise ConfigError(f"{key}: must be one of static, heartbeat, kubernetes, not {obj.mode!r}")
+    mode = mode or ("static" if sec.nodes else "heartbeat")
+    hb = obj.heartbeat
+    if not 0 <= hb.port <= 65535:
+        raise ConfigError(f"scheduler.discovery.heartbeat.port: must be 0..65535, not {hb.port}")
+    if hb.port and not hb.scheme.strip():
+        raise ConfigError("scheduler.discovery.heartbeat.scheme: is required")
+    if query_only:  # (the reference binary checks none of discovery for it)
+        return mode, None, hb
+    if mode == "static" and not sec.nodes:
+        raise ConfigError(f"{key}: static needs a non-empty scheduler.nodes list")
+    if mode != "static" and sec.nodes:
+        raise ConfigError(f"scheduler.nodes: a static node list contradicts discovery {mode}")
+    if hb.port and mode != "heartbeat":
+        raise ConfigError(
+            f"scheduler.discovery.heartbeat: applies to discovery heartbeat, not {mode}"
+        )
+    if mode != "kubernetes":
+        return mode, None, hb
+    kube = obj.kubernetes
+    for name in ("namespace", "service_name"):
+        if not getattr(kube, name).strip():
+            raise ConfigError(f"scheduler.discovery.kubernetes.{name}: is required")
+    if not 0 < kube.port <= 65535:
+        raise ConfigError(
+            f"scheduler.discovery.kubernetes.port: must be greater than zero (at most 65535), "
+            f"not {kube.port}"
+        )
+    if not kube.scheme.strip():
+        raise ConfigError("scheduler.discovery.kubernetes.scheme: is required")
+    return mode, kube, hb
+
+
+def _settings(
+    cfg: ConfigFile,
+    sec: SchedulerSection,
+    log_level: str,
+    source: str,
+    notes: tuple[tuple[str, str], ...] = (),
+    query_only: bool = False,
+) -> Settings:
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
-    if cfg.log_format not in LOG_FORMATS:
-        raise ConfigError(f"log_format: must be text or json, not {cfg.log_format!r}")
-    if sec.discovery not in DISCOVERY:
+    log_format = cfg.log_format.strip().lower()
+    if log_format not in LOG_FORMATS:
         raise ConfigError(
-            f"scheduler.discovery: must be static or heartbeat, not {sec.discovery!r}"
+            f"log_format: must be one of {', '.join(LOG_FORMATS)}, not {cfg.log_format!r}"
         )
-    discovery = sec.discovery or ("static" if sec.nodes else "heartbeat")
-    if discovery == "static" and not sec.nodes:
-        raise ConfigError("scheduler.discovery: static needs a non-empty scheduler.nodes list")
-    if discovery == "heartbeat" and sec.nodes:
-        raise ConfigError("scheduler.nodes: a static node list contradicts discovery heartbeat")
+    if query_only and not sec.redis_addr.strip():
+        raise ConfigError(
+            "scheduler.redis_addr: -query-only needs a Redis (SCHEDULER_REDIS_ADDR or "
+            "scheduler.redis_addr): it answers LookupNode from the bindings other replicas write"
+        )
+    discovery, kube, hb = _discovery(sec, query_only)
     if sec.artifact_store_capacity < 0:
         raise ConfigError("scheduler.artifact_store_capacity: must not be negative")
     nodes: list[tuple[str, str]] = []
@@ -306,7 +459,9 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
             limits=sec.node_resource_limit,
             overcommit=sec.overcommit,
             default_request=sec.default_request,
-            static_nodes=discovery == "static",
+            # kubernetes: the watcher's list is the node list (a heartbeat from
+            # a node not in it is refused, as with a static list)
+            static_nodes=discovery in ("static", "kubernetes"),
             max_roster_ids=sec.max_roster_ids,
             node_forget_after_ms=parse_duration_ms(
                 "scheduler.node_forget_after", sec.node_forget_after, zero_ok=True
@@ -363,9 +518,14 @@ def _settings(cfg: ConfigFile, sec: SchedulerSection, log_level: str, source: st
         coalesce_schedules=sec.coalesce_schedules,
         coalesce_heartbeats=sec.coalesce_heartbeats,
         log_level=log_level,
-        log_format=cfg.log_format,
+        log_format=log_format,
         source=source,
         grpc_tls=_tls(sec.grpc_tls),
+        kubernetes=kube,
+        heartbeat_port=hb.port if discovery == "heartbeat" else 0,
+        heartbeat_scheme=hb.scheme.strip(),
+        query_only=query_only,
+        notes=notes,
         decision_log=sec.decision_log,
         grpc_reflection=sec.grpc_reflection,
         allow_eviction=sec.allow_eviction,
@@ -389,7 +549,8 @@ def summary(s: Settings, target: str) -> list[str]:
     return [
         f"config: {s.source}; cell {s.cell!r} (key prefix {s.prefix!r}); Redis: {target}",
         f"strategy: {p.strategy}; discovery: {s.discovery}"
-        + (f" ({len(s.nodes)} static nodes)" if s.nodes else ""),
+        + (f" ({len(s.nodes)} static nodes)" if s.nodes else "")
+        + _discovery_summary(s),
         f"node_resource_limit: {limits}",
         f"report_ttl: {p.report_ttl_ms}ms; binding_ttl: {p.binding_ttl_ms}ms; "
         f"placement_reservation_ttl: {p.reservation_ttl_ms}ms",
@@ -413,6 +574,29 @@ def summary(s: Settings, target: str) -> list[str]:
             "lose what it had not yet replicated)"
         ),
     ]
+
+
+def _discovery_summary(s: Settings) -> str:
+    if s.query_only:
+        return "; query-only: LookupNode alone, every other call UNAVAILABLE"
+    if s.kubernetes is not None:
+        k = s.kubernetes
+        return (
+            f" (EndpointSlices of {k.namespace}/{k.service_name}, endpoints "
+            f"{k.scheme}://<address>:{k.port})"
+        )
+    if s.discovery != "heartbeat":
+        return ""
+    if s.heartbeat_port:
+        return (
+            f" (a heartbeat without x-node-endpoint metadata gets "
+            f"{s.heartbeat_scheme}://<its address>:{s.heartbeat_port})"
+        )
+    return (
+        " (a node whose heartbeat has no x-node-endpoint metadata is refused for placement "
+        "with 'no endpoint': set scheduler.discovery.heartbeat.port and scheme, "
+        'e.g. {"mode": "heartbeat", "heartbeat": {"port": 8000, "scheme": "http"}})'
+    )
 
 
 def _tls_summary(t: TlsFiles | None) -> str:

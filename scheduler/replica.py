@@ -11,6 +11,14 @@ UNAVAILABLE.  A call that finds Redis unable to serve wakes the monitor at
 once.  Under Sentinel the replica follows the primary the sentinels
 announce.  When Redis is back the replica restores the cell's policy if Redis
 lost it and serves again, without a restart.
+
+Its ports listen from the first second (:meth:`Replica.listen`), before Redis
+has answered: health reads NOT_SERVING, ``/metrics`` says ``sched_redis_up 0``,
+``/healthz`` is 200 (alive) and ``/readyz`` 503, and every scheduler call is
+UNAVAILABLE until the cell's policy is checked (:meth:`Replica.open`), so a
+liveness probe does not restart a replica that waits for Redis.  A
+``-query-only`` replica answers LookupNode alone (every other call
+UNAVAILABLE, naming the mode) and never writes the cell.
 """
 
 from __future__ import annotations
@@ -18,11 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler.aio import AsyncScheduler
 from scheduler.calls import this_replica
@@ -46,6 +60,7 @@ from scheduler.translate import translated
 log = logging.getLogger("scheduler.replica")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
+LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
 #: health of the reads alone (LookupNode, GetNode, the list calls): SERVING
 #: while Redis answers them, also when it refuses writes (OOM, CLIENT PAUSE
 #: WRITE), which turn "" and SERVICE_NAME NOT_SERVING
@@ -58,6 +73,59 @@ REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 class ListenError(Exception):
     """An address this replica should listen on is not available."""
+
+
+class _Handlers:
+    """Takes the generated code's method handlers instead of a server."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, _service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.handlers = handlers
+
+
+class _Gate:
+    """The scheduler's methods, each refused UNAVAILABLE while ``refusal`` has a
+    reason (before the cell is checked; every one but LookupNode when
+    query-only).  They stay registered methods: the generic-handler path
+    instead made a burst of calls on a new connection measurably later
+    (tests/test_multi_replica.py's silent replicas lost every race)."""
+
+    def __init__(self, refusal: Callable[[str], str | None]) -> None:
+        self.refusal = refusal
+        #: nothing is refused any more (open, not query-only): one attribute test a call
+        self.open = False
+
+    def wrap(self, handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._gated(f"/{SERVICE_NAME}/{name}", h.unary_unary),
+                request_deserializer=h.request_deserializer,
+                response_serializer=h.response_serializer,
+            )
+            for name, h in handlers.items()
+        }
+
+    def _gated(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if not self.open:
+                why = self.refusal(method)
+                if why is not None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+            return await behaviour(request, context)
+
+        return call
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
 
 
 class Replica:
@@ -83,7 +151,8 @@ class Replica:
         self.metrics.watch_batches({"schedule": sched.coalescer, "heartbeat": sched.beat_coalescer})
         self.health = health.aio.HealthServicer()
         #: the cell this replica keeps: stored at start-up, put back if Redis loses it
-        sched.keep_cell(settings.policy, settings.nodes)
+        # (kubernetes: discovery writes the node list; preparing leaves it alone)
+        sched.keep_cell(settings.policy, settings.nodes, discovered=settings.kubernetes is not None)
         self.service = SchedulerService(
             sched,
             self.metrics,
@@ -91,8 +160,17 @@ class Replica:
             artifact_store_capacity=settings.artifact_store_capacity,
             artifact_lookup_node_limit=settings.artifact_lookup_node_limit,
             on_unavailable=self.check_now,
+            heartbeat_endpoint=(settings.heartbeat_scheme, settings.heartbeat_port)
+            if settings.heartbeat_port
+            else None,
             decision_log=settings.decision_log,
         )
+        #: the cell's policy is checked (query-only: from the start): calls are served
+        self._open = False
+        #: stop() has run
+        self.stopped = False
+        self._http: ThreadingWSGIServer | None = None
+        self._gate: _Gate | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.metrics_port: int | None = None
@@ -162,6 +240,28 @@ class Replica:
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
+        """Listen and serve (the cell is already checked)."""
+        await self.listen()
+        await self.open()
+
+    def refusal(self, method: str) -> str | None:
+        """Why a call of ``method`` is refused now; None when it is served."""
+        if self.settings.query_only and method != LOOKUP_METHOD:
+            name = method.rpartition("/")[2]
+            return (
+                f"{name}: this replica is query-only (-query-only): it answers LookupNode "
+                f"alone; send {name} to a scheduling replica"
+            )
+        if not self._open:
+            return (
+                f"Redis at {self.sched.target} has not answered since this replica "
+                "started: it serves once the cell's policy is checked"
+            )
+        return None
+
+    async def listen(self) -> None:
+        """Open the gRPC port and /metrics now, Redis or not: health NOT_SERVING,
+        every scheduler call UNAVAILABLE until :meth:`open`."""
         limit = max_message_bytes(self.settings.policy.max_roster_ids)
         self.server = grpc.aio.server(
             options=[
@@ -169,7 +269,15 @@ class Replica:
                 ("grpc.max_receive_message_length", limit),
             ]
         )
-        add_guarded(pb_grpc.add_SchedulerServicer_to_server, self.service, self.server)
+        self._gate = gate = _Gate(self.refusal)
+
+        def add_gated(servicer: Any, server: Any) -> None:
+            taken = _Handlers()
+            pb_grpc.add_SchedulerServicer_to_server(servicer, taken)
+            server.add_registered_method_handlers(SERVICE_NAME, gate.wrap(taken.handlers))
+
+        # malformed frames are refused first (frames.py), then the gate, then the call
+        add_guarded(add_gated, self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.settings.grpc_reflection:
             reflection.enable_server_reflection(REFLECTED, self.server)
@@ -181,16 +289,58 @@ class Replica:
             raise ListenError(f"gRPC cannot listen on {self.settings.grpc_listen}")
         if self.settings.metrics_listen:
             try:
-                self.metrics_port = self.metrics.serve(self.settings.metrics_listen)
+                self.metrics_port = self._serve_http(self.settings.metrics_listen)
             except OSError as e:
                 raise ListenError(
                     f"/metrics cannot listen on {self.settings.metrics_listen}: {e.strerror or e}"
                 ) from None
+        # NOT_SERVING, reads too, until the monitor has asked Redis
+        self._redis_ok = self._reads_ok = False
+        self.metrics.redis_up.set(0)
+        for name in ("", SERVICE_NAME, READS_SERVICE_NAME):
+            await self.health.set(name, NOT_SERVING)
         await self.server.start()
-        await self._set_serving(True)
+
+    async def open(self) -> None:
+        """The cell is checked (a query-only replica checks none): serve calls,
+        and watch Redis from now on."""
+        self._open = True
+        if not self.settings.query_only:
+            if self._gate is not None:
+                self._gate.open = True
+            await self._set_serving(True)
         if self.sentinel is not None:
             self.sentinel.start()
         self._monitor = asyncio.create_task(self._watch_redis(), name="redis-monitor")
+
+    def _serve_http(self, listen: str) -> int:
+        """/metrics, /healthz (alive: 200 while the process runs) and /readyz
+        (200 while this replica serves, else 503) on ``host:port``, in a thread;
+        returns the bound port."""
+        metrics_app = make_wsgi_app(self.metrics.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                start_response("200 OK", [("Content-Type", "text/plain")])
+                return [b"ok\n"]
+            if path == "/readyz":
+                if self._open and self._redis_ok:
+                    start_response("200 OK", [("Content-Type", "text/plain")])
+                    return [b"ready\n"]
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"not ready: Redis at {self.sched.target} does not serve\n".encode()]
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        if host == "::":
+            host = "0.0.0.0"
+        server = make_server(host, int(port), app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        self._http = server
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
+        return int(server.server_address[1])
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         listen, files = self.settings.grpc_listen, self.settings.grpc_tls
@@ -212,6 +362,7 @@ class Replica:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop taking calls, let in-flight ones finish (up to the grace), close."""
         self._stopping = True
+        self.stopped = True
         await self.health.enter_graceful_shutdown()
         if self.sentinel is not None:
             await self.sentinel.stop()
@@ -222,6 +373,10 @@ class Replica:
             await asyncio.wait([self._monitor], timeout=5)
         if self.server is not None:
             await self.server.stop(self.settings.drain_timeout_s if grace_s is None else grace_s)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
         self.metrics.close()
 
     # -- monitoring ----------------------------------------------------------
@@ -236,6 +391,9 @@ class Replica:
                     "%s: NOT_SERVING until this replica can write again",
                     why or f"Redis at {self.sched.target} is unreachable",
                 )
+        await self._publish(ok)
+
+    async def _publish(self, ok: bool) -> None:
         self._redis_ok = ok
         self.metrics.redis_up.set(1 if ok else 0)
         status = SERVING if ok else NOT_SERVING
@@ -277,11 +435,13 @@ class Replica:
             try:
                 due = self.cell_stats_interval_s is not None and loop.time() >= next_stats
                 await self._check_redis(refresh_stats=due)
-                await self.sched.run(
-                    self.sched.ops.replica_seen(
-                        this_replica(self.settings.grpc_listen, self.port), self.monitor_interval_s
+                if not self.settings.query_only:  # (it writes nothing)
+                    await self.sched.run(
+                        self.sched.ops.replica_seen(
+                            this_replica(self.settings.grpc_listen, self.port),
+                            self.monitor_interval_s,
+                        )
                     )
-                )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
             except (StoreUnavailable, EvictionRisk) as e:
@@ -298,6 +458,10 @@ class Replica:
                 await asyncio.wait_for(self._wake.wait(), self.monitor_interval_s)
 
     async def _check_redis(self, refresh_stats: bool) -> None:
+        if self.settings.query_only:  # reads alone: nothing of the cell to keep
+            await asyncio.wait_for(self.sched.ping(), max(self.monitor_interval_s, 1.0))
+            await self._set_serving(True)
+            return
         was_ok = self._redis_ok
         if self.sentinel is not None:
             try:

@@ -12,10 +12,12 @@ call of the RPC, metrics, metadata extensions, and error -> status code
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar, cast
+from urllib.parse import unquote
 
 import grpc
 
@@ -95,6 +97,23 @@ def status_of(e: SchedulerError) -> grpc.StatusCode:
         if cls in STATUS:
             return STATUS[cls]
     return grpc.StatusCode.INTERNAL
+
+
+def peer_endpoint(peer: str, scheme: str, port: int) -> str:
+    """``scheme://<host>:port`` for a gRPC peer ("ipv4:10.0.0.7:53122",
+    "ipv6:[fd00::7]:53122", brackets maybe %-encoded); "" for any other peer."""
+    kind, _, rest = unquote(peer).partition(":")
+    host = rest.rpartition(":")[0].strip("[]")
+    if kind not in ("ipv4", "ipv6") or not host:
+        return ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return ""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    shown = f"[{ip}]" if ip.version == 6 else str(ip)
+    return f"{scheme}://{shown}:{port}"
 
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any], name: str) -> str:
@@ -292,9 +311,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         artifact_store_capacity: int,
         artifact_lookup_node_limit: int,
         on_unavailable: Callable[[], None] = lambda: None,
+        heartbeat_endpoint: tuple[str, int] | None = None,
         decision_log: bool = False,
     ) -> None:
         self.sched = sched
+        #: (scheme, port): a heartbeat without x-node-endpoint gets scheme://peer:port
+        self.heartbeat_endpoint = heartbeat_endpoint
         self.metrics = metrics
         self.strategy = strategy
         self.capacity = artifact_store_capacity
@@ -522,7 +544,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     ) -> pb.HeartbeatResponse:
         async def work() -> pb.HeartbeatResponse:
             logs.bind(node=request.node_id)
-            hb = heartbeat_of(request, _metadata(context, ENDPOINT_METADATA))
+            endpoint = _metadata(context, ENDPOINT_METADATA)
+            if not endpoint and self.heartbeat_endpoint is not None:
+                endpoint = peer_endpoint(context.peer(), *self.heartbeat_endpoint)
+            hb = heartbeat_of(request, endpoint)
             result = await self.sched.heartbeat(hb, cpu_config=True)
             return pb.HeartbeatResponse(cpu_config_json=result.cpu_config_json)
 

@@ -3,6 +3,7 @@ the start-up refusals of ``schedctl serve``."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,17 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Limits, Policy, Scheduler
-from scheduler.config import ConfigError, Overrides, load, parse_duration_ms, summary
+from scheduler.config import (
+    ConfigError,
+    KubernetesDiscovery,
+    Overrides,
+    load,
+    parse_duration_ms,
+    resolve_log_format,
+    summary,
+)
 from scheduler.connection import describe_target
+from scheduler.service import peer_endpoint
 
 
 def write(tmp_path: Path, doc: Any) -> Path:
@@ -335,3 +345,235 @@ def test_coalescing_is_on_unless_turned_off(tmp_path: Path) -> None:
     assert load(off, env={}, flags=Overrides(coalesce=True)).coalesce_schedules
     assert not load(None, env={}, flags=Overrides(coalesce=False)).coalesce_schedules
     assert "coalesce_schedules: off" in "\n".join(summary(load(off, env={}), describe_target(None)))
+
+
+# -- the reference system's files, env and flags (issue 26) -------------------
+DROPIN = Path(__file__).parent / "dropin"
+
+
+def test_the_reference_kubernetes_file_loads_as_it_is() -> None:
+    s = load(DROPIN / "scheduler.json", env={})
+    # the watcher's list is the node list: heartbeats of other nodes are refused
+    assert s.discovery == "kubernetes" and s.nodes == [] and s.policy.static_nodes
+    assert s.kubernetes == KubernetesDiscovery(
+        namespace="agentenv-system", service_name="agentenv-nodes", port=8000, scheme="http"
+    )
+    assert (s.grpc_listen, s.metrics_listen, s.log_format) == ("[::]:9090", "[::]:9101", "json")
+    assert s.policy.strategy == "round_robin"
+
+
+def test_the_reference_compose_file_loads_and_its_gateway_is_noted() -> None:
+    s = load(DROPIN / "default.json", env={})
+    assert s.discovery == "static" and s.kubernetes is None
+    assert s.nodes == [("node-a", "http://agentenv-a:8000"), ("node-b", "http://agentenv-b:8000")]
+    assert s.log_format == "auto"
+    assert [text for _, text in s.notes] == [
+        f"{DROPIN / 'default.json'}: section 'gateway' ignored (it configures the gateway)"
+    ]
+
+
+def test_upstream_defaults_listen_where_a_gateway_looks() -> None:
+    s = load(None, env={})
+    assert (s.grpc_listen, s.metrics_listen) == ("[::]:9090", "[::]:9101")
+
+
+def test_kubernetes_sub_object_keys_and_string_form(tmp_path: Path) -> None:
+    kube = {
+        "namespace": "ns",
+        "service_name": "nodes",
+        "port": 9000,
+        "scheme": "https",
+        "ignore_pod_selector": "agentenv.io/ignore=true",
+        "no_schedule_pod_selector": "agentenv.io/drain=true",
+    }
+    doc = {"scheduler": {"discovery": {"mode": "KUBERNETES", "kubernetes": kube}}}
+    s = load(write(tmp_path, doc), env={})
+    assert s.kubernetes == KubernetesDiscovery(**kube)
+    assert "EndpointSlices of ns/nodes, endpoints https://<address>:9000" in summary(s, "x")[1]
+    with pytest.raises(
+        ConfigError, match=r"^scheduler.discovery.kubernetes.namespace: is required"
+    ):
+        load(write(tmp_path, {"scheduler": {"discovery": "kubernetes"}}), env={})
+
+
+@pytest.mark.parametrize(
+    ("kube", "named"),
+    [
+        ({"service_name": "s", "port": 1}, "scheduler.discovery.kubernetes.namespace: is required"),
+        ({"namespace": "n", "port": 1}, "scheduler.discovery.kubernetes.service_name: is required"),
+        (
+            {"namespace": "n", "service_name": "s"},
+            "scheduler.discovery.kubernetes.port: must be greater than zero",
+        ),
+        (
+            {"namespace": "n", "service_name": "s", "port": -1},
+            "scheduler.discovery.kubernetes.port: must be greater than zero",
+        ),
+        (
+            {"namespace": "n", "service_name": "s", "port": 1, "scheme": " "},
+            "scheduler.discovery.kubernetes.scheme: is required",
+        ),
+        (
+            {"namespace": "n", "service_name": "s", "port": 1, "selector": "x"},
+            "unknown key 'scheduler.discovery.kubernetes.selector'",
+        ),
+    ],
+)
+def test_kubernetes_discovery_is_validated(tmp_path: Path, kube: Any, named: str) -> None:
+    doc = {"scheduler": {"discovery": {"mode": "kubernetes", "kubernetes": kube}}}
+    with pytest.raises(ConfigError) as e:
+        load(write(tmp_path, doc), env={})
+    assert named in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("discovery", "named"),
+    [
+        ({"mode": "dns"}, "scheduler.discovery.mode: must be one of static, heartbeat, kubernetes"),
+        ("dns", "scheduler.discovery: must be one of static, heartbeat, kubernetes"),
+        ({"mode": "heartbeat", "heartbeat": {"port": 70000}}, "heartbeat.port: must be 0..65535"),
+        (
+            {"mode": "heartbeat", "heartbeat": {"port": 80, "scheme": ""}},
+            "scheduler.discovery.heartbeat.scheme: is required",
+        ),
+        ({"mode": "heartbeat", "watch": 1}, "unknown key 'scheduler.discovery.watch'"),
+        ({"heartbeat": {"port": 80}, "mode": "static"}, "scheduler.discovery.mode: static needs"),
+    ],
+)
+def test_discovery_object_errors_name_the_key(tmp_path: Path, discovery: Any, named: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(write(tmp_path, {"scheduler": {"discovery": discovery}}), env={})
+    assert named in str(e.value)
+
+
+def test_heartbeat_port_applies_to_heartbeat_discovery_alone(tmp_path: Path) -> None:
+    doc = {
+        "scheduler": {
+            "nodes": [{"id": "n1", "endpoint": "http://n1:8000"}],
+            "discovery": {"mode": "static", "heartbeat": {"port": 8000}},
+        }
+    }
+    with pytest.raises(ConfigError, match="^scheduler.discovery.heartbeat: applies to"):
+        load(write(tmp_path, doc), env={})
+    s = load(DROPIN / "heartbeat.json", env={})
+    assert (s.discovery, s.heartbeat_port, s.heartbeat_scheme) == ("heartbeat", 8000, "http")
+    assert "gets http://<its address>:8000" in summary(s, "x")[1]
+    plain = load(write(tmp_path, {"scheduler": {"discovery": {"mode": "heartbeat"}}}), env={})
+    assert plain.heartbeat_port == 0
+    assert "set scheduler.discovery.heartbeat.port and scheme" in summary(plain, "x")[1]
+
+
+def test_shared_file_sections(tmp_path: Path) -> None:
+    doc = {"service": "gateway", "gateway": {"http_listen_addr": ":8080"}, "scheduler": {}}
+    s = load(write(tmp_path, doc), env={})
+    assert [level for level, _ in s.notes] == ["info", "info"]
+    assert "service 'gateway' ignored: this is the scheduler" in s.notes[1][1]
+    with pytest.raises(ConfigError, match="unknown key 'worker'"):
+        load(write(tmp_path, {"worker": {}}), env={})
+    with pytest.raises(ConfigError, match="unknown key 'scheduler.gateway'"):
+        load(write(tmp_path, {"scheduler": {"gateway": {}}}), env={})
+
+
+@pytest.mark.parametrize("fmt", ["auto", "json", "console", "text", "JSON", " Console "])
+def test_log_formats(tmp_path: Path, fmt: str) -> None:
+    s = load(write(tmp_path, {"log_format": fmt}), env={})
+    assert s.log_format == fmt.strip().lower()
+
+
+def test_log_format_refusal_and_resolution(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^log_format: must be one of auto, json, console, text"):
+        load(write(tmp_path, {"log_format": "pretty"}), env={})
+    with pytest.raises(ConfigError, match="^log_format: must be one of"):
+        load(None, env={"LOG_FORMAT": "xml"})
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert resolve_log_format("auto", Tty()) == "text"
+    assert resolve_log_format("auto", io.StringIO()) == "json"
+    assert (resolve_log_format("console"), resolve_log_format("json")) == ("text", "json")
+    assert resolve_log_format("text") == "text"
+
+
+def test_every_reference_variable_and_its_precedence(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {
+            "log_level": "info",
+            "log_format": "text",
+            "scheduler": {
+                "grpc_listen_addr": ":1",
+                "strategy": "least_loaded",
+                "binding_ttl": "1m",
+            },
+        },
+    )
+    env = {
+        "SCHEDULER_GRPC_LISTEN_ADDR": "127.0.0.1:7100",
+        "SCHEDULER_METRICS_LISTEN_ADDR": "127.0.0.1:7101",
+        "SCHEDULER_STRATEGY": "round_robin",
+        "SCHEDULER_REDIS_ADDR": "redis-host:6379",
+        "SCHEDULER_BINDING_TTL": "45s",
+        "SCHEDULER_ARTIFACT_STORE_CAPACITY": "123",
+        "SCHEDULER_ARTIFACT_LOOKUP_NODE_LIMIT": "4",
+        "LOG_LEVEL": "debug",
+        "LOG_FORMAT": "json",
+        "SCHEDULER_CONFIG": "ignored-here",
+        "GATEWAY_SCHEDULER_ADDR": "scheduler:9090",
+        "SCHEDULER_GPRC_LISTEN_ADDR": "typo",
+    }
+    s = load(path, env=env)
+    assert (s.grpc_listen, s.metrics_listen) == ("127.0.0.1:7100", "127.0.0.1:7101")
+    assert (s.policy.strategy, s.redis_url, s.policy.binding_ttl_ms) == (
+        "round_robin",
+        "redis-host:6379",
+        45_000,
+    )
+    assert (s.artifact_store_capacity, s.artifact_lookup_node_limit) == (123, 4)
+    assert (s.log_level, s.log_format) == ("debug", "json")
+    assert s.notes == (
+        ("warning", "environment: SCHEDULER_GPRC_LISTEN_ADDR is not a setting; ignored"),
+    )
+    # flags over the environment
+    f = load(path, env=env, flags=Overrides(grpc_listen="127.0.0.1:7200", log_level="warn"))
+    assert (f.grpc_listen, f.log_level) == ("127.0.0.1:7200", "warn")
+    # like the reference binary, an empty variable is unset
+    blank = load(path, env={"SCHEDULER_STRATEGY": " ", "SCHEDULER_REDIS_ADDR": "", "LOG_LEVEL": ""})
+    assert (blank.policy.strategy, blank.redis_url, blank.log_level) == (
+        "least_loaded",
+        None,
+        "info",
+    )
+    with pytest.raises(ConfigError, match="^SCHEDULER_ARTIFACT_STORE_CAPACITY: 'many'"):
+        load(path, env={"SCHEDULER_ARTIFACT_STORE_CAPACITY": "many"})
+    with pytest.raises(ConfigError, match="^scheduler.binding_ttl: '45'"):
+        load(path, env={"SCHEDULER_BINDING_TTL": "45"})
+
+
+def test_query_only_needs_redis_and_skips_discovery(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^scheduler.redis_addr: -query-only needs a Redis"):
+        load(DROPIN / "scheduler.json", env={}, flags=Overrides(query_only=True))
+    s = load(
+        DROPIN / "scheduler.json",
+        env={"SCHEDULER_REDIS_ADDR": "127.0.0.1:6379"},
+        flags=Overrides(query_only=True),
+    )
+    assert s.query_only and s.kubernetes is None
+    assert "query-only: LookupNode alone" in summary(s, "x")[1]
+
+
+@pytest.mark.parametrize(
+    ("peer", "endpoint"),
+    [
+        ("ipv4:10.0.0.7:53122", "http://10.0.0.7:8000"),
+        ("ipv6:[fd00::7]:53122", "http://[fd00::7]:8000"),
+        ("ipv6:%5Bfd00::7%5D:53122", "http://[fd00::7]:8000"),
+        ("ipv6:[::ffff:10.0.0.8]:4000", "http://10.0.0.8:8000"),
+        ("unix:/run/sched.sock", ""),
+        ("ipv4:not-an-ip:1", ""),
+        ("", ""),
+    ],
+)
+def test_peer_endpoint(peer: str, endpoint: str) -> None:
+    assert peer_endpoint(peer, "http", 8000) == endpoint
