@@ -32,6 +32,8 @@ from scheduler.loops import LoopUnavailable, choose
 from scheduler.replica import ListenError, Replica
 from scheduler.version import describe
 
+from .options import Target
+
 log = logging.getLogger("scheduler.serve")
 
 #: the most ``--workers`` (each is a whole replica process)
@@ -287,6 +289,14 @@ def serve(
     query_only: bool,
 ) -> None:
     """Run one stateless replica: gRPC scheduler.v1.Scheduler, health, /metrics."""
+    # `schedctl --redis URL --cell C serve`: the group's options typed on the
+    # command line count as serve's own flags (the environment is the loader's)
+    target = click.get_current_context().find_object(Target)
+    if target is not None:
+        if redis is None and "redis" in target.typed:
+            redis = target.redis
+        if cell is None and "cell" in target.typed:
+            cell = target.cell
     try:
         settings = load(
             config_path,
@@ -325,7 +335,8 @@ def serve(
         logs.from_settings(settings)
     except ValueError as e:
         raise click.ClickException(f"logging: {e}") from None
-    log.info("schedctl serve %s; event loop: %s (%s)", describe(), loop.name, loop.why)
+    store = "" if settings.redis_url else "; store: embedded (in-process, one replica only)"
+    log.info("schedctl serve %s%s; event loop: %s (%s)", describe(), store, loop.name, loop.why)
     try:
         if workers > 1:
             announce(settings)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 from click.testing import CliRunner
 from scheduler.cli.main import main
 
@@ -131,6 +132,30 @@ def test_a_replica_without_uvloop_says_so_and_serves_on_asyncio(
     p.wait_serving()
     assert places_on_a_fresh_node(p.address) == "n1"
     assert "event loop: asyncio (uvloop cannot be imported" in p.log()
+
+
+@pytest.mark.slow
+def test_the_first_line_says_when_the_store_is_embedded(processes: list[ServeProcess]) -> None:
+    p = ServeProcess({"scheduler": {}}, redis_url=None)
+    processes.append(p)
+    p.wait_serving()
+    first = p.log().splitlines()[0]
+    assert "schedctl serve " in first and "store: embedded (in-process, one replica only)" in first
+
+
+@pytest.mark.slow
+@pytest.mark.real_only
+def test_schedctls_redis_option_before_serve_counts_as_serves_own(
+    processes: list[ServeProcess], real_url: str
+) -> None:
+    """`schedctl --redis URL serve`: the group-level option is not dropped."""
+    p = ServeProcess(
+        {"scheduler": {}}, redis_url=None, cell="group-opt", before=("--redis", real_url)
+    )
+    processes.append(p)
+    p.wait_serving()
+    assert "store: embedded" not in p.log()
+    assert redis.Redis.from_url(real_url).exists("sched:{group-opt}:policy") == 1
 
 
 def _two_free_ports() -> int:

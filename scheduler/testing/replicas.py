@@ -169,8 +169,11 @@ class ServeProcess:
         extra_args: tuple[str, ...] = (),
         metrics: bool = True,
         env: dict[str, str] | None = None,
+        before: tuple[str, ...] = (),
     ) -> None:
         self.metrics = metrics
+        #: schedctl's own options, before the command (``schedctl --redis URL serve``)
+        self.before = before
         self.extra_env = env or {}
         self.dir = Path(tempfile.mkdtemp(prefix="sched-replica-"))
         self.config_path = self.dir / "config.json"
@@ -203,7 +206,10 @@ class ServeProcess:
         env.update(self.extra_env)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [*SCHEDCTL, "serve", *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+            [*SCHEDCTL, *self.before, "serve", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         self.address = f"127.0.0.1:{self.port}"
 
