@@ -18,7 +18,15 @@ import redis
 from click.testing import CliRunner
 from scheduler.cli.main import main
 
-from scheduler import Heartbeat, Limits, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
+from scheduler import (
+    Heartbeat,
+    Limits,
+    NodeSnapshot,
+    NoNodesAvailable,
+    Policy,
+    Request,
+    Scheduler,
+)
 from scheduler.acl import (
     CLIENT_COMMANDS,
     COMMANDS,
@@ -32,7 +40,7 @@ from scheduler.aio import AsyncScheduler
 from scheduler.connection import async_client
 from scheduler.cpuconfig import CpuConfigOps
 from scheduler.p2p import PeerOps
-from scheduler.records import SandboxEvent
+from scheduler.records import Placement, SandboxEvent
 from scheduler.scripts import EVAL, FUNCTION, library, sources
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
@@ -115,6 +123,12 @@ def workload(url: str) -> str:
         )  # lists x1: persisted
         q = s.schedule(Request.cold(1, 0))
         s.cancel(q.reservation_id or "")
+        # a batch, as a replica's coalescer sends one (it stores the rotation
+        # with SET at its end); the replica workload below may or may not
+        # batch, depending on how its calls meet
+        (b,) = s.run(s.ops.schedule_batch([s.ops.schedule(Request.cold(1, 0))]))
+        assert isinstance(b, Placement), b
+        s.cancel(b.reservation_id or "")
         for _ in range(6):
             try:
                 s.schedule(Request.cold(1, 0))
