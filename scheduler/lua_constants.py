@@ -2,7 +2,8 @@
 
 The script loader (scheduler/scripts.py) adds the text :func:`render`
 returns to the includes it reads from lua/includes/; scripts name it like
-any other include (``-- @include constants``).  Every value is a literal: a
+any other include (``-- @include constants``); it exports every name it
+defines (scheduler/lua_modules.py).  Every value is a literal: a
 function library's load-time code may not call functions.
 """
 
@@ -106,4 +107,6 @@ def render() -> str:
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
     ]
-    return "\n".join(lines) + "\n"
+    names = [line.split()[1] for line in lines if line.startswith("local ")]
+    exports = [f"-- @exports {' '.join(names[i : i + 8])}" for i in range(0, len(names), 8)]
+    return "\n".join(lines[:4] + exports + lines[4:]) + "\n"

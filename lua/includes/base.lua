@@ -11,6 +11,11 @@
     KEYS[5] expiry  zset reservation id -> expiry ms
   Error replies are "<CODE> <message>", codes from scheduler/errors.py.
 ]]
+-- @exports KEYS ARGV BASE POLICY_KEY NODES_KEY STATS_KEY EXPIRY_KEY IDX_SEEN
+-- @exports SEEN_KEY ON_CALL bind_call CALL node_key node_res_key node_sbx_key
+-- @exports node_roster_key res_key bind_key fail fmt instant_text kept_table
+-- @exports keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK set_all
+-- @exports raw_policy load_clock now_ms seen_lags heard_ms
 -- @include constants
 -- This call's keys and arguments.  The library is defined once per server
 -- (Redis Functions) and these are bound on entry to every function, so no

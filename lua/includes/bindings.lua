@@ -1,6 +1,8 @@
 --[[
   includes/bindings.lua: sandbox -> node bindings, and node removal.
 ]]
+-- @exports write_binding bury_binding buried_on bound_reservation charged
+-- @exports listed_on oldest_unclaimed remove_node forget_sweep
 -- @include index
 ---------------------------------------------------------------------------
 -- Bindings and node removal

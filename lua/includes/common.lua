@@ -1,8 +1,10 @@
 --[[
   includes/common.lua: policy, reservations and their sweep, shared by every
-  script that decides or writes state (the loader inlines includes once per
+  script that decides or writes state (the loader emits includes once per
   script, dependencies first).
 ]]
+-- @exports repack_policy load_policy binding_expires TOUCHED touch RES_READ
+-- @exports HELD end_reservation flush_counts sweep_expired
 -- @include base
 
 -- (the policy's packed copy: raw_policy, includes/base.lua)

@@ -3,6 +3,7 @@
   (cpu_config-6.lua's ARGV as `A`, its KEYS[6] as `cfg_key`); cpu_config-6.lua
   runs one, heartbeat_batch-5.lua any number beside the heartbeats.
 ]]
+-- @exports cpu_config_one
 -- @include common
 
 local function cfg_leave(key, id)

@@ -5,6 +5,7 @@
   it had come alone within the same millisecond.  The callers then run the
   forget sweep and reindex the other nodes this call touched.
 ]]
+-- @exports heartbeat_one
 -- @include bindings
 -- @include snapshot
 

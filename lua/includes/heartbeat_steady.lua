@@ -3,6 +3,7 @@
   (heartbeat_steady-5.lua's ARGV as `A`); heartbeat_steady-5.lua makes one,
   heartbeat_batch-5.lua any number.
 ]]
+-- @exports steady_one
 -- @include base
 
 -- `P`: the clock fields of the policy (load_clock, or a whole policy).

@@ -32,6 +32,9 @@
   record is not in the buckets it was chosen among) falls back to the full
   scan, which is the truth.
 ]]
+-- @exports bucket_of node_of_bucket move_index index_entry reindex unindex
+-- @exports reindex_touched sweep_stale rebuild_index INDEX_FORMAT
+-- @exports upgrade_index pick_indexed
 -- @include stages
 
 local IDX_SHAPES, IDX_TMP

@@ -4,6 +4,7 @@
   schedule_batch-5.lua makes several in one call, in order, each seeing the
   ones before it (exactly as if they had come one by one).
 ]]
+-- @exports finish_batch schedule_one
 -- @include index
 
 -- A whole number argument ("" = the default), or nil when it is not one.

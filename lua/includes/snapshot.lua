@@ -5,6 +5,7 @@
   INDEX_MOVERS, WHOLE_FIELDS) are in includes/constants, generated from
   scheduler/records.py NodeSnapshot.
 ]]
+-- @exports PREV HB_READ
 -- @include index
 -- what a heartbeat reads of the record it updates: PREV, then the node as
 -- decisions read it but for what its bucket id spells (the snapshot's counts

@@ -3,6 +3,10 @@
   stages (project, status, ceilings, capacity, rank) with the names the
   reference model (scheduler/testing/model.py) uses.
 ]]
+-- @exports NODE_FIELDS NODE_NUMBERS read_node derive_status read_status
+-- @exports pressure_of project check_status ceiling_use ceiling_holds
+-- @exports check_ceilings check_capacity evaluate ranks_before bytes_lt
+-- @exports summarize_reasons
 -- @include common
 ---------------------------------------------------------------------------
 -- Node state and the decision stages (same names as scheduler/testing/model.py)
