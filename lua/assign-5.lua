@@ -16,7 +16,7 @@
   ARGV[4]     reservation id, "" = the node's oldest unclaimed one
 
   Returns {reservation id attached or "", released now 1/0, now_ms}
-  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
+  Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
 ]]
 -- @include bindings
@@ -26,10 +26,10 @@ local endpoint = ARGV[3]
 local wanted = ARGV[4]
 
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id)
     or redis.call('HGET', node_key(node_id), 'endpoint') ~= endpoint then
-  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
 local now = now_ms(P)
 sweep_expired(now)

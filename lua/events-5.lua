@@ -16,19 +16,19 @@
   ARGV[2..]   events, two values each: sandbox_id, type (CREATE|DELETE|PAUSE|RESUME|FORK)
 
   Returns {reservations acked, reservations released, now_ms}
-  Errors: UNKNOWN_NODE, BADARG type ..., PRECONDITION (no policy)
+  Errors: UNKNOWN_NODE, BADARG type ..., NO_POLICY (no policy)
   Writes: res:<id> (state acked), node:<node> acked_count, bind:*, node-sbx:<node>
 ]]
 -- @include bindings
 local node_id = ARGV[1]
 
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
-  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
 for i = 2, #ARGV, 2 do
-  if not EVENT_TYPES[ARGV[i + 1]] then return fail('BADARG', 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
+  if not EVENT_TYPES[ARGV[i + 1]] then return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
 end
 local now = now_ms(P)
 sweep_expired(now)

@@ -29,7 +29,7 @@
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ... (sandbox_ids longer than the policy's
-          max_roster_ids, among others), PRECONDITION (no policy); every
+          max_roster_ids, among others), NO_POLICY (no policy); every
           check and the roster diff run before the first write, so an error
           writes nothing
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,

@@ -16,7 +16,7 @@
   Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
           (its RESYNC included) or {"err", "<CODE> <message>"} (that
           heartbeat's own error: it wrote nothing)
-  Errors: PRECONDITION (no policy: nothing written), BADARG n or a kind or
+  Errors: NO_POLICY (no policy: nothing written), BADARG n or a kind or
           count that does not add up (nothing written)
   Writes: as the two scripts, once per heartbeat (the stats counters once, at
           the end); the expiry sweep runs once
@@ -29,7 +29,7 @@
 -- @include cpu_config
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
-  return fail('BADARG', 'n must count the heartbeats that follow')
+  return fail(ERR.BADARG, 'n must count the heartbeats that follow')
 end
 -- (every item's place, checked before anything is written)
 local at, kinds, counts = {}, {}, {}
@@ -37,14 +37,14 @@ local a = 2
 for i = 1, n do
   local kind, m = ARGV[a], number_of(ARGV[a + 1])
   if not HEARTBEAT_KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
-    return fail('BADARG', 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
+    return fail(ERR.BADARG, 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
   a = a + 2 + m
 end
-if a ~= #ARGV + 1 then return fail('BADARG', 'n must count the heartbeats that follow') end
+if a ~= #ARGV + 1 then return fail(ERR.BADARG, 'n must count the heartbeats that follow') end
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 CALL.P = P
 local now = heard_ms(P)
 CALL.heard = now

@@ -13,7 +13,7 @@
 
   Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
           fields...} or {"err", "<CODE> <message>"} (that request's own error)
-  Errors: PRECONDITION (no policy: nothing decided), BADARG n or a dry run
+  Errors: NO_POLICY (no policy: nothing decided), BADARG n or a dry run
   Writes: as schedule-5.lua, once per placed request (the rotation counter and
           stats reserved_total once, at the end)
 ]]
@@ -21,9 +21,9 @@
 -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
-  return fail('BADARG', 'n must count the requests that follow, 7 arguments each')
+  return fail(ERR.BADARG, 'n must count the requests that follow, 7 arguments each')
 end
-if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
+if not load_policy() then return fail(ERR.NO_POLICY, NO_POLICY) end
 CALL.batch = true
 -- Replay: when none of the batch's reservation ids exists yet (the common
 -- case), one EXISTS spares a read of each; CALL.new_ids then holds the ones
@@ -40,7 +40,7 @@ local out = {}
 -- @stage batch_setup
 for i = 1, n do
   local a = 1 + 7 * (i - 1)
-  if ARGV[a + 2] == '1' then return fail('BADARG', 'a batch holds no dry run') end
+  if ARGV[a + 2] == '1' then return fail(ERR.BADARG, 'a batch holds no dry run') end
   -- @stage batch_loop
   local r = schedule_one(KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6], tonumber(ARGV[a + 7]))

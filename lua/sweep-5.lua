@@ -7,13 +7,13 @@
   (no ARGV)
 
   Returns {nodes forgotten, reservations expired, now_ms}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: what sweep_expired (includes/common.lua) and forget_sweep
           (includes/bindings.lua) write, and the index entries they touch
 ]]
 -- @include bindings
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local expired = sweep_expired(now)
 local forgotten = forget_sweep(P, now)

@@ -9,12 +9,12 @@
   ARGV[1..]   node_id, endpoint pairs
 
   Returns {nodes added or changed, nodes removed, now_ms}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: nodes, node:<id> (node_id, endpoint, static), and removals
 ]]
 -- @include bindings
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local wanted = {}
 local changed, removed = 0, 0

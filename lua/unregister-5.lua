@@ -6,7 +6,7 @@
   ARGV[2]     service_instance_id (must match the node's current one)
 
   Returns {1 if a node was removed else 0, now_ms}
-  Errors: PRECONDITION service instance mismatch, PRECONDITION (no policy)
+  Errors: PRECONDITION service instance mismatch, NO_POLICY (no policy)
   Writes: see remove_node in includes/bindings.lua; and the bounded sweeps
           (expired reservations, forget_sweep)
 ]]
@@ -14,12 +14,12 @@
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 if not redis.call('ZSCORE', NODES_KEY, node_id) then return { 0, fmt(now) } end
 local current = redis.call('HGET', node_key(node_id), 'service_instance_id')
 if current and current ~= '' and current ~= sid then
-  return fail('PRECONDITION', 'service instance mismatch')
+  return fail(ERR.PRECONDITION, 'service instance mismatch')
 end
 remove_node(node_id, now)
 sweep_expired(now)

@@ -14,7 +14,7 @@ from typing import Any
 
 from scheduler import catalog
 from scheduler.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
-from scheduler.errors import NO_POLICY
+from scheduler.errors import NO_POLICY, SCRIPT_CODES
 from scheduler.records import snapshot_fields
 
 NAME = "constants"
@@ -94,6 +94,8 @@ def render() -> str:
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
+        "-- The codes of error replies, fail(ERR.NOT_FOUND, ...) (scheduler/errors.py).",
+        "local ERR = { " + ", ".join(f"{c} = {_str(c)}" for c in SCRIPT_CODES) + " }",
         "-- The kinds of call a heartbeat batch holds (heartbeat_batch-5.lua).",
         f"local HEARTBEAT_KINDS = {_set(HEARTBEAT_SCRIPTS.values())}",
         "local HEARTBEAT_KIND_CHOICES = "

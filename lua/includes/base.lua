@@ -46,6 +46,7 @@ local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
 local function res_key(id) return BASE .. 'res:' .. id end
 local function bind_key(id) return BASE .. 'bind:' .. id end
 
+-- `code`: one of ERR (includes/constants, from scheduler/errors.py).
 local function fail(code, message)
   return redis.error_reply(code .. ' ' .. message)
 end

@@ -50,7 +50,7 @@ local function cpu_config_one(A, cfg_key)
   local cluster = A[3]
 
   local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
   CALL.P = P
   local nkey = node_key(node_id)
   if redis.call('EXISTS', nkey) == 0 then return { 'none' } end

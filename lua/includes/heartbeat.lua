@@ -25,16 +25,16 @@ local function heartbeat_one(A)
   local nfields = number_of(A[7])
 
   local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
   CALL.P = P
-  if node_id == '' then return fail('BADARG', 'node_id is required') end
+  if node_id == '' then return fail(ERR.BADARG, 'node_id is required') end
   if roster_delta and base_generation == '' then
-    return fail('BADARG', 'a roster delta needs the record it is based on')
+    return fail(ERR.BADARG, 'a roster delta needs the record it is based on')
   end
-  if sid == '' then return fail('BADARG', 'service_instance_id is required') end
+  if sid == '' then return fail(ERR.BADARG, 'service_instance_id is required') end
   local first_sb = 8 + 2 * nfields
   if roster_full and #A - first_sb + 1 > P.max_roster_ids then
-    return fail('BADARG', 'sandbox_ids has ' .. (#A - first_sb + 1) .. ' entries, more than '
+    return fail(ERR.BADARG, 'sandbox_ids has ' .. (#A - first_sb + 1) .. ' entries, more than '
       .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
   end
   local nkey = node_key(node_id)
@@ -46,13 +46,13 @@ local function heartbeat_one(A)
   -- (a field the record lacks comes back false)
   local registered = prev[17] or redis.call('ZSCORE', NODES_KEY, node_id)
   if not registered and P.static_nodes then
-    return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+    return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
   end
   local values = {}
   local moves = false -- (does a field sent move the node in the index?)
   for i = 0, nfields - 1 do
     local name = A[8 + 2 * i]
-    if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
+    if not SNAPSHOT_FIELDS[name] then return fail(ERR.BADARG, name .. ' is not a heartbeat field') end
     local value = A[9 + 2 * i]
     local mover = INDEX_MOVERS[name]
     if mover and (mover == true or P.limits[mover]) then moves = true end
@@ -62,7 +62,7 @@ local function heartbeat_one(A)
     -- (a text that passed is kept: the same counts and sizes come back)
     if WHOLE_FIELDS[name] and not WHOLE_TEXTS.t[value] then
       if #value < 1 or #value > 16 or string.find(value, '%D') then
-        return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+        return fail(ERR.BADARG, 'snapshot.' .. name .. ' must be a whole number below 10^16')
       end
       keep(WHOLE_TEXTS, value, true)
     end
@@ -133,7 +133,7 @@ local function heartbeat_one(A)
     for i = first_sb + 2 + joined, #A do gone[#gone + 1] = A[i] end
     roster_size = (number_of(prev[14]) or 0) + #added - #gone
     if roster_size > P.max_roster_ids then
-      return fail('BADARG', 'sandbox_ids has ' .. roster_size .. ' entries, more than '
+      return fail(ERR.BADARG, 'sandbox_ids has ' .. roster_size .. ' entries, more than '
         .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
     end
   end

@@ -55,26 +55,26 @@ local NONE = {}
 local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
   CALL.P = P
 
-  if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
+  if kind ~= 'create' and kind ~= 'route' then return fail(ERR.BADARG, 'kind must be create or route') end
   local strategy = strategy_arg
   if strategy == '' then strategy = P.strategy end
   if not STRATEGIES[strategy] then
-    return fail('BADARG', 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
+    return fail(ERR.BADARG, 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
   end
   local req = { create = kind == 'create', count = 0, cpu = 0, mem = 0 }
   if req.create then
     req.count = 1
     req.cpu = whole(cpu_arg, P.default_cpu)
-    if req.cpu == nil then return fail('BADARG', 'cpu must be a non-negative whole number') end
+    if req.cpu == nil then return fail(ERR.BADARG, 'cpu must be a non-negative whole number') end
     req.mem = whole(mem_arg, P.default_memory_bytes)
-    if req.mem == nil then return fail('BADARG', 'memory_bytes must be a non-negative whole number') end
-    if not dry_run and (rid == nil or rid == '') then return fail('BADARG', 'reservation_id is required') end
+    if req.mem == nil then return fail(ERR.BADARG, 'memory_bytes must be a non-negative whole number') end
+    if not dry_run and (rid == nil or rid == '') then return fail(ERR.BADARG, 'reservation_id is required') end
   end
   if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
-    return fail('BADARG', 'random must be in [0, 1)')
+    return fail(ERR.BADARG, 'random must be in [0, 1)')
   end
 
   local now = CALL.now or now_ms(P)
@@ -89,11 +89,11 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
       'pressure')
     if prior[1] then
       if prior[1] == 'cancelled' or prior[1] == 'expired' then
-        return fail('PRECONDITION', 'reservation ' .. rid .. ' was ' .. prior[1] ..
+        return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was ' .. prior[1] ..
           ' before its placement was answered')
       end
       if prior[3] ~= fmt(req.cpu) or prior[4] ~= fmt(req.mem) then
-        return fail('BADARG', 'reservation_id ' .. rid .. ' is already used by another request')
+        return fail(ERR.BADARG, 'reservation_id ' .. rid .. ' is already used by another request')
       end
       local n = read_node(prior[2])
       read_status(n, P, now)
@@ -202,7 +202,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     give_back_rr(RR_KEY)
     redis.call('HINCRBY', STATS_KEY, 'refused_total', '1')
     reindex_touched(P, now)
-    return fail('NO_NODES', refusal)
+    return fail(ERR.NO_NODES, refusal)
   end
 
   -- @stage full_scan
