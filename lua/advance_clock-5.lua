@@ -16,7 +16,7 @@
   Writes: policy time_offset_ms / frozen_now_ms
 ]]
 -- @include common
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local add = tonumber(ARGV[1])
 local mode = ARGV[2]

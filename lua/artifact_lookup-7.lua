@@ -27,7 +27,7 @@ local backend = ARGV[3]
 local exclude = ARGV[4]
 local limit = tonumber(ARGV[5]) or 0
 
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local out = { fmt(now) }

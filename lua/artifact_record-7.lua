@@ -29,7 +29,7 @@ local node_id = ARGV[3]
 local capacity = tonumber(ARGV[4])
 local EVICT_BATCH = 64
 
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
   return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')

@@ -17,7 +17,7 @@
 -- @include index
 local rid = ARGV[1]
 local forget = ARGV[2] == '1'
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local r = redis.call('HMGET', res_key(rid), 'state', 'node_id')
 local now = now_ms(P)
@@ -34,7 +34,7 @@ if not LIVE[r[1]] then
   if forget then return { r[2], fmt(now) } end
   return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' already ' .. r[1])
 end
-end_reservation(rid, 'cancelled', now)
-sweep_expired(now)
-reindex_touched(P, now)
+end_reservation(ctx, rid, 'cancelled', now)
+sweep_expired(ctx, now)
+reindex_touched(ctx, P, now)
 return { r[2], fmt(now) }

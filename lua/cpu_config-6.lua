@@ -34,4 +34,4 @@
   Writes: KEYS[6]; node:<id> cpu_config_digest, cpucfg_cluster
 ]]
 -- @include cpu_config
-return cpu_config_one(ARGV, KEYS[6])
+return cpu_config_one(ctx, ARGV, KEYS[6])

@@ -45,10 +45,10 @@
           see forget_sweep in includes/bindings.lua).
 ]]
 -- @include heartbeat
-local r = heartbeat_one(ARGV)
+local r = heartbeat_one(ctx, ARGV)
 if r.err or r[1] == 'RESYNC' then return r end
-forget_sweep(CALL.P, CALL.heard)
+forget_sweep(ctx, ctx.P, ctx.heard)
 -- @stage forget_sweep
-reindex_touched(CALL.P, CALL.heard)
+reindex_touched(ctx, ctx.P, ctx.heard)
 -- @stage reindex_others
 return r

@@ -43,13 +43,13 @@ for i = 1, n do
   a = a + 2 + m
 end
 if a ~= #ARGV + 1 then return fail(ERR.BADARG, 'n must count the heartbeats that follow') end
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-CALL.P = P
+ctx.P = P
 local now = heard_ms(P)
-CALL.heard = now
-CALL.counts = {}
-CALL.more_due = sweep_expired(now) >= SWEEP_BATCH
+ctx.heard = now
+ctx.counts = {}
+ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH
 local out, applied = {}, false
 for i = 1, n do
   -- (a constructor sizes the table once, where appends grow it step by step;
@@ -63,11 +63,11 @@ for i = 1, n do
   end
   local r
   if kinds[i] == 'full' then
-    r = heartbeat_one(A)
+    r = heartbeat_one(ctx, A)
   elseif kinds[i] == 'steady' then
-    r = steady_one(A, P, now, CALL.more_due == false)
+    r = steady_one(ctx, A, P, now, ctx.more_due == false)
   else
-    r = cpu_config_one(A, BASE .. 'cpucfg:' .. (A[3] or ''))
+    r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end
   if r.err then
     out[i] = { 'err', r.err }
@@ -76,7 +76,7 @@ for i = 1, n do
     out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
   end
 end
-if applied then forget_sweep(P, now) end
-reindex_touched(P, now)
-flush_counts()
+if applied then forget_sweep(ctx, P, now) end
+reindex_touched(ctx, P, now)
+flush_counts(ctx)
 return out

@@ -23,4 +23,4 @@
 -- @include heartbeat_steady
 local P = load_clock()
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-return steady_one(ARGV, P)
+return steady_one(ctx, ARGV, P)

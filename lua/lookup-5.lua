@@ -9,7 +9,7 @@
 ]]
 -- @include common
 local sb = ARGV[1]
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local b = redis.call('HMGET', bind_key(sb), 'node_id', 'endpoint', 'expires_ms', 'reservation_id',
   'listed', 'deleted')

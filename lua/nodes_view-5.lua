@@ -14,7 +14,7 @@
   Errors: NO_POLICY (no policy)
 ]]
 -- @include stages
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local req = { create = false, count = 0, cpu = 0, mem = 0 }

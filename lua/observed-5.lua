@@ -19,7 +19,7 @@ local cluster = ARGV[2]
 local with_unseen = ARGV[3] == '1'
 local full = ARGV[4] == 'full'
 
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local ids

@@ -15,7 +15,7 @@ local cluster = ARGV[1]
 local backend = ARGV[2]
 local exclude = ARGV[3]
 
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local ids

@@ -17,7 +17,7 @@
           bounded stale sweep, includes/index.lua)
 ]]
 -- @include common
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 if not P.settle_ms or now > P.settle_ms then

@@ -12,10 +12,10 @@
           (includes/bindings.lua) write, and the index entries they touch
 ]]
 -- @include bindings
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
-local expired = sweep_expired(now)
-local forgotten = forget_sweep(P, now)
-reindex_touched(P, now)
+local expired = sweep_expired(ctx, now)
+local forgotten = forget_sweep(ctx, P, now)
+reindex_touched(ctx, P, now)
 return { forgotten, expired, fmt(now) }

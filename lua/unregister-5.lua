@@ -13,7 +13,7 @@
 -- @include bindings
 local node_id = ARGV[1]
 local sid = ARGV[2]
-local P = load_policy()
+local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 if not redis.call('ZSCORE', NODES_KEY, node_id) then return { 0, fmt(now) } end
@@ -21,8 +21,8 @@ local current = redis.call('HGET', node_key(node_id), 'service_instance_id')
 if current and current ~= '' and current ~= sid then
   return fail(ERR.PRECONDITION, 'service instance mismatch')
 end
-remove_node(node_id, now)
-sweep_expired(now)
-forget_sweep(P, now)
-reindex_touched(P, now)
+remove_node(ctx, node_id, now)
+sweep_expired(ctx, now)
+forget_sweep(ctx, P, now)
+reindex_touched(ctx, P, now)
 return { 1, fmt(now) }

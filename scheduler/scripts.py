@@ -23,8 +23,9 @@ The scripts reach Redis in one of two forms, built from the same files:
   reloaded on NOSCRIPT), for a server without functions (Redis < 7).
 
 Includes therefore never read ``KEYS`` / ``ARGV`` at load time: ``bind_call``
-(includes/base.lua) binds them on entry, and per-call state registers its
-reset in ``ON_CALL``.  The registry picks the form on its first call
+(includes/base.lua) binds them on entry and returns the call's context, which
+every script names ``ctx`` (includes/ctx.lua) and passes to what reads or
+writes per-call state.  The registry picks the form on its first call
 (``FCALL``; on "Function not found" it loads the library, and a server that
 knows no ``FCALL`` / ``FUNCTION``, or a user whose ACL denies them, gets the
 scripts), and loads the library
@@ -55,6 +56,9 @@ _NO_FUNCTIONS = ("unknown command", "unknown subcommand")
 
 FUNCTION = "function"
 EVAL = "eval"
+#: The name of the call's context in every script (includes/ctx.lua): the
+#: value ``bind_call`` returns.
+CTX = "ctx"
 
 
 @dataclass(frozen=True)
@@ -204,10 +208,15 @@ class _Modules:
         return {n for name in seen for n in self.exports[name]}
 
     def check(
-        self, text: str, where: str, chain: tuple[tuple[str, int], ...], own: str | None = None
+        self,
+        text: str,
+        where: str,
+        chain: tuple[tuple[str, int], ...],
+        own: str | None = None,
+        script: bool = False,
     ) -> None:
         """Every name ``text`` uses and does not declare is a global or an
-        export of what it includes."""
+        export of what it includes (a script also sees its ``ctx``)."""
         try:
             free = lua_modules.analyse(text).free
         except lua_modules.LuaSyntaxError as e:
@@ -215,6 +224,8 @@ class _Modules:
         allowed = self.visible(text) | lua_modules.GLOBALS
         if own is not None:
             allowed |= set(self.exports[own])  # (hoisted: in scope from its start)
+        if script:
+            allowed.add(CTX)
         for name, line in free.items():
             if name not in allowed:
                 home = self.owner.get(name)
@@ -250,13 +261,17 @@ def sources() -> dict[str, tuple[int, str]]:
         if modular:
             mods = _Modules(includes)
             order = mods.order(text, where)
-            mods.check(text, where, ())
+            mods.check(text, where, (), script=True)
             parts += [mods.block(inc) for inc in order]
         else:
             order = _order(text, includes, [], where)
             parts += [_strip(includes[inc]) for inc in order]
         # (the body in a function of its own, as in the library)
-        parts += ["bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n", _strip(text), "\nend)()\n"]
+        parts += [
+            f"local {CTX} = bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n",
+            _strip(text),
+            "\nend)()\n",
+        ]
         out[name] = (nkeys, "".join(parts))
     return out
 
@@ -277,7 +292,7 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
         for name, (nkeys, text) in sorted(scripts.items()):
             where = _script_path(name, nkeys)
             needed += [inc for inc in mods.order(text, where) if inc not in needed]
-            mods.check(text, where, ())
+            mods.check(text, where, (), script=True)
         body = "".join(mods.block(inc) for inc in needed)
     else:
         for name, (nkeys, text) in sorted(scripts.items()):
@@ -291,7 +306,7 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
     for name, text in bodies.items():
         parts.append(
             f"redis.register_function('{functions[name]}', function(keys, args)\n"
-            f"bind_call(keys, args)\n{text}\nend)\n"
+            f"local {CTX} = bind_call(keys, args)\n{text}\nend)\n"
         )
     return Library(lib, "".join(parts), functions)
 

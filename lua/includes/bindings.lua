@@ -39,7 +39,7 @@ local function roster_changed(node_id, removed)
   if removed == 1 then redis.call('HSET', node_key(node_id), 'roster_digest', '') end
 end
 
-local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
+local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
   prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted', 'listed')
   if prev[1] and prev[1] ~= node_id then
@@ -47,7 +47,7 @@ local function write_binding(sb, node_id, endpoint, listed, rid, now, P, prev, s
     roster_changed(prev[1], redis.call('SREM', node_roster_key(prev[1]), sb))
   end
   if rid == nil and prev[1] == node_id then rid = prev[2] end
-  local expires = instant_text(now + P.binding_ttl_ms)
+  local expires = instant_text(ctx, now + P.binding_ttl_ms)
   if prev[1] == node_id and prev[3] == '0' then
     -- (this node's live binding: its ids and deleted "0" are written already)
     redis.call('HSET', bkey, 'endpoint', endpoint, 'listed', listed, 'reservation_id', rid or '',
@@ -91,7 +91,7 @@ end
 -- sandbox twice.  A live binding of another node stays: that node holds the
 -- sandbox now (it moved; the deletion is of this node's copy, or late), and
 -- only its own roster or events end its binding.
-local function bury_binding(sb, node_id, now, P)
+local function bury_binding(ctx, sb, node_id, now, P)
   local bkey = bind_key(sb)
   local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
   roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
@@ -99,7 +99,7 @@ local function bury_binding(sb, node_id, now, P)
   local charged_rid = ''
   if b[1] == node_id then charged_rid = b[2] or '' end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
-    'reservation_id', charged_rid, 'expires_ms', instant_text(now + P.binding_ttl_ms))
+    'reservation_id', charged_rid, 'expires_ms', instant_text(ctx, now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
 end
 
@@ -179,14 +179,14 @@ end
 -- endpoint, lingering; and `last_seen_ms` when it is forgotten rather than
 -- unregistered, so it stays UNHEALTHY) so it can come back; any other node
 -- is forgotten.
-local function remove_node(node_id, now, last_seen)
+local function remove_node(ctx, node_id, now, last_seen)
   local nkey = node_key(node_id)
   for _, key in ipairs({ node_sbx_key(node_id), node_roster_key(node_id) }) do
     for _, sb in ipairs(redis.call('SMEMBERS', key)) do drop_binding(sb, node_id) end
   end
   redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
   for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-    end_reservation(rid, 'cancelled', now)
+    end_reservation(ctx, rid, 'cancelled', now)
   end
   redis.call('DEL', node_res_key(node_id))
   local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering',
@@ -197,7 +197,7 @@ local function remove_node(node_id, now, last_seen)
   for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)) do
     drop_holding(node_id, digest)
   end
-  unindex(node_id)
+  unindex(ctx, node_id)
   redis.call('DEL', nkey)
   if n[2] == '1' then
     redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[3], 'static', '1',
@@ -223,7 +223,7 @@ local FORGET_NODES_TEXT = '4' -- silent nodes looked at per call
 local FORGET_WORK = 1024 -- bindings (unlisted, then listed), artifacts, reservations dropped per call
 
 -- Drop up to `budget` of the node's members; returns how many went.
-local function shed(node_id, now, budget)
+local function shed(ctx, node_id, now, budget)
   local spent = 0
   for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), budget)) do
     drop_binding(sb, node_id)
@@ -244,7 +244,7 @@ local function shed(node_id, now, budget)
   end
   if spent < budget then
     for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', num_text(budget - spent - 1))) do
-      end_reservation(rid, 'cancelled', now)
+      end_reservation(ctx, rid, 'cancelled', now)
       redis.call('ZREM', node_res_key(node_id), rid)
       spent = spent + 1
     end
@@ -254,7 +254,7 @@ end
 
 -- Forget nodes silent for P.node_forget_after_ms (0: never).  Returns the
 -- number of nodes removed in this call.
-local function forget_sweep(P, now)
+local function forget_sweep(ctx, P, now)
   if P.node_forget_after_ms <= 0 then return 0 end
   -- only stale nodes go, whatever the setting
   local cutoff = now - math.max(P.node_forget_after_ms, P.report_ttl_ms)
@@ -272,13 +272,13 @@ local function forget_sweep(P, now)
       redis.call('ZADD', SEEN_KEY, fmt(seen), node_id) -- steady heartbeats kept it alive
     else
       if not v[2] then
-        unindex(node_id)
+        unindex(ctx, node_id)
         redis.call('HSET', nkey, 'forgetting', fmt(now), 'idx', '', 'roster_digest', '')
       end
-      local spent = shed(node_id, now, budget)
+      local spent = shed(ctx, node_id, now, budget)
       budget = budget - spent
       if budget > 0 then
-        remove_node(node_id, now, seen)
+        remove_node(ctx, node_id, now, seen)
         redis.call('HINCRBY', STATS_KEY, 'forgotten_total', '1')
         removed = removed + 1
         budget = budget - 1

@@ -44,14 +44,14 @@ local function cfg_deliver(cfg_key, node_id)
   return { 'deliver', result }
 end
 
-local function cpu_config_one(A, cfg_key)
+local function cpu_config_one(ctx, A, cfg_key)
   local mode = A[1]
   local node_id = A[2]
   local cluster = A[3]
 
-  local P = CALL.P or load_policy()
+  local P = ctx.P or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-  CALL.P = P
+  ctx.P = P
   local nkey = node_key(node_id)
   if redis.call('EXISTS', nkey) == 0 then return { 'none' } end
 

@@ -12,7 +12,7 @@
 -- Texts that passed the whole-number check (kept_table, includes/base.lua).
 local WHOLE_TEXTS = kept_table(4096)
 
-local function heartbeat_one(A)
+local function heartbeat_one(ctx, A)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local node_id = A[1]
   local sid = A[2]
@@ -24,9 +24,9 @@ local function heartbeat_one(A)
   local roster_sent = roster_full or roster_delta
   local nfields = number_of(A[7])
 
-  local P = CALL.P or load_policy()
+  local P = ctx.P or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-  CALL.P = P
+  ctx.P = P
   if node_id == '' then return fail(ERR.BADARG, 'node_id is required') end
   if roster_delta and base_generation == '' then
     return fail(ERR.BADARG, 'a roster delta needs the record it is based on')
@@ -75,12 +75,12 @@ local function heartbeat_one(A)
       or (roster_delta and (prev[10] or '') ~= A[first_sb])) then
     return { 'RESYNC' }
   end
-  local now = CALL.heard or heard_ms(P)
-  CALL.heard = now
-  local s_now = instant_text(now) -- (text: Redis prints a Lua number argument with %.17g)
+  local now = ctx.heard or heard_ms(P)
+  ctx.heard = now
+  local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
   -- The record as it will be, held in hand to the end (includes/common.lua
-  -- HELD): releases change its pending numbers there, its index entry is
+  -- ctx.held): releases change its pending numbers there, its index entry is
   -- worked out from it, and it is written once.  An indexed node's bucket id
   -- spells its counts and capacities (the record's own pending numbers are
   -- read); any other node is read whole.
@@ -141,10 +141,10 @@ local function heartbeat_one(A)
   if not roster_sent then roster_mode = prev[3] == '1' end
   -- @stage roster_plan
 
-  HELD = n -- (after the last check: an error leaves nothing held)
+  ctx.held = n -- (after the last check: an error leaves nothing held)
   -- (at one instant, a sweep that found less than a full batch due leaves
   -- nothing due for the batch's later heartbeats)
-  if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
+  if ctx.more_due ~= false then ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH end
   -- @stage expiry_sweep
 
   -- Stage "record": the snapshot, stamped with Redis time, written in one call
@@ -186,7 +186,7 @@ local function heartbeat_one(A)
     hset[#hset + 1] = 'endpoint'
     hset[#hset + 1] = endpoint
     node_endpoint = endpoint
-    touch(node_id)
+    touch(ctx, node_id)
   end
   if not registered then
     redis.call('ZADD', NODES_KEY, '0', node_id)
@@ -213,8 +213,8 @@ local function heartbeat_one(A)
   local unsbx = {} -- (listed now: out of node-sbx)
   for _, sb in ipairs(added) do
     local rid, b, r = bound_reservation(sb, node_id)
-    if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
-    write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
+    if rid and end_reservation(ctx, rid, 'released', now, r) then released = released + 1 end
+    write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
   end
   -- @stage joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)
@@ -253,24 +253,24 @@ local function heartbeat_one(A)
       if (number_of(prev[4]) or 0) > 0 then
         for _, rid in ipairs(ids) do
           if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
-              and end_reservation(rid, 'released', now) then
+              and end_reservation(ctx, rid, 'released', now) then
             released, k = released + 1, k - 1
           end
         end
       end
       for _, rid in ipairs(ids) do
         if k <= 0 then break end
-        if end_reservation(rid, 'released', now) then released, k = released + 1, k - 1 end
+        if end_reservation(ctx, rid, 'released', now) then released, k = released + 1, k - 1 end
       end
     end
   end
   -- Stage "index": only a change of what places the node moves it.
-  local moved = moves or not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
-  TOUCHED[node_id], HELD = nil, nil
+  local moved = moves or not registered or restarted or (prev[11] or '') == '' or ctx.touched[node_id]
+  ctx.touched[node_id], ctx.held = nil, false
   local indexed, entering = true, false -- (not moved: it stays in the index)
   if moved then
     local from = n.idx
-    if index_entry(n, P, now) then
+    if index_entry(ctx, n, P, now) then
       entering = from == ''
       hset[#hset + 1] = 'idx'
       hset[#hset + 1] = n.idx

@@ -37,32 +37,12 @@
 -- @exports upgrade_index pick_indexed
 -- @include stages
 
-local IDX_SHAPES, IDX_TMP
--- Within one call (a batch of Schedules decides several times): the shapes as
--- last read, and each stream's first members (FIRSTS[key]: exactly the first
--- #list members of that zset, in its order; FIRSTS_MORE[key]: it may hold
--- more); an index move of this call updates what it changes, so a read here
--- is always what Redis holds.
-local SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE
--- Bucket sizes this call knows (a pick read the bucket whole; a move keeps
--- them up to date), so a move asks Redis for none of them.  And the members
--- of small buckets it knows (MEMBERS[bucket]: exactly the zset's members, in
--- its byte order, at most SMALL_BUCKET of them): a pick read them, or a move
--- made the bucket; moves keep them up to date, so a pick that comes back to
--- a bucket within the call (a batch's next decision among the same equals)
--- reads nothing.
-local SIZES, MEMBERS
--- What this call's picks found (PICKS[cpu][mem]: the buckets of the best rank
--- for a creation of that size; false: none), kept while the index changes
--- only by placements' moves (pick_indexed says why that keeps them right).
--- Members and picks are kept only by a batch of Schedules, the one kind of
--- call that decides again.
-local PICKS
-ON_CALL[#ON_CALL + 1] = function()
-  IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp'
-  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
-  PICKS = false
-end
+-- (The index as this call read and moved it is the call's: ctx.shapes,
+-- ctx.firsts, ctx.sizes, ctx.members, ctx.picks, ctx.shape_desc, declared in
+-- includes/ctx.lua.  Within one call, a batch of Schedules decides several
+-- times: an index move of this call updates what it changes, so a read there
+-- is always what Redis holds.  Members and picks are kept only by a batch of
+-- Schedules, the one kind of call that decides again.)
 -- Buckets of at most this many nodes are read whole when equals are rotated.
 local SMALL_BUCKET, SMALL_BUCKET_TEXT = 64, '64'
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
@@ -70,22 +50,26 @@ local SCAN_BATCH = 32 -- largest batch; a stream opens with four buckets and dou
 
 local function dim_key(dim, shape) return BASE .. 'idx-' .. dim .. ':' .. shape end
 -- The shapes with buckets, read once a call (kept up to date by this call's moves).
-local function shapes()
-  if SHAPES_READ == nil then
-    SHAPES_READ, SHAPES_SET = redis.call('SMEMBERS', IDX_SHAPES), {}
-    for _, shape in ipairs(SHAPES_READ) do SHAPES_SET[shape] = true end
+local function shapes(ctx)
+  local read = ctx.shapes
+  if not read then
+    local set = {}
+    read = redis.call('SMEMBERS', IDX_SHAPES)
+    for _, shape in ipairs(read) do set[shape] = true end
+    ctx.shapes, ctx.shape_set = read, set
   end
-  return SHAPES_READ
+  return read
 end
-local function shape_added(shape)
+local function shape_added(ctx, shape)
   redis.call('SADD', IDX_SHAPES, shape)
-  if SHAPES_READ and not SHAPES_SET[shape] then
-    SHAPES_READ[#SHAPES_READ + 1], SHAPES_SET[shape] = shape, true
+  local read = ctx.shapes
+  if read and not ctx.shape_set[shape] then
+    read[#read + 1], ctx.shape_set[shape] = shape, true
   end
 end
-local function shape_gone(shape)
+local function shape_gone(ctx, shape)
   redis.call('SREM', IDX_SHAPES, shape)
-  SHAPES_READ, SHAPES_SET = nil, nil
+  ctx.shapes, ctx.shape_set = false, false
 end
 local function bucket_key(bucket) return BASE .. 'idx-bucket:' .. bucket end
 
@@ -238,17 +222,17 @@ end
 -- the same list without it (nil, to be read again, when none is left; when
 -- it was further on, the first ones stay).  (Changed in place: a list is
 -- this call's own, and no pick is under way.)
-local function firsts_removed(key, bucket)
-  local list = FIRSTS[key]
-  if list and list_remove(list, bucket) and #list == 0 then FIRSTS[key] = nil end
+local function firsts_removed(ctx, key, bucket)
+  local list = ctx.firsts[key]
+  if list and list_remove(list, bucket) and #list == 0 then ctx.firsts[key] = nil end
 end
 
 -- ... after this call added `bucket` at `score` to the zset of dimension `mem`
 -- (true: memory): it joins the list where the zset orders it (by score, then
 -- byte order), or it comes after every listed member.  (So a list is empty
 -- only when its zset is.)
-local function firsts_added(key, bucket, score, mem)
-  local list = FIRSTS[key]
+local function firsts_added(ctx, key, bucket, score, mem)
+  local list = ctx.firsts[key]
   if list == nil then return end
   for i = 1, #list do
     local m = list[i]
@@ -260,7 +244,7 @@ local function firsts_added(key, bucket, score, mem)
   end
   -- (a list that held the whole zset still does with it; any other stays
   -- exactly the first members, and the zset holds more)
-  if FIRSTS_MORE[key] then return end
+  if ctx.firsts_more[key] then return end
   list[#list + 1] = bucket
 end
 
@@ -268,15 +252,14 @@ end
 -- streams (pick_stream: the CPU one, the memory one, each made when a pick
 -- first needs it), made once: a batch decides and moves many times over the
 -- same shapes.
-local SHAPE_DESC
-ON_CALL[#ON_CALL + 1] = function() SHAPE_DESC = {} end
-local function shape_desc(shape)
-  local d = SHAPE_DESC[shape]
+local function shape_desc(ctx, shape)
+  local descs = ctx.shape_desc
+  local d = descs[shape]
   if d then return d end
   local caps = shape_caps(shape)
   -- (the streams' slots in the constructor: a table that grows is rebuilt)
   d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape), false, false }
-  SHAPE_DESC[shape] = d
+  descs[shape] = d
   return d
 end
 
@@ -290,18 +273,18 @@ local function new_stream(d, mem)
   return st
 end
 
--- A bucket's known members (MEMBERS) after this call removed `node_id` from
+-- A bucket's known members (ctx.members) after this call removed `node_id` from
 -- its zset, or added it: in place, in byte order; a list that would pass
 -- SMALL_BUCKET is dropped (read again if a pick needs it).
-local function members_removed(bucket, node_id)
-  local list = MEMBERS[bucket]
+local function members_removed(ctx, bucket, node_id)
+  local list = ctx.members[bucket]
   if list then list_remove(list, node_id) end
 end
-local function members_added(bucket, node_id)
-  local list = MEMBERS[bucket]
+local function members_added(ctx, bucket, node_id)
+  local list = ctx.members[bucket]
   if list == nil then return end
   if #list >= SMALL_BUCKET then
-    MEMBERS[bucket] = nil
+    ctx.members[bucket] = nil
     return
   end
   local at = #list + 1
@@ -314,22 +297,23 @@ local function members_added(bucket, node_id)
   table.insert(list, at, node_id)
 end
 
-local function idx_remove(node_id, bucket)
+local function idx_remove(ctx, node_id, bucket)
   local bk = bucket_key(bucket)
-  local left = SIZES[bucket]
+  local sizes = ctx.sizes
+  local left = sizes[bucket]
   if redis.call('ZREM', bk, node_id) == 1 then
     if left then left = left - 1 end
-    members_removed(bucket, node_id)
+    members_removed(ctx, bucket, node_id)
   end
   if left == nil then left = redis.call('ZCARD', bk) end
-  SIZES[bucket] = left
+  sizes[bucket] = left
   if left == 0 then
-    local d = shape_desc(shape_of(bucket))
+    local d = shape_desc(ctx, shape_of(bucket))
     local kc, km = d[3], d[4]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
-    firsts_removed(kc, bucket)
-    firsts_removed(km, bucket)
+    firsts_removed(ctx, kc, bucket)
+    firsts_removed(ctx, km, bucket)
     -- a shape left empty stays in idx-shapes until a pick finds it so
   end
 end
@@ -337,16 +321,17 @@ end
 -- `from`: the bucket the node leaves ('' = none).  Within one shape the shape
 -- is listed already (a pick drops only shapes it finds empty, and the node's
 -- old bucket kept this one from being empty), so it is not added again.
-local function idx_add(node_id, bucket, n, from)
+local function idx_add(ctx, node_id, bucket, n, from)
   local bk = bucket_key(bucket)
-  local size = SIZES[bucket]
+  local sizes = ctx.sizes
+  local size = sizes[bucket]
   local added = redis.call('ZADD', bk, '0', node_id) == 1
   if added and size then size = size + 1 end
   -- scored by load (an integer: exact)
   local b = parsed_as(bucket, n)
   local lc, lm = dim_score(b, false), dim_score(b, true)
   local shape = b.shape
-  local d = shape_desc(shape)
+  local d = shape_desc(ctx, shape)
   local kc, km = d[3], d[4]
   local new
   if size ~= nil then
@@ -358,15 +343,15 @@ local function idx_add(node_id, bucket, n, from)
     new = redis.call('ZADD', kc, 'NX', num_text(lc), bucket) == 1
     if new then size = 1 end
   end
-  SIZES[bucket] = size
+  sizes[bucket] = size
   if new then
-    if CALL.batch then MEMBERS[bucket] = { node_id } end
+    if ctx.batch then ctx.members[bucket] = { node_id } end
     redis.call('ZADD', km, num_text(lm), bucket)
-    firsts_added(kc, bucket, lc, false)
-    firsts_added(km, bucket, lm, true)
-    if from == '' or shape_of(from) ~= shape then shape_added(shape) end
+    firsts_added(ctx, kc, bucket, lc, false)
+    firsts_added(ctx, km, bucket, lm, true)
+    if from == '' or shape_of(from) ~= shape then shape_added(ctx, shape) end
   elseif added then
-    members_added(bucket, node_id)
+    members_added(ctx, bucket, node_id)
   end
 end
 
@@ -374,31 +359,31 @@ end
 -- ("" = out of the index).  The caller stores `want` in the record's idx.
 -- `placing`: the move of a placement, n's load grown by it (this call's
 -- picks stay right, pick_indexed); any other move forgets them.
-local function move_index(n, want, placing)
+local function move_index(ctx, n, want, placing)
   if want == n.idx then return end
-  if not placing then PICKS = false end
-  if n.idx ~= '' then idx_remove(n.id, n.idx) end
-  if want ~= '' then idx_add(n.id, want, n, n.idx) end
+  if not placing then ctx.picks = false end
+  if n.idx ~= '' then idx_remove(ctx, n.id, n.idx) end
+  if want ~= '' then idx_add(ctx, n.id, want, n, n.idx) end
   n.idx = want
 end
 
 -- Move node `n` (a read_node table, as its record now is) to the bucket its
 -- numbers and status imply ("" = out of the index).  True when n.idx
 -- changed; the caller stores it in the record.
-local function index_entry(n, P, now)
+local function index_entry(ctx, n, P, now)
   read_status(n, P, now)
   local want = ''
   if indexable(n, P) then want = bucket_of(n) end
   if want == n.idx then return false end
-  move_index(n, want)
+  move_index(ctx, n, want)
   return true
 end
 
 -- Bring one node's index entry up to date with its record.
-local function reindex(node_id, P, now, registered)
+local function reindex(ctx, node_id, P, now, registered)
   if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
   local n = read_node(node_id)
-  if index_entry(n, P, now) then redis.call('HSET', node_key(node_id), 'idx', n.idx) end
+  if index_entry(ctx, n, P, now) then redis.call('HSET', node_key(node_id), 'idx', n.idx) end
   if n.idx ~= '' and n.last_seen then
     redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
   else
@@ -406,25 +391,26 @@ local function reindex(node_id, P, now, registered)
   end
 end
 
-local function unindex(node_id)
+local function unindex(ctx, node_id)
   local cur = redis.call('HGET', node_key(node_id), 'idx')
   if cur and cur ~= '' then
-    PICKS = false
-    idx_remove(node_id, cur)
+    ctx.picks = false
+    idx_remove(ctx, node_id, cur)
   end
   redis.call('ZREM', IDX_SEEN, node_id)
 end
 
-local function reindex_touched(P, now)
-  if next(TOUCHED) == nil then return end
-  for node_id, how in pairs(TOUCHED) do reindex(node_id, P, now, how == 'registered') end
-  TOUCHED = {}
+local function reindex_touched(ctx, P, now)
+  local touched = ctx.touched
+  if next(touched) == nil then return end
+  for node_id, how in pairs(touched) do reindex(ctx, node_id, P, now, how == 'registered') end
+  ctx.touched = {}
 end
 
 -- Take nodes whose heartbeat went stale, or that must heartbeat again
 -- (settling), out of the index.  True when none is left behind (the index
 -- then holds no stale or settling node).
-local function sweep_stale(P, now)
+local function sweep_stale(ctx, P, now)
   local before = now - P.report_ttl_ms
   if P.settle_ms and now < P.settle_ms + P.report_ttl_ms and P.settle_ms + 1 > before then
     before = P.settle_ms + 1
@@ -432,13 +418,13 @@ local function sweep_stale(P, now)
   local cutoff = '(' .. fmt(before)
   local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
     fmt(STALE_BATCH))
-  for _, node_id in ipairs(stale) do reindex(node_id, P, now) end
+  for _, node_id in ipairs(stale) do reindex(ctx, node_id, P, now) end
   return #stale < STALE_BATCH
 end
 
 -- Rebuild every entry (after a policy change: observed ceilings, report TTL).
-local function rebuild_index(P, now)
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(node_id, P, now) end
+local function rebuild_index(ctx, P, now)
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(ctx, node_id, P, now) end
 end
 
 -- The layout of the index keys and bucket ids; the policy hash records the
@@ -448,9 +434,9 @@ local INDEX_FORMAT = '2'
 
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
-local function upgrade_index(P, now)
-  SHAPES_READ, SHAPES_SET, FIRSTS, FIRSTS_MORE, SIZES, MEMBERS = nil, nil, {}, {}, {}, {}
-  PICKS = false
+local function upgrade_index(ctx, P, now)
+  ctx.shapes, ctx.shape_set, ctx.firsts, ctx.firsts_more = false, false, {}, {}
+  ctx.sizes, ctx.members, ctx.picks = {}, {}, false
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
@@ -462,7 +448,7 @@ local function upgrade_index(P, now)
     end
   end
   redis.call('DEL', IDX_SHAPES, IDX_SEEN)
-  rebuild_index(P, now)
+  rebuild_index(ctx, P, now)
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
 end
 
@@ -528,22 +514,22 @@ end
 -- The shape's stream for this pick (d[5] or d[6], refilled by every pick of
 -- the call), along the dimension where the request weighs more, opened at
 -- its first OPEN_SIZE members: read once a call, and kept up to date by its
--- moves (FIRSTS).
+-- moves (ctx.firsts).
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
-local function pick_stream(shape)
-  local d = SHAPE_DESC[shape] or shape_desc(shape)
+local function pick_stream(ctx, shape)
+  local d = ctx.shape_desc[shape] or shape_desc(ctx, shape)
   local c, m, req = d[1], d[2], PK_req
   local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
   local st, add = d[5], req.cpu
   if mem then st, add = d[6], req.mem end
   if not st then st = new_stream(d, mem) end
   local key = st.key
-  local batch = FIRSTS[key]
+  local batch = ctx.firsts[key]
   if batch == nil then
     batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
-    FIRSTS[key], FIRSTS_MORE[key] = batch, #batch == OPEN_SIZE
+    ctx.firsts[key], ctx.firsts_more[key] = batch, #batch == OPEN_SIZE
   end
-  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, FIRSTS_MORE[key],
+  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, ctx.firsts_more[key],
     2 * OPEN_SIZE
   local first = batch[1]
   if first then st.lb = pick_lb(st, first) else st.lb = false end
@@ -587,15 +573,15 @@ end
 -- counts rank after the best's (the rest of that stream does too, being in
 -- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
 -- known bucket is eligible.
-local function pick_walk(P, req)
+local function pick_walk(ctx, P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
   local streams, k, unknown = PK_streams, 0, false
   local empty = nil
-  for _, shape in ipairs(shapes()) do
+  for _, shape in ipairs(shapes(ctx)) do
     if shape == '0:0' then
       unknown = true
     else
-      local st = pick_stream(shape)
+      local st = pick_stream(ctx, shape)
       if st.lb then
         k = k + 1
         streams[k] = st
@@ -607,12 +593,12 @@ local function pick_walk(P, req)
   end
   for i = #streams, k + 1, -1 do streams[i] = nil end -- (the last pick's)
   if empty then
-    for _, shape in ipairs(empty) do shape_gone(shape) end
+    for _, shape in ipairs(empty) do shape_gone(ctx, shape) end
   end
   pick_run(streams)
   if PK_best == nil and unknown then
-    local st = pick_stream('0:0')
-    if st.lb then pick_run({ st }) else shape_gone('0:0') end
+    local st = pick_stream(ctx, '0:0')
+    if st.lb then pick_run({ st }) else shape_gone(ctx, '0:0') end
   end
   local equals = PK_equals
   PK_best, PK_equals = nil, nil
@@ -621,21 +607,21 @@ end
 
 -- One node of the buckets `equals`, turn `rr_next` of the rotation among
 -- all their nodes in node-id byte order (nil: they hold none).  Small
--- buckets are read whole (or known, MEMBERS) and merged here; a large one
+-- buckets are read whole (or known, ctx.members) and merged here; a large one
 -- goes through a union in Redis.
-local function pick_rotate(equals, rr_next)
+local function pick_rotate(ctx, equals, rr_next)
   local lists, total, large = nil, 0, false
   for i, bucket in ipairs(equals) do
-    local members = MEMBERS[bucket]
+    local members = ctx.members[bucket]
     if members == nil then
       members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
       if #members > SMALL_BUCKET then
         large = true
         break
       end
-      if CALL.batch then MEMBERS[bucket] = members end
+      if ctx.batch then ctx.members[bucket] = members end
     end
-    SIZES[bucket] = #members
+    ctx.sizes[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
     if #equals == 1 then
       if #members == 0 then return nil end
@@ -650,8 +636,8 @@ local function pick_rotate(equals, rr_next)
   end
   total = 0
   for _, bucket in ipairs(equals) do
-    SIZES[bucket] = redis.call('ZCARD', bucket_key(bucket))
-    total = total + SIZES[bucket]
+    ctx.sizes[bucket] = redis.call('ZCARD', bucket_key(bucket))
+    total = total + ctx.sizes[bucket]
   end
   if total == 0 then return nil end
   local k = (rr_next - 1) % total
@@ -676,26 +662,26 @@ end
 -- decide.
 --
 -- A creation of a size this call already placed reuses what that pick found
--- while the index changed only by placements' moves since (PICKS): such a
+-- while the index changed only by placements' moves since (ctx.picks): such a
 -- move takes its node to a bucket of more load and one more starting, which
 -- ranks strictly after the one it left for every request and is eligible
 -- for none that the one it left was not, so no bucket came to rank before
 -- or with the best found, and the best ones left are those buckets' nodes
 -- still in them.  When none is left, the walk decides again.
-function pick_indexed(P, req, rr_next)
-  local memo = req.create and PICKS and PICKS[req.cpu]
+function pick_indexed(ctx, P, req, rr_next)
+  local memo = req.create and ctx.picks and ctx.picks[req.cpu]
   local equals = memo and memo[req.mem]
   if equals then
-    local picked = pick_rotate(equals, rr_next)
+    local picked = pick_rotate(ctx, equals, rr_next)
     if picked then return picked, equals end
   end
-  equals = pick_walk(P, req)
+  equals = pick_walk(ctx, P, req)
   if equals == nil then return nil end
-  if req.create and CALL.batch then
-    PICKS = PICKS or {}
-    memo = PICKS[req.cpu] or {}
-    PICKS[req.cpu], memo[req.mem] = memo, equals
+  if req.create and ctx.batch then
+    ctx.picks = ctx.picks or {}
+    memo = ctx.picks[req.cpu] or {}
+    ctx.picks[req.cpu], memo[req.mem] = memo, equals
   end
-  return pick_rotate(equals, rr_next), equals
+  return pick_rotate(ctx, equals, rr_next), equals
 end
 end -- (the pick)
