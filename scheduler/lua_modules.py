@@ -333,3 +333,65 @@ def hoisted(text: str, names: list[str], where: str) -> str:
 
 class ExportError(Exception):
     """An include's exports that do not match what it declares or uses."""
+
+
+LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
+
+
+def layouts(text: str, where: str) -> dict[str, list[str]]:
+    """The record layouts the file declares: a ``-- @layout NAME`` line, then
+    ``local NAME = { ... }``, a list whose entries are field names (strings)
+    or ``OTHER.field`` (a position in layout OTHER, named by that field).
+    NAME -> its fields in order."""
+    out: dict[str, list[str]] = {}
+    toks = tokens(text)
+    for m in LAYOUT.finditer(text):
+        name, line = m.group(1), text.count("\n", 0, m.start()) + 1
+        i = next((k for k, t in enumerate(toks) if t.start > m.start()), len(toks))
+        head = [t.text for t in toks[i : i + 4]]
+        if head != ["local", name, "=", "{"]:
+            raise ExportError(
+                f"{where} line {line}: @layout {name} must precede `local {name} = {{`"
+            )
+        fields: list[str] = []
+        i += 4
+        while toks[i].text != "}":
+            t = toks[i]
+            if t.kind == "value" and t.text[0] in "'\"":
+                fields.append(t.text[1:-1])
+                i += 1
+            elif t.kind == "name" and toks[i + 1].text == "." and toks[i + 2].kind == "name":
+                fields.append(toks[i + 2].text)
+                i += 3
+            else:
+                raise ExportError(
+                    f"{where} line {t.line}: layout {name} holds {t.text!r}, "
+                    "not a field name or a LAYOUT.field"
+                )
+            if toks[i].text == ",":
+                i += 1
+        if len(set(fields)) != len(fields):
+            raise ExportError(f"{where} line {line}: layout {name} names a field twice")
+        out[name] = fields
+    return out
+
+
+def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
+    """The text with every ``LAYOUT.field`` of a known layout replaced by the
+    field's position (1-based): a name in the source, a number at run time.
+    A field the layout does not hold is an error naming ``where`` and the line."""
+    toks = tokens(text)
+    spans: list[tuple[int, int, str]] = []
+    for i, t in enumerate(toks[:-2]):
+        if t.kind != "name" or t.text not in known or toks[i + 1].text != ".":
+            continue
+        if i and toks[i - 1].text in (".", ":"):
+            continue
+        field = toks[i + 2]
+        fields = known[t.text]
+        if field.kind != "name" or field.text not in fields:
+            raise ExportError(f"{where} line {t.line}: {t.text} has no field {field.text!r}")
+        spans.append((t.start, field.start + len(field.text), str(fields.index(field.text) + 1)))
+    for start, end, number in reversed(spans):
+        text = text[:start] + number + text[end:]
+    return text

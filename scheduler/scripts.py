@@ -164,6 +164,20 @@ class _Modules:
         self.exports: dict[str, list[str]] = {}
         self.owner: dict[str, str] = {}  # exported name -> include
         self.checked: set[str] = set()
+        #: record layouts (`-- @layout`): NAME -> its fields, by position
+        self.layouts: dict[str, list[str]] = {}
+        for name, text in includes.items():
+            try:
+                self.layouts.update(lua_modules.layouts(text, _include_path(name)))
+            except lua_modules.ExportError as e:
+                raise IncludeError(str(e)) from None
+
+    def named(self, text: str, where: str) -> str:
+        """``text`` with its layout fields resolved to positions."""
+        try:
+            return lua_modules.substitute(text, self.layouts, where)
+        except lua_modules.ExportError as e:
+            raise IncludeError(str(e)) from None
 
     def order(self, text: str, where: str) -> list[str]:
         """The includes file ``where`` needs, dependencies first; each checked
@@ -244,6 +258,7 @@ class _Modules:
             body = lua_modules.hoisted(_strip(self.includes[name]), self.exports[name], path)
         except lua_modules.ExportError as e:
             raise IncludeError(f"{e} (chain: {_steps(self.chains[name])})") from None
+        body = self.named(body, path)
         names = self.exports[name]
         head = f"local {', '.join(names)}\n" if names else ""
         return f"{head}do -- {path}\n{lua_modules.strip_exports(body)}\nend\n"
@@ -263,6 +278,7 @@ def sources() -> dict[str, tuple[int, str]]:
             order = mods.order(text, where)
             mods.check(text, where, (), script=True)
             parts += [mods.block(inc) for inc in order]
+            text = mods.named(text, where)
         else:
             order = _order(text, includes, [], where)
             parts += [_strip(includes[inc]) for inc in order]
@@ -294,6 +310,10 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
             needed += [inc for inc in mods.order(text, where) if inc not in needed]
             mods.check(text, where, (), script=True)
         body = "".join(mods.block(inc) for inc in needed)
+        scripts = {
+            name: (nkeys, mods.named(text, _script_path(name, nkeys)))
+            for name, (nkeys, text) in scripts.items()
+        }
     else:
         for name, (nkeys, text) in sorted(scripts.items()):
             _order(text, includes, needed, _script_path(name, nkeys))

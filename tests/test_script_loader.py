@@ -6,6 +6,8 @@ a name used only if an include it names exports it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from scheduler.lua_modules import analyse
@@ -173,3 +175,45 @@ def test_scopes_the_checker_reads() -> None:
         "repeat local z = 1 until z\n"
     ).free
     assert sorted(free) == ["ipairs", "k", "select", "y"]
+
+
+# -- record layouts --------------------------------------------------------
+def test_a_layout_field_is_its_position_in_the_built_text() -> None:
+    includes = {
+        "a": "-- @exports R S\n-- @layout R\nlocal R = { 'x', 'y',\n  'z' }\n"
+        "-- @layout S\nlocal S = { R.z, R.x }\n",
+    }
+    text = _lib(includes, "-- @include a\nlocal v = {}\nreturn v[R.y] .. v[#R + S.x]\n")
+    assert "return v[2] .. v[#R + 2]" in text
+    assert " S = { 3, 1 }" in text  # (S holds positions in R, named by R's fields)
+
+
+def test_a_field_a_layout_does_not_hold_is_refused() -> None:
+    includes = {"a": "-- @exports R\n-- @layout R\nlocal R = { 'x', 'y' }\n"}
+    with pytest.raises(IncludeError, match=r"^lua/op-1\.lua line 3: R has no field 'w'$"):
+        _lib(includes, "-- @include a\nlocal v = {}\nreturn v[R.w]\n")
+
+
+def test_a_layout_must_be_a_list_of_names() -> None:
+    with pytest.raises(IncludeError, match=r"^lua/includes/a\.lua line 3: layout R holds '7'"):
+        _lib({"a": "-- @exports R\n-- @layout R\nlocal R = { 'x', 7 }\n"})
+    with pytest.raises(IncludeError, match=r"^lua/includes/a\.lua line 2: @layout R must precede"):
+        _lib({"a": "-- @exports R\n-- @layout R\nlocal Q = { 'x' }\nlocal R = {}\n"})
+
+
+def test_no_lua_file_reads_a_record_by_number() -> None:
+    """Records read with a layout are read by name: no ``prev[17]`` or
+    ``v[o + 5]``, and no layout indexed by a number."""
+    from scheduler.lua_modules import layouts
+    from scheduler.scripts import _files
+
+    includes, scripts = _files()
+    known = {n for name, t in includes.items() for n in layouts(t, name)}
+    assert {"PREV", "HB_NODE_AT", "NODE_FIELDS", "RES_READ"} <= known
+    texts = {**includes, **{name: t for name, (_, t) in scripts.items()}}
+    for name, text in texts.items():
+        code = "\n".join(line.split("--")[0] for line in text.splitlines())
+        assert not re.findall(r"\bprev\[\d", code), name
+        assert not re.findall(r"\[o \+ \d", code), name
+        for layout in known:
+            assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)

@@ -23,8 +23,8 @@
 -- Write (or refresh) sandbox -> node.  `rid` nil keeps the reservation
 -- already charged to the sandbox on this node (a sandbox is charged at most
 -- once).  Taking a sandbox from another node removes it from that node's sets.
--- `prev`: the binding's {node_id, reservation_id, deleted, listed} if the
--- caller just read them (bound_reservation reads the same).
+-- `prev`: the binding's BIND_READ fields if the caller just read them
+-- (bound_reservation reads the same).
 -- A binding written unlisted joins node-sbx (unless it is this node's
 -- unlisted one, a member already); one written listed leaves it, unless it
 -- was this node's listed one, never a member (the caller adds a listed one
@@ -39,16 +39,21 @@ local function roster_changed(node_id, removed)
   if removed == 1 then redis.call('HSET', node_key(node_id), 'roster_digest', '') end
 end
 
+-- What write_binding and bound_reservation read of a binding (a layout:
+-- prev[BIND_READ.node_id], ...).
+-- @layout BIND_READ
+local BIND_READ = { 'node_id', 'reservation_id', 'deleted', 'listed' }
+
 local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
-  prev = prev or redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted', 'listed')
-  if prev[1] and prev[1] ~= node_id then
-    redis.call('SREM', node_sbx_key(prev[1]), sb)
-    roster_changed(prev[1], redis.call('SREM', node_roster_key(prev[1]), sb))
+  prev = prev or redis.call('HMGET', bkey, unpack(BIND_READ))
+  if prev[BIND_READ.node_id] and prev[BIND_READ.node_id] ~= node_id then
+    redis.call('SREM', node_sbx_key(prev[BIND_READ.node_id]), sb)
+    roster_changed(prev[BIND_READ.node_id], redis.call('SREM', node_roster_key(prev[BIND_READ.node_id]), sb))
   end
-  if rid == nil and prev[1] == node_id then rid = prev[2] end
+  if rid == nil and prev[BIND_READ.node_id] == node_id then rid = prev[BIND_READ.reservation_id] end
   local expires = instant_text(ctx, now + P.binding_ttl_ms)
-  if prev[1] == node_id and prev[3] == '0' then
+  if prev[BIND_READ.node_id] == node_id and prev[BIND_READ.deleted] == '0' then
     -- (this node's live binding: its ids and deleted "0" are written already)
     redis.call('HSET', bkey, 'endpoint', endpoint, 'listed', listed, 'reservation_id', rid or '',
       'expires_ms', expires)
@@ -58,18 +63,18 @@ local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, pr
   end
   if listed == '1' then
     -- (a binding made just now has no expiry to lift)
-    if prev[1] then redis.call('PERSIST', bkey) end
+    if prev[BIND_READ.node_id] then redis.call('PERSIST', bkey) end
   else
     redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
   end
   -- (this node's live binding: unlisted, a member of node-sbx; listed, not)
-  local live = prev[1] == node_id and prev[3] == '0'
+  local live = prev[BIND_READ.node_id] == node_id and prev[BIND_READ.deleted] == '0'
   if listed == '1' then
     -- (no live binding: an assignment whose binding expired may be a member)
-    if not (live and prev[4] == '1') then
+    if not (live and prev[BIND_READ.listed] == '1') then
       if sbx then sbx[#sbx + 1] = sb else redis.call('SREM', node_sbx_key(node_id), sb) end
     end
-  elseif not (live and prev[4] ~= '1') then
+  elseif not (live and prev[BIND_READ.listed] ~= '1') then
     redis.call('SADD', node_sbx_key(node_id), sb)
   end
 end
@@ -113,10 +118,11 @@ end
 -- was read, for the caller's next step: the binding's fields write_binding
 -- takes as `prev` and the reservation's RES_READ fields (for end_reservation).
 local function bound_reservation(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted', 'listed')
-  if b[1] ~= node_id or not b[2] or b[2] == '' then return nil, b end
-  local r = redis.call('HMGET', res_key(b[2]), unpack(RES_READ))
-  if LIVE[r[1]] and r[2] == node_id then return b[2], b, r end
+  local b = redis.call('HMGET', bind_key(sb), unpack(BIND_READ))
+  local rid = b[BIND_READ.reservation_id]
+  if b[BIND_READ.node_id] ~= node_id or not rid or rid == '' then return nil, b end
+  local r = redis.call('HMGET', res_key(rid), unpack(RES_READ))
+  if LIVE[r[RES_READ.state]] and r[RES_READ.node_id] == node_id then return rid, b, r end
   return nil, b
 end
 

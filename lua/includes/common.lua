@@ -100,7 +100,8 @@ local function touch(ctx, node_id, registered)
   end
 end
 
--- What ending a reservation reads of it.
+-- What ending a reservation reads of it (r[RES_READ.state], ...: a layout).
+-- @layout RES_READ
 local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
 
 -- (ctx.held: a node record this call holds in hand, a read_node table plus
@@ -111,8 +112,8 @@ local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
 -- A node's pending count, cpu, memory and acked count less reservation `r`
 -- (its RES_READ fields).
 local function less_reservation(r, count, cpu, mem, acked)
-  if r[1] == 'acked' then acked = acked - 1 end
-  return count - 1, cpu - number_of(r[3]), mem - number_of(r[4]), acked
+  if r[RES_READ.state] == 'acked' then acked = acked - 1 end
+  return count - 1, cpu - number_of(r[RES_READ.cpu]), mem - number_of(r[RES_READ.memory_bytes]), acked
 end
 
 local NO_COUNTS = {}
@@ -123,11 +124,11 @@ local NO_COUNTS = {}
 local function end_reservation(ctx, rid, outcome, now, r)
   local rkey = res_key(rid)
   r = r or redis.call('HMGET', rkey, unpack(RES_READ))
-  if not LIVE[r[1]] then
+  if not LIVE[r[RES_READ.state]] then
     redis.call('ZREM', EXPIRY_KEY, rid)
     return false
   end
-  local node_id = r[2]
+  local node_id = r[RES_READ.node_id]
   -- the node's pending load, less this reservation (no pending_count: the
   -- record is gone, or is a static node's bare record)
   local held = ctx.held
@@ -149,7 +150,7 @@ local function end_reservation(ctx, rid, outcome, now, r)
         number_of(n[3]) or 0, number_of(n[4]) or 0)
       local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
         'pending_memory_bytes', num_text(mem) }
-      if r[1] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
+      if r[RES_READ.state] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
       redis.call('HSET', nkey, unpack(hset))
       touch(ctx, node_id)
     end

@@ -11,6 +11,7 @@
 ---------------------------------------------------------------------------
 -- Node state and the decision stages (same names as scheduler/testing/model.py)
 ---------------------------------------------------------------------------
+-- @layout NODE_FIELDS
 local NODE_FIELDS = {
   'endpoint', 'lingering', 'last_seen_ms', 'status', 'cpu_count', 'memory_total_bytes',
   'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
@@ -19,29 +20,29 @@ local NODE_FIELDS = {
   'pending_memory_bytes', 'idx',
 }
 
--- A node from its NODE_FIELDS values, v[o + 1] ... v[o + #NODE_FIELDS].
+-- A node from its NODE_FIELDS values, v[NODE_FIELDS.endpoint] ... v[o + #NODE_FIELDS].
 local function node_from(id, v, o)
   return {
     id = id,
-    endpoint = v[o + 1] or '',
-    lingering = v[o + 2] == '1',
-    last_seen = tonumber(v[o + 3]),
-    reported = v[o + 4] or '',
-    cpu_cap = number_of(v[o + 5]) or 0,
-    mem_cap = number_of(v[o + 6]) or 0,
-    alloc_cpu = number_of(v[o + 7]) or 0,
-    alloc_mem = number_of(v[o + 8]) or 0,
-    paused_cpu = number_of(v[o + 9]) or 0,
-    paused_mem = number_of(v[o + 10]) or 0,
-    running = number_of(v[o + 11]) or 0,
-    starting_reported = number_of(v[o + 12]) or 0,
-    paused = number_of(v[o + 13]) or 0,
-    cpu_percent = tonumber(v[o + 14]) or 0,
-    mem_used = tonumber(v[o + 15]) or 0,
-    pend_count = number_of(v[o + 16]) or 0,
-    pend_cpu = number_of(v[o + 17]) or 0,
-    pend_mem = number_of(v[o + 18]) or 0,
-    idx = v[o + 19] or '',
+    endpoint = v[NODE_FIELDS.endpoint] or '',
+    lingering = v[NODE_FIELDS.lingering] == '1',
+    last_seen = tonumber(v[NODE_FIELDS.last_seen_ms]),
+    reported = v[NODE_FIELDS.status] or '',
+    cpu_cap = number_of(v[NODE_FIELDS.cpu_count]) or 0,
+    mem_cap = number_of(v[NODE_FIELDS.memory_total_bytes]) or 0,
+    alloc_cpu = number_of(v[NODE_FIELDS.allocated_cpu]) or 0,
+    alloc_mem = number_of(v[NODE_FIELDS.allocated_memory_bytes]) or 0,
+    paused_cpu = number_of(v[NODE_FIELDS.paused_allocated_cpu]) or 0,
+    paused_mem = number_of(v[NODE_FIELDS.paused_allocated_memory_bytes]) or 0,
+    running = number_of(v[NODE_FIELDS.sandbox_count]) or 0,
+    starting_reported = number_of(v[NODE_FIELDS.sandbox_starting_count]) or 0,
+    paused = number_of(v[NODE_FIELDS.paused_sandbox_count]) or 0,
+    cpu_percent = tonumber(v[NODE_FIELDS.cpu_percent]) or 0,
+    mem_used = tonumber(v[NODE_FIELDS.memory_used_bytes]) or 0,
+    pend_count = number_of(v[NODE_FIELDS.pending_count]) or 0,
+    pend_cpu = number_of(v[NODE_FIELDS.pending_cpu]) or 0,
+    pend_mem = number_of(v[NODE_FIELDS.pending_memory_bytes]) or 0,
+    idx = v[NODE_FIELDS.idx] or '',
   }
 end
 
@@ -55,7 +56,7 @@ local NODE_NUMBERS = {
 }
 
 local function read_node(id)
-  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)), 0)
+  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)))
 end
 
 -- Status derived at read time, first match wins (docs/contract.md).
