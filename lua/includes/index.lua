@@ -218,21 +218,22 @@ local function list_remove(list, x)
   return false
 end
 
--- A stream's first members after this call removed `bucket` from its zset:
+-- A stream's first members (`firsts`: ctx.firsts; `more`: ctx.firsts_more)
+-- after this call removed `bucket` from its zset:
 -- the same list without it (nil, to be read again, when none is left; when
 -- it was further on, the first ones stay).  (Changed in place: a list is
 -- this call's own, and no pick is under way.)
-local function firsts_removed(ctx, key, bucket)
-  local list = ctx.firsts[key]
-  if list and list_remove(list, bucket) and #list == 0 then ctx.firsts[key] = nil end
+local function firsts_removed(firsts, key, bucket)
+  local list = firsts[key]
+  if list and list_remove(list, bucket) and #list == 0 then firsts[key] = nil end
 end
 
 -- ... after this call added `bucket` at `score` to the zset of dimension `mem`
 -- (true: memory): it joins the list where the zset orders it (by score, then
 -- byte order), or it comes after every listed member.  (So a list is empty
 -- only when its zset is.)
-local function firsts_added(ctx, key, bucket, score, mem)
-  local list = ctx.firsts[key]
+local function firsts_added(firsts, more, key, bucket, score, mem)
+  local list = firsts[key]
   if list == nil then return end
   for i = 1, #list do
     local m = list[i]
@@ -244,7 +245,7 @@ local function firsts_added(ctx, key, bucket, score, mem)
   end
   -- (a list that held the whole zset still does with it; any other stays
   -- exactly the first members, and the zset holds more)
-  if ctx.firsts_more[key] then return end
+  if more[key] then return end
   list[#list + 1] = bucket
 end
 
@@ -273,18 +274,18 @@ local function new_stream(d, mem)
   return st
 end
 
--- A bucket's known members (ctx.members) after this call removed `node_id` from
+-- A bucket's known members (`members`: ctx.members) after this call removed `node_id` from
 -- its zset, or added it: in place, in byte order; a list that would pass
 -- SMALL_BUCKET is dropped (read again if a pick needs it).
-local function members_removed(ctx, bucket, node_id)
-  local list = ctx.members[bucket]
+local function members_removed(members, bucket, node_id)
+  local list = members[bucket]
   if list then list_remove(list, node_id) end
 end
-local function members_added(ctx, bucket, node_id)
-  local list = ctx.members[bucket]
+local function members_added(members, bucket, node_id)
+  local list = members[bucket]
   if list == nil then return end
   if #list >= SMALL_BUCKET then
-    ctx.members[bucket] = nil
+    members[bucket] = nil
     return
   end
   local at = #list + 1
@@ -303,7 +304,7 @@ local function idx_remove(ctx, node_id, bucket)
   local left = sizes[bucket]
   if redis.call('ZREM', bk, node_id) == 1 then
     if left then left = left - 1 end
-    members_removed(ctx, bucket, node_id)
+    members_removed(ctx.members, bucket, node_id)
   end
   if left == nil then left = redis.call('ZCARD', bk) end
   sizes[bucket] = left
@@ -312,8 +313,9 @@ local function idx_remove(ctx, node_id, bucket)
     local kc, km = d[3], d[4]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
-    firsts_removed(ctx, kc, bucket)
-    firsts_removed(ctx, km, bucket)
+    local firsts = ctx.firsts
+    firsts_removed(firsts, kc, bucket)
+    firsts_removed(firsts, km, bucket)
     -- a shape left empty stays in idx-shapes until a pick finds it so
   end
 end
@@ -347,11 +349,12 @@ local function idx_add(ctx, node_id, bucket, n, from)
   if new then
     if ctx.batch then ctx.members[bucket] = { node_id } end
     redis.call('ZADD', km, num_text(lm), bucket)
-    firsts_added(ctx, kc, bucket, lc, false)
-    firsts_added(ctx, km, bucket, lm, true)
+    local firsts, more = ctx.firsts, ctx.firsts_more
+    firsts_added(firsts, more, kc, bucket, lc, false)
+    firsts_added(firsts, more, km, bucket, lm, true)
     if from == '' or shape_of(from) ~= shape then shape_added(ctx, shape) end
   elseif added then
-    members_added(ctx, bucket, node_id)
+    members_added(ctx.members, bucket, node_id)
   end
 end
 
@@ -462,6 +465,9 @@ do
 -- ranking table) and the buckets of its rank.  A pick runs to its end before
 -- another starts (a script is never re-entered).
 local PK_P, PK_req, PK_best, PK_equals
+-- (and the call's ctx with the index tables a pick reads per shape, taken
+-- from it once per pick: ctx.shape_desc, ctx.firsts, ctx.firsts_more)
+local PK_ctx, PK_descs, PK_firsts, PK_more
 -- (one stand-in table for the projected load, refilled per bucket; one list
 -- of streams, refilled per pick: tables that grow are rebuilt as they grow)
 local PK_load, PK_streams = {}, {}
@@ -516,20 +522,20 @@ end
 -- its first OPEN_SIZE members: read once a call, and kept up to date by its
 -- moves (ctx.firsts).
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
-local function pick_stream(ctx, shape)
-  local d = ctx.shape_desc[shape] or shape_desc(ctx, shape)
+local function pick_stream(shape)
+  local d = PK_descs[shape] or shape_desc(PK_ctx, shape)
   local c, m, req = d[1], d[2], PK_req
   local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
   local st, add = d[5], req.cpu
   if mem then st, add = d[6], req.mem end
   if not st then st = new_stream(d, mem) end
   local key = st.key
-  local batch = ctx.firsts[key]
+  local batch = PK_firsts[key]
   if batch == nil then
     batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
-    ctx.firsts[key], ctx.firsts_more[key] = batch, #batch == OPEN_SIZE
+    PK_firsts[key], PK_more[key] = batch, #batch == OPEN_SIZE
   end
-  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, ctx.firsts_more[key],
+  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, PK_more[key],
     2 * OPEN_SIZE
   local first = batch[1]
   if first then st.lb = pick_lb(st, first) else st.lb = false end
@@ -575,13 +581,14 @@ end
 -- known bucket is eligible.
 local function pick_walk(ctx, P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
+  PK_ctx, PK_descs, PK_firsts, PK_more = ctx, ctx.shape_desc, ctx.firsts, ctx.firsts_more
   local streams, k, unknown = PK_streams, 0, false
   local empty = nil
   for _, shape in ipairs(shapes(ctx)) do
     if shape == '0:0' then
       unknown = true
     else
-      local st = pick_stream(ctx, shape)
+      local st = pick_stream(shape)
       if st.lb then
         k = k + 1
         streams[k] = st
@@ -597,11 +604,12 @@ local function pick_walk(ctx, P, req)
   end
   pick_run(streams)
   if PK_best == nil and unknown then
-    local st = pick_stream(ctx, '0:0')
+    local st = pick_stream('0:0')
     if st.lb then pick_run({ st }) else shape_gone(ctx, '0:0') end
   end
   local equals = PK_equals
   PK_best, PK_equals = nil, nil
+  PK_ctx, PK_descs, PK_firsts, PK_more = nil, nil, nil, nil
   return equals
 end
 
@@ -611,17 +619,18 @@ end
 -- goes through a union in Redis.
 local function pick_rotate(ctx, equals, rr_next)
   local lists, total, large = nil, 0, false
+  local known, sizes = ctx.members, ctx.sizes
   for i, bucket in ipairs(equals) do
-    local members = ctx.members[bucket]
+    local members = known[bucket]
     if members == nil then
       members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
       if #members > SMALL_BUCKET then
         large = true
         break
       end
-      if ctx.batch then ctx.members[bucket] = members end
+      if ctx.batch then known[bucket] = members end
     end
-    ctx.sizes[bucket] = #members
+    sizes[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
     if #equals == 1 then
       if #members == 0 then return nil end
@@ -636,8 +645,8 @@ local function pick_rotate(ctx, equals, rr_next)
   end
   total = 0
   for _, bucket in ipairs(equals) do
-    ctx.sizes[bucket] = redis.call('ZCARD', bucket_key(bucket))
-    total = total + ctx.sizes[bucket]
+    sizes[bucket] = redis.call('ZCARD', bucket_key(bucket))
+    total = total + sizes[bucket]
   end
   if total == 0 then return nil end
   local k = (rr_next - 1) % total
