@@ -23,7 +23,7 @@
               then the ids that left (the roster held must still be the base's,
               else RESYNC: it is while the record keeps the base's digest, which
               whatever else takes a sandbox out of it clears, see
-              roster_changed in includes/bindings.lua)
+              roster_changed in includes/nodes.lua)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
@@ -42,9 +42,10 @@
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then the oldest;
           and forgets nodes silent for node_forget_after (a bounded sweep,
-          see forget_sweep in includes/bindings.lua).
+          see forget_sweep in includes/nodes.lua).
 ]]
 -- @include heartbeat
+-- @include nodes
 local r = heartbeat_one(ctx, ARGV)
 if r.err or r[1] == 'RESYNC' then return r end
 forget_sweep(ctx, ctx.P, ctx.heard)

@@ -25,6 +25,7 @@
           reservations; the forget sweep once at the end
 ]]
 -- @include heartbeat
+-- @include nodes
 -- @include heartbeat_steady
 -- @include cpu_config
 local n = tonumber(ARGV[1])

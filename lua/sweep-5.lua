@@ -9,9 +9,9 @@
   Returns {nodes forgotten, reservations expired, now_ms}
   Errors: NO_POLICY (no policy)
   Writes: what sweep_expired (includes/common.lua) and forget_sweep
-          (includes/bindings.lua) write, and the index entries they touch
+          (includes/nodes.lua) write, and the index entries they touch
 ]]
--- @include bindings
+-- @include nodes
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)

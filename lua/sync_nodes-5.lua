@@ -12,7 +12,7 @@
   Errors: NO_POLICY (no policy)
   Writes: nodes, node:<id> (node_id, endpoint, static), and removals
 ]]
--- @include bindings
+-- @include nodes
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)

@@ -7,10 +7,10 @@
 
   Returns {1 if a node was removed else 0, now_ms}
   Errors: PRECONDITION service instance mismatch, NO_POLICY (no policy)
-  Writes: see remove_node in includes/bindings.lua; and the bounded sweeps
+  Writes: see remove_node in includes/nodes.lua; and the bounded sweeps
           (expired reservations, forget_sweep)
 ]]
--- @include bindings
+-- @include nodes
 local node_id = ARGV[1]
 local sid = ARGV[2]
 local P = load_policy(ctx)

@@ -32,7 +32,7 @@ local function bind_call(keys, args)
   KEYS, ARGV = keys, args
   BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY = keys[1], keys[2], keys[3], keys[4], keys[5]
   IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
-  SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/bindings.lua)
+  SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/nodes.lua)
   IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp' -- (includes/index.lua)
   return new_ctx()
 end
