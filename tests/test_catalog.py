@@ -247,11 +247,20 @@ def test_the_design_lists_every_ceiling_in_the_stages_order() -> None:
 def test_each_ceiling_has_one_formula_in_the_lua_stage() -> None:
     stages = (ROOT / "lua" / "includes" / "stages.lua").read_text()
     body = stages[
-        stages.index("local function ceiling_use") : stages.index("local function ceiling_holds")
+        stages.index("local CEILING_USE = {") : stages.index("local function ceiling_use")
     ]
-    formulas = re.findall(r"name == '(\w+)'", body)
+    formulas = re.findall(r"^  (\w+) = function", body, re.M)
     assert sorted(formulas) == sorted(catalog.CEILING_NAMES)  # each once
     for path in LUA_FILES:
         if path.name != "stages.lua":
             for name in catalog.CEILING_NAMES:
                 assert name not in path.read_text(), f"{path.name} names {name}"
+
+
+def test_each_strategy_has_one_pick_in_the_lua_schedule() -> None:
+    schedule = (ROOT / "lua" / "includes" / "schedule.lua").read_text()
+    body = schedule[
+        schedule.index("local PICK = {") : schedule.index("local function schedule_one")
+    ]
+    picks = re.findall(r"^  (\w+) = function", body, re.M)
+    assert sorted(picks) == sorted(catalog.STRATEGIES)  # each once

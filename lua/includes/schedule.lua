@@ -51,6 +51,27 @@ end
 -- An empty list nobody writes to.
 local NONE = {}
 
+-- The full scan's pick, one per strategy of scheduler/catalog.py STRATEGIES
+-- (tests/test_catalog.py holds the names to the catalog's): one node of
+-- `group` (the eligible nodes, those of known capacity if any), given the
+-- rotation counter's turn `rr_next` and the request's random number in [0, 1).
+local PICK = {
+  -- the best ranked (ranks_before), equals in rotation
+  least_loaded = function(group, rr_next)
+    local best = {}
+    for _, n in ipairs(group) do
+      if #best == 0 or ranks_before(n, best[1]) then
+        best = { n }
+      elseif not ranks_before(best[1], n) then
+        best[#best + 1] = n
+      end
+    end
+    return best[((rr_next - 1) % #best) + 1]
+  end,
+  round_robin = function(group, rr_next) return group[((rr_next - 1) % #group) + 1] end,
+  random = function(group, _, rand) return group[math.floor(rand * #group) + 1] end,
+}
+
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
@@ -171,20 +192,8 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     -- decided through the index
   elseif #group == 0 then
     refusal = summarize_reasons(counts, #ids)
-  elseif strategy == 'least_loaded' then
-    local best = {}
-    for _, n in ipairs(group) do
-      if #best == 0 or ranks_before(n, best[1]) then
-        best = { n }
-      elseif not ranks_before(best[1], n) then
-        best[#best + 1] = n
-      end
-    end
-    chosen = best[((rr_next - 1) % #best) + 1]
-  elseif strategy == 'round_robin' then
-    chosen = group[((rr_next - 1) % #group) + 1]
   else
-    chosen = group[math.floor(rand * #group) + 1]
+    chosen = PICK[strategy](group, rr_next, rand)
   end
 
   if dry_run then

@@ -20,8 +20,9 @@ local NODE_FIELDS = {
   'pending_memory_bytes', 'idx',
 }
 
--- A node from its NODE_FIELDS values, v[NODE_FIELDS.endpoint] ... v[o + #NODE_FIELDS].
-local function node_from(id, v, o)
+-- A node from its NODE_FIELDS values `v`, each read by name (a layout: the
+-- positions are resolved when the library is built, scheduler/lua_modules.py).
+local function node_from(id, v)
   return {
     id = id,
     endpoint = v[NODE_FIELDS.endpoint] or '',
@@ -121,36 +122,44 @@ end
 -- starting: a roster lists a sandbox while it is being created (and releases
 -- its reservation), and a Redis that lost the reservations still has the
 -- node's own numbers from its next heartbeat.
-local function ceiling_use(n, name, req)
-  if name == 'max_sandbox_count' then
+-- One formula per ceiling of scheduler/catalog.py CEILINGS: what the ceiling
+-- compares with its limit for node n after request req, or nil where it does
+-- not apply (tests/test_catalog.py holds the names to the catalog's).
+local CEILING_USE = {
+  max_sandbox_count = function(n, req)
     return n.running + n.starting_reported + n.pend_count + req.count
-  end
-  if name == 'max_sandbox_starting_count' then
+  end,
+  max_sandbox_starting_count = function(n, req)
     return n.starting_reported + n.pend_count + req.count
-  end
-  if name == 'max_sandbox_count_including_paused' then
+  end,
+  max_sandbox_count_including_paused = function(n, req)
     return n.running + n.starting_reported + n.paused + n.pend_count + req.count
-  end
-  if name == 'max_allocated_cpu_including_paused' then
+  end,
+  max_allocated_cpu_including_paused = function(n, req)
     return n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_allocated_memory_bytes_including_paused' then
+  end,
+  max_allocated_memory_bytes_including_paused = function(n, req)
     return n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_allocated_percent' then
+  end,
+  max_cpu_allocated_percent = function(n, req)
     if n.cpu_cap <= 0 then return nil end
     return n.alloc_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_memory_allocated_percent' then
+  end,
+  max_memory_allocated_percent = function(n, req)
     if n.mem_cap <= 0 then return nil end
     return n.alloc_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_used_percent' then return n.cpu_percent end
-  if name == 'max_memory_used_percent' then
+  end,
+  max_cpu_used_percent = function(n) return n.cpu_percent end,
+  max_memory_used_percent = function(n)
     if n.mem_cap <= 0 then return nil end
     return n.mem_used
-  end
-  return nil
+  end,
+}
+
+local function ceiling_use(n, name, req)
+  local use = CEILING_USE[name]
+  if use == nil then return nil end
+  return use(n, req)
 end
 
 local function ceiling_holds(n, name, limit, used)
