@@ -48,8 +48,8 @@
 -- @include nodes
 local r = heartbeat_one(ctx, ARGV)
 if r.err or r[1] == 'RESYNC' then return r end
-forget_sweep(ctx, ctx.P, ctx.heard)
+forget_sweep(ctx, ctx[CTX.P], ctx[CTX.heard])
 -- @stage forget_sweep
-reindex_touched(ctx, ctx.P, ctx.heard)
+reindex_touched(ctx, ctx[CTX.P], ctx[CTX.heard])
 -- @stage reindex_others
 return r

@@ -46,11 +46,11 @@ end
 if a ~= #ARGV + 1 then return fail(ERR.BADARG, 'n must count the heartbeats that follow') end
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-ctx.P = P
+ctx[CTX.P] = P
 local now = heard_ms(P)
-ctx.heard = now
-ctx.counts = {}
-ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH
+ctx[CTX.heard] = now
+ctx[CTX.counts] = {}
+ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH
 local out, applied = {}, false
 for i = 1, n do
   -- (a constructor sizes the table once, where appends grow it step by step;
@@ -66,7 +66,7 @@ for i = 1, n do
   if kinds[i] == 'full' then
     r = heartbeat_one(ctx, A)
   elseif kinds[i] == 'steady' then
-    r = steady_one(ctx, A, P, now, ctx.more_due == false)
+    r = steady_one(ctx, A, P, now, ctx[CTX.more_due] == false)
   else
     r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end

@@ -24,7 +24,7 @@ if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
   return fail(ERR.BADARG, 'n must count the requests that follow, 7 arguments each')
 end
 if not load_policy(ctx) then return fail(ERR.NO_POLICY, NO_POLICY) end
-ctx.batch = true
+ctx[CTX.batch] = true
 -- Replay: when none of the batch's reservation ids exists yet (the common
 -- case), one EXISTS spares a read of each; ctx.new_ids then holds the ones
 -- this call reserves, which a repeated id must still find (schedule_one).
@@ -34,7 +34,7 @@ for i = 1, n do
   if ARGV[a + 1] == 'create' and ARGV[a + 6] ~= '' then rkeys[#rkeys + 1] = res_key(ARGV[a + 6]) end
 end
 if #rkeys > 0 and #rkeys <= UNPACK_CHUNK and redis.call('EXISTS', unpack(rkeys)) == 0 then
-  ctx.new_ids = {}
+  ctx[CTX.new_ids] = {}
 end
 local out = {}
 -- @stage batch_setup

@@ -217,3 +217,16 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
         assert not re.findall(r"\[o \+ \d", code), name
         for layout in known:
             assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)
+
+
+def test_the_ctx_constructor_fills_its_layout_in_order() -> None:
+    """ctx is an array read by name (the layout CTX): each slot of the
+    constructor names the field it fills, in the layout's order."""
+    from scheduler.lua_modules import layouts
+    from scheduler.scripts import _files
+
+    text = _files()[0]["ctx"]
+    fields = layouts(text, "ctx")["CTX"]
+    body = text[text.index("local function new_ctx()") :]
+    slots = re.findall(r"^    [^-\n]+, -- ctx\[CTX\.(\w+)\]", body, re.M)
+    assert slots == fields

@@ -61,7 +61,7 @@ end
 -- fmt(x) for an instant of this call (its clock, or the clock plus a TTL):
 -- the requests of one call share their instant, so each text is made once.
 local function instant_text(ctx, x)
-  local instants = ctx.instants
+  local instants = ctx[CTX.instants]
   local s = instants[x]
   if s == nil then
     s = fmt(x)

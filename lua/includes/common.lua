@@ -28,7 +28,7 @@ local function load_policy(ctx)
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
   local kept = packed and POLICIES.t[packed]
   if kept then
-    ctx.P = kept
+    ctx[CTX.P] = kept
     return kept
   end
   local raw = raw_policy(packed)
@@ -71,7 +71,7 @@ local function load_policy(ctx)
   if packed then
     keep(POLICIES, packed, P)
   end
-  ctx.P = P
+  ctx[CTX.P] = P
   return P
 end
 
@@ -94,7 +94,7 @@ end
 -- returns).  `registered`: the caller knows the node is in the cell (reindex
 -- then skips checking it).
 local function touch(ctx, node_id, registered)
-  local touched = ctx.touched
+  local touched = ctx[CTX.touched]
   if registered then touched[node_id] = 'registered' elseif not touched[node_id] then
     touched[node_id] = true
   end
@@ -131,7 +131,7 @@ local function end_reservation(ctx, rid, outcome, now, r)
   local node_id = r[RES_READ.node_id]
   -- the node's pending load, less this reservation (no pending_count: the
   -- record is gone, or is a static node's bare record)
-  local held = ctx.held
+  local held = ctx[CTX.held]
   if held and held.id == node_id then
     -- (the holder writes the record; held.pending: it has a pending_count)
     if held.pending then
@@ -158,7 +158,7 @@ local function end_reservation(ctx, rid, outcome, now, r)
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(ctx, now))
-  local P, counts = ctx.P, ctx.counts
+  local P, counts = ctx[CTX.P], ctx[CTX.counts]
   redis.call('PEXPIRE', rkey, num_text(P and P.reservation_tombstone_ttl_ms
     or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms))
   if counts then -- (a batch: counted once, at its end, by flush_counts)
@@ -171,7 +171,7 @@ end
 
 -- Write the counts a batch kept (ctx.counts) to stats.
 local function flush_counts(ctx)
-  for outcome, k in pairs(ctx.counts or NO_COUNTS) do
+  for outcome, k in pairs(ctx[CTX.counts] or NO_COUNTS) do
     redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
   end
 end

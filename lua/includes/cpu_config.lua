@@ -49,9 +49,9 @@ local function cpu_config_one(ctx, A, cfg_key)
   local node_id = A[2]
   local cluster = A[3]
 
-  local P = ctx.P or load_policy(ctx)
+  local P = ctx[CTX.P] or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-  ctx.P = P
+  ctx[CTX.P] = P
   local nkey = node_key(node_id)
   if redis.call('EXISTS', nkey) == 0 then return { 'none' } end
 

@@ -24,9 +24,9 @@ local function heartbeat_one(ctx, A)
   local roster_sent = roster_full or roster_delta
   local nfields = number_of(A[7])
 
-  local P = ctx.P or load_policy(ctx)
+  local P = ctx[CTX.P] or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-  ctx.P = P
+  ctx[CTX.P] = P
   if node_id == '' then return fail(ERR.BADARG, 'node_id is required') end
   if roster_delta and base_generation == '' then
     return fail(ERR.BADARG, 'a roster delta needs the record it is based on')
@@ -75,8 +75,8 @@ local function heartbeat_one(ctx, A)
       or (roster_delta and (prev[PREV.roster_digest] or '') ~= A[first_sb])) then
     return { 'RESYNC' }
   end
-  local now = ctx.heard or heard_ms(P)
-  ctx.heard = now
+  local now = ctx[CTX.heard] or heard_ms(P)
+  ctx[CTX.heard] = now
   local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[PREV.service_instance_id] and prev[PREV.service_instance_id] ~= '' and prev[PREV.service_instance_id] ~= sid
   -- The record as it will be, held in hand to the end (includes/common.lua
@@ -145,10 +145,10 @@ local function heartbeat_one(ctx, A)
   if not roster_sent then roster_mode = prev[PREV.roster_mode] == '1' end
   -- @stage roster_plan
 
-  ctx.held = n -- (after the last check: an error leaves nothing held)
+  ctx[CTX.held] = n -- (after the last check: an error leaves nothing held)
   -- (at one instant, a sweep that found less than a full batch due leaves
   -- nothing due for the batch's later heartbeats)
-  if ctx.more_due ~= false then ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH end
+  if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
   -- @stage expiry_sweep
 
   -- Stage "record": the snapshot, stamped with Redis time, written in one call
@@ -269,8 +269,8 @@ local function heartbeat_one(ctx, A)
     end
   end
   -- Stage "index": only a change of what places the node moves it.
-  local moved = moves or not registered or restarted or (prev[PREV.idx] or '') == '' or ctx.touched[node_id]
-  ctx.touched[node_id], ctx.held = nil, false
+  local moved = moves or not registered or restarted or (prev[PREV.idx] or '') == '' or ctx[CTX.touched][node_id]
+  ctx[CTX.touched][node_id], ctx[CTX.held] = nil, false
   local indexed, entering = true, false -- (not moved: it stays in the index)
   if moved then
     local from = n.idx

@@ -124,7 +124,7 @@ end
 -- first needs it), made once: a batch decides and moves many times over the
 -- same shapes.
 local function shape_desc(ctx, shape)
-  local descs = ctx.shape_desc
+  local descs = ctx[CTX.shape_desc]
   local d = descs[shape]
   if d then return d end
   local caps = shape_caps(shape)

@@ -19,25 +19,25 @@ local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
 
 -- The shapes with buckets, read once a call (kept up to date by this call's moves).
 local function shapes(ctx)
-  local read = ctx.shapes
+  local read = ctx[CTX.shapes]
   if not read then
     local set = {}
     read = redis.call('SMEMBERS', IDX_SHAPES)
     for _, shape in ipairs(read) do set[shape] = true end
-    ctx.shapes, ctx.shape_set = read, set
+    ctx[CTX.shapes], ctx[CTX.shape_set] = read, set
   end
   return read
 end
 local function shape_added(ctx, shape)
   redis.call('SADD', IDX_SHAPES, shape)
-  local read = ctx.shapes
-  if read and not ctx.shape_set[shape] then
-    read[#read + 1], ctx.shape_set[shape] = shape, true
+  local read = ctx[CTX.shapes]
+  if read and not ctx[CTX.shape_set][shape] then
+    read[#read + 1], ctx[CTX.shape_set][shape] = shape, true
   end
 end
 local function shape_gone(ctx, shape)
   redis.call('SREM', IDX_SHAPES, shape)
-  ctx.shapes, ctx.shape_set = false, false
+  ctx[CTX.shapes], ctx[CTX.shape_set] = false, false
 end
 
 local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
@@ -124,11 +124,11 @@ end
 
 local function idx_remove(ctx, node_id, bucket)
   local bk = bucket_key(bucket)
-  local sizes = ctx.sizes
+  local sizes = ctx[CTX.sizes]
   local left = sizes[bucket]
   if redis.call('ZREM', bk, node_id) == 1 then
     if left then left = left - 1 end
-    members_removed(ctx.members, bucket, node_id)
+    members_removed(ctx[CTX.members], bucket, node_id)
   end
   if left == nil then left = redis.call('ZCARD', bk) end
   sizes[bucket] = left
@@ -137,7 +137,7 @@ local function idx_remove(ctx, node_id, bucket)
     local kc, km = d[3], d[4]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
-    local firsts = ctx.firsts
+    local firsts = ctx[CTX.firsts]
     firsts_removed(firsts, kc, bucket)
     firsts_removed(firsts, km, bucket)
     -- a shape left empty stays in idx-shapes until a pick finds it so
@@ -149,7 +149,7 @@ end
 -- old bucket kept this one from being empty), so it is not added again.
 local function idx_add(ctx, node_id, bucket, n, from)
   local bk = bucket_key(bucket)
-  local sizes = ctx.sizes
+  local sizes = ctx[CTX.sizes]
   local size = sizes[bucket]
   local added = redis.call('ZADD', bk, '0', node_id) == 1
   if added and size then size = size + 1 end
@@ -171,14 +171,14 @@ local function idx_add(ctx, node_id, bucket, n, from)
   end
   sizes[bucket] = size
   if new then
-    if ctx.batch then ctx.members[bucket] = { node_id } end
+    if ctx[CTX.batch] then ctx[CTX.members][bucket] = { node_id } end
     redis.call('ZADD', km, num_text(lm), bucket)
-    local firsts, more = ctx.firsts, ctx.firsts_more
+    local firsts, more = ctx[CTX.firsts], ctx[CTX.firsts_more]
     firsts_added(firsts, more, kc, bucket, lc, false)
     firsts_added(firsts, more, km, bucket, lm, true)
     if from == '' or shape_of(from) ~= shape then shape_added(ctx, shape) end
   elseif added then
-    members_added(ctx.members, bucket, node_id)
+    members_added(ctx[CTX.members], bucket, node_id)
   end
 end
 
@@ -188,7 +188,7 @@ end
 -- picks stay right, pick_indexed); any other move forgets them.
 local function move_index(ctx, n, want, placing)
   if want == n.idx then return end
-  if not placing then ctx.picks = false end
+  if not placing then ctx[CTX.picks] = false end
   if n.idx ~= '' then idx_remove(ctx, n.id, n.idx) end
   if want ~= '' then idx_add(ctx, n.id, want, n, n.idx) end
   n.idx = want
@@ -221,17 +221,17 @@ end
 local function unindex(ctx, node_id)
   local cur = redis.call('HGET', node_key(node_id), 'idx')
   if cur and cur ~= '' then
-    ctx.picks = false
+    ctx[CTX.picks] = false
     idx_remove(ctx, node_id, cur)
   end
   redis.call('ZREM', IDX_SEEN, node_id)
 end
 
 local function reindex_touched(ctx, P, now)
-  local touched = ctx.touched
+  local touched = ctx[CTX.touched]
   if next(touched) == nil then return end
   for node_id, how in pairs(touched) do reindex(ctx, node_id, P, now, how == 'registered') end
-  ctx.touched = {}
+  ctx[CTX.touched] = {}
 end
 
 -- Take nodes whose heartbeat went stale, or that must heartbeat again
@@ -262,8 +262,8 @@ local INDEX_FORMAT = '2'
 -- Drop every index key and entry, whatever layout wrote them, then build
 -- this layout (sync_policy, when the stored index_format is not this one).
 local function upgrade_index(ctx, P, now)
-  ctx.shapes, ctx.shape_set, ctx.firsts, ctx.firsts_more = false, false, {}, {}
-  ctx.sizes, ctx.members, ctx.picks = {}, {}, false
+  ctx[CTX.shapes], ctx[CTX.shape_set], ctx[CTX.firsts], ctx[CTX.firsts_more] = false, false, {}, {}
+  ctx[CTX.sizes], ctx[CTX.members], ctx[CTX.picks] = {}, {}, false
   for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
     redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end

@@ -156,7 +156,7 @@ end
 -- known bucket is eligible.
 local function pick_walk(ctx, P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
-  PK_ctx, PK_descs, PK_firsts, PK_more = ctx, ctx.shape_desc, ctx.firsts, ctx.firsts_more
+  PK_ctx, PK_descs, PK_firsts, PK_more = ctx, ctx[CTX.shape_desc], ctx[CTX.firsts], ctx[CTX.firsts_more]
   local streams, k, unknown = PK_streams, 0, false
   local empty = nil
   for _, shape in ipairs(shapes(ctx)) do
@@ -194,7 +194,7 @@ end
 -- goes through a union in Redis.
 local function pick_rotate(ctx, equals, rr_next)
   local lists, total, large = nil, 0, false
-  local known, sizes = ctx.members, ctx.sizes
+  local known, sizes = ctx[CTX.members], ctx[CTX.sizes]
   for i, bucket in ipairs(equals) do
     local members = known[bucket]
     if members == nil then
@@ -203,7 +203,7 @@ local function pick_rotate(ctx, equals, rr_next)
         large = true
         break
       end
-      if ctx.batch then known[bucket] = members end
+      if ctx[CTX.batch] then known[bucket] = members end
     end
     sizes[bucket] = #members
     -- one bucket (the common case): its own byte order, no merge and no tables
@@ -253,7 +253,7 @@ end
 -- or with the best found, and the best ones left are those buckets' nodes
 -- still in them.  When none is left, the walk decides again.
 function pick_indexed(ctx, P, req, rr_next)
-  local memo = req.create and ctx.picks and ctx.picks[req.cpu]
+  local memo = req.create and ctx[CTX.picks] and ctx[CTX.picks][req.cpu]
   local equals = memo and memo[req.mem]
   if equals then
     local picked = pick_rotate(ctx, equals, rr_next)
@@ -261,10 +261,10 @@ function pick_indexed(ctx, P, req, rr_next)
   end
   equals = pick_walk(ctx, P, req)
   if equals == nil then return nil end
-  if req.create and ctx.batch then
-    ctx.picks = ctx.picks or {}
-    memo = ctx.picks[req.cpu] or {}
-    ctx.picks[req.cpu], memo[req.mem] = memo, equals
+  if req.create and ctx[CTX.batch] then
+    ctx[CTX.picks] = ctx[CTX.picks] or {}
+    memo = ctx[CTX.picks][req.cpu] or {}
+    ctx[CTX.picks][req.cpu], memo[req.mem] = memo, equals
   end
   return pick_rotate(ctx, equals, rr_next), equals
 end

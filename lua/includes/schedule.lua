@@ -23,29 +23,29 @@ end
 -- The rotation counter's next value, taken (given back by give_back_rr).
 local function take_rr(ctx, rr_key, dry_run)
   if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
-  if not ctx.batch then return redis.call('INCR', rr_key) end
-  if not ctx.rr then ctx.rr = tonumber(redis.call('GET', rr_key)) or 0 end
-  ctx.rr = ctx.rr + 1
-  return ctx.rr
+  if not ctx[CTX.batch] then return redis.call('INCR', rr_key) end
+  if not ctx[CTX.rr] then ctx[CTX.rr] = tonumber(redis.call('GET', rr_key)) or 0 end
+  ctx[CTX.rr] = ctx[CTX.rr] + 1
+  return ctx[CTX.rr]
 end
 
 local function give_back_rr(ctx, rr_key)
-  if ctx.batch then ctx.rr = ctx.rr - 1 else redis.call('DECR', rr_key) end
+  if ctx[CTX.batch] then ctx[CTX.rr] = ctx[CTX.rr] - 1 else redis.call('DECR', rr_key) end
 end
 
 -- The cell's count of reservations made, this one included (it orders a
 -- node's reservations).
 local function next_seq(ctx)
-  if not ctx.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
-  if not ctx.seq then ctx.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
-  ctx.seq = ctx.seq + 1
-  return fmt(ctx.seq)
+  if not ctx[CTX.batch] then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
+  if not ctx[CTX.seq] then ctx[CTX.seq] = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  ctx[CTX.seq] = ctx[CTX.seq] + 1
+  return fmt(ctx[CTX.seq])
 end
 
 -- A batch's counters, written once at its end.
 local function finish_batch(ctx, rr_key)
-  if ctx.rr then redis.call('SET', rr_key, fmt(ctx.rr)) end
-  if ctx.seq then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(ctx.seq)) end
+  if ctx[CTX.rr] then redis.call('SET', rr_key, fmt(ctx[CTX.rr])) end
+  if ctx[CTX.seq] then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(ctx[CTX.seq])) end
 end
 
 -- An empty list nobody writes to.
@@ -75,9 +75,9 @@ local PICK = {
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
-  local P = ctx.P or load_policy(ctx)
+  local P = ctx[CTX.P] or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-  ctx.P = P
+  ctx[CTX.P] = P
 
   if kind ~= 'create' and kind ~= 'route' then return fail(ERR.BADARG, 'kind must be create or route') end
   local strategy = strategy_arg
@@ -98,14 +98,14 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     return fail(ERR.BADARG, 'random must be in [0, 1)')
   end
 
-  local now = ctx.now or now_ms(P)
-  ctx.now = now
+  local now = ctx[CTX.now] or now_ms(P)
+  ctx[CTX.now] = now
   -- @stage arguments
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
   -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
-  if req.create and not dry_run and not (ctx.new_ids and not ctx.new_ids[rid]) then
+  if req.create and not dry_run and not (ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid]) then
     local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
       'pressure')
     if prior[1] then
@@ -128,15 +128,15 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   if not dry_run then
     -- (at one instant, a sweep that found less than a full batch due leaves
     -- nothing for the next decision of the same call)
-    if ctx.more_due ~= false then ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH end
+    if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
     reindex_touched(ctx, P, now)
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not ctx.fresh then
-      ctx.fresh = sweep_stale(ctx, P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not ctx[CTX.fresh] then
+      ctx[CTX.fresh] = sweep_stale(ctx, P, now)
     end
     -- @stage sweeps
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx.fresh then
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
       local picked, among = pick_indexed(ctx, P, req, rr_next)
       -- @stage pick
       if picked then
@@ -227,7 +227,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
       'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
-    if ctx.new_ids then ctx.new_ids[rid] = true end
+    if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
     -- @stage reservation_writes
