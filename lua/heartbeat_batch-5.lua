@@ -74,7 +74,7 @@ for i = 1, n do
     out[i] = { 'err', r.err }
   else
     applied = applied or (kinds[i] ~= 'cpucfg' and r[1] ~= 'RESYNC')
-    out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
+    out[i] = ok_answer(r)
   end
 end
 if applied then forget_sweep(ctx, P, now) end

@@ -47,7 +47,7 @@ for i = 1, n do
   if r.err then
     out[i] = { 'err', r.err }
   else
-    out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
+    out[i] = ok_answer(r)
   end
 end
 finish_batch(ctx, KEYS[6])

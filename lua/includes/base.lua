@@ -15,7 +15,7 @@
 -- @exports SEEN_KEY IDX_SHAPES IDX_TMP bind_call node_key node_res_key
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
--- @exports set_all raw_policy load_clock now_ms seen_lags heard_ms
+-- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
 -- @include constants
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
@@ -123,6 +123,17 @@ local function set_all(add, key, list)
       redis.call('SREM', key, unpack(list, i, last))
     end
   end
+end
+
+-- A batch's answer to one call that succeeded: {'ok', r...}, made at its
+-- size by unpack() (an insert at the front would grow r), or copied when r
+-- is past unpack()'s limit: a CPU config round's "compute" lists every
+-- member of the cluster, 2 + 2N values.
+local function ok_answer(r)
+  if #r <= UNPACK_CHUNK then return { 'ok', unpack(r) } end
+  local out = { 'ok' }
+  for j = 1, #r do out[j + 1] = r[j] end
+  return out
 end
 
 -- The policy hash also keeps its fields packed into one string, `packed`,
