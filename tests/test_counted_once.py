@@ -368,6 +368,10 @@ class HoldingProxy:
         self.hold_s = hold_s
         self.hold = False
         self.port = free_port()
+        #: the connections being served, ended by close() (an unclosed socket
+        #: is a ResourceWarning, an error in this suite, in whatever test
+        #: happens to collect it)
+        self.tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -377,26 +381,45 @@ class HoldingProxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        writers = [client_w]
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+            writers.append(up_w)
 
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, held: bool) -> None:
-            with contextlib.suppress(OSError):
-                while data := await r.read(65536):
-                    if held and self.hold:
-                        await asyncio.sleep(self.hold_s)
-                    w.write(data)
-                    await w.drain()
-            w.close()
+            async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, held: bool) -> None:
+                with contextlib.suppress(OSError):
+                    while data := await r.read(65536):
+                        if held and self.hold:
+                            await asyncio.sleep(self.hold_s)
+                        w.write(data)
+                        await w.drain()
+                w.close()
 
-        await asyncio.gather(pipe(client_r, up_w, False), pipe(up_r, client_w, True))
+            # (close() cancels: the stream's callback would log a cancelled task)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(pipe(client_r, up_w, False), pipe(up_r, client_w, True))
+        finally:
+            for w in writers:
+                w.close()
+                with contextlib.suppress(Exception):
+                    await w.wait_closed()
+            self.tasks.discard(task)
 
     def close(self) -> None:
         async def stop() -> None:
             self.server.close()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            await self.server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 @xfail28(
