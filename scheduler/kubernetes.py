@@ -512,9 +512,10 @@ async def load_client_configuration(
     (``KUBECONFIG``, else ``~/.kube/config``) through kubernetes_asyncio's
     loader: its current context's cluster (server, certificate-authority or
     insecure-skip-tls-verify) and user (token, client certificate, exec
-    plugin).  The context's namespace is not read: the watched namespace is
-    always ``scheduler.discovery.kubernetes.namespace``.  Neither there: an
-    error saying both."""
+    plugin: its token asked again once it expires).  The context's
+    namespace is not read: the watched namespace is always
+    ``scheduler.discovery.kubernetes.namespace``.  Neither there: an error
+    saying both."""
     environ = os.environ if environ is None else environ
     not_in_pod = in_a_pod(environ, service_account_dir)
     if not_in_pod is None:
@@ -537,6 +538,16 @@ async def load_client_configuration(
     loader = await k8s_config.load_kube_config(
         config_file=os.pathsep.join(found), client_configuration=cfg, persist_config=False
     )
+    user = getattr(loader, "_user", None)
+    if user is not None and "exec" in user and hasattr(loader, "token"):
+        # an exec plugin's token expires (EKS, GKE: minutes): before each
+        # request, the plugin again once its expirationTimestamp has passed
+        # (without one, each time; the watcher makes a few requests an hour)
+        async def refresh(c: Any) -> None:
+            await loader.load_from_exec_plugin()
+            c.api_key["BearerToken"] = loader.token
+
+        cfg.refresh_api_key_hook = refresh
     context = (loader.current_context or {}).get("name", "")
     return (
         f"the API server at {cfg.host} from kubeconfig {os.pathsep.join(found)} "

@@ -328,3 +328,57 @@ def test_the_kubernetes_file_discovers_nodes_through_a_kubeconfig_and_places(
         for _ in range(3):
             place_record_lookup(u, "agentenv-node-1", "http://10.244.2.7:8000")
         assert u.health() == SERVING
+
+
+def test_an_exec_plugins_token_is_asked_again_once_it_expired(
+    tmp_path: Path, real_url: str
+) -> None:
+    """A kubeconfig user with an exec plugin (as EKS and GKE write them): its
+    token expires at once here, so each reconnection runs the plugin again."""
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "credential-plugin"
+    plugin.write_text(
+        "#!/bin/sh\n"
+        f"echo run >> {runs}\n"
+        'printf \'{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",'
+        ' "status": {"token": "exec-token", "expirationTimestamp": "2000-01-01T00:00:00Z"}}\'\n'
+    )
+    plugin.chmod(0o755)
+    with KubeApiServer(token="exec-token") as api:
+        api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
+        kc = write_kubeconfig(tmp_path / "kc", api.url, "unused")
+        doc = json.loads(kc.read_text())
+        doc["users"][0]["user"] = {
+            "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin)}
+        }
+        kc.write_text(json.dumps(doc))
+
+        async def go() -> None:
+            s = AsyncScheduler(async_client(real_url), cell="kube", url=real_url)
+            await s.sync_policy(Policy(static_nodes=True))
+            w = KubernetesWatcher(
+                Settings(),
+                s,
+                service_account_dir=str(tmp_path / "no-sa"),
+                environ={"KUBECONFIG": str(kc)},
+                timing=FAST,
+            )
+            task = asyncio.create_task(w.run())
+            try:
+                end = asyncio.get_running_loop().time() + 15
+                while not await s.nodes():
+                    assert asyncio.get_running_loop().time() < end, "never found"
+                    await asyncio.sleep(0.02)
+                before = len(runs.read_text().split())
+                assert api.expire_watches() >= 1  # (the watcher watches again)
+                while len(runs.read_text().split()) <= before:
+                    assert asyncio.get_running_loop().time() < end, "plugin not asked again"
+                    await asyncio.sleep(0.02)
+            finally:
+                await w.stop()
+                await asyncio.wait_for(task, 10)
+                await s.close()
+
+        asyncio.run(go())
+        # every request carried the plugin's token (the double answers 401 otherwise)
+        assert len(api.requests) >= 3
