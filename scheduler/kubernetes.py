@@ -21,9 +21,11 @@ resourceVersion each stream has reached: the script applies a view only if no
 replica wrote one further on in any stream (docs/design.md, "Kubernetes
 discovery"), so a lagging replica never removes a node a fresher one added.
 
-The client library is ``kubernetes_asyncio`` (in-cluster configuration,
-TLS, token refresh, its ``Watch`` surfaces 410 as ``ApiException(status=410)``);
-objects are read from the raw JSON with msgspec.
+The client library is ``kubernetes_asyncio`` (in-cluster configuration and
+the kubeconfig loader, TLS, token refresh, its ``Watch`` surfaces 410 as
+``ApiException(status=410)``); objects are read from the raw JSON with
+msgspec.  In a pod the watcher uses the in-cluster configuration; outside
+one, the kubeconfig (:func:`load_client_configuration`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -471,6 +474,91 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
+# -- where the API server is -----------------------------------------------------
+
+
+def kubeconfig_paths(environ: Mapping[str, str]) -> list[str]:
+    """The kubeconfig files a Kubernetes tool reads: those ``KUBECONFIG``
+    names (a list separated by ``os.pathsep``), else ``$HOME/.kube/config``
+    (``~`` is ``environ``'s HOME)."""
+    home = environ.get("HOME", "")
+    named = [p.strip() for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p.strip()]
+    if not named:
+        return [os.path.join(home, ".kube", "config")] if home else []
+    return [home + p[1:] if home and (p == "~" or p.startswith("~/")) else p for p in named]
+
+
+def in_a_pod(environ: Mapping[str, str], service_account_dir: str) -> str | None:
+    """None in a pod, else why not (as the reference: in-cluster needs
+    ``KUBERNETES_SERVICE_HOST`` and the service account's token)."""
+    if not environ.get("KUBERNETES_SERVICE_HOST"):
+        return "KUBERNETES_SERVICE_HOST is not set"
+    if not os.path.isfile(os.path.join(service_account_dir, "token")):
+        return f"no service account token at {os.path.join(service_account_dir, 'token')}"
+    return None
+
+
+async def load_client_configuration(
+    cfg: Any,
+    *,
+    service_account_dir: str = SERVICE_ACCOUNT_DIR,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """Fill ``cfg`` (a kubernetes_asyncio Configuration) as Kubernetes tools
+    do and say from where (the API server's URL, never a credential).
+
+    In a pod (``KUBERNETES_SERVICE_HOST`` set and the service account's token
+    there) the in-cluster configuration wins.  Outside one, the kubeconfig
+    (``KUBECONFIG``, else ``~/.kube/config``) through kubernetes_asyncio's
+    loader: its current context's cluster (server, certificate-authority or
+    insecure-skip-tls-verify) and user (token, client certificate, exec
+    plugin: its token asked again once it expires).  The context's
+    namespace is not read: the watched namespace is always
+    ``scheduler.discovery.kubernetes.namespace``.  Neither there: an error
+    saying both."""
+    environ = os.environ if environ is None else environ
+    not_in_pod = in_a_pod(environ, service_account_dir)
+    if not_in_pod is None:
+        loader = k8s_config.incluster_config.InClusterConfigLoader(
+            token_filename=os.path.join(service_account_dir, "token"),
+            cert_filename=os.path.join(service_account_dir, "ca.crt"),
+            try_refresh_token=True,
+            environ=dict(environ),
+        )
+        loader.load_and_set(cfg)
+        return f"the in-cluster API server at {cfg.host} (service account {service_account_dir})"
+    paths = kubeconfig_paths(environ)
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        where = ", ".join(paths) if paths else "none (KUBECONFIG and HOME unset)"
+        raise ConfigUnavailable(
+            f"not in a pod ({not_in_pod}) and no kubeconfig file: {where}; "
+            "set KUBECONFIG to one that names the API server"
+        )
+    loader = await k8s_config.load_kube_config(
+        config_file=os.pathsep.join(found), client_configuration=cfg, persist_config=False
+    )
+    user = getattr(loader, "_user", None)
+    if user is not None and "exec" in user and hasattr(loader, "token"):
+        # an exec plugin's token expires (EKS, GKE: minutes): before each
+        # request, the plugin again once its expirationTimestamp has passed
+        # (without one, each time; the watcher makes a few requests an hour)
+        async def refresh(c: Any) -> None:
+            await loader.load_from_exec_plugin()
+            c.api_key["BearerToken"] = loader.token
+
+        cfg.refresh_api_key_hook = refresh
+    context = (loader.current_context or {}).get("name", "")
+    return (
+        f"the API server at {cfg.host} from kubeconfig {os.pathsep.join(found)} "
+        f"(context {context!r}; not in a pod: {not_in_pod})"
+    )
+
+
+class ConfigUnavailable(Exception):
+    """Neither in a pod nor a kubeconfig: nowhere to find the API server."""
+
+
 # -- the watcher ---------------------------------------------------------------
 
 
@@ -502,9 +590,12 @@ class KubernetesWatcher:
     Redis failures are logged and retried, never raised.
 
     In a pod it reads the service account (``SERVICE_ACCOUNT_DIR``) and
-    ``KUBERNETES_SERVICE_HOST`` / ``_PORT``; ``api_url`` (with ``token``,
-    ``ca_file``, ``verify_tls``) points it elsewhere, an API server double in
-    the tests."""
+    ``KUBERNETES_SERVICE_HOST`` / ``_PORT``; outside one, the kubeconfig
+    named by ``KUBECONFIG`` (else ``~/.kube/config``), as
+    :func:`load_client_configuration` says; ``environ`` stands for
+    ``os.environ``.  ``api_url`` (with ``token``, ``ca_file``,
+    ``verify_tls``) points it elsewhere, an API server double in the
+    tests."""
 
     def __init__(
         self,
@@ -528,6 +619,8 @@ class KubernetesWatcher:
         self.verify_tls = verify_tls
         self.service_account_dir = service_account_dir
         self.environ = environ
+        #: where the API client's configuration came from (set by run())
+        self.source = ""
         self.timing = timing or Timing()
         self.namespace = settings.namespace.strip()
         self.port = settings.port
@@ -548,7 +641,7 @@ class KubernetesWatcher:
         self._done = asyncio.Event()
 
     # -- configuration ---------------------------------------------------------
-    def _configuration(self) -> Any:
+    async def _configuration(self) -> Any:
         cfg = k8s_client.Configuration()
         if self.api_url:
             cfg.host = self.api_url.rstrip("/")
@@ -558,19 +651,18 @@ class KubernetesWatcher:
             if self.ca_file:
                 cfg.ssl_ca_cert = self.ca_file
             cfg.verify_ssl = self.verify_tls
-        else:
-            loader = k8s_config.incluster_config.InClusterConfigLoader(
-                token_filename=f"{self.service_account_dir}/token",
-                cert_filename=f"{self.service_account_dir}/ca.crt",
-                try_refresh_token=True,
-                **({"environ": dict(self.environ)} if self.environ is not None else {}),
-            )
-            loader.load_and_set(cfg)
+            self.source = f"the API server at {cfg.host} (given)"
+            return cfg
+        self.source = await load_client_configuration(
+            cfg,
+            service_account_dir=self.service_account_dir,
+            environ=os.environ if self.environ is None else self.environ,
+        )
         return cfg
 
     @property
     def target(self) -> str:
-        return self.api_url or "the in-cluster API server"
+        return self.source or self.api_url or "the in-cluster API server"
 
     # -- running ---------------------------------------------------------------
     async def run(self) -> None:
@@ -580,7 +672,7 @@ class KubernetesWatcher:
             delay = self.timing.backoff_s
             while not self._stopping.is_set():
                 try:
-                    cfg = self._configuration()
+                    cfg = await self._configuration()
                     break
                 except Exception as e:  # (not in a pod, or its service account unreadable)
                     log.error("kubernetes discovery cannot configure its API client: %s", e)

@@ -196,7 +196,21 @@ def test_the_config_map_is_a_config_the_replica_loads(overlay: str, tmp_path: Pa
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert settings.grpc_listen.rpartition(":")[2] == str(ports["grpc"])
     assert settings.metrics_listen.rpartition(":")[2] == str(ports["metrics"])
-    assert settings.discovery == "heartbeat"
+    if overlay == "overlays/agentenv":
+        # nodes as the reference finds them: its headless Service's EndpointSlices
+        assert settings.discovery == "kubernetes"
+        k = settings.kubernetes
+        assert k is not None
+        assert (k.namespace, k.service_name, k.port, k.scheme) == (
+            "agentenv-system",
+            "agentenv-nodes",
+            8000,
+            "http",
+        )
+        # the namespace watched is the one the overlay lands in (the Role's)
+        assert one(docs, "Role")["metadata"]["namespace"] == k.namespace
+    else:
+        assert settings.discovery == "heartbeat"
     # every replica of the Deployment shares the cell: the Redis URL comes from a Secret
     (env,) = [e for e in c["env"] if e["name"] == "SCHEDULER_REDIS_ADDR"]
     assert env["valueFrom"]["secretKeyRef"]["key"] == "SCHEDULER_REDIS_ADDR"

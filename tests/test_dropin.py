@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -39,11 +39,22 @@ class Upstream:
     SCHEDULER_METRICS_LISTEN_ADDR (free loopback ports, not :9090/:9101)."""
 
     def __init__(
-        self, config: Path, redis_addr: str, *args: str, cell: str = "", host: str = "127.0.0.1"
+        self,
+        config: Path,
+        redis_addr: str,
+        *args: str,
+        cell: str = "",
+        host: str = "127.0.0.1",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"{host}:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+        # (not in a pod, and no kubeconfig but one the test gives)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SCHEDULER_", "KUBERNETES_")) and k != "KUBECONFIG"
+        } | dict(env or {})
         env.update(
             SCHEDULER_GRPC_LISTEN_ADDR=self.address,
             SCHEDULER_METRICS_LISTEN_ADDR=f"127.0.0.1:{self.metrics_port}",
@@ -362,20 +373,28 @@ def test_health_says_not_serving_while_redis_is_down(upstream: list[Upstream]) -
 
 
 def test_the_kubernetes_file_starts_the_watcher_beside_the_replica(
-    redis_server: RedisServer, upstream: list[Upstream]
+    redis_server: RedisServer, upstream: list[Upstream], tmp_path: Path
 ) -> None:
     """The reference's Kubernetes file as it is: serve starts the watcher once
-    the cell is prepared and stops it on SIGTERM.  Out of a pod (no API server
-    here; tests/test_kubernetes_discovery.py runs it against a double) the
-    watcher says so and retries, and the replica serves all the while."""
+    the cell is prepared and stops it on SIGTERM.  Out of a pod and without a
+    kubeconfig (tests/test_dropin_kubernetes.py gives one naming the API
+    double) the watcher says so and retries, and the replica serves all the
+    while."""
     pytest.importorskip("scheduler.kubernetes")
-    u = Upstream(FIXTURES / "scheduler.json", redis_addr(redis_server), cell="dropin-k8s")
+    missing = tmp_path / "no-kubeconfig"
+    u = Upstream(
+        FIXTURES / "scheduler.json",
+        redis_addr(redis_server),
+        cell="dropin-k8s",
+        env={"KUBECONFIG": str(missing)},
+    )
     upstream.append(u)
     u.wait_health(SERVING)
     deadline = time.monotonic() + 30
-    while "scheduler.kubernetes" not in u.log():
+    while f"no kubeconfig file: {missing}" not in u.log():
         assert time.monotonic() < deadline, u.log()
         time.sleep(0.1)
+    assert "KUBERNETES_SERVICE_HOST is not set" in u.log()
     # kubernetes keeps a static node policy: a node no slice lists is refused
     with pytest.raises(grpc.RpcError) as e:
         u.stub.Heartbeat(reporter_heartbeat("node-a"), timeout=10)
