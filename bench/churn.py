@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import platform
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -57,7 +55,7 @@ from typing import Any
 import grpc
 import redis
 
-from bench.runner import Result, cpu_model, percentile
+from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.keys import CellKeys
@@ -379,7 +377,7 @@ COLUMNS = [
 
 
 def run(p: Params) -> Result:
-    facts = _machine()
+    facts = machine_own_servers()
     rows = [run_setting(p, mode, lost) for mode in p.modes for lost in p.losses]
     notes = [
         f"{p.nodes} nodes, max_sandbox_count {p.ceiling}, {p.replicas} schedctl serve replicas, "
@@ -398,17 +396,3 @@ def run(p: Params) -> Result:
     return Result(
         scenario="churn", columns=COLUMNS, rows=rows, params=asdict(p), machine=facts, notes=notes
     )
-
-
-def _machine() -> dict[str, Any]:
-    with RedisServer() as rs:
-        version = str(rs.client().info("server").get("redis_version", "?"))
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "redis_version": version,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-        "redis": "started by the benchmark",
-    }

@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import platform
 import random
 import time
 from collections import Counter
@@ -58,7 +56,7 @@ import redis
 import redis.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.runner import Result, cpu_model, percentile
+from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.service import heartbeat_request
@@ -597,20 +595,6 @@ def run(params: Params) -> Result:
         columns=COLUMNS,
         rows=rows,
         params=asdict(params),
-        machine=_machine(),
+        machine=machine_own_servers(),
         notes=notes,
     )
-
-
-def _machine() -> dict[str, Any]:
-    with RedisServer() as rs:
-        version = str(rs.client().info("server").get("redis_version", "?"))
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "redis_version": version,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-        "redis": "started by the benchmark",
-    }

@@ -15,6 +15,7 @@ import os
 import platform
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -162,6 +163,22 @@ def machine(target: Target) -> dict[str, Any]:
         # other work on the machine moves timings: say how busy it was (at the start)
         "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def machine_own_servers() -> dict[str, Any]:
+    """:func:`machine` for a scenario that starts its own redis-servers (one
+    per setting): the version is read from a server started for the purpose."""
+    with RedisServer() as rs:
+        version = str(rs.client().info("server").get("redis_version", "?"))
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "redis_version": version,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "redis": "started by the benchmark",
     }
 
 

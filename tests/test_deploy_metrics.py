@@ -8,6 +8,7 @@ import json
 import re
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,22 +54,26 @@ def recorded() -> set[str]:
     return {r["record"] for g in groups for r in g["rules"] if "record" in r}
 
 
-def queried() -> dict[str, set[str]]:
-    """Series name -> where it is queried."""
-    where: dict[str, set[str]] = {}
+def queries() -> Iterator[tuple[str, str]]:
+    """(query, where it stands) of every rule, panel and query variable."""
     groups = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())["groups"]
     for rule in (r for g in groups for r in g["rules"]):
-        for name in metric_names(rule["expr"]):
-            where.setdefault(name, set()).add(rule.get("alert") or rule["record"])
+        yield rule["expr"], rule.get("alert") or rule["record"]
     dashboard = json.loads((DEPLOY / "grafana" / "scheduler.json").read_text())
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            for name in metric_names(target["expr"]):
-                where.setdefault(name, set()).add(f"panel {panel['title']!r}")
+            yield target["expr"], f"panel {panel['title']!r}"
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
-            for name in metric_names(var["query"]):
-                where.setdefault(name, set()).add(f"variable {var['name']}")
+            yield var["query"], f"variable {var['name']}"
+
+
+def queried() -> dict[str, set[str]]:
+    """Series name -> where it is queried."""
+    where: dict[str, set[str]] = {}
+    for expr, at in queries():
+        for name in metric_names(expr):
+            where.setdefault(name, set()).add(at)
     return where
 
 
@@ -89,15 +94,9 @@ def exact_matchers(expr: str) -> set[tuple[str, str, str]]:
 def queried_matchers() -> dict[tuple[str, str, str], set[str]]:
     """(series, label, value) -> where a query asks for exactly that value."""
     where: dict[tuple[str, str, str], set[str]] = {}
-    groups = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())["groups"]
-    for rule in (r for g in groups for r in g["rules"]):
-        for key in exact_matchers(rule["expr"]):
-            where.setdefault(key, set()).add(rule.get("alert") or rule["record"])
-    dashboard = json.loads((DEPLOY / "grafana" / "scheduler.json").read_text())
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            for key in exact_matchers(target["expr"]):
-                where.setdefault(key, set()).add(f"panel {panel['title']!r}")
+    for expr, at in queries():
+        for key in exact_matchers(expr):
+            where.setdefault(key, set()).add(at)
     return where
 
 
