@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from scheduler.catalog import STRATEGIES, ceiling, ceiling_in
+from scheduler.client import Scheduler
 from scheduler.policy import Policy
 from scheduler.records import MIB, Explanation, NodeView, Request, Verdict
 
@@ -264,6 +265,29 @@ def report_table(r: Report, where: str, width: int = 200) -> Group:
     return Group(*parts)
 
 
+def explain_report(s: Scheduler, req: Request, strategy: str | None = None) -> Report:
+    """The dry-run Schedule of ``req`` with every node's numbers, read in one
+    atomic step: what ``schedctl explain`` shows."""
+    e, (_, views), policy = atomically(
+        s, s.ops.explain(req, strategy), s.ops.nodes(), s.ops.policy()
+    )
+    assert policy is not None  # explain fails with PRECONDITION on a cell without one
+    by_id = {v.node_id: v for v in views}
+    verdicts = sorted(
+        (explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts), key=_order
+    )
+    return Report(
+        now_ms=e.now_ms,
+        strategy=e.strategy,
+        chosen=e.chosen,
+        rotation=e.rotation,
+        cpu=e.cpu,
+        memory_bytes=e.memory_bytes,
+        refusal=e.refusal,
+        verdicts=verdicts,
+    )
+
+
 @click.command()
 @cell_options()
 @click.option(
@@ -299,24 +323,6 @@ def explain(
     what a Schedule would do now: the chosen node, the rank and tie-break
     values of every eligible node, and the exact reason for every excluded one.
     """
-    s = target.scheduler
     req = Request(cpu=cpu or None, memory_bytes=memory_mb * MIB if memory_mb else None)
-    e, (_, views), policy = atomically(
-        s, s.ops.explain(req, strategy), s.ops.nodes(), s.ops.policy()
-    )
-    assert policy is not None  # explain fails with PRECONDITION on a cell without one
-    by_id = {v.node_id: v for v in views}
-    verdicts = sorted(
-        (explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts), key=_order
-    )
-    report = Report(
-        now_ms=e.now_ms,
-        strategy=e.strategy,
-        chosen=e.chosen,
-        rotation=e.rotation,
-        cpu=e.cpu,
-        memory_bytes=e.memory_bytes,
-        refusal=e.refusal,
-        verdicts=verdicts,
-    )
+    report = explain_report(target.scheduler, req, strategy)
     target.out.emit(report, lambda: report_table(report, target.where, console().width))

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 from rich.console import Console, RenderableType
-from scheduler.cli.explain import Report, explain_node, report_table
+from scheduler.cli.explain import explain_report, report_table
 from scheduler.cli.nodes import compact_table, nodes_table, read_nodes, watch_frame
 from scheduler.cli.options import Target
-from scheduler.cli.snapshot import atomically
 
 from scheduler import Request, Scheduler
 from tests.helpers import hb
@@ -108,33 +107,17 @@ def test_wide_has_every_column_with_a_header(target: Target) -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_explain_shows_every_reason_whole(target: Target, width: int) -> None:
-    s = target.scheduler
-    e, (_, views), policy = atomically(
-        s, s.ops.explain(Request.cold(1, 1024)), s.ops.nodes(), s.ops.policy()
-    )
-    assert policy is not None
-    by_id = {v.node_id: v for v in views}
-    verdicts = [explain_node(v, by_id.get(v.node_id), e, policy) for v in e.verdicts]
-    report = Report(
-        now_ms=e.now_ms,
-        strategy=e.strategy,
-        chosen=e.chosen,
-        rotation=e.rotation,
-        cpu=e.cpu,
-        memory_bytes=e.memory_bytes,
-        refusal=e.refusal,
-        verdicts=verdicts,
-    )
+    report = explain_report(target.scheduler, Request.cold(1, 1024))
     text = render(report_table(report, "x", width), width)
     assert max(len(line) for line in text.splitlines()) <= width
     assert "…" not in text
     why = text[text.index("\nwhy:") :]
     flat = " ".join(why.split())
-    for v in verdicts:
+    for v in report.verdicts:
         assert f"{v.node_id} {' '.join(v.detail.split())}" in flat, (v.node_id, v.detail, why)
         # in the table, one line per node with its id whole
         assert len(node_lines(text[: text.index("\nwhy:")], [v.node_id])[v.node_id]) == 1
-    reasons = {v.node_id: v.detail for v in verdicts}
+    reasons = {v.node_id: v.detail for v in report.verdicts}
     assert reasons["full"] == "max_sandbox_count: 3 current + 0 pending + 1 requested = 4 > 3"
     assert reasons["stale"] == "stale heartbeat: last seen 40s ago, report_ttl 30s"
     header = next(line for line in text.splitlines() if line.startswith("node "))
