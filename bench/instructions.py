@@ -173,6 +173,7 @@ def _measure(lib: Library, kind: str, p: Params) -> float:
             server.url,
             cell="instructions",
             policy=Policy(strategy="least_loaded", report_ttl_ms=3_600_000),
+            timeout_s=60.0,  # (under callgrind a call runs some 50 times slower)
         )
         try:
             s.stats()  # (loads this tree's library: the fleet is set up through it)

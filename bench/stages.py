@@ -48,7 +48,9 @@ _MARK = re.compile(r"^([ \t]*)-- @stage ([a-z_]+)[ \t]*$", re.M)
 #: appended to the `base` include: the marks' clock and their sums (library
 #: state, kept from call to call)
 PROFILER = """
-local STAGE_SUMS, STAGE_LAST = {}, nil
+-- @exports STAGE_SUMS stage_begin stage
+local STAGE_SUMS = {}
+local STAGE_LAST = nil
 local function stage_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -12,12 +12,12 @@
               "":       just advance
 
   Returns the cell's "now" in ms after the change
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: policy time_offset_ms / frozen_now_ms
 ]]
 -- @include common
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local add = tonumber(ARGV[1])
 local mode = ARGV[2]
 local now = now_ms(P)

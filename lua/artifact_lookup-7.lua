@@ -15,7 +15,7 @@
   ARGV[5]     limit (artifact_lookup_node_limit; <= 0 = all)
 
   Returns {now_ms, {node_id, backend, address}...}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: art-lru (recency), stats art_seq
 ]]
 -- @include common
@@ -27,8 +27,8 @@ local backend = ARGV[3]
 local exclude = ARGV[4]
 local limit = tonumber(ARGV[5]) or 0
 
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local out = { fmt(now) }
 if not redis.call('ZSCORE', LRU_KEY, digest) then return out end

@@ -15,7 +15,7 @@
   ARGV[4]     capacity (artifact_store_capacity, >= 1)
 
   Returns {artifacts evicted, now_ms}
-  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy),
+  Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy),
           BADARG key is longer than the policy's artifact_key_max_bytes
   Writes: art:<digest>, node-art:<node>, art-lru, art-names, stats art_seq;
           evictions delete art:<d> and remove d from each holder's node-art
@@ -29,15 +29,15 @@ local node_id = ARGV[3]
 local capacity = tonumber(ARGV[4])
 local EVICT_BATCH = 64
 
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
-  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
-if not capacity or capacity < 1 then return fail('BADARG', 'capacity must be at least 1') end
+if not capacity or capacity < 1 then return fail(ERR.BADARG, 'capacity must be at least 1') end
 local key = string.match(name, '^[^\n]*\n[^\n]*\n(.*)$') or name
 if #key > P.artifact_key_max_bytes then
-  return fail('BADARG', 'key is longer than ' .. P.artifact_key_max_bytes
+  return fail(ERR.BADARG, 'key is longer than ' .. P.artifact_key_max_bytes
     .. ' bytes (artifact_key_max_bytes)')
 end
 local now = now_ms(P)

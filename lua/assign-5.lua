@@ -16,7 +16,7 @@
   ARGV[4]     reservation id, "" = the node's oldest unclaimed one
 
   Returns {reservation id attached or "", released now 1/0, now_ms}
-  Errors: UNKNOWN_NODE node is not in scheduler node list, PRECONDITION (no policy)
+  Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
 ]]
 -- @include bindings
@@ -25,14 +25,14 @@ local node_id = ARGV[2]
 local endpoint = ARGV[3]
 local wanted = ARGV[4]
 
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id)
     or redis.call('HGET', node_key(node_id), 'endpoint') ~= endpoint then
-  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
 local now = now_ms(P)
-sweep_expired(now)
+sweep_expired(ctx, now)
 
 local already_listed = listed_on(sb, node_id)
 if buried_on(sb, node_id, now) then
@@ -52,8 +52,8 @@ if buried_on(sb, node_id, now) then
     end
   end
   local released = 0
-  if rid and end_reservation(rid, 'released', now) then released = 1 end
-  reindex_touched(P, now)
+  if rid and end_reservation(ctx, rid, 'released', now) then released = 1 end
+  reindex_touched(ctx, P, now)
   return { rid or '', released, fmt(now) }
 end
 
@@ -83,7 +83,7 @@ if not rid and not charged(sb, node_id) then
   end
 end
 local released = 0
-if rid and already_listed and end_reservation(rid, 'released', now) then released = 1 end
-write_binding(sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
-reindex_touched(P, now)
+if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
+write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
+reindex_touched(ctx, P, now)
 return { rid or '', released, fmt(now) }

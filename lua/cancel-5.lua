@@ -17,12 +17,12 @@
 -- @include index
 local rid = ARGV[1]
 local forget = ARGV[2] == '1'
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local r = redis.call('HMGET', res_key(rid), 'state', 'node_id')
 local now = now_ms(P)
 if not r[1] then
-  if not forget then return fail('NOT_FOUND', 'reservation ' .. rid .. ' not found') end
+  if not forget then return fail(ERR.NOT_FOUND, 'reservation ' .. rid .. ' not found') end
   local s_now = fmt(now)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', '', 'state', 'cancelled',
     'cpu', '0', 'memory_bytes', '0', 'created_ms', s_now, 'expires_ms', s_now, 'ended_ms', s_now)
@@ -32,9 +32,9 @@ if not r[1] then
 end
 if not LIVE[r[1]] then
   if forget then return { r[2], fmt(now) } end
-  return fail('PRECONDITION', 'reservation ' .. rid .. ' already ' .. r[1])
+  return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' already ' .. r[1])
 end
-end_reservation(rid, 'cancelled', now)
-sweep_expired(now)
-reindex_touched(P, now)
+end_reservation(ctx, rid, 'cancelled', now)
+sweep_expired(ctx, now)
+reindex_touched(ctx, P, now)
 return { r[2], fmt(now) }

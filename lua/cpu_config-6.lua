@@ -30,8 +30,8 @@
   ARGV[5]     ingest: "1" when the node restarted;  store: result JSON ("" = invalid)
 
   Returns {"deliver", json} | {"none"} | {"compute", epoch, node, config, node, config, ...}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: KEYS[6]; node:<id> cpu_config_digest, cpucfg_cluster
 ]]
 -- @include cpu_config
-return cpu_config_one(ARGV, KEYS[6])
+return cpu_config_one(ctx, ARGV, KEYS[6])

@@ -23,13 +23,13 @@
               then the ids that left (the roster held must still be the base's,
               else RESYNC: it is while the record keeps the base's digest, which
               whatever else takes a sandbox out of it clears, see
-              roster_changed in includes/bindings.lua)
+              roster_changed in includes/nodes.lua)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
           incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ... (sandbox_ids longer than the policy's
-          max_roster_ids, among others), PRECONDITION (no policy); every
+          max_roster_ids, among others), NO_POLICY (no policy); every
           check and the roster diff run before the first write, so an error
           writes nothing
   Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
@@ -42,13 +42,14 @@
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then the oldest;
           and forgets nodes silent for node_forget_after (a bounded sweep,
-          see forget_sweep in includes/bindings.lua).
+          see forget_sweep in includes/nodes.lua).
 ]]
 -- @include heartbeat
-local r = heartbeat_one(ARGV)
+-- @include nodes
+local r = heartbeat_one(ctx, ARGV)
 if r.err or r[1] == 'RESYNC' then return r end
-forget_sweep(CALL.P, CALL.heard)
+forget_sweep(ctx, ctx.P, ctx.heard)
 -- @stage forget_sweep
-reindex_touched(CALL.P, CALL.heard)
+reindex_touched(ctx, ctx.P, ctx.heard)
 -- @stage reindex_others
 return r

@@ -16,7 +16,7 @@
   Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
           (its RESYNC included) or {"err", "<CODE> <message>"} (that
           heartbeat's own error: it wrote nothing)
-  Errors: PRECONDITION (no policy: nothing written), BADARG n or a kind or
+  Errors: NO_POLICY (no policy: nothing written), BADARG n or a kind or
           count that does not add up (nothing written)
   Writes: as the two scripts, once per heartbeat (the stats counters once, at
           the end); the expiry sweep runs once
@@ -25,11 +25,12 @@
           reservations; the forget sweep once at the end
 ]]
 -- @include heartbeat
+-- @include nodes
 -- @include heartbeat_steady
 -- @include cpu_config
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
-  return fail('BADARG', 'n must count the heartbeats that follow')
+  return fail(ERR.BADARG, 'n must count the heartbeats that follow')
 end
 -- (every item's place, checked before anything is written)
 local at, kinds, counts = {}, {}, {}
@@ -37,19 +38,19 @@ local a = 2
 for i = 1, n do
   local kind, m = ARGV[a], number_of(ARGV[a + 1])
   if not HEARTBEAT_KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
-    return fail('BADARG', 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
+    return fail(ERR.BADARG, 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
   a = a + 2 + m
 end
-if a ~= #ARGV + 1 then return fail('BADARG', 'n must count the heartbeats that follow') end
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
-CALL.P = P
+if a ~= #ARGV + 1 then return fail(ERR.BADARG, 'n must count the heartbeats that follow') end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+ctx.P = P
 local now = heard_ms(P)
-CALL.heard = now
-CALL.counts = {}
-CALL.more_due = sweep_expired(now) >= SWEEP_BATCH
+ctx.heard = now
+ctx.counts = {}
+ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH
 local out, applied = {}, false
 for i = 1, n do
   -- (a constructor sizes the table once, where appends grow it step by step;
@@ -63,11 +64,11 @@ for i = 1, n do
   end
   local r
   if kinds[i] == 'full' then
-    r = heartbeat_one(A)
+    r = heartbeat_one(ctx, A)
   elseif kinds[i] == 'steady' then
-    r = steady_one(A, P, now, CALL.more_due == false)
+    r = steady_one(ctx, A, P, now, ctx.more_due == false)
   else
-    r = cpu_config_one(A, BASE .. 'cpucfg:' .. (A[3] or ''))
+    r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end
   if r.err then
     out[i] = { 'err', r.err }
@@ -76,7 +77,7 @@ for i = 1, n do
     out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
   end
 end
-if applied then forget_sweep(P, now) end
-reindex_touched(P, now)
-flush_counts()
+if applied then forget_sweep(ctx, P, now) end
+reindex_touched(ctx, P, now)
+flush_counts(ctx)
 return out

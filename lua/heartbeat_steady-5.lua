@@ -16,11 +16,11 @@
   ARGV[4]     reported_at_unix_ms: "" = unchanged, "0" = stamp with Redis time
 
   Returns {generation, roster mode 1/0, now_ms, incarnation} or {"RESYNC"}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: node:<id> last_seen_ms, generation (reported_at_unix_ms), and
           idx-seen when its score lags (includes/base.lua seen_lags)
 ]]
 -- @include heartbeat_steady
 local P = load_clock()
-if not P then return fail('PRECONDITION', NO_POLICY) end
-return steady_one(ARGV, P)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+return steady_one(ctx, ARGV, P)

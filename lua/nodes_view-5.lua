@@ -11,11 +11,11 @@
   raw record fields, plus derived: derived_status, pressure, known, reason,
   and for each configured ceiling that applies "use:<name>" (current +
   pending) and "limit:<name>".
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
 ]]
 -- @include stages
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local req = { create = false, count = 0, cpu = 0, mem = 0 }
 local out = { fmt(now) }

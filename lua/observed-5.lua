@@ -11,7 +11,7 @@
   Returns {now_ms, node...} in node-id byte order; node = {field, value, ...}
   (the raw record or its brief form) plus derived_status (Redis time,
   docs/contract.md rules)
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
 ]]
 -- @include stages
 local one = ARGV[1]
@@ -19,8 +19,8 @@ local cluster = ARGV[2]
 local with_unseen = ARGV[3] == '1'
 local full = ARGV[4] == 'full'
 
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local ids
 if one ~= '' then

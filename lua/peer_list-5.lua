@@ -7,7 +7,7 @@
   ARGV[3]     node id to leave out ("" = none)
 
   Returns {now_ms, {node_id, backend, address}...} in node-id byte order
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
 ]]
 -- @include common
 -- @include peers
@@ -15,8 +15,8 @@ local cluster = ARGV[1]
 local backend = ARGV[2]
 local exclude = ARGV[3]
 
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local ids
 if cluster ~= '' then

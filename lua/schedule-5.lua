@@ -29,5 +29,5 @@
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr
 ]]
 -- @include schedule
-return schedule_one(KEYS[6], ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5], ARGV[6],
+return schedule_one(ctx, KEYS[6], ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5], ARGV[6],
   tonumber(ARGV[7]))

@@ -13,7 +13,7 @@
 
   Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
           fields...} or {"err", "<CODE> <message>"} (that request's own error)
-  Errors: PRECONDITION (no policy: nothing decided), BADARG n or a dry run
+  Errors: NO_POLICY (no policy: nothing decided), BADARG n or a dry run
   Writes: as schedule-5.lua, once per placed request (the rotation counter and
           stats reserved_total once, at the end)
 ]]
@@ -21,12 +21,12 @@
 -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or #ARGV ~= 1 + 7 * n then
-  return fail('BADARG', 'n must count the requests that follow, 7 arguments each')
+  return fail(ERR.BADARG, 'n must count the requests that follow, 7 arguments each')
 end
-if not load_policy() then return fail('PRECONDITION', NO_POLICY) end
-CALL.batch = true
+if not load_policy(ctx) then return fail(ERR.NO_POLICY, NO_POLICY) end
+ctx.batch = true
 -- Replay: when none of the batch's reservation ids exists yet (the common
--- case), one EXISTS spares a read of each; CALL.new_ids then holds the ones
+-- case), one EXISTS spares a read of each; ctx.new_ids then holds the ones
 -- this call reserves, which a repeated id must still find (schedule_one).
 local rkeys = {}
 for i = 1, n do
@@ -34,15 +34,15 @@ for i = 1, n do
   if ARGV[a + 1] == 'create' and ARGV[a + 6] ~= '' then rkeys[#rkeys + 1] = res_key(ARGV[a + 6]) end
 end
 if #rkeys > 0 and #rkeys <= UNPACK_CHUNK and redis.call('EXISTS', unpack(rkeys)) == 0 then
-  CALL.new_ids = {}
+  ctx.new_ids = {}
 end
 local out = {}
 -- @stage batch_setup
 for i = 1, n do
   local a = 1 + 7 * (i - 1)
-  if ARGV[a + 2] == '1' then return fail('BADARG', 'a batch holds no dry run') end
+  if ARGV[a + 2] == '1' then return fail(ERR.BADARG, 'a batch holds no dry run') end
   -- @stage batch_loop
-  local r = schedule_one(KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+  local r = schedule_one(ctx, KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6], tonumber(ARGV[a + 7]))
   if r.err then
     out[i] = { 'err', r.err }
@@ -50,6 +50,6 @@ for i = 1, n do
     out[i] = { 'ok', unpack(r) } -- (sized once: an insert at the front would grow r)
   end
 end
-finish_batch(KEYS[6])
+finish_batch(ctx, KEYS[6])
 -- @stage batch_finish
 return out

@@ -12,11 +12,11 @@
 -- @include index
 local node_id = ARGV[1]
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
-  return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+  return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local prev = redis.call('HGET', node_key(node_id), 'lingering') or '0'
 redis.call('HSET', node_key(node_id), 'lingering', ARGV[2] == '1' and '1' or '0')
-reindex(node_id, P, now_ms(P))
+reindex(ctx, node_id, P, now_ms(P))
 return { prev }

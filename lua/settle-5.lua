@@ -12,13 +12,13 @@
   ARGV        none
 
   Returns the cell's now_ms (the new settle_ms)
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: policy settle_ms (the index sheds settling nodes through its
           bounded stale sweep, includes/index.lua)
 ]]
 -- @include common
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 if not P.settle_ms or now > P.settle_ms then
   redis.call('HSET', POLICY_KEY, 'settle_ms', fmt(now))

@@ -7,15 +7,15 @@
   (no ARGV)
 
   Returns {nodes forgotten, reservations expired, now_ms}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: what sweep_expired (includes/common.lua) and forget_sweep
-          (includes/bindings.lua) write, and the index entries they touch
+          (includes/nodes.lua) write, and the index entries they touch
 ]]
--- @include bindings
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+-- @include nodes
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
-local expired = sweep_expired(now)
-local forgotten = forget_sweep(P, now)
-reindex_touched(P, now)
+local expired = sweep_expired(ctx, now)
+local forgotten = forget_sweep(ctx, P, now)
+reindex_touched(ctx, P, now)
 return { forgotten, expired, fmt(now) }

@@ -9,12 +9,12 @@
   ARGV[1..]   node_id, endpoint pairs
 
   Returns {nodes added or changed, nodes removed, now_ms}
-  Errors: PRECONDITION (no policy)
+  Errors: NO_POLICY (no policy)
   Writes: nodes, node:<id> (node_id, endpoint, static), and removals
 ]]
--- @include bindings
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+-- @include nodes
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local wanted = {}
 local changed, removed = 0, 0
@@ -25,7 +25,7 @@ for i = 1, #ARGV, 2 do
   if cur[1] ~= endpoint or cur[2] ~= '1' or not redis.call('ZSCORE', NODES_KEY, id) then
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1')
-    touch(id)
+    touch(ctx, id)
     changed = changed + 1
   end
 end
@@ -34,10 +34,10 @@ for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
     local static = redis.call('HGET', node_key(id), 'static') == '1'
     if #ARGV > 0 or static then
       redis.call('HSET', node_key(id), 'static', '0')
-      remove_node(id, now)
+      remove_node(ctx, id, now)
       removed = removed + 1
     end
   end
 end
-reindex_touched(P, now)
+reindex_touched(ctx, P, now)
 return { changed, removed, fmt(now) }

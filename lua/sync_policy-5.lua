@@ -66,14 +66,14 @@ if outcome == 'created' or outcome == 'overwritten' then
   repack_policy()
 end
 if outcome ~= 'conflict' then
-  local P = load_policy()
+  local P = load_policy(ctx)
   if format ~= INDEX_FORMAT then
     -- an index built by another version (or none yet): built anew
-    upgrade_index(P, now_ms(P))
+    upgrade_index(ctx, P, now_ms(P))
     repack_policy()
   elseif outcome ~= 'same' then
     -- indexability depends on policy (observed ceilings, report TTL)
-    rebuild_index(P, now_ms(P))
+    rebuild_index(ctx, P, now_ms(P))
   end
 end
 local out = { outcome }

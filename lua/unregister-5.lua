@@ -6,23 +6,23 @@
   ARGV[2]     service_instance_id (must match the node's current one)
 
   Returns {1 if a node was removed else 0, now_ms}
-  Errors: PRECONDITION service instance mismatch, PRECONDITION (no policy)
-  Writes: see remove_node in includes/bindings.lua; and the bounded sweeps
+  Errors: PRECONDITION service instance mismatch, NO_POLICY (no policy)
+  Writes: see remove_node in includes/nodes.lua; and the bounded sweeps
           (expired reservations, forget_sweep)
 ]]
--- @include bindings
+-- @include nodes
 local node_id = ARGV[1]
 local sid = ARGV[2]
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 if not redis.call('ZSCORE', NODES_KEY, node_id) then return { 0, fmt(now) } end
 local current = redis.call('HGET', node_key(node_id), 'service_instance_id')
 if current and current ~= '' and current ~= sid then
-  return fail('PRECONDITION', 'service instance mismatch')
+  return fail(ERR.PRECONDITION, 'service instance mismatch')
 end
-remove_node(node_id, now)
-sweep_expired(now)
-forget_sweep(P, now)
-reindex_touched(P, now)
+remove_node(ctx, node_id, now)
+sweep_expired(ctx, now)
+forget_sweep(ctx, P, now)
+reindex_touched(ctx, P, now)
 return { 1, fmt(now) }

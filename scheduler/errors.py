@@ -1,8 +1,10 @@
 """One error table shared by the Lua scripts and Python.
 
 A script fails with ``redis.error_reply("<CODE> <message>")``; :func:`from_reply`
-maps the code to the exception class below.  Codes are the keys of
-:data:`CODES`; Lua spells them the same way (``fail`` in lua/includes/base.lua).
+maps the code to the exception class below.  The codes a script may answer
+are :data:`SCRIPT_CODES`; the include ``constants`` spells them for the
+scripts as the table ``ERR`` (``fail(ERR.NOT_FOUND, ...)``, ``fail`` in
+lua/includes/base.lua), so no Lua file writes a code itself.
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ NO_POLICY = "cell policy is not initialised: start a replica or run `schedctl po
 
 class CellNotInitialised(FailedPrecondition):
     """The cell has no policy: no replica stored one yet, or Redis lost its data
-    (a client that keeps the cell restores it, see ``Scheduler.keep_cell``)."""
+    (a client that keeps the cell restores it, see ``Scheduler.keep_cell``).
+    A code of its own: the restore never reads the message."""
+
+    code = "NO_POLICY"
 
     def __init__(self, message: str = NO_POLICY) -> None:
         super().__init__(message)
@@ -99,8 +104,25 @@ class NotReplicated(StoreUnavailable):
 
 CODES: dict[str, type[SchedulerError]] = {
     cls.code: cls
-    for cls in (UnknownNode, NoNodesAvailable, NotFound, FailedPrecondition, StoreUnavailable)
+    for cls in (
+        UnknownNode,
+        NoNodesAvailable,
+        NotFound,
+        FailedPrecondition,
+        CellNotInitialised,
+        StoreUnavailable,
+    )
 }
+
+#: Every code a script may answer (``ERR`` in the include ``constants``).
+SCRIPT_CODES: tuple[str, ...] = (
+    InvalidArgument.code,
+    UnknownNode.code,
+    NoNodesAvailable.code,
+    NotFound.code,
+    FailedPrecondition.code,
+    CellNotInitialised.code,
+)
 
 
 def from_reply(text: str) -> SchedulerError | None:
@@ -112,8 +134,4 @@ def from_reply(text: str) -> SchedulerError | None:
     cls = CODES.get(code)
     if cls is None:
         return None
-    if cls is UnknownNode:
-        return UnknownNode(message)
-    if cls is FailedPrecondition and message == NO_POLICY:
-        return CellNotInitialised()
     return cls(message)

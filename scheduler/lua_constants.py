@@ -2,7 +2,8 @@
 
 The script loader (scheduler/scripts.py) adds the text :func:`render`
 returns to the includes it reads from lua/includes/; scripts name it like
-any other include (``-- @include constants``).  Every value is a literal: a
+any other include (``-- @include constants``); it exports every name it
+defines (scheduler/lua_modules.py).  Every value is a literal: a
 function library's load-time code may not call functions.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from scheduler import catalog
 from scheduler.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
-from scheduler.errors import NO_POLICY
+from scheduler.errors import NO_POLICY, SCRIPT_CODES
 from scheduler.records import snapshot_fields
 
 NAME = "constants"
@@ -93,6 +94,8 @@ def render() -> str:
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
+        "-- The codes of error replies, fail(ERR.NOT_FOUND, ...) (scheduler/errors.py).",
+        "local ERR = { " + ", ".join(f"{c} = {_str(c)}" for c in SCRIPT_CODES) + " }",
         "-- The kinds of call a heartbeat batch holds (heartbeat_batch-5.lua).",
         f"local HEARTBEAT_KINDS = {_set(HEARTBEAT_SCRIPTS.values())}",
         "local HEARTBEAT_KIND_CHOICES = "
@@ -106,4 +109,6 @@ def render() -> str:
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
     ]
-    return "\n".join(lines) + "\n"
+    names = [line.split()[1] for line in lines if line.startswith("local ")]
+    exports = [f"-- @exports {' '.join(names[i : i + 8])}" for i in range(0, len(names), 8)]
+    return "\n".join(lines[:4] + exports + lines[4:]) + "\n"

@@ -1,11 +1,14 @@
 """Lua scripts as package data, in an explicit registry per client.
 
-Each ``lua/<name>-<nkeys>.lua`` may say ``-- @include <file>``; the line is
-replaced by ``lua/includes/<file>.lua`` (BullMQ's convention).  Includes may
-include others; each file is inlined once, dependencies first.  One include
+Each ``lua/<name>-<nkeys>.lua`` may say ``-- @include <file>``; the line
+brings in ``lua/includes/<file>.lua`` (BullMQ's convention).  Includes may
+include others; each file is emitted once, dependencies first, as a module
+(:mod:`scheduler.lua_modules`): its ``-- @exports`` hoisted as locals of the
+main chunk, the rest of it a ``do ... end`` block of its own.  One include
 is written here rather than read: ``constants``, the Python tables as Lua
-(:mod:`scheduler.lua_constants`).  A missing include or an include cycle is
-an :class:`IncludeError` naming the file, the line and the chain of includes.
+(:mod:`scheduler.lua_constants`).  A missing include, an include cycle, an
+export not declared or a name used that no named include exports is an
+:class:`IncludeError` naming the file, the line and the chain of includes.
 
 The scripts reach Redis in one of two forms, built from the same files:
 
@@ -21,8 +24,9 @@ The scripts reach Redis in one of two forms, built from the same files:
   reloaded on NOSCRIPT), for a server without functions (Redis < 7).
 
 Includes therefore never read ``KEYS`` / ``ARGV`` at load time: ``bind_call``
-(includes/base.lua) binds them on entry, and per-call state registers its
-reset in ``ON_CALL``.  The registry picks the form on its first call
+(includes/base.lua) binds them on entry and returns the call's context, which
+every script names ``ctx`` (includes/ctx.lua) and passes to what reads or
+writes per-call state.  The registry picks the form on its first call
 (``FCALL``; on "Function not found" it loads the library, and a server that
 knows no ``FCALL`` / ``FUNCTION``, or a user whose ACL denies them, gets the
 scripts), and loads the library
@@ -42,6 +46,7 @@ from typing import Any
 
 import redis
 
+from scheduler import lua_modules
 from scheduler.connection import is_cluster_client
 from scheduler.wire import ScriptWire, WireDown, usable
 
@@ -52,6 +57,9 @@ _NO_FUNCTIONS = ("unknown command", "unknown subcommand")
 
 FUNCTION = "function"
 EVAL = "eval"
+#: The name of the call's context in every script (includes/ctx.lua): the
+#: value ``bind_call`` returns.
+CTX = "ctx"
 
 #: Functions registered with flags: the read-only ones carry ``no-writes``, so
 #: Redis runs them while it refuses writes (OOM at maxmemory, ``CLIENT PAUSE
@@ -109,10 +117,11 @@ def _order(
     out: list[str],
     where: str = "a script",
     chain: tuple[tuple[str, int], ...] = (),
+    chains: dict[str, tuple[tuple[str, int], ...]] | None = None,
 ) -> list[str]:
     """Append the includes ``text`` (the file ``where``) needs to ``out``,
     dependencies first, once each.  ``chain``: the (file, line) includes that
-    led here."""
+    led here; ``chains`` gets the first chain that led to each include."""
     for m in _INCLUDE.finditer(text):
         name = m.group(1)
         here = (*chain, (where, text.count("\n", 0, m.start()) + 1))
@@ -126,7 +135,9 @@ def _order(
                 f"in lua/includes/ (chain: {steps})"
             )
         if name not in out:
-            _order(includes[name], includes, out, path, here)
+            if chains is not None:
+                chains.setdefault(name, here)
+            _order(includes[name], includes, out, path, here, chains)
             if name not in out:
                 out.append(name)
     return out
@@ -140,18 +151,154 @@ def _strip(text: str) -> str:
     return _INCLUDE.sub("", text)
 
 
+def _steps(chain: tuple[tuple[str, int], ...]) -> str:
+    return " -> ".join(f"{f} line {n}" for f, n in chain)
+
+
+def _modular(includes: dict[str, str]) -> bool:
+    """Do these includes declare exports?  (A revision from before modules,
+    built by ``bench versus``, declares none: it is inlined flat, as then.)"""
+    return any(
+        lua_modules.exports(text) is not None
+        for name, text in includes.items()
+        if name not in generated_includes()
+    )
+
+
+class _Modules:
+    """The includes of one build as modules (see :mod:`scheduler.lua_modules`):
+    each one's exports, checked, and its block."""
+
+    def __init__(self, includes: dict[str, str]) -> None:
+        self.includes = includes
+        self.chains: dict[str, tuple[tuple[str, int], ...]] = {}
+        self.exports: dict[str, list[str]] = {}
+        self.owner: dict[str, str] = {}  # exported name -> include
+        self.checked: set[str] = set()
+        #: record layouts (`-- @layout`): NAME -> its fields, by position
+        self.layouts: dict[str, list[str]] = {}
+        for name, text in includes.items():
+            try:
+                self.layouts.update(lua_modules.layouts(text, _include_path(name)))
+            except lua_modules.ExportError as e:
+                raise IncludeError(str(e)) from None
+
+    def named(self, text: str, where: str) -> str:
+        """``text`` with its layout fields resolved to positions."""
+        try:
+            return lua_modules.substitute(text, self.layouts, where)
+        except lua_modules.ExportError as e:
+            raise IncludeError(str(e)) from None
+
+    def order(self, text: str, where: str) -> list[str]:
+        """The includes file ``where`` needs, dependencies first; each checked
+        the first time it is reached."""
+        needed = _order(text, self.includes, [], where, (), self.chains)
+        for name in needed:
+            if name not in self.exports:
+                self._declare(name)
+        for name in needed:
+            if name not in self.checked:
+                self.checked.add(name)
+                self.check(self.includes[name], _include_path(name), self.chains[name], name)
+        return needed
+
+    def _declare(self, name: str) -> None:
+        path = _include_path(name)
+        names = lua_modules.exports(self.includes[name])
+        if names is None:
+            raise IncludeError(
+                f"{path}: declares no exports (a header line `-- @exports name ...`; "
+                f"chain: {_steps(self.chains[name])})"
+            )
+        for n in names:
+            other = self.owner.get(n)
+            if other is not None and other != name:
+                raise IncludeError(
+                    f"{path}: exports {n!r}, which {_include_path(other)} exports too "
+                    f"(chain: {_steps(self.chains[name])})"
+                )
+            self.owner[n] = name
+        self.exports[name] = names
+
+    def visible(self, text: str) -> set[str]:
+        """The exports of the includes ``text`` names, and of those they name."""
+        seen: set[str] = set()
+        todo = _INCLUDE.findall(text)
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += _INCLUDE.findall(self.includes[name])
+        return {n for name in seen for n in self.exports[name]}
+
+    def check(
+        self,
+        text: str,
+        where: str,
+        chain: tuple[tuple[str, int], ...],
+        own: str | None = None,
+        script: bool = False,
+    ) -> None:
+        """Every name ``text`` uses and does not declare is a global or an
+        export of what it includes (a script also sees its ``ctx``)."""
+        try:
+            free = lua_modules.analyse(text).free
+        except lua_modules.LuaSyntaxError as e:
+            raise IncludeError(f"{where} {e}") from None
+        allowed = self.visible(text) | lua_modules.GLOBALS
+        if own is not None:
+            allowed |= set(self.exports[own])  # (hoisted: in scope from its start)
+        if script:
+            allowed.add(CTX)
+        for name, line in free.items():
+            if name not in allowed:
+                home = self.owner.get(name)
+                why = (
+                    f"an export of {_include_path(home)}, which it does not include"
+                    if home is not None
+                    else "which no include it names exports"
+                )
+                steps = f" (chain: {_steps(chain)})" if chain else ""
+                raise IncludeError(f"{where} line {line}: uses {name!r}, {why}{steps}")
+
+    def block(self, name: str) -> str:
+        """The include as a block, its exports hoisted before it."""
+        path = _include_path(name)
+        try:
+            body = lua_modules.hoisted(_strip(self.includes[name]), self.exports[name], path)
+        except lua_modules.ExportError as e:
+            raise IncludeError(f"{e} (chain: {_steps(self.chains[name])})") from None
+        body = self.named(body, path)
+        names = self.exports[name]
+        head = f"local {', '.join(names)}\n" if names else ""
+        return f"{head}do -- {path}\n{lua_modules.strip_exports(body)}\nend\n"
+
+
 @cache
 def sources() -> dict[str, tuple[int, str]]:
     """name -> (number of KEYS, standalone script for EVAL)."""
     includes, scripts = _files()
     out: dict[str, tuple[int, str]] = {}
+    modular = _modular(includes)
     for name, (nkeys, text) in scripts.items():
         parts = ["local KEYS_IN, ARGV_IN = KEYS, ARGV\n"]
-        order = _order(text, includes, [], _script_path(name, nkeys))
-        parts += [_strip(includes[inc]) for inc in order]
-        # (the body in a function of its own, as in the library: Lua allows a
-        # function 200 locals, and the includes hold most of them)
-        parts += ["bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n", _strip(text), "\nend)()\n"]
+        where = _script_path(name, nkeys)
+        if modular:
+            mods = _Modules(includes)
+            order = mods.order(text, where)
+            mods.check(text, where, (), script=True)
+            parts += [mods.block(inc) for inc in order]
+            text = mods.named(text, where)
+        else:
+            order = _order(text, includes, [], where)
+            parts += [_strip(includes[inc]) for inc in order]
+        # (the body in a function of its own, as in the library)
+        parts += [
+            f"local {CTX} = bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n",
+            _strip(text),
+            "\nend)()\n",
+        ]
         out[name] = (nkeys, "".join(parts))
     return out
 
@@ -167,9 +314,21 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
     -> (number of KEYS, text)); ``bench versus`` builds another revision's."""
     includes = {**generated_includes(), **includes}
     needed: list[str] = []
-    for name, (nkeys, text) in sorted(scripts.items()):
-        _order(text, includes, needed, _script_path(name, nkeys))
-    body = "".join(_strip(includes[inc]) for inc in needed)
+    if _modular(includes):
+        mods = _Modules(includes)
+        for name, (nkeys, text) in sorted(scripts.items()):
+            where = _script_path(name, nkeys)
+            needed += [inc for inc in mods.order(text, where) if inc not in needed]
+            mods.check(text, where, (), script=True)
+        body = "".join(mods.block(inc) for inc in needed)
+        scripts = {
+            name: (nkeys, mods.named(text, _script_path(name, nkeys)))
+            for name, (nkeys, text) in scripts.items()
+        }
+    else:
+        for name, (nkeys, text) in sorted(scripts.items()):
+            _order(text, includes, needed, _script_path(name, nkeys))
+        body = "".join(lua_modules.strip_exports(_strip(includes[inc])) for inc in needed)
     bodies = {name: _strip(text) for name, (_, text) in sorted(scripts.items())}
     digest = hashlib.sha1((body + "".join(bodies.values())).encode()).hexdigest()[:12]
     lib = f"sched_{digest}"
@@ -180,7 +339,7 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
         parts.append(
             f"redis.register_function({{function_name = '{functions[name]}', "
             f"flags = {{{flags}}}, callback = function(keys, args)\n"
-            f"bind_call(keys, args)\n{text}\nend}})\n"
+            f"local {CTX} = bind_call(keys, args)\n{text}\nend}})\n"
         )
     return Library(lib, "".join(parts), functions)
 

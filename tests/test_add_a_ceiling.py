@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROW = '    Ceiling("max_allocated_cpu", "cpu", "cpus", "cpu now"),\n'
 LUA_FORMULA = (
-    "  if name == 'max_allocated_cpu' then\n    return n.alloc_cpu + n.pend_cpu + req.cpu\n  end\n"
+    "  max_allocated_cpu = function(n, req)\n"
+    "    return n.alloc_cpu + n.pend_cpu + req.cpu\n"
+    "  end,\n"
 )
 ORACLE_FORMULA = (
     '    if name == "max_allocated_cpu":\n        return n.allocated_cpu + n.pending_cpu + d.cpu\n'
@@ -79,7 +81,7 @@ def test_a_new_ceiling_is_a_row_and_two_formulas(tmp_path: Path) -> None:
     _insert_before(package / "catalog.py", '    Ceiling("max_cpu_used_percent"', ROW)
     _insert_before(
         package / "lua" / "includes" / "stages.lua",
-        "  if name == 'max_cpu_used_percent' then",
+        "  max_cpu_used_percent = function(n)",
         LUA_FORMULA,
     )
     _insert_before(

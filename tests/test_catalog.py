@@ -25,7 +25,7 @@ from scheduler.cli.nodes import nodes_table
 from scheduler import catalog
 from scheduler.calls import HEARTBEAT_FIELDS, Ops, heartbeat_fields
 from scheduler.config import ConfigError, load
-from scheduler.errors import NO_POLICY
+from scheduler.errors import NO_POLICY, SCRIPT_CODES
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import CellKeys
 from scheduler.lua_constants import render
@@ -48,7 +48,7 @@ return cjson.encode({
   DEFAULT_STRATEGY = DEFAULT_STRATEGY, STRATEGY_CHOICES = STRATEGY_CHOICES,
   EVENT_TYPES = EVENT_TYPES, LIVE = LIVE, SWEEP_BATCH = SWEEP_BATCH, NO_POLICY = NO_POLICY,
   SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_MOVERS = INDEX_MOVERS, WHOLE_FIELDS = WHOLE_FIELDS,
-  PACKED_MATCH = { string.match(table.concat(PACKED, '\\t'), PACKED_RE) },
+  PACKED_MATCH = { string.match(table.concat(PACKED, '\\t'), PACKED_RE) }, ERR = ERR,
 })
 """
 
@@ -73,6 +73,7 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["LIVE"] == truth(catalog.LIVE_STATES)
     assert got["SWEEP_BATCH"] == catalog.SWEEP_BATCH == model.SWEEP_BATCH
     assert got["NO_POLICY"] == NO_POLICY
+    assert got["ERR"] == {c: c for c in SCRIPT_CODES}
     assert got["SNAPSHOT_FIELDS"] == truth(HEARTBEAT_FIELDS)
     fields = snapshot_fields()
     assert got["INDEX_MOVERS"] == {
@@ -218,6 +219,24 @@ def test_no_lua_file_spells_a_list(path: Path) -> None:
             assert not set(names) <= _names(line), f"{path.name}:{number} spells every {what}"
 
 
+@pytest.mark.parametrize("path", LUA_FILES, ids=lambda p: p.name)
+def test_no_lua_file_spells_an_error_code(path: Path) -> None:
+    """Error codes come from scheduler/errors.py through the include
+    ``constants`` (``ERR``): no Lua file writes one as a string, every failure
+    names its code from ERR, and every ERR name a file reads exists."""
+    text = path.read_text()
+    for number, line in enumerate(text.splitlines(), 1):
+        code = line.split("--")[0]
+        for literal in re.findall(r"'([^']*)'|\"([^\"]*)\"", code):
+            word = (literal[0] or literal[1]).split(" ")[0]
+            assert word not in SCRIPT_CODES, f"{path.name}:{number} spells the code {word}"
+        for call in re.findall(r"\bfail\(([^,)]*)", code):
+            if "local function fail" not in code:
+                assert call.startswith("ERR."), f"{path.name}:{number}: fail({call}, ...)"
+        for name in re.findall(r"\bERR\.(\w+)", code):
+            assert name in SCRIPT_CODES, f"{path.name}:{number}: ERR.{name} is no code"
+
+
 def test_the_design_lists_every_ceiling_in_the_stages_order() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
     section = design[design.index("| ceiling | compared with the limit |") :]
@@ -228,11 +247,20 @@ def test_the_design_lists_every_ceiling_in_the_stages_order() -> None:
 def test_each_ceiling_has_one_formula_in_the_lua_stage() -> None:
     stages = (ROOT / "lua" / "includes" / "stages.lua").read_text()
     body = stages[
-        stages.index("local function ceiling_use") : stages.index("local function ceiling_holds")
+        stages.index("local CEILING_USE = {") : stages.index("local function ceiling_use")
     ]
-    formulas = re.findall(r"name == '(\w+)'", body)
+    formulas = re.findall(r"^  (\w+) = function", body, re.M)
     assert sorted(formulas) == sorted(catalog.CEILING_NAMES)  # each once
     for path in LUA_FILES:
         if path.name != "stages.lua":
             for name in catalog.CEILING_NAMES:
                 assert name not in path.read_text(), f"{path.name} names {name}"
+
+
+def test_each_strategy_has_one_pick_in_the_lua_schedule() -> None:
+    schedule = (ROOT / "lua" / "includes" / "schedule.lua").read_text()
+    body = schedule[
+        schedule.index("local PICK = {") : schedule.index("local function schedule_one")
+    ]
+    picks = re.findall(r"^  (\w+) = function", body, re.M)
+    assert sorted(picks) == sorted(catalog.STRATEGIES)  # each once

@@ -1,16 +1,24 @@
 """The script loader fails clearly: an include that does not exist or
 includes that include each other name the file, the line and the chain of
-includes that led there (not a bare KeyError or a RecursionError)."""
+includes that led there (not a bare KeyError or a RecursionError).  And
+includes are modules: each one a block of its own, only its exports hoisted,
+a name used only if an include it names exports it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from scheduler.lua_modules import analyse
 from scheduler.scripts import IncludeError, build_library
 
 
 def test_an_include_cycle_names_the_chain() -> None:
-    includes = {"a": "local A = 1\n-- @include b\n", "b": "\n\n-- @include a\nlocal B = 2\n"}
+    includes = {
+        "a": "local A = 1\n-- @include b\n-- @exports A\n",
+        "b": "\n\n-- @include a\nlocal B = 2\n-- @exports B\n",
+    }
     scripts = {"op": (5, "-- header\n-- @include a\nreturn 1\n")}
     with pytest.raises(IncludeError) as e:
         build_library(includes, scripts)
@@ -27,11 +35,11 @@ def test_an_include_of_itself_is_a_cycle() -> None:
         r"lua/op-2\.lua line 1 -> lua/includes/a\.lua line 1 "
         r"-> lua/includes/a\.lua$",
     ):
-        build_library({"a": "-- @include a\n"}, {"op": (2, "-- @include a\n")})
+        build_library({"a": "-- @include a\n-- @exports\n"}, {"op": (2, "-- @include a\n")})
 
 
 def test_a_missing_include_names_file_line_and_chain() -> None:
-    includes = {"a": "local A = 1\n\n-- @include nope\n"}
+    includes = {"a": "local A = 1\n\n-- @include nope\n-- @exports A\n"}
     scripts = {"op": (5, "-- @include a\nreturn 1\n")}
     with pytest.raises(IncludeError) as e:
         build_library(includes, scripts)
@@ -48,11 +56,164 @@ def test_a_script_including_what_does_not_exist() -> None:
 
 def test_shared_includes_load_once_dependencies_first() -> None:
     includes = {
-        "a": "local A = 1\n",
-        "b": "-- @include a\nlocal B = A\n",
-        "c": "-- @include a\n-- @include b\nlocal C = B\n",
+        "a": "-- @exports A\nlocal A = 1\n",
+        "b": "-- @exports B\n-- @include a\nlocal B = A\n",
+        "c": "-- @exports C\n-- @include a\n-- @include b\nlocal C = B\n",
     }
     lib = build_library(includes, {"op": (1, "-- @include c\n-- @include b\nreturn C\n")})
     body = lib.text
-    assert body.count("local A = 1") == body.count("local B = A") == body.count("local C = B") == 1
-    assert body.index("local A = 1") < body.index("local B = A") < body.index("local C = B")
+    assert body.count(" A = 1") == body.count(" B = A") == body.count(" C = B") == 1
+    assert body.index(" A = 1") < body.index(" B = A") < body.index(" C = B")
+
+
+# -- modules ----------------------------------------------------------------
+def _lib(includes: dict[str, str], script: str = "-- @include a\nreturn 1\n") -> str:
+    return build_library(includes, {"op": (1, script)}).text
+
+
+def test_each_include_is_a_block_with_only_its_exports_hoisted() -> None:
+    text = _lib(
+        {
+            "a": "-- @exports f N\nlocal N = 2\nlocal helper = 3\n"
+            "local function f(x) return x * N + helper end\n",
+        },
+        "-- @include a\nreturn f(1)\n",
+    )
+    body = text[text.index("\n") + 1 : text.index("redis.register_function(")]
+    assert body.splitlines()[:2] == ["local f, N", "do -- lua/includes/a.lua"]
+    assert "\n N = 2\n" in body and "\n function f(x)" in body  # (assigns the hoisted)
+    assert "local helper = 3" in body  # private: a local of the block
+    assert body.rstrip().endswith("end")
+
+
+def test_a_private_name_is_not_visible_to_another_include() -> None:
+    includes = {
+        "a": "-- @exports A\nlocal A = 1\nlocal hidden = 2\n",
+        "b": "-- @exports B\n-- @include a\n\nlocal B = A + hidden\n",
+    }
+    with pytest.raises(IncludeError) as e:
+        _lib(includes, "-- @include b\nreturn B\n")
+    assert str(e.value) == (
+        "lua/includes/b.lua line 4: uses 'hidden', which no include it names exports "
+        "(chain: lua/op-1.lua line 1)"
+    )
+
+
+def test_an_export_of_an_include_not_named_is_refused() -> None:
+    includes = {
+        "a": "-- @exports A\nlocal A = 1\n",
+        "b": "-- @exports B\nlocal B = A\n",
+    }
+    with pytest.raises(IncludeError) as e:
+        _lib(includes, "-- @include a\n-- @include b\nreturn B\n")
+    assert str(e.value) == (
+        "lua/includes/b.lua line 2: uses 'A', an export of lua/includes/a.lua, which it "
+        "does not include (chain: lua/op-1.lua line 2)"
+    )
+
+
+def test_what_an_include_names_it_sees_through_them() -> None:
+    includes = {
+        "a": "-- @exports A\nlocal A = 1\n",
+        "b": "-- @exports B\n-- @include a\nlocal B = A\n",
+        "c": "-- @exports C\n-- @include b\nlocal C = A + B\n",
+    }
+    assert " C = A + B" in _lib(includes, "-- @include c\nreturn C\n")
+
+
+def test_a_script_uses_only_what_its_includes_export() -> None:
+    includes = {"a": "-- @exports A\nlocal A = 1\nlocal B = 2\n"}
+    with pytest.raises(IncludeError, match=r"^lua/op-1\.lua line 3: uses 'B', which no include"):
+        _lib(includes, "-- @include a\nlocal x = A\nreturn x + B\n")
+    with pytest.raises(IncludeError, match=r"^lua/op-1\.lua line 1: uses 'nope', "):
+        _lib(includes, "return nope(string.len(KEYS[1]))\n")
+
+
+def test_an_export_must_be_declared_at_the_top_level() -> None:
+    includes = {"a": "-- @exports A G\nlocal A = 1\ndo local G = 2 end\n"}
+    with pytest.raises(IncludeError) as e:
+        _lib(includes)
+    assert str(e.value) == (
+        "lua/includes/a.lua: exports G, which it does not declare with a top-level local "
+        "(chain: lua/op-1.lua line 1)"
+    )
+
+
+def test_one_local_statement_may_not_mix_exported_and_private() -> None:
+    with pytest.raises(IncludeError, match=r"^lua/includes/a\.lua line 3: one local statement "):
+        _lib({"a": "-- @exports A\n\nlocal A, b = 1, 2\n"})
+
+
+def test_two_includes_may_not_export_one_name() -> None:
+    includes = {"a": "-- @exports X\nlocal X = 1\n", "b": "-- @exports X\nlocal X = 2\n"}
+    with pytest.raises(IncludeError, match=r"^lua/includes/b\.lua: exports 'X', which "):
+        _lib(includes, "-- @include a\n-- @include b\nreturn X\n")
+
+
+def test_an_include_without_exports_is_refused_beside_modules() -> None:
+    includes = {"a": "-- @exports A\nlocal A = 1\n", "b": "local B = 2\n"}
+    with pytest.raises(IncludeError, match=r"^lua/includes/b\.lua: declares no exports"):
+        _lib(includes, "-- @include a\n-- @include b\nreturn A\n")
+
+
+def test_a_revision_before_modules_is_inlined_flat() -> None:
+    """(``bench versus`` builds older revisions' includes, which declare no exports.)"""
+    text = _lib({"a": "local A = 1\n"}, "-- @include a\nreturn A\n")
+    assert "local A = 1\n" in text and "do -- lua/includes/a.lua" not in text
+
+
+def test_scopes_the_checker_reads() -> None:
+    """Parameters, for variables, locals, methods, table keys and fields are
+    not free names; what is used and not declared in scope is."""
+    free = analyse(
+        "local t = { a = 1, [k] = 2 }\n"
+        "local function f(x, ...) return x + t.a + select('#', ...) end\n"
+        "for i, v in ipairs(t) do f(i, v) end\n"
+        "for j = 1, 3 do local y = j end\n"
+        "function t:m() return self.a + y end\n"
+        "local s = [[ not a name ]] .. 'nor this' -- nor this\n"
+        "repeat local z = 1 until z\n"
+    ).free
+    assert sorted(free) == ["ipairs", "k", "select", "y"]
+
+
+# -- record layouts --------------------------------------------------------
+def test_a_layout_field_is_its_position_in_the_built_text() -> None:
+    includes = {
+        "a": "-- @exports R S\n-- @layout R\nlocal R = { 'x', 'y',\n  'z' }\n"
+        "-- @layout S\nlocal S = { R.z, R.x }\n",
+    }
+    text = _lib(includes, "-- @include a\nlocal v = {}\nreturn v[R.y] .. v[#R + S.x]\n")
+    assert "return v[2] .. v[#R + 2]" in text
+    assert " S = { 3, 1 }" in text  # (S holds positions in R, named by R's fields)
+
+
+def test_a_field_a_layout_does_not_hold_is_refused() -> None:
+    includes = {"a": "-- @exports R\n-- @layout R\nlocal R = { 'x', 'y' }\n"}
+    with pytest.raises(IncludeError, match=r"^lua/op-1\.lua line 3: R has no field 'w'$"):
+        _lib(includes, "-- @include a\nlocal v = {}\nreturn v[R.w]\n")
+
+
+def test_a_layout_must_be_a_list_of_names() -> None:
+    with pytest.raises(IncludeError, match=r"^lua/includes/a\.lua line 3: layout R holds '7'"):
+        _lib({"a": "-- @exports R\n-- @layout R\nlocal R = { 'x', 7 }\n"})
+    with pytest.raises(IncludeError, match=r"^lua/includes/a\.lua line 2: @layout R must precede"):
+        _lib({"a": "-- @exports R\n-- @layout R\nlocal Q = { 'x' }\nlocal R = {}\n"})
+
+
+def test_no_lua_file_reads_a_record_by_number() -> None:
+    """Records read with a layout are read by name: no ``prev[17]`` or
+    ``v[o + 5]``, and no layout indexed by a number."""
+    from scheduler.lua_modules import layouts
+    from scheduler.scripts import _files
+
+    includes, scripts = _files()
+    known = {n for name, t in includes.items() for n in layouts(t, name)}
+    assert {"PREV", "HB_NODE_AT", "NODE_FIELDS", "RES_READ"} <= known
+    texts = {**includes, **{name: t for name, (_, t) in scripts.items()}}
+    for name, text in texts.items():
+        code = "\n".join(line.split("--")[0] for line in text.splitlines())
+        assert not re.findall(r"\bprev\[\d", code), name
+        assert not re.findall(r"\[o \+ \d", code), name
+        for layout in known:
+            assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)

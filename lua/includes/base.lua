@@ -11,28 +11,31 @@
     KEYS[5] expiry  zset reservation id -> expiry ms
   Error replies are "<CODE> <message>", codes from scheduler/errors.py.
 ]]
+-- @exports KEYS ARGV BASE POLICY_KEY NODES_KEY STATS_KEY EXPIRY_KEY IDX_SEEN
+-- @exports SEEN_KEY IDX_SHAPES IDX_TMP bind_call node_key node_res_key
+-- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
+-- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
+-- @exports set_all raw_policy load_clock now_ms seen_lags heard_ms
 -- @include constants
--- This call's keys and arguments.  The library is defined once per server
--- (Redis Functions) and these are bound on entry to every function, so no
--- include may read them at load time (scheduler/scripts.py).
+-- @include ctx
+-- This call's keys and arguments: read-only for the call, bound on entry by
+-- bind_call (the library is defined once per server, Redis Functions, so no
+-- include may read them at load time: scheduler/scripts.py).  They are the
+-- call's, like ctx, but every key a script names is built from BASE, so they
+-- stay plain upvalues rather than ctx fields.
 local KEYS, ARGV
 local BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY, IDX_SEEN, SEEN_KEY
--- Per-call resets registered by the includes (library state must not leak
--- from one call into the next).
-local ON_CALL = {}
+local IDX_SHAPES, IDX_TMP
+-- Bind this call's keys; its per-call state is the ctx returned
+-- (includes/ctx.lua), which the loader names `ctx` in every script.
 local function bind_call(keys, args)
   KEYS, ARGV = keys, args
   BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY = keys[1], keys[2], keys[3], keys[4], keys[5]
   IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
-  SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/bindings.lua)
-  for i = 1, #ON_CALL do ON_CALL[i]() end
+  SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/nodes.lua)
+  IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp' -- (includes/index.lua)
+  return new_ctx()
 end
-
--- What the requests of one call share (a batch call's several): the policy,
--- the instant, the sweeps already done (includes/schedule.lua,
--- includes/heartbeat.lua).
-local CALL
-ON_CALL[#ON_CALL + 1] = function() CALL = {} end
 
 local function node_key(id) return BASE .. 'node:' .. id end
 local function node_res_key(id) return BASE .. 'node-res:' .. id end
@@ -41,6 +44,7 @@ local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
 local function res_key(id) return BASE .. 'res:' .. id end
 local function bind_key(id) return BASE .. 'bind:' .. id end
 
+-- `code`: one of ERR (includes/constants, from scheduler/errors.py).
 local function fail(code, message)
   return redis.error_reply(code .. ' ' .. message)
 end
@@ -56,13 +60,12 @@ end
 
 -- fmt(x) for an instant of this call (its clock, or the clock plus a TTL):
 -- the requests of one call share their instant, so each text is made once.
-local INSTANTS
-ON_CALL[#ON_CALL + 1] = function() INSTANTS = {} end
-local function instant_text(x)
-  local s = INSTANTS[x]
+local function instant_text(ctx, x)
+  local instants = ctx.instants
+  local s = instants[x]
   if s == nil then
     s = fmt(x)
-    INSTANTS[x] = s
+    instants[x] = s
   end
   return s
 end

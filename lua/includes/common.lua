@@ -1,8 +1,10 @@
 --[[
   includes/common.lua: policy, reservations and their sweep, shared by every
-  script that decides or writes state (the loader inlines includes once per
+  script that decides or writes state (the loader emits includes once per
   script, dependencies first).
 ]]
+-- @exports repack_policy load_policy binding_expires touch RES_READ
+-- @exports end_reservation flush_counts sweep_expired
 -- @include base
 
 -- (the policy's packed copy: raw_policy, includes/base.lua)
@@ -19,17 +21,15 @@ end
 -- string is the key, so a changed policy is a new entry and nothing can go
 -- stale; the table is bounded for servers with many cells.
 local POLICIES = kept_table(64)
--- The policy this call loaded: what end_reservation keeps tombstones by.
-local CALL_POLICY
-ON_CALL[#ON_CALL + 1] = function() CALL_POLICY = nil end
-
 -- The cell's shared policy, typed and read-only (it may be shared with other
--- calls); nil when no replica has written one yet.
-local function load_policy()
+-- calls); nil when no replica has written one yet.  Kept as ctx.P: what the
+-- call's decisions share, and what end_reservation keeps tombstones by.
+local function load_policy(ctx)
   local packed = redis.call('HGET', POLICY_KEY, 'packed')
-  if packed and POLICIES.t[packed] then
-    CALL_POLICY = POLICIES.t[packed]
-    return CALL_POLICY
+  local kept = packed and POLICIES.t[packed]
+  if kept then
+    ctx.P = kept
+    return kept
   end
   local raw = raw_policy(packed)
   if raw == nil then return nil end
@@ -71,7 +71,7 @@ local function load_policy()
   if packed then
     keep(POLICIES, packed, P)
   end
-  CALL_POLICY = P
+  ctx.P = P
   return P
 end
 
@@ -89,33 +89,31 @@ end
 ---------------------------------------------------------------------------
 -- Reservations
 ---------------------------------------------------------------------------
--- Nodes whose load changed in this call; reindex_touched() (includes/index)
--- brings their index entries up to date before the script returns.
-local TOUCHED = {}
-ON_CALL[#ON_CALL + 1] = function() TOUCHED = {} end
--- `registered`: the caller knows the node is in the cell (reindex then skips
--- checking it).
-local function touch(node_id, registered)
-  if registered then TOUCHED[node_id] = 'registered' elseif not TOUCHED[node_id] then
-    TOUCHED[node_id] = true
+-- Node `node_id`'s load changed in this call (ctx.touched; reindex_touched,
+-- includes/index, brings its index entry up to date before the script
+-- returns).  `registered`: the caller knows the node is in the cell (reindex
+-- then skips checking it).
+local function touch(ctx, node_id, registered)
+  local touched = ctx.touched
+  if registered then touched[node_id] = 'registered' elseif not touched[node_id] then
+    touched[node_id] = true
   end
 end
 
--- What ending a reservation reads of it.
+-- What ending a reservation reads of it (r[RES_READ.state], ...: a layout).
+-- @layout RES_READ
 local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
 
--- A node record this call holds in hand (a read_node table, plus `acked`:
--- its acked_count), to write once at its end: ending one of its reservations
--- changes the held numbers (and sets `dirty`), not Redis.  Only a heartbeat
--- holds one, from its read of the record to its write.
-local HELD
-ON_CALL[#ON_CALL + 1] = function() HELD = nil end
+-- (ctx.held: a node record this call holds in hand, a read_node table plus
+-- `acked`, its acked_count, to write once at its end: ending one of its
+-- reservations changes the held numbers, and sets `dirty`, not Redis.  Only
+-- a heartbeat holds one, from its read of the record to its write.)
 
 -- A node's pending count, cpu, memory and acked count less reservation `r`
 -- (its RES_READ fields).
 local function less_reservation(r, count, cpu, mem, acked)
-  if r[1] == 'acked' then acked = acked - 1 end
-  return count - 1, cpu - number_of(r[3]), mem - number_of(r[4]), acked
+  if r[RES_READ.state] == 'acked' then acked = acked - 1 end
+  return count - 1, cpu - number_of(r[RES_READ.cpu]), mem - number_of(r[RES_READ.memory_bytes]), acked
 end
 
 local NO_COUNTS = {}
@@ -123,23 +121,24 @@ local NO_COUNTS = {}
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
-local function end_reservation(rid, outcome, now, r)
+local function end_reservation(ctx, rid, outcome, now, r)
   local rkey = res_key(rid)
   r = r or redis.call('HMGET', rkey, unpack(RES_READ))
-  if not LIVE[r[1]] then
+  if not LIVE[r[RES_READ.state]] then
     redis.call('ZREM', EXPIRY_KEY, rid)
     return false
   end
-  local node_id = r[2]
+  local node_id = r[RES_READ.node_id]
   -- the node's pending load, less this reservation (no pending_count: the
   -- record is gone, or is a static node's bare record)
-  if HELD and HELD.id == node_id then
-    -- (the holder writes the record; HELD.pending: it has a pending_count)
-    if HELD.pending then
-      HELD.pend_count, HELD.pend_cpu, HELD.pend_mem, HELD.acked = less_reservation(r,
-        HELD.pend_count, HELD.pend_cpu, HELD.pend_mem, HELD.acked)
-      HELD.dirty = true
-      touch(node_id)
+  local held = ctx.held
+  if held and held.id == node_id then
+    -- (the holder writes the record; held.pending: it has a pending_count)
+    if held.pending then
+      held.pend_count, held.pend_cpu, held.pend_mem, held.acked = less_reservation(r,
+        held.pend_count, held.pend_cpu, held.pend_mem, held.acked)
+      held.dirty = true
+      touch(ctx, node_id)
     end
   else
     -- (in one read and one write)
@@ -151,36 +150,37 @@ local function end_reservation(rid, outcome, now, r)
         number_of(n[3]) or 0, number_of(n[4]) or 0)
       local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
         'pending_memory_bytes', num_text(mem) }
-      if r[1] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
+      if r[RES_READ.state] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
       redis.call('HSET', nkey, unpack(hset))
-      touch(node_id)
+      touch(ctx, node_id)
     end
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
-  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(now))
-  redis.call('PEXPIRE', rkey, num_text(CALL_POLICY and CALL_POLICY.reservation_tombstone_ttl_ms
+  redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(ctx, now))
+  local P, counts = ctx.P, ctx.counts
+  redis.call('PEXPIRE', rkey, num_text(P and P.reservation_tombstone_ttl_ms
     or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms))
-  if CALL.counts then -- (a batch: counted once, at its end, by flush_counts)
-    CALL.counts[outcome] = (CALL.counts[outcome] or 0) + 1
+  if counts then -- (a batch: counted once, at its end, by flush_counts)
+    counts[outcome] = (counts[outcome] or 0) + 1
   else
     redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
   end
   return true
 end
 
--- Write the counts a batch kept (CALL.counts) to stats.
-local function flush_counts()
-  for outcome, k in pairs(CALL.counts or NO_COUNTS) do
+-- Write the counts a batch kept (ctx.counts) to stats.
+local function flush_counts(ctx)
+  for outcome, k in pairs(ctx.counts or NO_COUNTS) do
     redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
   end
 end
 
 -- Expire what is due, oldest first, bounded work per call.
-local function sweep_expired(now)
-  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(now), 'LIMIT', '0',
+local function sweep_expired(ctx, now)
+  local due = redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0',
     num_text(SWEEP_BATCH))
-  for _, rid in ipairs(due) do end_reservation(rid, 'expired', now) end
+  for _, rid in ipairs(due) do end_reservation(ctx, rid, 'expired', now) end
   return #due
 end
 

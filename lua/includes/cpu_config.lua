@@ -3,6 +3,7 @@
   (cpu_config-6.lua's ARGV as `A`, its KEYS[6] as `cfg_key`); cpu_config-6.lua
   runs one, heartbeat_batch-5.lua any number beside the heartbeats.
 ]]
+-- @exports cpu_config_one
 -- @include common
 
 local function cfg_leave(key, id)
@@ -43,14 +44,14 @@ local function cfg_deliver(cfg_key, node_id)
   return { 'deliver', result }
 end
 
-local function cpu_config_one(A, cfg_key)
+local function cpu_config_one(ctx, A, cfg_key)
   local mode = A[1]
   local node_id = A[2]
   local cluster = A[3]
 
-  local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
-  CALL.P = P
+  local P = ctx.P or load_policy(ctx)
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+  ctx.P = P
   local nkey = node_key(node_id)
   if redis.call('EXISTS', nkey) == 0 then return { 'none' } end
 

@@ -5,13 +5,14 @@
   it had come alone within the same millisecond.  The callers then run the
   forget sweep and reindex the other nodes this call touched.
 ]]
+-- @exports heartbeat_one
 -- @include bindings
 -- @include snapshot
 
 -- Texts that passed the whole-number check (kept_table, includes/base.lua).
 local WHOLE_TEXTS = kept_table(4096)
 
-local function heartbeat_one(A)
+local function heartbeat_one(ctx, A)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local node_id = A[1]
   local sid = A[2]
@@ -23,17 +24,17 @@ local function heartbeat_one(A)
   local roster_sent = roster_full or roster_delta
   local nfields = number_of(A[7])
 
-  local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
-  CALL.P = P
-  if node_id == '' then return fail('BADARG', 'node_id is required') end
+  local P = ctx.P or load_policy(ctx)
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+  ctx.P = P
+  if node_id == '' then return fail(ERR.BADARG, 'node_id is required') end
   if roster_delta and base_generation == '' then
-    return fail('BADARG', 'a roster delta needs the record it is based on')
+    return fail(ERR.BADARG, 'a roster delta needs the record it is based on')
   end
-  if sid == '' then return fail('BADARG', 'service_instance_id is required') end
+  if sid == '' then return fail(ERR.BADARG, 'service_instance_id is required') end
   local first_sb = 8 + 2 * nfields
   if roster_full and #A - first_sb + 1 > P.max_roster_ids then
-    return fail('BADARG', 'sandbox_ids has ' .. (#A - first_sb + 1) .. ' entries, more than '
+    return fail(ERR.BADARG, 'sandbox_ids has ' .. (#A - first_sb + 1) .. ' entries, more than '
       .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
   end
   local nkey = node_key(node_id)
@@ -43,15 +44,15 @@ local function heartbeat_one(A)
   -- the registration (a heartbeat's, the static list's, a static node's bare
   -- record that stays listed); a node without one, the cell is asked.
   -- (a field the record lacks comes back false)
-  local registered = prev[17] or redis.call('ZSCORE', NODES_KEY, node_id)
+  local registered = prev[PREV.node_id] or redis.call('ZSCORE', NODES_KEY, node_id)
   if not registered and P.static_nodes then
-    return fail('UNKNOWN_NODE', 'node is not in scheduler node list')
+    return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
   end
   local values = {}
   local moves = false -- (does a field sent move the node in the index?)
   for i = 0, nfields - 1 do
     local name = A[8 + 2 * i]
-    if not SNAPSHOT_FIELDS[name] then return fail('BADARG', name .. ' is not a heartbeat field') end
+    if not SNAPSHOT_FIELDS[name] then return fail(ERR.BADARG, name .. ' is not a heartbeat field') end
     local value = A[9 + 2 * i]
     local mover = INDEX_MOVERS[name]
     if mover and (mover == true or P.limits[mover]) then moves = true end
@@ -61,7 +62,7 @@ local function heartbeat_one(A)
     -- (a text that passed is kept: the same counts and sizes come back)
     if WHOLE_FIELDS[name] and not WHOLE_TEXTS.t[value] then
       if #value < 1 or #value > 16 or string.find(value, '%D') then
-        return fail('BADARG', 'snapshot.' .. name .. ' must be a whole number below 10^16')
+        return fail(ERR.BADARG, 'snapshot.' .. name .. ' must be a whole number below 10^16')
       end
       keep(WHOLE_TEXTS, value, true)
     end
@@ -69,33 +70,37 @@ local function heartbeat_one(A)
   end
   -- @stage checks
 
-  if base_generation ~= '' and (base_generation ~= (prev[12] or '') .. ':' .. (prev[8] or '')
-      or prev[1] ~= sid or (not roster_sent and prev[10] ~= digest)
-      or (roster_delta and (prev[10] or '') ~= A[first_sb])) then
+  if base_generation ~= '' and (base_generation ~= (prev[PREV.incarnation] or '') .. ':' .. (prev[PREV.generation] or '')
+      or prev[PREV.service_instance_id] ~= sid or (not roster_sent and prev[PREV.roster_digest] ~= digest)
+      or (roster_delta and (prev[PREV.roster_digest] or '') ~= A[first_sb])) then
     return { 'RESYNC' }
   end
-  local now = CALL.heard or heard_ms(P)
-  CALL.heard = now
-  local s_now = instant_text(now) -- (text: Redis prints a Lua number argument with %.17g)
-  local restarted = prev[1] and prev[1] ~= '' and prev[1] ~= sid
+  local now = ctx.heard or heard_ms(P)
+  ctx.heard = now
+  local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
+  local restarted = prev[PREV.service_instance_id] and prev[PREV.service_instance_id] ~= '' and prev[PREV.service_instance_id] ~= sid
   -- The record as it will be, held in hand to the end (includes/common.lua
-  -- HELD): releases change its pending numbers there, its index entry is
+  -- ctx.held): releases change its pending numbers there, its index entry is
   -- worked out from it, and it is written once.  An indexed node's bucket id
   -- spells its counts and capacities (the record's own pending numbers are
   -- read); any other node is read whole.
   local o = #PREV
   local n
-  if (prev[11] or '') ~= '' and P.index_format == INDEX_FORMAT then
-    n = node_of_bucket(prev[11])
-    n.id, n.idx, n.endpoint = node_id, prev[11], prev[9] or ''
+  if (prev[PREV.idx] or '') ~= '' and P.index_format == INDEX_FORMAT then
+    n = node_of_bucket(prev[PREV.idx])
+    n.id, n.idx, n.endpoint = node_id, prev[PREV.idx], prev[PREV.endpoint] or ''
   else
     n = read_node(node_id)
   end
-  n.lingering, n.reported = prev[o + 1] == '1', prev[o + 2] or ''
-  n.cpu_percent, n.mem_used = tonumber(prev[o + 3]) or 0, tonumber(prev[o + 4]) or 0
-  n.pend_count, n.pend_cpu = number_of(prev[o + 5]) or 0, number_of(prev[o + 6]) or 0
-  n.pend_mem, n.pending = number_of(prev[o + 7]) or 0, prev[o + 5] ~= false
-  n.last_seen, n.acked = now, number_of(prev[4]) or 0
+  n.lingering = prev[o + HB_NODE_AT.lingering] == '1'
+  n.reported = prev[o + HB_NODE_AT.status] or ''
+  n.cpu_percent = tonumber(prev[o + HB_NODE_AT.cpu_percent]) or 0
+  n.mem_used = tonumber(prev[o + HB_NODE_AT.memory_used_bytes]) or 0
+  n.pend_count = number_of(prev[o + HB_NODE_AT.pending_count]) or 0
+  n.pend_cpu = number_of(prev[o + HB_NODE_AT.pending_cpu]) or 0
+  n.pend_mem = number_of(prev[o + HB_NODE_AT.pending_memory_bytes]) or 0
+  n.pending = prev[o + HB_NODE_AT.pending_count] ~= false
+  n.last_seen, n.acked = now, number_of(prev[PREV.acked_count]) or 0
   for name, value in pairs(values) do
     local key = NODE_NUMBERS[name]
     -- (the whole numbers come back; observed use moves all the time)
@@ -130,39 +135,39 @@ local function heartbeat_one(A)
     local joined = number_of(A[first_sb + 1])
     for i = first_sb + 2, first_sb + 1 + joined do added[#added + 1] = A[i] end
     for i = first_sb + 2 + joined, #A do gone[#gone + 1] = A[i] end
-    roster_size = (number_of(prev[14]) or 0) + #added - #gone
+    roster_size = (number_of(prev[PREV.roster_size]) or 0) + #added - #gone
     if roster_size > P.max_roster_ids then
-      return fail('BADARG', 'sandbox_ids has ' .. roster_size .. ' entries, more than '
+      return fail(ERR.BADARG, 'sandbox_ids has ' .. roster_size .. ' entries, more than '
         .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
     end
   end
-  local roster_mode = (prev[3] == '1' and not restarted) or (roster_size or 0) > 0
-  if not roster_sent then roster_mode = prev[3] == '1' end
+  local roster_mode = (prev[PREV.roster_mode] == '1' and not restarted) or (roster_size or 0) > 0
+  if not roster_sent then roster_mode = prev[PREV.roster_mode] == '1' end
   -- @stage roster_plan
 
-  HELD = n -- (after the last check: an error leaves nothing held)
+  ctx.held = n -- (after the last check: an error leaves nothing held)
   -- (at one instant, a sweep that found less than a full batch due leaves
   -- nothing due for the batch's later heartbeats)
-  if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
+  if ctx.more_due ~= false then ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH end
   -- @stage expiry_sweep
 
   -- Stage "record": the snapshot, stamped with Redis time, written in one call
   -- at the end (with the pending numbers and index entry worked out below).
-  local generation = (tonumber(prev[8]) or 0) + 1
-  local incarnation = prev[12]
+  local generation = (tonumber(prev[PREV.generation]) or 0) + 1
+  local incarnation = prev[PREV.incarnation]
   if not incarnation then incarnation = tostring(redis.call('HINCRBY', STATS_KEY, 'incarnations', '1')) end
   -- (what the record holds already is not written again: its ids, its
   -- incarnation and roster mode while they stay)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
-  if not prev[17] then
+  if not prev[PREV.node_id] then
     hset[#hset + 1] = 'node_id'
     hset[#hset + 1] = node_id
   end
-  if prev[1] ~= sid then
+  if prev[PREV.service_instance_id] ~= sid then
     hset[#hset + 1] = 'service_instance_id'
     hset[#hset + 1] = sid
   end
-  if prev[12] ~= incarnation then
+  if prev[PREV.incarnation] ~= incarnation then
     hset[#hset + 1] = 'incarnation'
     hset[#hset + 1] = incarnation
   end
@@ -171,7 +176,7 @@ local function heartbeat_one(A)
     local k = #hset
     hset[k + 1], hset[k + 2] = 'roster_size', num_text(roster_size)
     hset[k + 3], hset[k + 4] = 'roster_digest', digest
-    if prev[3] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
+    if prev[PREV.roster_mode] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
   end
   for name, value in pairs(values) do
     if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
@@ -180,12 +185,12 @@ local function heartbeat_one(A)
       hset[#hset + 1] = value
     end
   end
-  local node_endpoint = prev[9] or ''
-  if endpoint ~= '' and prev[5] ~= '1' and endpoint ~= node_endpoint then
+  local node_endpoint = prev[PREV.endpoint] or ''
+  if endpoint ~= '' and prev[PREV.static] ~= '1' and endpoint ~= node_endpoint then
     hset[#hset + 1] = 'endpoint'
     hset[#hset + 1] = endpoint
     node_endpoint = endpoint
-    touch(node_id)
+    touch(ctx, node_id)
   end
   if not registered then
     redis.call('ZADD', NODES_KEY, '0', node_id)
@@ -198,11 +203,11 @@ local function heartbeat_one(A)
     redis.call('HINCRBY', nkey, 'restarts', '1')
   end
   n.endpoint = node_endpoint
-  if prev[13] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
-  local cluster = values.cluster_id or prev[6] or ''
-  local p2p = values.p2p_address or prev[7] or ''
-  if (prev[6] or '') ~= cluster or (prev[7] or '') ~= p2p then
-    if prev[6] then redis.call('SREM', BASE .. 'p2p:' .. prev[6], node_id) end
+  if prev[PREV.forgetting] then redis.call('HDEL', nkey, 'forgetting') end -- back before it was all forgotten
+  local cluster = values.cluster_id or prev[PREV.cluster_id] or ''
+  local p2p = values.p2p_address or prev[PREV.p2p_address] or ''
+  if (prev[PREV.cluster_id] or '') ~= cluster or (prev[PREV.p2p_address] or '') ~= p2p then
+    if prev[PREV.cluster_id] then redis.call('SREM', BASE .. 'p2p:' .. prev[PREV.cluster_id], node_id) end
     if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
   end
   -- @stage record_plan
@@ -212,8 +217,8 @@ local function heartbeat_one(A)
   local unsbx = {} -- (listed now: out of node-sbx)
   for _, sb in ipairs(added) do
     local rid, b, r = bound_reservation(sb, node_id)
-    if rid and end_reservation(rid, 'released', now, r) then released = released + 1 end
-    write_binding(sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
+    if rid and end_reservation(ctx, rid, 'released', now, r) then released = released + 1 end
+    write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
   end
   -- @stage joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)
@@ -243,33 +248,33 @@ local function heartbeat_one(A)
   -- acknowledgement alone never releases (in roster mode the roster does).
   if not roster_mode then
     -- The first heartbeat we ever see gives no baseline: release nothing.
-    local successes = tonumber(values.create_successes or prev[2]) or 0
-    local baseline = tonumber(prev[2])
+    local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
+    local baseline = tonumber(prev[PREV.create_successes])
     if restarted then baseline = 0 end
     local k = baseline and successes - baseline or 0
     if k > 0 then
       local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      if (number_of(prev[4]) or 0) > 0 then
+      if (number_of(prev[PREV.acked_count]) or 0) > 0 then
         for _, rid in ipairs(ids) do
           if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
-              and end_reservation(rid, 'released', now) then
+              and end_reservation(ctx, rid, 'released', now) then
             released, k = released + 1, k - 1
           end
         end
       end
       for _, rid in ipairs(ids) do
         if k <= 0 then break end
-        if end_reservation(rid, 'released', now) then released, k = released + 1, k - 1 end
+        if end_reservation(ctx, rid, 'released', now) then released, k = released + 1, k - 1 end
       end
     end
   end
   -- Stage "index": only a change of what places the node moves it.
-  local moved = moves or not registered or restarted or (prev[11] or '') == '' or TOUCHED[node_id]
-  TOUCHED[node_id], HELD = nil, nil
+  local moved = moves or not registered or restarted or (prev[PREV.idx] or '') == '' or ctx.touched[node_id]
+  ctx.touched[node_id], ctx.held = nil, false
   local indexed, entering = true, false -- (not moved: it stays in the index)
   if moved then
     local from = n.idx
-    if index_entry(n, P, now) then
+    if index_entry(ctx, n, P, now) then
       entering = from == ''
       hset[#hset + 1] = 'idx'
       hset[#hset + 1] = n.idx
@@ -277,7 +282,7 @@ local function heartbeat_one(A)
     indexed = n.idx ~= ''
     if not indexed then redis.call('ZREM', IDX_SEEN, node_id) end
   end
-  if indexed and (entering or seen_lags(prev[15], now, P)) then
+  if indexed and (entering or seen_lags(prev[PREV.idx_seen_ms], now, P)) then
     redis.call('ZADD', IDX_SEEN, s_now, node_id)
     hset[#hset + 1] = 'idx_seen_ms'
     hset[#hset + 1] = s_now
@@ -288,12 +293,12 @@ local function heartbeat_one(A)
     hset[k + 1], hset[k + 2] = 'pending_count', num_text(n.pend_count)
     hset[k + 3], hset[k + 4] = 'pending_cpu', num_text(n.pend_cpu)
     hset[k + 5], hset[k + 6] = 'pending_memory_bytes', num_text(n.pend_mem)
-    if n.acked ~= (number_of(prev[4]) or 0) then
+    if n.acked ~= (number_of(prev[PREV.acked_count]) or 0) then
       hset[#hset + 1] = 'acked_count'
       hset[#hset + 1] = num_text(n.acked)
     end
   end
-  if seen_lags(prev[16], now, P) then
+  if seen_lags(prev[PREV.seen_ms], now, P) then
     redis.call('ZADD', SEEN_KEY, s_now, node_id)
     hset[#hset + 1] = 'seen_ms'
     hset[#hset + 1] = s_now

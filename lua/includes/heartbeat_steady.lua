@@ -3,13 +3,14 @@
   (heartbeat_steady-5.lua's ARGV as `A`); heartbeat_steady-5.lua makes one,
   heartbeat_batch-5.lua any number.
 ]]
+-- @exports steady_one
 -- @include base
 
 -- `P`: the clock fields of the policy (load_clock, or a whole policy).
 -- `now`: the call's instant, nil to read it here.  `swept`: the call swept
 -- and nothing is left due at `now` (else a due reservation is a RESYNC: the
 -- full heartbeat sweeps and reindexes).
-local function steady_one(A, P, now, swept)
+local function steady_one(ctx, A, P, now, swept)
   local node_id = A[1]
   local sid = A[2]
   local base = A[3]
@@ -21,11 +22,11 @@ local function steady_one(A, P, now, swept)
     return { 'RESYNC' }
   end
   now = now or heard_ms(P)
-  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(now), 'LIMIT', '0', '1') > 0 then
+  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
   local generation = tonumber(v[3]) + 1
-  local s_now = instant_text(now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+  local s_now = instant_text(ctx, now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
   if reported == '0' then reported = s_now end
   if reported ~= '' then

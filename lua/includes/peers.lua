@@ -6,6 +6,7 @@
   a non-empty P2P address, and matches the cluster / backend filters when
   they are given ("" = any).
 ]]
+-- @exports peer_row sorted_bytes
 -- @include stages
 
 -- {node_id, backend, address} when `id` passes the filter, else nil.

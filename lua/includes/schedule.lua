@@ -4,6 +4,7 @@
   schedule_batch-5.lua makes several in one call, in order, each seeing the
   ones before it (exactly as if they had come one by one).
 ]]
+-- @exports finish_batch schedule_one
 -- @include index
 
 -- A whole number argument ("" = the default), or nil when it is not one.
@@ -14,85 +15,106 @@ local function whole(arg, default)
   return v
 end
 
--- (CALL, includes/base.lua: what the decisions of one call share: the
--- policy, the instant, the sweeps already done and, in a batch, the counters,
--- read once and written once by finish_batch.  A batch decides as if its
--- requests came one by one within the same millisecond.)
+-- (ctx, includes/ctx.lua: what the decisions of one call share: the policy,
+-- the instant, the sweeps already done and, in a batch, the counters, read
+-- once and written once by finish_batch.  A batch decides as if its requests
+-- came one by one within the same millisecond.)
 
 -- The rotation counter's next value, taken (given back by give_back_rr).
-local function take_rr(rr_key, dry_run)
+local function take_rr(ctx, rr_key, dry_run)
   if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
-  if not CALL.batch then return redis.call('INCR', rr_key) end
-  if CALL.rr == nil then CALL.rr = tonumber(redis.call('GET', rr_key)) or 0 end
-  CALL.rr = CALL.rr + 1
-  return CALL.rr
+  if not ctx.batch then return redis.call('INCR', rr_key) end
+  if not ctx.rr then ctx.rr = tonumber(redis.call('GET', rr_key)) or 0 end
+  ctx.rr = ctx.rr + 1
+  return ctx.rr
 end
 
-local function give_back_rr(rr_key)
-  if CALL.batch then CALL.rr = CALL.rr - 1 else redis.call('DECR', rr_key) end
+local function give_back_rr(ctx, rr_key)
+  if ctx.batch then ctx.rr = ctx.rr - 1 else redis.call('DECR', rr_key) end
 end
 
 -- The cell's count of reservations made, this one included (it orders a
 -- node's reservations).
-local function next_seq()
-  if not CALL.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
-  if CALL.seq == nil then CALL.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
-  CALL.seq = CALL.seq + 1
-  return fmt(CALL.seq)
+local function next_seq(ctx)
+  if not ctx.batch then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
+  if not ctx.seq then ctx.seq = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  ctx.seq = ctx.seq + 1
+  return fmt(ctx.seq)
 end
 
 -- A batch's counters, written once at its end.
-local function finish_batch(rr_key)
-  if CALL.rr ~= nil then redis.call('SET', rr_key, fmt(CALL.rr)) end
-  if CALL.seq ~= nil then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(CALL.seq)) end
+local function finish_batch(ctx, rr_key)
+  if ctx.rr then redis.call('SET', rr_key, fmt(ctx.rr)) end
+  if ctx.seq then redis.call('HSET', STATS_KEY, 'reserved_total', fmt(ctx.seq)) end
 end
 
 -- An empty list nobody writes to.
 local NONE = {}
 
--- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
-local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
-  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
-  local P = CALL.P or load_policy()
-  if not P then return fail('PRECONDITION', NO_POLICY) end
-  CALL.P = P
+-- The full scan's pick, one per strategy of scheduler/catalog.py STRATEGIES
+-- (tests/test_catalog.py holds the names to the catalog's): one node of
+-- `group` (the eligible nodes, those of known capacity if any), given the
+-- rotation counter's turn `rr_next` and the request's random number in [0, 1).
+local PICK = {
+  -- the best ranked (ranks_before), equals in rotation
+  least_loaded = function(group, rr_next)
+    local best = {}
+    for _, n in ipairs(group) do
+      if #best == 0 or ranks_before(n, best[1]) then
+        best = { n }
+      elseif not ranks_before(best[1], n) then
+        best[#best + 1] = n
+      end
+    end
+    return best[((rr_next - 1) % #best) + 1]
+  end,
+  round_robin = function(group, rr_next) return group[((rr_next - 1) % #group) + 1] end,
+  random = function(group, _, rand) return group[math.floor(rand * #group) + 1] end,
+}
 
-  if kind ~= 'create' and kind ~= 'route' then return fail('BADARG', 'kind must be create or route') end
+-- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
+local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
+  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
+  local P = ctx.P or load_policy(ctx)
+  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+  ctx.P = P
+
+  if kind ~= 'create' and kind ~= 'route' then return fail(ERR.BADARG, 'kind must be create or route') end
   local strategy = strategy_arg
   if strategy == '' then strategy = P.strategy end
   if not STRATEGIES[strategy] then
-    return fail('BADARG', 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
+    return fail(ERR.BADARG, 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
   end
   local req = { create = kind == 'create', count = 0, cpu = 0, mem = 0 }
   if req.create then
     req.count = 1
     req.cpu = whole(cpu_arg, P.default_cpu)
-    if req.cpu == nil then return fail('BADARG', 'cpu must be a non-negative whole number') end
+    if req.cpu == nil then return fail(ERR.BADARG, 'cpu must be a non-negative whole number') end
     req.mem = whole(mem_arg, P.default_memory_bytes)
-    if req.mem == nil then return fail('BADARG', 'memory_bytes must be a non-negative whole number') end
-    if not dry_run and (rid == nil or rid == '') then return fail('BADARG', 'reservation_id is required') end
+    if req.mem == nil then return fail(ERR.BADARG, 'memory_bytes must be a non-negative whole number') end
+    if not dry_run and (rid == nil or rid == '') then return fail(ERR.BADARG, 'reservation_id is required') end
   end
   if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
-    return fail('BADARG', 'random must be in [0, 1)')
+    return fail(ERR.BADARG, 'random must be in [0, 1)')
   end
 
-  local now = CALL.now or now_ms(P)
-  CALL.now = now
+  local now = ctx.now or now_ms(P)
+  ctx.now = now
   -- @stage arguments
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
   -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
-  if req.create and not dry_run and not (CALL.new_ids and not CALL.new_ids[rid]) then
+  if req.create and not dry_run and not (ctx.new_ids and not ctx.new_ids[rid]) then
     local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
       'pressure')
     if prior[1] then
       if prior[1] == 'cancelled' or prior[1] == 'expired' then
-        return fail('PRECONDITION', 'reservation ' .. rid .. ' was ' .. prior[1] ..
+        return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was ' .. prior[1] ..
           ' before its placement was answered')
       end
       if prior[3] ~= fmt(req.cpu) or prior[4] ~= fmt(req.mem) then
-        return fail('BADARG', 'reservation_id ' .. rid .. ' is already used by another request')
+        return fail(ERR.BADARG, 'reservation_id ' .. rid .. ' is already used by another request')
       end
       local n = read_node(prior[2])
       read_status(n, P, now)
@@ -101,21 +123,21 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   end
   -- @stage replay
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
-  local rr_next = take_rr(RR_KEY, dry_run)
+  local rr_next = take_rr(ctx, RR_KEY, dry_run)
   local chosen = nil
   if not dry_run then
     -- (at one instant, a sweep that found less than a full batch due leaves
     -- nothing for the next decision of the same call)
-    if CALL.more_due ~= false then CALL.more_due = sweep_expired(now) >= SWEEP_BATCH end
-    reindex_touched(P, now)
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not CALL.fresh then
-      CALL.fresh = sweep_stale(P, now)
+    if ctx.more_due ~= false then ctx.more_due = sweep_expired(ctx, now) >= SWEEP_BATCH end
+    reindex_touched(ctx, P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not ctx.fresh then
+      ctx.fresh = sweep_stale(ctx, P, now)
     end
     -- @stage sweeps
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and CALL.fresh then
-      local picked, among = pick_indexed(P, req, rr_next)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx.fresh then
+      local picked, among = pick_indexed(ctx, P, req, rr_next)
       -- @stage pick
       if picked then
         -- The record must sit in one of the buckets it was chosen among; its
@@ -136,7 +158,7 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
         end
         if chosen == nil then
           redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
-          rebuild_index(P, now)
+          rebuild_index(ctx, P, now)
         end
       end
     end
@@ -170,20 +192,8 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     -- decided through the index
   elseif #group == 0 then
     refusal = summarize_reasons(counts, #ids)
-  elseif strategy == 'least_loaded' then
-    local best = {}
-    for _, n in ipairs(group) do
-      if #best == 0 or ranks_before(n, best[1]) then
-        best = { n }
-      elseif not ranks_before(best[1], n) then
-        best[#best + 1] = n
-      end
-    end
-    chosen = best[((rr_next - 1) % #best) + 1]
-  elseif strategy == 'round_robin' then
-    chosen = group[((rr_next - 1) % #group) + 1]
   else
-    chosen = group[math.floor(rand * #group) + 1]
+    chosen = PICK[strategy](group, rr_next, rand)
   end
 
   if dry_run then
@@ -198,10 +208,10 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   end
 
   if chosen == nil then
-    give_back_rr(RR_KEY)
+    give_back_rr(ctx, RR_KEY)
     redis.call('HINCRBY', STATS_KEY, 'refused_total', '1')
-    reindex_touched(P, now)
-    return fail('NO_NODES', refusal)
+    reindex_touched(ctx, P, now)
+    return fail(ERR.NO_NODES, refusal)
   end
 
   -- @stage full_scan
@@ -209,15 +219,15 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
   local out_rid = ''
   if req.create then
     -- the cell's count of reservations made, this one included, orders a node's reservations
-    local seq = next_seq()
+    local seq = next_seq(ctx)
     -- (text, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
     -- far slower than fmt's integer conversion; the decisions of one call share
     -- their instant, so instant_text makes each text once a call)
-    local s_expires = instant_text(now + P.reservation_ttl_ms)
+    local s_expires = instant_text(ctx, now + P.reservation_ttl_ms)
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
-      'created_ms', instant_text(now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
-    if CALL.new_ids then CALL.new_ids[rid] = true end
+      'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
+    if ctx.new_ids then ctx.new_ids[rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
     -- @stage reservation_writes
@@ -227,15 +237,15 @@ local function schedule_one(RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_ar
     n.pend_cpu = n.pend_cpu + req.cpu
     n.pend_mem = n.pend_mem + req.mem
     local want = ''
-    if n.idx ~= '' then want = bucket_of(n) else touch(n.id) end
-    move_index(n, want, true)
+    if n.idx ~= '' then want = bucket_of(n) else touch(ctx, n.id) end
+    move_index(ctx, n, want, true)
     -- @stage index_move
     redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
       num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
     -- @stage node_write
     out_rid = rid
   end
-  reindex_touched(P, now)
+  reindex_touched(ctx, P, now)
   -- @stage tail
   -- (whole numbers travel as integer replies; the pressure as exact text)
   return { chosen.id, chosen.endpoint, out_rid, num_text(chosen.pressure), req.cpu, req.mem,

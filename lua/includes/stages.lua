@@ -3,10 +3,15 @@
   stages (project, status, ceilings, capacity, rank) with the names the
   reference model (scheduler/testing/model.py) uses.
 ]]
+-- @exports NODE_FIELDS NODE_NUMBERS read_node derive_status read_status
+-- @exports pressure_of project check_status ceiling_use ceiling_holds
+-- @exports check_ceilings check_capacity evaluate ranks_before bytes_lt
+-- @exports summarize_reasons
 -- @include common
 ---------------------------------------------------------------------------
 -- Node state and the decision stages (same names as scheduler/testing/model.py)
 ---------------------------------------------------------------------------
+-- @layout NODE_FIELDS
 local NODE_FIELDS = {
   'endpoint', 'lingering', 'last_seen_ms', 'status', 'cpu_count', 'memory_total_bytes',
   'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
@@ -15,29 +20,30 @@ local NODE_FIELDS = {
   'pending_memory_bytes', 'idx',
 }
 
--- A node from its NODE_FIELDS values, v[o + 1] ... v[o + #NODE_FIELDS].
-local function node_from(id, v, o)
+-- A node from its NODE_FIELDS values `v`, each read by name (a layout: the
+-- positions are resolved when the library is built, scheduler/lua_modules.py).
+local function node_from(id, v)
   return {
     id = id,
-    endpoint = v[o + 1] or '',
-    lingering = v[o + 2] == '1',
-    last_seen = tonumber(v[o + 3]),
-    reported = v[o + 4] or '',
-    cpu_cap = number_of(v[o + 5]) or 0,
-    mem_cap = number_of(v[o + 6]) or 0,
-    alloc_cpu = number_of(v[o + 7]) or 0,
-    alloc_mem = number_of(v[o + 8]) or 0,
-    paused_cpu = number_of(v[o + 9]) or 0,
-    paused_mem = number_of(v[o + 10]) or 0,
-    running = number_of(v[o + 11]) or 0,
-    starting_reported = number_of(v[o + 12]) or 0,
-    paused = number_of(v[o + 13]) or 0,
-    cpu_percent = tonumber(v[o + 14]) or 0,
-    mem_used = tonumber(v[o + 15]) or 0,
-    pend_count = number_of(v[o + 16]) or 0,
-    pend_cpu = number_of(v[o + 17]) or 0,
-    pend_mem = number_of(v[o + 18]) or 0,
-    idx = v[o + 19] or '',
+    endpoint = v[NODE_FIELDS.endpoint] or '',
+    lingering = v[NODE_FIELDS.lingering] == '1',
+    last_seen = tonumber(v[NODE_FIELDS.last_seen_ms]),
+    reported = v[NODE_FIELDS.status] or '',
+    cpu_cap = number_of(v[NODE_FIELDS.cpu_count]) or 0,
+    mem_cap = number_of(v[NODE_FIELDS.memory_total_bytes]) or 0,
+    alloc_cpu = number_of(v[NODE_FIELDS.allocated_cpu]) or 0,
+    alloc_mem = number_of(v[NODE_FIELDS.allocated_memory_bytes]) or 0,
+    paused_cpu = number_of(v[NODE_FIELDS.paused_allocated_cpu]) or 0,
+    paused_mem = number_of(v[NODE_FIELDS.paused_allocated_memory_bytes]) or 0,
+    running = number_of(v[NODE_FIELDS.sandbox_count]) or 0,
+    starting_reported = number_of(v[NODE_FIELDS.sandbox_starting_count]) or 0,
+    paused = number_of(v[NODE_FIELDS.paused_sandbox_count]) or 0,
+    cpu_percent = tonumber(v[NODE_FIELDS.cpu_percent]) or 0,
+    mem_used = tonumber(v[NODE_FIELDS.memory_used_bytes]) or 0,
+    pend_count = number_of(v[NODE_FIELDS.pending_count]) or 0,
+    pend_cpu = number_of(v[NODE_FIELDS.pending_cpu]) or 0,
+    pend_mem = number_of(v[NODE_FIELDS.pending_memory_bytes]) or 0,
+    idx = v[NODE_FIELDS.idx] or '',
   }
 end
 
@@ -51,7 +57,7 @@ local NODE_NUMBERS = {
 }
 
 local function read_node(id)
-  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)), 0)
+  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)))
 end
 
 -- Status derived at read time, first match wins (docs/contract.md).
@@ -116,36 +122,44 @@ end
 -- starting: a roster lists a sandbox while it is being created (and releases
 -- its reservation), and a Redis that lost the reservations still has the
 -- node's own numbers from its next heartbeat.
-local function ceiling_use(n, name, req)
-  if name == 'max_sandbox_count' then
+-- One formula per ceiling of scheduler/catalog.py CEILINGS: what the ceiling
+-- compares with its limit for node n after request req, or nil where it does
+-- not apply (tests/test_catalog.py holds the names to the catalog's).
+local CEILING_USE = {
+  max_sandbox_count = function(n, req)
     return n.running + n.starting_reported + n.pend_count + req.count
-  end
-  if name == 'max_sandbox_starting_count' then
+  end,
+  max_sandbox_starting_count = function(n, req)
     return n.starting_reported + n.pend_count + req.count
-  end
-  if name == 'max_sandbox_count_including_paused' then
+  end,
+  max_sandbox_count_including_paused = function(n, req)
     return n.running + n.starting_reported + n.paused + n.pend_count + req.count
-  end
-  if name == 'max_allocated_cpu_including_paused' then
+  end,
+  max_allocated_cpu_including_paused = function(n, req)
     return n.alloc_cpu + n.paused_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_allocated_memory_bytes_including_paused' then
+  end,
+  max_allocated_memory_bytes_including_paused = function(n, req)
     return n.alloc_mem + n.paused_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_allocated_percent' then
+  end,
+  max_cpu_allocated_percent = function(n, req)
     if n.cpu_cap <= 0 then return nil end
     return n.alloc_cpu + n.pend_cpu + req.cpu
-  end
-  if name == 'max_memory_allocated_percent' then
+  end,
+  max_memory_allocated_percent = function(n, req)
     if n.mem_cap <= 0 then return nil end
     return n.alloc_mem + n.pend_mem + req.mem
-  end
-  if name == 'max_cpu_used_percent' then return n.cpu_percent end
-  if name == 'max_memory_used_percent' then
+  end,
+  max_cpu_used_percent = function(n) return n.cpu_percent end,
+  max_memory_used_percent = function(n)
     if n.mem_cap <= 0 then return nil end
     return n.mem_used
-  end
-  return nil
+  end,
+}
+
+local function ceiling_use(n, name, req)
+  local use = CEILING_USE[name]
+  if use == nil then return nil end
+  return use(n, req)
 end
 
 local function ceiling_holds(n, name, limit, used)

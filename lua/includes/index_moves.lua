@@ -1,0 +1,280 @@
+--[[
+  includes/index_moves.lua: the placement index's upkeep (see
+  includes/index.lua): a node moved from bucket to bucket as its numbers
+  change, in or out of the index as its status does, stale nodes swept out,
+  the whole index rebuilt or upgraded.
+]]
+-- @exports shapes shape_gone move_index index_entry reindex unindex
+-- @exports reindex_touched sweep_stale rebuild_index INDEX_FORMAT
+-- @exports upgrade_index
+-- @include index_bucket
+
+-- (The index as this call read and moved it is the call's: ctx.shapes,
+-- ctx.firsts, ctx.sizes, ctx.members, ctx.picks, ctx.shape_desc, declared in
+-- includes/ctx.lua.  Within one call, a batch of Schedules decides several
+-- times: an index move of this call updates what it changes, so a read there
+-- is always what Redis holds.  Members and picks are kept only by a batch of
+-- Schedules, the one kind of call that decides again.)
+local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
+
+-- The shapes with buckets, read once a call (kept up to date by this call's moves).
+local function shapes(ctx)
+  local read = ctx.shapes
+  if not read then
+    local set = {}
+    read = redis.call('SMEMBERS', IDX_SHAPES)
+    for _, shape in ipairs(read) do set[shape] = true end
+    ctx.shapes, ctx.shape_set = read, set
+  end
+  return read
+end
+local function shape_added(ctx, shape)
+  redis.call('SADD', IDX_SHAPES, shape)
+  local read = ctx.shapes
+  if read and not ctx.shape_set[shape] then
+    read[#read + 1], ctx.shape_set[shape] = shape, true
+  end
+end
+local function shape_gone(ctx, shape)
+  redis.call('SREM', IDX_SHAPES, shape)
+  ctx.shapes, ctx.shape_set = false, false
+end
+
+local ZERO = { create = false, count = 0, cpu = 0, mem = 0 }
+
+-- Schedulable whatever the request?  (status stage + observed-utilisation ceilings)
+local function indexable(n, P)
+  if check_status(n) then return false end
+  for name, _ in pairs(OBSERVED_CEILINGS) do
+    local limit = P.limits[name]
+    if limit then
+      local used = ceiling_use(n, name, ZERO)
+      if used ~= nil and not ceiling_holds(n, name, limit, used) then return false end
+    end
+  end
+  return true
+end
+
+-- Take `x` out of `list` (in place); true when it was there.
+local function list_remove(list, x)
+  for i = 1, #list do
+    if list[i] == x then
+      table.remove(list, i)
+      return true
+    end
+  end
+  return false
+end
+
+-- A stream's first members (`firsts`: ctx.firsts; `more`: ctx.firsts_more)
+-- after this call removed `bucket` from its zset:
+-- the same list without it (nil, to be read again, when none is left; when
+-- it was further on, the first ones stay).  (Changed in place: a list is
+-- this call's own, and no pick is under way.)
+local function firsts_removed(firsts, key, bucket)
+  local list = firsts[key]
+  if list and list_remove(list, bucket) and #list == 0 then firsts[key] = nil end
+end
+
+-- ... after this call added `bucket` at `score` to the zset of dimension `mem`
+-- (true: memory): it joins the list where the zset orders it (by score, then
+-- byte order), or it comes after every listed member.  (So a list is empty
+-- only when its zset is.)
+local function firsts_added(firsts, more, key, bucket, score, mem)
+  local list = firsts[key]
+  if list == nil then return end
+  for i = 1, #list do
+    local m = list[i]
+    local s = dim_score(parse_bucket(m), mem)
+    if score < s or (score == s and bytes_lt(bucket, m)) then
+      table.insert(list, i, bucket)
+      return
+    end
+  end
+  -- (a list that held the whole zset still does with it; any other stays
+  -- exactly the first members, and the zset holds more)
+  if more[key] then return end
+  list[#list + 1] = bucket
+end
+
+
+-- A bucket's known members (`members`: ctx.members) after this call removed `node_id` from
+-- its zset, or added it: in place, in byte order; a list that would pass
+-- SMALL_BUCKET is dropped (read again if a pick needs it).
+local function members_removed(members, bucket, node_id)
+  local list = members[bucket]
+  if list then list_remove(list, node_id) end
+end
+local function members_added(members, bucket, node_id)
+  local list = members[bucket]
+  if list == nil then return end
+  if #list >= SMALL_BUCKET then
+    members[bucket] = nil
+    return
+  end
+  local at = #list + 1
+  for i = 1, #list do
+    if bytes_lt(node_id, list[i]) then
+      at = i
+      break
+    end
+  end
+  table.insert(list, at, node_id)
+end
+
+local function idx_remove(ctx, node_id, bucket)
+  local bk = bucket_key(bucket)
+  local sizes = ctx.sizes
+  local left = sizes[bucket]
+  if redis.call('ZREM', bk, node_id) == 1 then
+    if left then left = left - 1 end
+    members_removed(ctx.members, bucket, node_id)
+  end
+  if left == nil then left = redis.call('ZCARD', bk) end
+  sizes[bucket] = left
+  if left == 0 then
+    local d = shape_desc(ctx, shape_of(bucket))
+    local kc, km = d[3], d[4]
+    redis.call('ZREM', kc, bucket)
+    redis.call('ZREM', km, bucket)
+    local firsts = ctx.firsts
+    firsts_removed(firsts, kc, bucket)
+    firsts_removed(firsts, km, bucket)
+    -- a shape left empty stays in idx-shapes until a pick finds it so
+  end
+end
+
+-- `from`: the bucket the node leaves ('' = none).  Within one shape the shape
+-- is listed already (a pick drops only shapes it finds empty, and the node's
+-- old bucket kept this one from being empty), so it is not added again.
+local function idx_add(ctx, node_id, bucket, n, from)
+  local bk = bucket_key(bucket)
+  local sizes = ctx.sizes
+  local size = sizes[bucket]
+  local added = redis.call('ZADD', bk, '0', node_id) == 1
+  if added and size then size = size + 1 end
+  -- scored by load (an integer: exact)
+  local b = parsed_as(bucket, n)
+  local lc, lm = dim_score(b, false), dim_score(b, true)
+  local shape = b.shape
+  local d = shape_desc(ctx, shape)
+  local kc, km = d[3], d[4]
+  local new
+  if size ~= nil then
+    new = size == 1
+    if new then redis.call('ZADD', kc, num_text(lc), bucket) end
+  else
+    -- a bucket is listed in its shape's streams exactly while it holds a
+    -- node, so listing it tells whether it was empty (no ZCARD)
+    new = redis.call('ZADD', kc, 'NX', num_text(lc), bucket) == 1
+    if new then size = 1 end
+  end
+  sizes[bucket] = size
+  if new then
+    if ctx.batch then ctx.members[bucket] = { node_id } end
+    redis.call('ZADD', km, num_text(lm), bucket)
+    local firsts, more = ctx.firsts, ctx.firsts_more
+    firsts_added(firsts, more, kc, bucket, lc, false)
+    firsts_added(firsts, more, km, bucket, lm, true)
+    if from == '' or shape_of(from) ~= shape then shape_added(ctx, shape) end
+  elseif added then
+    members_added(ctx.members, bucket, node_id)
+  end
+end
+
+-- Move node `n` (a read_node table) from bucket n.idx to bucket `want`
+-- ("" = out of the index).  The caller stores `want` in the record's idx.
+-- `placing`: the move of a placement, n's load grown by it (this call's
+-- picks stay right, pick_indexed); any other move forgets them.
+local function move_index(ctx, n, want, placing)
+  if want == n.idx then return end
+  if not placing then ctx.picks = false end
+  if n.idx ~= '' then idx_remove(ctx, n.id, n.idx) end
+  if want ~= '' then idx_add(ctx, n.id, want, n, n.idx) end
+  n.idx = want
+end
+
+-- Move node `n` (a read_node table, as its record now is) to the bucket its
+-- numbers and status imply ("" = out of the index).  True when n.idx
+-- changed; the caller stores it in the record.
+local function index_entry(ctx, n, P, now)
+  read_status(n, P, now)
+  local want = ''
+  if indexable(n, P) then want = bucket_of(n) end
+  if want == n.idx then return false end
+  move_index(ctx, n, want)
+  return true
+end
+
+-- Bring one node's index entry up to date with its record.
+local function reindex(ctx, node_id, P, now, registered)
+  if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
+  local n = read_node(node_id)
+  if index_entry(ctx, n, P, now) then redis.call('HSET', node_key(node_id), 'idx', n.idx) end
+  if n.idx ~= '' and n.last_seen then
+    redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
+  else
+    redis.call('ZREM', IDX_SEEN, node_id)
+  end
+end
+
+local function unindex(ctx, node_id)
+  local cur = redis.call('HGET', node_key(node_id), 'idx')
+  if cur and cur ~= '' then
+    ctx.picks = false
+    idx_remove(ctx, node_id, cur)
+  end
+  redis.call('ZREM', IDX_SEEN, node_id)
+end
+
+local function reindex_touched(ctx, P, now)
+  local touched = ctx.touched
+  if next(touched) == nil then return end
+  for node_id, how in pairs(touched) do reindex(ctx, node_id, P, now, how == 'registered') end
+  ctx.touched = {}
+end
+
+-- Take nodes whose heartbeat went stale, or that must heartbeat again
+-- (settling), out of the index.  True when none is left behind (the index
+-- then holds no stale or settling node).
+local function sweep_stale(ctx, P, now)
+  local before = now - P.report_ttl_ms
+  if P.settle_ms and now < P.settle_ms + P.report_ttl_ms and P.settle_ms + 1 > before then
+    before = P.settle_ms + 1
+  end
+  local cutoff = '(' .. fmt(before)
+  local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
+    fmt(STALE_BATCH))
+  for _, node_id in ipairs(stale) do reindex(ctx, node_id, P, now) end
+  return #stale < STALE_BATCH
+end
+
+-- Rebuild every entry (after a policy change: observed ceilings, report TTL).
+local function rebuild_index(ctx, P, now)
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(ctx, node_id, P, now) end
+end
+
+-- The layout of the index keys and bucket ids; the policy hash records the
+-- one its index was built with (index_format), and a Schedule uses the index
+-- only when that is this one.  2: counts-first bucket ids, loads as scores.
+local INDEX_FORMAT = '2'
+
+-- Drop every index key and entry, whatever layout wrote them, then build
+-- this layout (sync_policy, when the stored index_format is not this one).
+local function upgrade_index(ctx, P, now)
+  ctx.shapes, ctx.shape_set, ctx.firsts, ctx.firsts_more = false, false, {}, {}
+  ctx.sizes, ctx.members, ctx.picks = {}, {}, false
+  for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
+    redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
+  end
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do
+    local cur = redis.call('HGET', node_key(node_id), 'idx')
+    if cur and cur ~= '' then
+      redis.call('DEL', bucket_key(cur))
+      redis.call('HSET', node_key(node_id), 'idx', '')
+    end
+  end
+  redis.call('DEL', IDX_SHAPES, IDX_SEEN)
+  rebuild_index(ctx, P, now)
+  redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
+end

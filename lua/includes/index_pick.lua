@@ -1,0 +1,270 @@
+--[[
+  includes/index_pick.lua: the placement index's pick (see
+  includes/index.lua): pick_indexed, the buckets of the best rank for a
+  request and one node of them in rotation; nil when the full scan must
+  decide.
+]]
+-- @exports pick_indexed
+-- @include index_moves
+
+local SCAN_BATCH = 32 -- largest batch; a stream opens with four buckets and doubles
+
+-- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
+local function kth_merged(lists, k)
+  local pos = {}
+  for i = 1, #lists do pos[i] = 1 end
+  while true do
+    local best = nil
+    for i = 1, #lists do
+      local x = lists[i][pos[i]]
+      if x and (best == nil or bytes_lt(x, lists[best][pos[best]])) then best = i end
+    end
+    if k == 0 then return lists[best][pos[best]] end
+    pos[best], k = pos[best] + 1, k - 1
+  end
+end
+
+-- Shape description d's pick stream of dimension `mem` (true: memory), made.
+local function new_stream(d, mem)
+  -- (a table costs about 0.5 us to make here; every field in the
+  -- constructor: a table that grows is rebuilt)
+  local st = { cap = mem and d[2] or d[1], add = 0, mem = mem, key = mem and d[4] or d[3],
+    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false }
+  if mem then d[6] = st else d[5] = st end
+  return st
+end
+
+local pick_indexed
+-- One pick's state, shared by the helpers below (module-level so that a pick
+-- makes no closures): the policy, the request, the best bucket so far (a
+-- ranking table) and the buckets of its rank.  A pick runs to its end before
+-- another starts (a script is never re-entered).
+local PK_P, PK_req, PK_best, PK_equals
+-- (and the call's ctx with the index tables a pick reads per shape, taken
+-- from it once per pick: ctx.shape_desc, ctx.firsts, ctx.firsts_more)
+local PK_ctx, PK_descs, PK_firsts, PK_more
+-- (one stand-in table for the projected load, refilled per bucket; one list
+-- of streams, refilled per pick: tables that grow are rebuilt as they grow)
+local PK_load, PK_streams = {}, {}
+
+-- The stages on one bucket, reading only what each needs: the pressure and
+-- capacity from its first numbers, the rest only when ceilings are set.
+local function pick_consider(bucket)
+  local b = parse_bucket(bucket)
+  local req, best, load = PK_req, PK_best, PK_load
+  -- the projected load alone, judged by the same stages as a whole node
+  load.cpu_cap, load.mem_cap = b.cpu_cap, b.mem_cap
+  load.proj_cpu, load.proj_mem = b.lc + req.cpu, b.lm + req.mem
+  local p = pressure_of(load)
+  if best and p > best.pressure then return end
+  if check_capacity(load, PK_P, req) then return end
+  if #PK_P.active > 0 then
+    local full = node_of_bucket(bucket)
+    project(full, req)
+    if check_ceilings(full, PK_P, req) then return end
+  end
+  local n = { bucket = bucket, parsed = b, pressure = p, known = b.known,
+    starting = b.starting, running = b.running, paused = b.paused }
+  if best == nil or ranks_before(n, best) then
+    PK_best, PK_equals = n, { bucket }
+  elseif not ranks_before(best, n) then
+    PK_equals[#PK_equals + 1] = bucket
+  end
+end
+
+-- A stream's lower bound at `bucket` (see pick_indexed).
+local function pick_lb(st, bucket)
+  if st.cap <= 0 then return 0 end
+  local b = parse_bucket(bucket)
+  if st.mem then return (b.lm + st.add) / st.cap end
+  return (b.lc + st.add) / st.cap
+end
+
+-- A stream's next batch of members, twice the last one's size (at most
+-- SCAN_BATCH).  (No WITHSCORES: the load is in the member, and a score reply
+-- costs Redis a %.17g print and Lua a strtod.)
+local function pick_fetch(st)
+  local batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
+  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
+  st.size = 2 * st.size
+  if st.size > SCAN_BATCH then st.size = SCAN_BATCH end
+  st.lb = false
+  if batch[1] then st.lb = pick_lb(st, batch[1]) end
+end
+
+-- The shape's stream for this pick (d[5] or d[6], refilled by every pick of
+-- the call), along the dimension where the request weighs more, opened at
+-- its first OPEN_SIZE members: read once a call, and kept up to date by its
+-- moves (ctx.firsts).
+local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
+local function pick_stream(shape)
+  local d = PK_descs[shape] or shape_desc(PK_ctx, shape)
+  local c, m, req = d[1], d[2], PK_req
+  local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
+  local st, add = d[5], req.cpu
+  if mem then st, add = d[6], req.mem end
+  if not st then st = new_stream(d, mem) end
+  local key = st.key
+  local batch = PK_firsts[key]
+  if batch == nil then
+    batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
+    PK_firsts[key], PK_more[key] = batch, #batch == OPEN_SIZE
+  end
+  st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, PK_more[key],
+    2 * OPEN_SIZE
+  local first = batch[1]
+  if first then st.lb = pick_lb(st, first) else st.lb = false end
+  return st
+end
+
+local function pick_run(streams)
+  while true do
+    local st, lb = nil, nil -- (lb: st.lb, read once)
+    for i = 1, #streams do
+      local x = streams[i]
+      local xlb = x.lb
+      if xlb and (lb == nil or xlb < lb) then st, lb = x, xlb end
+    end
+    local best = PK_best
+    if st == nil or (best and lb > best.pressure) then return end
+    local bucket = st.batch[st.pos]
+    if bucket == nil then
+      pick_fetch(st) -- the batch ran out; st.lb was the last one's, a floor
+    elseif best and lb == best.pressure and counts_before(best.parsed, parse_bucket(bucket)) then
+      st.lb = false -- ranks after the best, and so does the rest of the stream
+    else
+      pick_consider(bucket)
+      st.pos = st.pos + 1
+      if st.batch[st.pos] then
+        st.lb = pick_lb(st, st.batch[st.pos])
+      elseif not st.full then
+        st.lb = false
+      end
+    end
+  end
+end
+
+-- The buckets of the best rank for `req` (nil when the full scan must decide).
+--
+-- One stream per shape, along the dimension where the request weighs more:
+-- a bucket's load L in that dimension gives (L + requested) / capacity, which
+-- is exactly that dimension's projected share, so the bucket's pressure is
+-- never below it (lb).  Streams are walked least lb first; a stream ends when
+-- its lb passes the best pressure found, or when at the best pressure its
+-- counts rank after the best's (the rest of that stream does too, being in
+-- byte order).  Unknown-capacity buckets are scored 0 and only walked when no
+-- known bucket is eligible.
+local function pick_walk(ctx, P, req)
+  PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
+  PK_ctx, PK_descs, PK_firsts, PK_more = ctx, ctx.shape_desc, ctx.firsts, ctx.firsts_more
+  local streams, k, unknown = PK_streams, 0, false
+  local empty = nil
+  for _, shape in ipairs(shapes(ctx)) do
+    if shape == '0:0' then
+      unknown = true
+    else
+      local st = pick_stream(shape)
+      if st.lb then
+        k = k + 1
+        streams[k] = st
+      else
+        empty = empty or {}
+        empty[#empty + 1] = shape
+      end
+    end
+  end
+  for i = #streams, k + 1, -1 do streams[i] = nil end -- (the last pick's)
+  if empty then
+    for _, shape in ipairs(empty) do shape_gone(ctx, shape) end
+  end
+  pick_run(streams)
+  if PK_best == nil and unknown then
+    local st = pick_stream('0:0')
+    if st.lb then pick_run({ st }) else shape_gone(ctx, '0:0') end
+  end
+  local equals = PK_equals
+  PK_best, PK_equals = nil, nil
+  PK_ctx, PK_descs, PK_firsts, PK_more = nil, nil, nil, nil
+  return equals
+end
+
+-- One node of the buckets `equals`, turn `rr_next` of the rotation among
+-- all their nodes in node-id byte order (nil: they hold none).  Small
+-- buckets are read whole (or known, ctx.members) and merged here; a large one
+-- goes through a union in Redis.
+local function pick_rotate(ctx, equals, rr_next)
+  local lists, total, large = nil, 0, false
+  local known, sizes = ctx.members, ctx.sizes
+  for i, bucket in ipairs(equals) do
+    local members = known[bucket]
+    if members == nil then
+      members = redis.call('ZRANGE', bucket_key(bucket), '0', SMALL_BUCKET_TEXT)
+      if #members > SMALL_BUCKET then
+        large = true
+        break
+      end
+      if ctx.batch then known[bucket] = members end
+    end
+    sizes[bucket] = #members
+    -- one bucket (the common case): its own byte order, no merge and no tables
+    if #equals == 1 then
+      if #members == 0 then return nil end
+      return members[((rr_next - 1) % #members) + 1]
+    end
+    lists = lists or {}
+    lists[i], total = members, total + #members
+  end
+  if not large then
+    if total == 0 then return nil end
+    return kth_merged(lists, (rr_next - 1) % total)
+  end
+  total = 0
+  for _, bucket in ipairs(equals) do
+    sizes[bucket] = redis.call('ZCARD', bucket_key(bucket))
+    total = total + sizes[bucket]
+  end
+  if total == 0 then return nil end
+  local k = (rr_next - 1) % total
+  local keys = {}
+  for i, bucket in ipairs(equals) do keys[i] = bucket_key(bucket) end
+  -- in chunks (unpack's limit): each later chunk unions into what is there
+  for i = 1, #keys, UNPACK_CHUNK do
+    local last = math.min(i + UNPACK_CHUNK - 1, #keys)
+    if i == 1 then
+      redis.call('ZUNIONSTORE', IDX_TMP, last, unpack(keys, 1, last))
+    else
+      redis.call('ZUNIONSTORE', IDX_TMP, last - i + 2, IDX_TMP, unpack(keys, i, last))
+    end
+  end
+  local picked = redis.call('ZRANGE', IDX_TMP, fmt(k), fmt(k))[1]
+  redis.call('DEL', IDX_TMP)
+  return picked
+end
+
+-- Least-loaded choice through the index: the chosen node id and the list of
+-- buckets it was chosen among (equal rank), or nil when the full scan must
+-- decide.
+--
+-- A creation of a size this call already placed reuses what that pick found
+-- while the index changed only by placements' moves since (ctx.picks): such a
+-- move takes its node to a bucket of more load and one more starting, which
+-- ranks strictly after the one it left for every request and is eligible
+-- for none that the one it left was not, so no bucket came to rank before
+-- or with the best found, and the best ones left are those buckets' nodes
+-- still in them.  When none is left, the walk decides again.
+function pick_indexed(ctx, P, req, rr_next)
+  local memo = req.create and ctx.picks and ctx.picks[req.cpu]
+  local equals = memo and memo[req.mem]
+  if equals then
+    local picked = pick_rotate(ctx, equals, rr_next)
+    if picked then return picked, equals end
+  end
+  equals = pick_walk(ctx, P, req)
+  if equals == nil then return nil end
+  if req.create and ctx.batch then
+    ctx.picks = ctx.picks or {}
+    memo = ctx.picks[req.cpu] or {}
+    ctx.picks[req.cpu], memo[req.mem] = memo, equals
+  end
+  return pick_rotate(ctx, equals, rr_next), equals
+end

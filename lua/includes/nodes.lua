@@ -1,0 +1,153 @@
+--[[
+  includes/nodes.lua: a node leaves the cell (remove_node: unregistered, or
+  not on the static list any more) and nodes silent for node_forget_after are
+  forgotten (forget_sweep), with everything they hold: bindings, reservations,
+  P2P presence, artifacts, CPU config membership, the index entry.
+]]
+-- @exports remove_node forget_sweep
+-- @include bindings
+---------------------------------------------------------------------------
+-- Removing a node
+---------------------------------------------------------------------------
+-- The node no longer holds artifact `digest`; an artifact nobody holds
+-- leaves the LRU as ForgetP2pArtifact's would (artifact_forget-7.lua; the
+-- fixed keys derived here are the same ones, scheduler/keys.py).
+local function drop_holding(node_id, digest)
+  local akey = BASE .. 'art:' .. digest
+  redis.call('SREM', akey, node_id)
+  redis.call('SREM', BASE .. 'node-art:' .. node_id, digest)
+  if redis.call('EXISTS', akey) == 0 then
+    redis.call('ZREM', BASE .. 'art-lru', digest)
+    redis.call('HDEL', BASE .. 'art-names', digest)
+  end
+end
+
+-- The node leaves its cluster's CPU config round (cpu_config-6.lua) without
+-- starting a new one; a round nobody is left in goes.
+local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true }
+local function leave_cpucfg(node_id, cluster)
+  local key = BASE .. 'cpucfg:' .. cluster
+  local cur = redis.call('HGET', key, 'm:' .. node_id)
+  if cur == '' then redis.call('HINCRBY', key, 'missing', '-1') end
+  redis.call('HDEL', key, 'm:' .. node_id, 'sent:' .. node_id)
+  if redis.call('HLEN', key) <= 4 then
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      if not CFG_FIELDS[f] then return end
+    end
+    redis.call('DEL', key)
+  end
+end
+
+-- The node leaves: its bindings, reservations (cancelled), P2P presence and
+-- artifacts go.  A node of the static list keeps a bare record (id,
+-- endpoint, lingering; and `last_seen_ms` when it is forgotten rather than
+-- unregistered, so it stays UNHEALTHY) so it can come back; any other node
+-- is forgotten.
+local function remove_node(ctx, node_id, now, last_seen)
+  local nkey = node_key(node_id)
+  for _, key in ipairs({ node_sbx_key(node_id), node_roster_key(node_id) }) do
+    for _, sb in ipairs(redis.call('SMEMBERS', key)) do drop_binding(sb, node_id) end
+  end
+  redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
+    end_reservation(ctx, rid, 'cancelled', now)
+  end
+  redis.call('DEL', node_res_key(node_id))
+  local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering',
+    'cpucfg_cluster')
+  if n[1] then redis.call('SREM', BASE .. 'p2p:' .. n[1], node_id) end
+  if n[5] then leave_cpucfg(node_id, n[5]) end
+  redis.call('ZREM', SEEN_KEY, node_id)
+  for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)) do
+    drop_holding(node_id, digest)
+  end
+  unindex(ctx, node_id)
+  redis.call('DEL', nkey)
+  if n[2] == '1' then
+    redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[3], 'static', '1',
+      'lingering', n[4] or '0', last_seen and 'forgotten_ms' or 'unregistered_ms', fmt(now))
+    if last_seen then redis.call('HSET', nkey, 'last_seen_ms', fmt(last_seen)) end
+  else
+    redis.call('ZREM', NODES_KEY, node_id)
+  end
+end
+
+---------------------------------------------------------------------------
+-- Forgetting nodes that went silent
+---------------------------------------------------------------------------
+-- <base>seen scores every node that heartbeats by a recent full heartbeat.
+-- Steady heartbeats (heartbeat_steady-5.lua) do not move it, and a full one
+-- only when it lags (seen_lags, includes/base.lua), so a score may lag: the
+-- record's last_seen_ms is the truth, read before anything goes.
+-- A node silent for node_forget_after is removed as by an unregister; a big
+-- one over several calls, FORGET_WORK members at a time.  Before its first
+-- member goes, it leaves the index and its roster digest is cleared, so no
+-- delta or steady heartbeat can build on a half-removed roster (they RESYNC).
+local FORGET_NODES_TEXT = '4' -- silent nodes looked at per call
+local FORGET_WORK = 1024 -- bindings (unlisted, then listed), artifacts, reservations dropped per call
+
+-- Drop up to `budget` of the node's members; returns how many went.
+local function shed(ctx, node_id, now, budget)
+  local spent = 0
+  for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), budget)) do
+    drop_binding(sb, node_id)
+    spent = spent + 1
+  end
+  if spent < budget then
+    for _, sb in ipairs(redis.call('SRANDMEMBER', node_roster_key(node_id), budget - spent)) do
+      drop_binding(sb, node_id)
+      spent = spent + 1
+    end
+  end
+  if spent < budget then
+    local arts = BASE .. 'node-art:' .. node_id
+    for _, digest in ipairs(redis.call('SRANDMEMBER', arts, budget - spent)) do
+      drop_holding(node_id, digest)
+      spent = spent + 1
+    end
+  end
+  if spent < budget then
+    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', num_text(budget - spent - 1))) do
+      end_reservation(ctx, rid, 'cancelled', now)
+      redis.call('ZREM', node_res_key(node_id), rid)
+      spent = spent + 1
+    end
+  end
+  return spent
+end
+
+-- Forget nodes silent for P.node_forget_after_ms (0: never).  Returns the
+-- number of nodes removed in this call.
+local function forget_sweep(ctx, P, now)
+  if P.node_forget_after_ms <= 0 then return 0 end
+  -- only stale nodes go, whatever the setting
+  local cutoff = now - math.max(P.node_forget_after_ms, P.report_ttl_ms)
+  local due = redis.call('ZRANGEBYSCORE', SEEN_KEY, '-inf', '(' .. fmt(cutoff), 'LIMIT', '0',
+    FORGET_NODES_TEXT)
+  local budget, removed = FORGET_WORK, 0
+  for _, node_id in ipairs(due) do
+    if budget <= 0 then break end
+    local nkey = node_key(node_id)
+    local v = redis.call('HMGET', nkey, 'last_seen_ms', 'forgetting')
+    local seen = tonumber(v[1])
+    if not seen then
+      redis.call('ZREM', SEEN_KEY, node_id)
+    elseif seen >= cutoff then
+      redis.call('ZADD', SEEN_KEY, fmt(seen), node_id) -- steady heartbeats kept it alive
+    else
+      if not v[2] then
+        unindex(ctx, node_id)
+        redis.call('HSET', nkey, 'forgetting', fmt(now), 'idx', '', 'roster_digest', '')
+      end
+      local spent = shed(ctx, node_id, now, budget)
+      budget = budget - spent
+      if budget > 0 then
+        remove_node(ctx, node_id, now, seen)
+        redis.call('HINCRBY', STATS_KEY, 'forgotten_total', '1')
+        removed = removed + 1
+        budget = budget - 1
+      end
+    end
+  end
+  return removed
+end
