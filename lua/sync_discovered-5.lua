@@ -19,14 +19,14 @@
 
   Returns {"applied" | "stale", nodes added or changed, nodes removed,
            stored position 1, 2, 3}
-  Errors: PRECONDITION (no policy); BADARG a position that is not a whole number
+  Errors: NO_POLICY (no policy); BADARG a position that is not a whole number
   Writes: nodes, node:<id> (node_id, endpoint, static, lingering), removals,
           stats discovery_rv_1..3
 ]]
--- @include bindings
+-- @include nodes
 local FIELDS = { 'discovery_rv_1', 'discovery_rv_2', 'discovery_rv_3' }
-local P = load_policy()
-if not P then return fail('PRECONDITION', NO_POLICY) end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 -- (whole numbers as canonical digit strings: compared exactly, past 2^53 too)
 local function below(a, b)
@@ -38,7 +38,7 @@ local stale = false
 for i = 1, 3 do
   local p = ARGV[i]
   if #p < 1 or #p > 20 or string.find(p, '%D') or (#p > 1 and string.sub(p, 1, 1) == '0') then
-    return fail('BADARG', 'position ' .. i .. ' must be a whole number (a resourceVersion)')
+    return fail(ERR.BADARG, 'position ' .. i .. ' must be a whole number (a resourceVersion)')
   end
   if stored[i] and below(p, stored[i]) then stale = true end
 end
@@ -57,16 +57,16 @@ for i = 4, #ARGV, 3 do
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1',
       'lingering', lingering)
-    touch(id)
+    touch(ctx, id)
     changed = changed + 1
   end
 end
 for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
   if not wanted[id] then
     redis.call('HSET', node_key(id), 'static', '0')
-    remove_node(id, now)
+    remove_node(ctx, id, now)
     removed = removed + 1
   end
 end
-reindex_touched(P, now)
+reindex_touched(ctx, P, now)
 return { 'applied', changed, removed, ARGV[1], ARGV[2], ARGV[3] }
