@@ -26,7 +26,10 @@
               roster_changed in includes/nodes.lua)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
-          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
+          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written);
+          a heartbeat of the stored service instance whose reported_at_unix_ms
+          is below the newest it sent writes nothing and answers the stored
+          generation with incarnation "" (the replica's next delta resyncs)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ... (sandbox_ids longer than the policy's
           max_roster_ids, among others), NO_POLICY (no policy); every

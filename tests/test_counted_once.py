@@ -312,10 +312,6 @@ def _place_and_create(
     return resp  # type: ignore[no-any-return]
 
 
-@xfail28(
-    "a heartbeat older than the stored one of the same service instance (by "
-    "reported_at_unix_ms) changes no count"
-)
 def test_an_older_heartbeat_through_another_replica_changes_no_count(
     stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
 ) -> None:

@@ -200,7 +200,7 @@ class Lifecycle(RuleBasedStateMachine):
             allocated_memory_bytes=mem,
             sandbox_count=len(running),
         )
-        assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms)
+        assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms, reported)
         self.sent(node_id, beat, state)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
@@ -435,7 +435,13 @@ class LossyLifecycle(Lifecycle):
         r = self.s2.heartbeat(beat)
         # (the model does what the scripts do; the invariants say what they should)
         self.m.heartbeat(
-            node_id, sid, state, beat.snapshot.create_successes, beat.sandbox_ids, r.now_ms
+            node_id,
+            sid,
+            state,
+            beat.snapshot.create_successes,
+            beat.sandbox_ids,
+            r.now_ms,
+            beat.snapshot.reported_at_unix_ms,
         )
 
     @invariant()

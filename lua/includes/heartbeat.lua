@@ -79,6 +79,19 @@ local function heartbeat_one(ctx, A)
   ctx.heard = now
   local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[PREV.service_instance_id] and prev[PREV.service_instance_id] ~= '' and prev[PREV.service_instance_id] ~= sid
+  -- Order: the node stamps reported_at_unix_ms from one clock (its own; 0 =
+  -- not stamped, Redis time is written instead and orders nothing).  A
+  -- heartbeat of the stored service instance older than the newest it sent
+  -- (through another replica, or late out of a queue) changes nothing and is
+  -- answered OK; its answer names no incarnation, so the replica's next
+  -- delta meets RESYNC and goes in full.
+  local order = values.reported_at_unix_ms
+  if order == '0' or order == '' then order = false end
+  if order and prev[PREV.service_instance_id] == sid
+      and (tonumber(order) or 0) < (tonumber(prev[PREV.reported_order_ms]) or 0) then
+    return { tonumber(prev[PREV.generation]) or 0, 0, 0, prev[PREV.roster_mode] == '1' and 1 or 0,
+      s_now, '' }
+  end
   -- The record as it will be, held in hand to the end (includes/common.lua
   -- ctx.held): releases change its pending numbers there, its index entry is
   -- worked out from it, and it is written once.  An indexed node's bucket id
@@ -177,6 +190,10 @@ local function heartbeat_one(ctx, A)
     hset[k + 1], hset[k + 2] = 'roster_size', num_text(roster_size)
     hset[k + 3], hset[k + 4] = 'roster_digest', digest
     if prev[PREV.roster_mode] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
+  end
+  if values.reported_at_unix_ms and (prev[PREV.reported_order_ms] or '0') ~= (order or '0') then
+    hset[#hset + 1] = 'reported_order_ms'
+    hset[#hset + 1] = order or '0'
   end
   for name, value in pairs(values) do
     if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end

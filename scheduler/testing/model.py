@@ -341,6 +341,8 @@ class NodeMeta:
     sid: str = ""
     create_successes: int | None = None
     roster_mode: bool = False
+    #: the newest reported_at_unix_ms the instance sent (0: none)
+    reported: int = 0
     sandboxes: set[str] | None = None  # node-sbx membership
 
 
@@ -450,9 +452,13 @@ class CellModel:
         create_successes: int,
         roster: list[str],
         now: int,
+        reported: int = 0,
     ) -> int:
-        self.sweep(now)
         meta = self.meta[node_id]
+        if reported and meta.sid == sid and reported < meta.reported:
+            return 0  # older than the newest the instance sent: nothing moves
+        meta.reported = reported
+        self.sweep(now)
         restarted = bool(meta.sid) and meta.sid != sid
         prev_cs, prev_mode = meta.create_successes, meta.roster_mode
         self.snap[node_id] = replace(
