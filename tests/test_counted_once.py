@@ -238,7 +238,6 @@ def test_a_fork_or_outside_create_never_takes_a_creation_in_flight(
         s.schedule(Request.cold(1, 1024))
 
 
-@xfail28("a counter that goes backwards within one service instance releases nothing")
 def test_a_counter_going_backwards_releases_nothing(make_scheduler: Make) -> None:
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
     s.heartbeat(hb("n1", create_successes=10))

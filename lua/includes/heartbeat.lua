@@ -263,11 +263,21 @@ local function heartbeat_one(ctx, A)
   -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
   -- heartbeat whose snapshot predates a creation has not counted it yet, so an
   -- acknowledgement alone never releases (in roster mode the roster does).
+  -- The baseline (counted_successes) is the highest create_successes the
+  -- service instance reported (a count going backwards releases nothing and
+  -- the next rise counts only creations past it), moved on by a counter-mode
+  -- DELETE that released its creation (events-5.lua); a record written
+  -- before it was kept starts from create_successes.  The first heartbeat we
+  -- ever see gives the baseline and releases nothing; a new instance's is 0.
+  local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
+  local baseline = tonumber(prev[PREV.counted_successes] or prev[PREV.create_successes])
+  if restarted then baseline = 0 end
+  local counted_now = baseline and baseline > successes and baseline or successes
+  if prev[PREV.counted_successes] ~= fmt(counted_now) then
+    hset[#hset + 1] = 'counted_successes'
+    hset[#hset + 1] = fmt(counted_now)
+  end
   if not roster_mode then
-    -- The first heartbeat we ever see gives no baseline: release nothing.
-    local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
-    local baseline = tonumber(prev[PREV.create_successes])
-    if restarted then baseline = 0 end
     local k = baseline and successes - baseline or 0
     if k > 0 then
       local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')

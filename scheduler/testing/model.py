@@ -470,7 +470,12 @@ class CellModel:
             pending_cpu=0,
             pending_memory_bytes=0,
         )
-        meta.sid, meta.create_successes = sid, create_successes
+        # the baseline: the highest count the instance reported (0 for a new one)
+        baseline = 0 if restarted else prev_cs
+        meta.sid = sid
+        meta.create_successes = (
+            create_successes if baseline is None else max(baseline, create_successes)
+        )
         listed = list(dict.fromkeys(sb for sb in roster if sb))
         roster_mode = (prev_mode and not restarted) or bool(listed)
         released = 0
@@ -488,7 +493,6 @@ class CellModel:
             elif b.listed:
                 self.drop_binding(sb, node_id)
         if not roster_mode:
-            baseline = 0 if restarted else prev_cs
             k = create_successes - baseline if baseline is not None else 0
             live = self.live_of(node_id)
             for r in [r for r in live if r.state == "acked"] + [
