@@ -129,10 +129,6 @@ def test_counter_mode_a_short_sandbox_is_released_by_the_counter(make_scheduler:
     assert counted(s) == 1
 
 
-@xfail28(
-    "the heartbeat that switches a node from counter to roster mode releases what the "
-    "counter rose by (or what its roster does not list, two heartbeats on)"
-)
 def test_the_switch_from_counter_to_roster_mode_keeps_no_dead_reservation(
     make_scheduler: Make,
 ) -> None:

@@ -277,8 +277,14 @@ local function heartbeat_one(ctx, A)
     hset[#hset + 1] = 'counted_successes'
     hset[#hset + 1] = fmt(counted_now)
   end
-  if not roster_mode then
-    local k = baseline and successes - baseline or 0
+  -- The heartbeat that switches the instance to roster mode (its first
+  -- roster) applies the counter too: what it rose by since the last counter
+  -- heartbeat, less what its roster just released (a listed creation the
+  -- rise also covers is released once), releases as in counter mode; the
+  -- roster lists only what runs now.
+  local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
+  if not roster_mode or switching then
+    local k = baseline and successes - baseline - released or 0
     if k > 0 then
       local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
       if (number_of(prev[PREV.acked_count]) or 0) > 0 then

@@ -492,8 +492,9 @@ class CellModel:
                 self._sbx(node_id).discard(sb)
             elif b.listed:
                 self.drop_binding(sb, node_id)
-        if not roster_mode:
-            k = create_successes - baseline if baseline is not None else 0
+        switching = roster_mode and not prev_mode and not restarted
+        if not roster_mode or switching:
+            k = create_successes - baseline - released if baseline is not None else 0
             live = self.live_of(node_id)
             for r in [r for r in live if r.state == "acked"] + [
                 r for r in live if r.state != "acked"
