@@ -43,7 +43,8 @@
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed;
           - counter mode: as many as create_successes rose, those
-            acknowledged by a CREATE/FORK event first, then the oldest;
+            acknowledged by a CREATE/FORK event first, then assigned ones,
+            then the oldest (and so does the switch to roster mode);
           and forgets nodes silent for node_forget_after (a bounded sweep,
           see forget_sweep in includes/nodes.lua).
 ]]

@@ -143,10 +143,6 @@ def test_the_switch_from_counter_to_roster_mode_keeps_no_dead_reservation(
     assert counted(s) == 1
 
 
-@xfail28(
-    "in counter mode a DELETE of an assigned sandbox releases its reservation and moves "
-    "the counter's baseline"
-)
 def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make) -> None:
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
     s.heartbeat(hb("n1", create_successes=0))

@@ -138,12 +138,12 @@ def test_create_event_acknowledges_and_the_next_heartbeat_releases(make_schedule
     r = s.heartbeat(hb("n1", create_successes=1, sandbox_count=1))
     assert r.released == 1
     assert s.reservation(p2.reservation_id or "").state == "pending"
-    # FORK children ack too; a delete of an acked child in counter mode leaves
-    # the release to the counter, so it happens once
+    # FORK children ack too; a delete of an acked child in counter mode
+    # releases it and moves the counter's baseline, so it happens once
     s.events("n1", [SandboxEvent(sandbox_id="child", event_type="FORK")])
-    s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")])
+    assert s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")]).released == 1
     r = s.heartbeat(hb("n1", create_successes=2, sandbox_count=1))
-    assert r.released == 1 and pending(s)[0] == 0
+    assert r.released == 0 and pending(s)[0] == 0
 
 
 def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Make) -> None:
@@ -152,10 +152,10 @@ def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Mak
     first = s.schedule(Request.cold(1, 0))
     second = s.schedule(Request.cold(1, 0))
     s.assign("short-lived", "n1", EP, first.reservation_id)
-    s.events("n1", [SandboxEvent(sandbox_id="short-lived", event_type="DELETE")])
-    assert pending(s)[0] == 2  # the counter has not moved yet
-    r = s.heartbeat(hb("n1", create_successes=1))
-    assert r.released == 1 and pending(s)[0] == 1
+    ev = s.events("n1", [SandboxEvent(sandbox_id="short-lived", event_type="DELETE")])
+    assert ev.released == 1 and pending(s)[0] == 1  # released at once, the baseline moved
+    r = s.heartbeat(hb("n1", create_successes=1))  # the rise that covered it: nothing more
+    assert r.released == 0 and pending(s)[0] == 1
     assert s.reservation(second.reservation_id or "").state == "pending"
 
 

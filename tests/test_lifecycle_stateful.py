@@ -93,6 +93,8 @@ class World:
     ingested_roster: dict[str, set[str]] = field(default_factory=dict)
     ingested_cs: dict[str, int] = field(default_factory=dict)
     deleted: set[str] = field(default_factory=set)
+    #: sandboxes whose DELETE event reached the scheduler
+    delete_sent: set[str] = field(default_factory=set)
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -236,6 +238,7 @@ class Lifecycle(RuleBasedStateMachine):
         note(f"{node_id} deletes {sb}")
         del self.w.running[node_id][sb]
         self.w.deleted.add(sb)
+        self.w.delete_sent.add(sb)
         self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")])
         self.m.events(node_id, [(sb, "DELETE")], self.now())
 
@@ -316,12 +319,17 @@ class Lifecycle(RuleBasedStateMachine):
                 else:
                     # (in the numbers of a heartbeat after it: counted by a
                     # later start's snapshot, or by this start's counter)
+                    # (or its DELETE came: it ends the creation, in counter mode too)
                     seen = self.w.ingested_epoch[node_id]
-                    accounted = p.created and (
-                        p.created_epoch < seen
-                        or (
-                            p.created_epoch == seen
-                            and p.created_index <= self.w.ingested_cs[node_id]
+                    accounted = (
+                        p.sandbox in self.w.delete_sent
+                        or p.created
+                        and (
+                            p.created_epoch < seen
+                            or (
+                                p.created_epoch == seen
+                                and p.created_index <= self.w.ingested_cs[node_id]
+                            )
                         )
                     )
                 outstanding += not accounted

@@ -260,7 +260,8 @@ local function heartbeat_one(ctx, A)
   -- @stage binding_sample
 
   -- Stage "release", counter mode: as many reservations as create_successes
-  -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
+  -- rose, acknowledged ones (CREATE/FORK events) first, then assigned ones,
+  -- then the oldest.  A
   -- heartbeat whose snapshot predates a creation has not counted it yet, so an
   -- acknowledgement alone never releases (in roster mode the roster does).
   -- The baseline (counted_successes) is the highest create_successes the
@@ -286,18 +287,20 @@ local function heartbeat_one(ctx, A)
   if not roster_mode or switching then
     local k = baseline and successes - baseline - released or 0
     if k > 0 then
+      -- (acknowledged first, then assigned ones (the gateway heard their
+      -- create succeed), then the oldest: a creation the rise covered is
+      -- likelier released than one still on its way, whose reservation a
+      -- DELETE could not give back)
       local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      if (number_of(prev[PREV.acked_count]) or 0) > 0 then
-        for _, rid in ipairs(ids) do
-          if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
-              and end_reservation(ctx, rid, 'released', now) then
+      local states = {}
+      for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
+      for _, want in ipairs({ 'acked', 'assigned', false }) do
+        for i, rid in ipairs(ids) do
+          if k <= 0 then break end
+          if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
             released, k = released + 1, k - 1
           end
         end
-      end
-      for _, rid in ipairs(ids) do
-        if k <= 0 then break end
-        if end_reservation(ctx, rid, 'released', now) then released, k = released + 1, k - 1 end
       end
     end
   end

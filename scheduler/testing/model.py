@@ -496,9 +496,11 @@ class CellModel:
         if not roster_mode or switching:
             k = create_successes - baseline - released if baseline is not None else 0
             live = self.live_of(node_id)
-            for r in [r for r in live if r.state == "acked"] + [
-                r for r in live if r.state != "acked"
-            ]:
+            for r in (
+                [r for r in live if r.state == "acked"]
+                + [r for r in live if r.state == "assigned"]
+                + [r for r in live if r.state not in ("acked", "assigned")]
+            ):
                 if k <= 0:
                     break
                 if self.end(r.rid, "released"):
@@ -576,8 +578,10 @@ class CellModel:
         for sb, kind in events:
             rid = self.bound_reservation(sb, node_id)
             if kind == "DELETE":
-                if rid and self.meta[node_id].roster_mode:
-                    self.end(rid, "released")
+                meta = self.meta[node_id]
+                if rid and self.end(rid, "released") and not meta.roster_mode:
+                    if meta.create_successes is not None:  # the baseline moves on
+                        meta.create_successes += 1
                 prev = self.bind.get(sb)
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
