@@ -579,9 +579,9 @@ class CellModel:
             rid = self.bound_reservation(sb, node_id)
             if kind == "DELETE":
                 meta = self.meta[node_id]
-                if rid and self.end(rid, "released") and not meta.roster_mode:
-                    if meta.create_successes is not None:  # the baseline moves on
-                        meta.create_successes += 1
+                released = bool(rid) and self.end(rid or "", "released")
+                if released and not meta.roster_mode and meta.create_successes is not None:
+                    meta.create_successes += 1  # the baseline moves on
                 prev = self.bind.get(sb)
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
