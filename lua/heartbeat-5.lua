@@ -45,6 +45,8 @@
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then assigned ones,
             then the oldest (and so does the switch to roster mode);
+          cancels the oldest pending reservations, as many as create_fails
+          rose within the instance (either mode);
           and forgets nodes silent for node_forget_after (a bounded sweep,
           see forget_sweep in includes/nodes.lua).
 ]]

@@ -284,24 +284,39 @@ local function heartbeat_one(ctx, A)
   -- rise also covers is released once), releases as in counter mode; the
   -- roster lists only what runs now.
   local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
-  if not roster_mode or switching then
-    local k = baseline and successes - baseline - released or 0
-    if k > 0 then
-      -- (acknowledged first, then assigned ones (the gateway heard their
-      -- create succeed), then the oldest: a creation the rise covered is
-      -- likelier released than one still on its way, whose reservation a
-      -- DELETE could not give back)
-      local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      local states = {}
-      for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
-      for _, want in ipairs({ 'acked', 'assigned', false }) do
-        for i, rid in ipairs(ids) do
-          if k <= 0 then break end
-          if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
-            released, k = released + 1, k - 1
-          end
+  local k = (not roster_mode or switching) and baseline and successes - baseline - released or 0
+  -- Failed creates: each unit create_fails rose by within the instance (its
+  -- baseline kept as create_successes' is, counted_fails) ends the node's
+  -- oldest unassigned (pending) reservation, in either mode (a failed create
+  -- is never listed): cancelled, its creation did not happen.
+  local fails = tonumber(values.create_fails or prev[PREV.create_fails]) or 0
+  local fail_base = tonumber(prev[PREV.counted_fails] or prev[PREV.create_fails])
+  if restarted then fail_base = 0 end
+  local fails_now = fail_base and fail_base > fails and fail_base or fails
+  if prev[PREV.counted_fails] ~= fmt(fails_now) then
+    hset[#hset + 1] = 'counted_fails'
+    hset[#hset + 1] = fmt(fails_now)
+  end
+  local kf = fail_base and fails - fail_base or 0
+  if k > 0 or kf > 0 then
+    -- (acknowledged first, then assigned ones (the gateway heard their
+    -- create succeed), then the oldest: a creation the rise covered is
+    -- likelier released than one still on its way, whose reservation a
+    -- DELETE could not give back)
+    local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+    local states = {}
+    for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
+    for _, want in ipairs({ 'acked', 'assigned', false }) do
+      for i, rid in ipairs(ids) do
+        if k <= 0 then break end
+        if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
+          released, k, states[i] = released + 1, k - 1, 'released'
         end
       end
+    end
+    for i, rid in ipairs(ids) do
+      if kf <= 0 then break end
+      if states[i] == 'pending' and end_reservation(ctx, rid, 'cancelled', now) then kf = kf - 1 end
     end
   end
   -- Stage "index": only a change of what places the node moves it.

@@ -341,6 +341,8 @@ class NodeMeta:
     sid: str = ""
     create_successes: int | None = None
     roster_mode: bool = False
+    #: create_fails' baseline, as create_successes' (None: no heartbeat yet)
+    create_fails: int | None = None
     #: the newest reported_at_unix_ms the instance sent (0: none)
     reported: int = 0
     sandboxes: set[str] | None = None  # node-sbx membership
@@ -453,6 +455,7 @@ class CellModel:
         roster: list[str],
         now: int,
         reported: int = 0,
+        create_fails: int = 0,
     ) -> int:
         meta = self.meta[node_id]
         if reported and meta.sid == sid and reported < meta.reported:
@@ -460,7 +463,7 @@ class CellModel:
         meta.reported = reported
         self.sweep(now)
         restarted = bool(meta.sid) and meta.sid != sid
-        prev_cs, prev_mode = meta.create_successes, meta.roster_mode
+        prev_cs, prev_mode, prev_cf = meta.create_successes, meta.roster_mode, meta.create_fails
         self.snap[node_id] = replace(
             state,
             node_id=node_id,
@@ -472,10 +475,12 @@ class CellModel:
         )
         # the baseline: the highest count the instance reported (0 for a new one)
         baseline = 0 if restarted else prev_cs
+        fail_base = 0 if restarted else prev_cf
         meta.sid = sid
         meta.create_successes = (
             create_successes if baseline is None else max(baseline, create_successes)
         )
+        meta.create_fails = create_fails if fail_base is None else max(fail_base, create_fails)
         listed = list(dict.fromkeys(sb for sb in roster if sb))
         roster_mode = (prev_mode and not restarted) or bool(listed)
         released = 0
@@ -506,6 +511,10 @@ class CellModel:
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
+        # failed creates: the oldest unassigned reservations end, cancelled
+        kf = create_fails - fail_base if fail_base is not None else 0
+        for r in [r for r in self.live_of(node_id) if r.state == "pending"][: max(kf, 0)]:
+            self.end(r.rid, "cancelled")
         meta.roster_mode = roster_mode
         return released
 
