@@ -52,7 +52,11 @@ if buried_on(sb, node_id, now) then
     end
   end
   local released = 0
-  if rid and end_reservation(ctx, rid, 'released', now) then released = 1 end
+  if rid and end_reservation(ctx, rid, 'released', now) then
+    released = 1
+    -- (the tombstone remembers it: a repeated assignment charges nothing more)
+    redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+  end
   reindex_touched(ctx, P, now)
   return { rid or '', released, fmt(now) }
 end

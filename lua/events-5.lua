@@ -1,10 +1,13 @@
 --[[
   events-5.lua: a node reports sandbox lifecycle events (ReportSandboxEvent).
 
-  CREATE / FORK: the sandbox exists on the node.  Its reservation (the one its
-    binding names, or else, if none was ever charged to it, the node's oldest
-    unclaimed one) is marked acked, and the node's next heartbeat releases it
-    (at once if a roster already listed the sandbox).  The binding is written.
+  CREATE / FORK: the sandbox exists on the node.  The reservation its
+    binding names (its assignment's) is marked acked, and the node's next
+    heartbeat releases it (at once if a roster already listed the sandbox).
+    A sandbox no reservation is charged to (a FORK child, one made outside
+    the scheduler, or one whose assignment has not come yet) takes none: it
+    is the node's own, its next roster or counter rise counts it.  The
+    binding is written.
   DELETE: the binding goes (a tombstone stays for binding_ttl).  A
     reservation still attached is released (the sandbox is gone).  In
     counter mode the node's counter baseline (counted_successes) moves on by
@@ -51,11 +54,10 @@ for i = 2, #ARGV, 2 do
     bury_binding(ctx, sb, node_id, now, P)
   else
     local creation = kind == 'CREATE' or kind == 'FORK'
+    -- (a sandbox no reservation is charged to, a FORK child or one made
+    -- outside the scheduler, is the node's own: it takes no reservation,
+    -- which belongs to a creation still on its way)
     local rid = bound_reservation(sb, node_id)
-    if not rid and creation and not charged(sb, node_id) then
-      rid = oldest_unclaimed(node_id)
-      if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
-    end
     local listed = listed_on(sb, node_id)
     if rid and creation and listed then
       -- a roster already listed it: the node's numbers include it now

@@ -210,10 +210,6 @@ def test_a_failed_create_releases_its_reservation(make_scheduler: Make) -> None:
 # Ceilings
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["FORK", "CREATE"])
-@xfail28(
-    "FORK and outside CREATE events count the new sandbox as the node's own, never by "
-    "taking another creation's reservation"
-)
 def test_a_fork_or_outside_create_never_takes_a_creation_in_flight(
     make_scheduler: Make, kind: str
 ) -> None:

@@ -555,6 +555,7 @@ class CellModel:
                     buried = self.oldest_unclaimed(node_id)
             if buried is not None:
                 self.end(buried, "released")
+                b.rid = buried  # (the tombstone remembers it)
             return buried
         rid = self.bound_reservation(sb, node_id)
         if rid is None and not self.charged(sb, node_id):
@@ -602,10 +603,6 @@ class CellModel:
                 )
                 continue
             creation = kind in ("CREATE", "FORK")
-            if rid is None and creation and not self.charged(sb, node_id):
-                rid = self.oldest_unclaimed(node_id)
-                if rid is not None:
-                    self.res[rid].sandbox_id = sb
             listed = self.listed_on(sb, node_id)
             if rid is not None and creation and listed:
                 self.end(rid, "released")
