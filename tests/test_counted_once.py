@@ -161,14 +161,10 @@ def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make)
 # ---------------------------------------------------------------------------
 # Reservations that end without a trace
 # ---------------------------------------------------------------------------
-#: the proposed default of unassigned_reservation_ttl (docs/design.md)
+#: the default of unassigned_reservation_ttl (docs/design.md)
 UNASSIGNED_TTL_MS = 90_000
 
 
-@xfail28(
-    "a placement never assigned gives its room back after unassigned_reservation_ttl "
-    "(proposed default 90 s)"
-)
 def test_a_schedule_never_followed_by_a_create_gives_its_room_back(make_scheduler: Make) -> None:
     """The gateway never sent the create (or never learnt the id: its deadline
     passed as the answer came).  Nothing will ever claim the reservation."""
@@ -381,10 +377,6 @@ class HoldingProxy:
         self.thread.join(5)
 
 
-@xfail28(
-    "a placement never assigned gives its room back after unassigned_reservation_ttl; "
-    "an answer the caller's deadline beat is one"
-)
 def test_a_schedule_answered_after_its_callers_deadline_gives_its_room_back(
     redis_server: RedisServer, cell: str, processes: list[ServeProcess]
 ) -> None:

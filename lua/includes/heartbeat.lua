@@ -289,15 +289,21 @@ local function heartbeat_one(ctx, A)
   -- baseline kept as create_successes' is, counted_fails) ends the node's
   -- oldest unassigned (pending) reservation, in either mode (a failed create
   -- is never listed): cancelled, its creation did not happen.
-  local fails = tonumber(values.create_fails or prev[PREV.create_fails]) or 0
-  local fail_base = tonumber(prev[PREV.counted_fails] or prev[PREV.create_fails])
+  -- (not sent: unchanged since the replica's base, nothing to count; a
+  -- record written before counted_fails was kept takes its baseline from the
+  -- next create_fails sent)
+  local fails = tonumber(values.create_fails)
+  local fail_base = tonumber(prev[PREV.counted_fails])
   if restarted then fail_base = 0 end
-  local fails_now = fail_base and fail_base > fails and fail_base or fails
-  if prev[PREV.counted_fails] ~= fmt(fails_now) then
-    hset[#hset + 1] = 'counted_fails'
-    hset[#hset + 1] = fmt(fails_now)
+  local kf = 0
+  if fails then
+    local fails_now = fail_base and fail_base > fails and fail_base or fails
+    if prev[PREV.counted_fails] ~= fmt(fails_now) then
+      hset[#hset + 1] = 'counted_fails'
+      hset[#hset + 1] = fmt(fails_now)
+    end
+    kf = fail_base and fails - fail_base or 0
   end
-  local kf = fail_base and fails - fail_base or 0
   if k > 0 or kf > 0 then
     -- (acknowledged first, then assigned ones (the gateway heard their
     -- create succeed), then the oldest: a creation the rise covered is
@@ -306,7 +312,8 @@ local function heartbeat_one(ctx, A)
     local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
     local states = {}
     for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
-    for _, want in ipairs({ 'acked', 'assigned', false }) do
+    for pass = 1, 3 do
+      local want = pass == 1 and 'acked' or pass == 2 and 'assigned'
       for i, rid in ipairs(ids) do
         if k <= 0 then break end
         if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then

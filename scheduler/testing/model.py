@@ -324,6 +324,7 @@ class ResModel:
     expires_ms: int
     state: str = "pending"
     sandbox_id: str | None = None
+    created_ms: int = 0
 
 
 @dataclass
@@ -533,7 +534,9 @@ class CellModel:
                 dem.cpu,
                 dem.memory_bytes,
                 self.seq,
-                now + self.policy.reservation_ttl_ms,
+                now
+                + min(self.policy.reservation_ttl_ms, self.policy.unassigned_reservation_ttl_ms),
+                created_ms=now,
             )
         return d
 
@@ -575,8 +578,10 @@ class CellModel:
             else:
                 attached = self.oldest_unclaimed(node_id)
             if attached is not None:
-                self.res[attached].state = "assigned"
-                self.res[attached].sandbox_id = sb
+                got = self.res[attached]
+                got.state = "assigned"
+                got.sandbox_id = sb
+                got.expires_ms = got.created_ms + self.policy.reservation_ttl_ms
                 rid = attached
         if rid is not None and already_listed:
             self.end(rid, "released")
