@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -475,11 +474,6 @@ class LossyLifecycle(Lifecycle):
             assert node_id != r.node_id or self.hbs[node_id] - since < 2, r
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="#28: a heartbeat older than the stored one changes no count; an assigned "
-    "reservation absent from two rosters is released, not built yet",
-)
 def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
     LossyLifecycle.client = redis_client
     run_state_machine_as_test(
@@ -489,8 +483,6 @@ def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> No
             stateful_step_count=40,
             deadline=None,
             database=None,
-            # (it fails today: generating finds it, shrinking would only cost time)
-            phases=[Phase.generate],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
