@@ -79,6 +79,19 @@ local function heartbeat_one(ctx, A)
   ctx[CTX.heard] = now
   local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[PREV.service_instance_id] and prev[PREV.service_instance_id] ~= '' and prev[PREV.service_instance_id] ~= sid
+  -- Order: the node stamps reported_at_unix_ms from one clock (its own; 0 =
+  -- not stamped, Redis time is written instead and orders nothing).  A
+  -- heartbeat of the stored service instance older than the newest it sent
+  -- (through another replica, or late out of a queue) changes nothing and is
+  -- answered OK; its answer names no incarnation, so the replica's next
+  -- delta meets RESYNC and goes in full.
+  local order = values.reported_at_unix_ms
+  if order == '0' or order == '' then order = false end
+  if order and prev[PREV.service_instance_id] == sid
+      and (tonumber(order) or 0) < (tonumber(prev[PREV.reported_order_ms]) or 0) then
+    return { tonumber(prev[PREV.generation]) or 0, 0, 0, prev[PREV.roster_mode] == '1' and 1 or 0,
+      s_now, '' }
+  end
   -- The record as it will be, held in hand to the end (includes/common.lua
   -- ctx.held): releases change its pending numbers there, its index entry is
   -- worked out from it, and it is written once.  An indexed node's bucket id
@@ -178,6 +191,10 @@ local function heartbeat_one(ctx, A)
     hset[k + 3], hset[k + 4] = 'roster_digest', digest
     if prev[PREV.roster_mode] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
   end
+  if values.reported_at_unix_ms and (prev[PREV.reported_order_ms] or '0') ~= (order or '0') then
+    hset[#hset + 1] = 'reported_order_ms'
+    hset[#hset + 1] = order or '0'
+  end
   for name, value in pairs(values) do
     if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
     if not (name == 'cpu_config_json' and value == '') then
@@ -243,30 +260,95 @@ local function heartbeat_one(ctx, A)
   -- @stage binding_sample
 
   -- Stage "release", counter mode: as many reservations as create_successes
-  -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
+  -- rose, acknowledged ones (CREATE/FORK events) first, then assigned ones,
+  -- then the oldest.  A
   -- heartbeat whose snapshot predates a creation has not counted it yet, so an
   -- acknowledgement alone never releases (in roster mode the roster does).
-  if not roster_mode then
-    -- The first heartbeat we ever see gives no baseline: release nothing.
-    local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
-    local baseline = tonumber(prev[PREV.create_successes])
-    if restarted then baseline = 0 end
-    local k = baseline and successes - baseline or 0
-    if k > 0 then
-      local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      if (number_of(prev[PREV.acked_count]) or 0) > 0 then
-        for _, rid in ipairs(ids) do
-          if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
-              and end_reservation(ctx, rid, 'released', now) then
-            released, k = released + 1, k - 1
-          end
+  -- The baseline (counted_successes) is the highest create_successes the
+  -- service instance reported (a count going backwards releases nothing and
+  -- the next rise counts only creations past it), moved on by a counter-mode
+  -- DELETE that released its creation (events-5.lua); a record written
+  -- before it was kept starts from create_successes.  The first heartbeat we
+  -- ever see gives the baseline and releases nothing; a new instance's is 0.
+  local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
+  local baseline = tonumber(prev[PREV.counted_successes] or prev[PREV.create_successes])
+  if restarted then baseline = 0 end
+  local counted_now = baseline and baseline > successes and baseline or successes
+  if prev[PREV.counted_successes] ~= fmt(counted_now) then
+    hset[#hset + 1] = 'counted_successes'
+    hset[#hset + 1] = fmt(counted_now)
+  end
+  -- The heartbeat that switches the instance to roster mode (its first
+  -- roster) applies the counter too: what it rose by since the last counter
+  -- heartbeat, less what its roster just released (a listed creation the
+  -- rise also covers is released once), releases as in counter mode; the
+  -- roster lists only what runs now.
+  local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
+  local k = (not roster_mode or switching) and baseline and successes - baseline - released or 0
+  -- Failed creates: each unit create_fails rose by within the instance (its
+  -- baseline kept as create_successes' is, counted_fails) ends the node's
+  -- oldest unassigned (pending) reservation, in either mode (a failed create
+  -- is never listed): cancelled, its creation did not happen.
+  -- (not sent: unchanged since the replica's base, nothing to count; a
+  -- record written before counted_fails was kept takes its baseline from the
+  -- next create_fails sent)
+  local fails = tonumber(values.create_fails)
+  local fail_base = tonumber(prev[PREV.counted_fails])
+  if restarted then fail_base = 0 end
+  local kf = 0
+  if fails then
+    local fails_now = fail_base and fail_base > fails and fail_base or fails
+    if prev[PREV.counted_fails] ~= fmt(fails_now) then
+      hset[#hset + 1] = 'counted_fails'
+      hset[#hset + 1] = fmt(fails_now)
+    end
+    kf = fail_base and fails - fail_base or 0
+  end
+  if k > 0 or kf > 0 then
+    -- (acknowledged first, then assigned ones (the gateway heard their
+    -- create succeed), then the oldest: a creation the rise covered is
+    -- likelier released than one still on its way, whose reservation a
+    -- DELETE could not give back)
+    local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+    local states = {}
+    for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
+    for pass = 1, 3 do
+      local want = pass == 1 and 'acked' or pass == 2 and 'assigned'
+      for i, rid in ipairs(ids) do
+        if k <= 0 then break end
+        if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
+          released, k, states[i] = released + 1, k - 1, 'released'
         end
       end
-      for _, rid in ipairs(ids) do
-        if k <= 0 then break end
-        if end_reservation(ctx, rid, 'released', now) then released, k = released + 1, k - 1 end
+    end
+    for i, rid in ipairs(ids) do
+      if kf <= 0 then break end
+      if states[i] == 'pending' and end_reservation(ctx, rid, 'cancelled', now) then kf = kf - 1 end
+    end
+  end
+  -- Stage "unlisted": an assigned reservation whose sandbox is absent from
+  -- the rosters of two heartbeats received after its assignment is released
+  -- (its sandbox ended, or never started: the reference reporter lists a
+  -- sandbox from its VM's start, and the gateway assigns after the create
+  -- answered).  The record's unlisted_due is the least generation at which
+  -- one is due (assign-5.lua): until then this costs nothing.  Counter mode
+  -- keeps them due until a roster comes.
+  local due = tonumber(prev[PREV.unlisted_due])
+  if due and roster_mode and generation >= due then
+    local next_due = false
+    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
+      local r = redis.call('HMGET', res_key(rid), 'state', 'assigned_gen')
+      local g = tonumber(r[2])
+      if g and (r[1] == 'assigned' or r[1] == 'acked') then
+        if g + 2 <= generation then
+          if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
+        elseif not next_due or g + 2 < next_due then
+          next_due = g + 2
+        end
       end
     end
+    hset[#hset + 1] = 'unlisted_due'
+    hset[#hset + 1] = next_due and fmt(next_due) or ''
   end
   -- Stage "index": only a change of what places the node moves it.
   local moved = moves or not registered or restarted or (prev[PREV.idx] or '') == '' or ctx[CTX.touched][node_id]
