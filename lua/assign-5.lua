@@ -17,8 +17,7 @@
 
   Returns {reservation id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
-  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
-          assigned_gen, expires_ms), node:<node> unlisted_due, stats
+  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
 ]]
 -- @include bindings
 local sb = ARGV[1]
@@ -28,9 +27,8 @@ local wanted = ARGV[4]
 
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
--- (the node's generation: the two-heartbeat rule counts heartbeats from it)
-local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'generation', 'unlisted_due')
-if not redis.call('ZSCORE', NODES_KEY, node_id) or node[1] ~= endpoint then
+if not redis.call('ZSCORE', NODES_KEY, node_id)
+    or redis.call('HGET', node_key(node_id), 'endpoint') ~= endpoint then
   return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
 local now = now_ms(P)
@@ -86,16 +84,9 @@ if not rid and not charged(sb, node_id) then
     -- longer unassigned_reservation_ttl)
     local created = tonumber(redis.call('HGET', res_key(attached), 'created_ms')) or now
     local s_expires = fmt(created + P.reservation_ttl_ms)
-    -- (assigned at the node's generation g: absent from the rosters of the
-    -- heartbeats g+1 and g+2, it is released by the second, includes/heartbeat.lua;
-    -- the node's unlisted_due is the least g+2 of its live assigned ones)
-    local g = tonumber(node[2]) or 0
     redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
-      'assigned_ms', fmt(now), 'expires_ms', s_expires, 'assigned_gen', fmt(g))
+      'assigned_ms', fmt(now), 'expires_ms', s_expires)
     redis.call('ZADD', EXPIRY_KEY, s_expires, attached)
-    if not already_listed and (tonumber(node[3]) or math.huge) > g + 2 then
-      redis.call('HSET', node_key(node_id), 'unlisted_due', fmt(g + 2))
-    end
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     rid = attached
   end

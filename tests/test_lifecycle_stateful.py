@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, note, settings
+import pytest
+from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -474,6 +475,11 @@ class LossyLifecycle(Lifecycle):
             assert node_id != r.node_id or self.hbs[node_id] - since < 2, r
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="#28: an assigned reservation absent from two rosters is released, not built "
+    "(as specified it breaks test_bench's ceiling: heartbeats that lag three intervals)",
+)
 def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
     LossyLifecycle.client = redis_client
     run_state_machine_as_test(
@@ -483,6 +489,8 @@ def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> No
             stateful_step_count=40,
             deadline=None,
             database=None,
+            # (it fails today: generating finds it, shrinking would only cost time)
+            phases=[Phase.generate],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )

@@ -280,11 +280,12 @@ local function heartbeat_one(ctx, A)
   end
   -- The heartbeat that switches the instance to roster mode (its first
   -- roster) applies the counter too: what it rose by since the last counter
-  -- heartbeat, less what its roster just released (a listed creation the
-  -- rise also covers is released once), releases as in counter mode; the
-  -- roster lists only what runs now.
+  -- heartbeat, less every sandbox its roster lists (all joined it: a listed
+  -- creation is the roster's to count, and its assignment, if still to come,
+  -- releases its own reservation; a rise that covered it releases no other),
+  -- releases as in counter mode; the roster lists only what runs now.
   local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
-  local k = (not roster_mode or switching) and baseline and successes - baseline - released or 0
+  local k = (not roster_mode or switching) and baseline and successes - baseline - #added or 0
   -- Failed creates: each unit create_fails rose by within the instance (its
   -- baseline kept as create_successes' is, counted_fails) ends the node's
   -- oldest unassigned (pending) reservation, in either mode (a failed create
@@ -325,30 +326,6 @@ local function heartbeat_one(ctx, A)
       if kf <= 0 then break end
       if states[i] == 'pending' and end_reservation(ctx, rid, 'cancelled', now) then kf = kf - 1 end
     end
-  end
-  -- Stage "unlisted": an assigned reservation whose sandbox is absent from
-  -- the rosters of two heartbeats received after its assignment is released
-  -- (its sandbox ended, or never started: the reference reporter lists a
-  -- sandbox from its VM's start, and the gateway assigns after the create
-  -- answered).  The record's unlisted_due is the least generation at which
-  -- one is due (assign-5.lua): until then this costs nothing.  Counter mode
-  -- keeps them due until a roster comes.
-  local due = tonumber(prev[PREV.unlisted_due])
-  if due and roster_mode and generation >= due then
-    local next_due = false
-    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-      local r = redis.call('HMGET', res_key(rid), 'state', 'assigned_gen')
-      local g = tonumber(r[2])
-      if g and (r[1] == 'assigned' or r[1] == 'acked') then
-        if g + 2 <= generation then
-          if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
-        elseif not next_due or g + 2 < next_due then
-          next_due = g + 2
-        end
-      end
-    end
-    hset[#hset + 1] = 'unlisted_due'
-    hset[#hset + 1] = next_due and fmt(next_due) or ''
   end
   -- Stage "index": only a change of what places the node moves it.
   local moved = moves or not registered or restarted or (prev[PREV.idx] or '') == '' or ctx[CTX.touched][node_id]

@@ -17,7 +17,7 @@ local function steady_one(ctx, A, P, now, swept)
   local reported = A[4]
   local nkey = node_key(node_id)
   local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
-    'roster_mode', 'idx_seen_ms', 'reported_order_ms', 'unlisted_due')
+    'roster_mode', 'idx_seen_ms', 'reported_order_ms')
   if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
     return { 'RESYNC' }
   end
@@ -32,9 +32,6 @@ local function steady_one(ctx, A, P, now, swept)
     return { 'RESYNC' }
   end
   local generation = tonumber(v[3]) + 1
-  -- (an assigned reservation unlisted for two heartbeats is due: the full
-  -- heartbeat releases it, includes/heartbeat.lua)
-  if v[5] == '1' and generation >= (tonumber(v[8]) or math.huge) then return { 'RESYNC' } end
   local s_now = instant_text(ctx, now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
   if reported == '0' then reported = s_now end

@@ -325,8 +325,6 @@ class ResModel:
     state: str = "pending"
     sandbox_id: str | None = None
     created_ms: int = 0
-    #: the node's heartbeat count (generation) when it was assigned
-    assigned_gen: int | None = None
 
 
 @dataclass
@@ -348,8 +346,6 @@ class NodeMeta:
     create_fails: int | None = None
     #: the newest reported_at_unix_ms the instance sent (0: none)
     reported: int = 0
-    #: heartbeats applied (the record's generation)
-    generation: int = 0
     sandboxes: set[str] | None = None  # node-sbx membership
 
 
@@ -466,7 +462,6 @@ class CellModel:
         if reported and meta.sid == sid and reported < meta.reported:
             return 0  # older than the newest the instance sent: nothing moves
         meta.reported = reported
-        meta.generation += 1
         self.sweep(now)
         restarted = bool(meta.sid) and meta.sid != sid
         prev_cs, prev_mode, prev_cf = meta.create_successes, meta.roster_mode, meta.create_fails
@@ -505,7 +500,8 @@ class CellModel:
                 self.drop_binding(sb, node_id)
         switching = roster_mode and not prev_mode and not restarted
         if not roster_mode or switching:
-            k = create_successes - baseline - released if baseline is not None else 0
+            listed_n = len(listed) if switching else 0  # (the first roster: all joined)
+            k = create_successes - baseline - listed_n if baseline is not None else 0
             live = self.live_of(node_id)
             for r in (
                 [r for r in live if r.state == "acked"]
@@ -517,13 +513,6 @@ class CellModel:
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
-        # assigned, and absent from the rosters of the two heartbeats since: released
-        if roster_mode:
-            for r in self.live_of(node_id):
-                g = r.assigned_gen
-                due = g is not None and g + 2 <= meta.generation
-                if due and r.state in ("assigned", "acked") and self.end(r.rid, "released"):
-                    released += 1
         # failed creates: the oldest unassigned reservations end, cancelled
         kf = create_fails - fail_base if fail_base is not None else 0
         for r in [r for r in self.live_of(node_id) if r.state == "pending"][: max(kf, 0)]:
@@ -594,7 +583,6 @@ class CellModel:
                 got.state = "assigned"
                 got.sandbox_id = sb
                 got.expires_ms = got.created_ms + self.policy.reservation_ttl_ms
-                got.assigned_gen = self.meta[node_id].generation
                 rid = attached
         if rid is not None and already_listed:
             self.end(rid, "released")
