@@ -286,26 +286,9 @@ local function heartbeat_one(ctx, A)
   -- releases as in counter mode; the roster lists only what runs now.
   local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
   local k = (not roster_mode or switching) and baseline and successes - baseline - #added or 0
-  -- Failed creates: each unit create_fails rose by within the instance (its
-  -- baseline kept as create_successes' is, counted_fails) ends the node's
-  -- oldest unassigned (pending) reservation, in either mode (a failed create
-  -- is never listed): cancelled, its creation did not happen.
-  -- (not sent: unchanged since the replica's base, nothing to count; a
-  -- record written before counted_fails was kept takes its baseline from the
-  -- next create_fails sent)
-  local fails = tonumber(values.create_fails)
-  local fail_base = tonumber(prev[PREV.counted_fails])
-  if restarted then fail_base = 0 end
-  local kf = 0
-  if fails then
-    local fails_now = fail_base and fail_base > fails and fail_base or fails
-    if prev[PREV.counted_fails] ~= fmt(fails_now) then
-      hset[#hset + 1] = 'counted_fails'
-      hset[#hset + 1] = fmt(fails_now)
-    end
-    kf = fail_base and fails - fail_base or 0
-  end
-  if k > 0 or kf > 0 then
+  -- (create_fails rising releases nothing: a gateway that cancels a failed
+  -- create's reservation would have it end twice, docs/design.md)
+  if k > 0 then
     -- (acknowledged first, then assigned ones (the gateway heard their
     -- create succeed), then the oldest: a creation the rise covered is
     -- likelier released than one still on its way, whose reservation a
@@ -321,10 +304,6 @@ local function heartbeat_one(ctx, A)
           released, k, states[i] = released + 1, k - 1, 'released'
         end
       end
-    end
-    for i, rid in ipairs(ids) do
-      if kf <= 0 then break end
-      if states[i] == 'pending' and end_reservation(ctx, rid, 'cancelled', now) then kf = kf - 1 end
     end
   end
   -- Stage "index": only a change of what places the node moves it.

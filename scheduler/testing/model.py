@@ -513,10 +513,6 @@ class CellModel:
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
-        # failed creates: the oldest unassigned reservations end, cancelled
-        kf = create_fails - fail_base if fail_base is not None else 0
-        for r in [r for r in self.live_of(node_id) if r.state == "pending"][: max(kf, 0)]:
-            self.end(r.rid, "cancelled")
         meta.roster_mode = roster_mode
         return released
 
