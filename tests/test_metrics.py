@@ -79,6 +79,9 @@ def one(samples: list[Sample], query: str) -> float:
     return float(found[0].value)
 
 
+BUILD_COMMIT = "0123456789ab"
+
+
 @pytest.mark.slow
 @pytest.mark.real_only
 def test_upstream_queries_read_a_live_replicas_metrics(
@@ -88,6 +91,9 @@ def test_upstream_queries_read_a_live_replicas_metrics(
         {"scheduler": {"node_resource_limit": {"max_sandbox_count": 1}}},
         real_url,
         cell="upstream-metrics",
+        # the commit as an image bakes it in (read from git otherwise, which a
+        # commit made while the suite runs would move under the test)
+        env={"SCHEDULER_BUILD_COMMIT": BUILD_COMMIT},
     )
     processes.append(p)
     p.wait_serving()
@@ -156,7 +162,7 @@ def test_upstream_queries_read_a_live_replicas_metrics(
     assert (
         one(
             samples,
-            f'sched_build_info{{version="{version.version()}",commit="{version.commit()}"}}',
+            f'sched_build_info{{version="{version.version()}",commit="{BUILD_COMMIT}"}}',
         )
         == 1
     )
