@@ -129,7 +129,7 @@ def _worker(
     from scheduler.server import logs
     from scheduler.server.replica import Replica
 
-    from .serve import StartupError, run_replica
+    from .runtime import StartupError, run_replica
 
     logs.from_settings(settings, worker=index)
     # SIGINT of a terminal reaches every process of the group; the parent
@@ -296,7 +296,7 @@ class _Supervisor:
 def supervise(settings: Settings, overwrite_policy: bool, workers: int, loop: Loop) -> int:
     """Run ``workers`` replica processes on one port until SIGTERM / SIGINT;
     the exit status."""
-    from .serve import StartupError
+    from .runtime import StartupError
 
     holder, port = _reserve(settings.grpc_listen)
     host = settings.grpc_listen.rpartition(":")[0]
