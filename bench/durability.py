@@ -21,7 +21,7 @@ from typing import Any
 from bench.runner import Result, cpu_model, percentile
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request
 from scheduler.client.aio import AsyncScheduler
-from scheduler.store.connection import Durability
+from scheduler.store.durability import Durability
 from scheduler.testing.redis_server import SentinelTopology
 
 GIB = 1 << 30

@@ -9,7 +9,7 @@ import msgspec
 from rich.table import Table
 
 from scheduler.ops.cells import CellSummary, cell_names, delete_cell, read_replicas, summarize
-from scheduler.store.connection import describe_target
+from scheduler.store.address import describe_target
 from scheduler.store.keys import CellKeys
 from scheduler.store.translate import translated
 

@@ -30,7 +30,8 @@ from scheduler.server.config import (
 )
 from scheduler.server.replica import ListenError, Replica
 from scheduler.store import embedded
-from scheduler.store.connection import async_client, describe_target
+from scheduler.store.address import describe_target
+from scheduler.store.connection import async_client
 
 log = logging.getLogger("scheduler.serve")
 

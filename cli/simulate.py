@@ -14,7 +14,7 @@ from rich.text import Text
 from scheduler.domain.catalog import STRATEGIES
 from scheduler.domain.errors import FailedPrecondition, InvalidArgument
 from scheduler.ops import simulate as engine
-from scheduler.store.connection import describe_target
+from scheduler.store.address import describe_target
 
 from .nodes import compact_table
 from .options import Failure, Target, cell_options, pass_target

@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from scheduler import Policy, Scheduler
-from scheduler.store.connection import Durability, async_client
+from scheduler.store.connection import async_client
+from scheduler.store.durability import Durability
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import cold, endpoint_md, hb_request

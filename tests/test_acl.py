@@ -424,7 +424,7 @@ def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisSer
     """WAIT follows each write only with min_replicas_acked > 0: the documented
     line leaves it out, and a user without it is told so in one line."""
     from scheduler.domain.errors import NotReplicated
-    from scheduler.store.connection import Durability
+    from scheduler.store.durability import Durability
 
     acked = Durability(replicas=1, timeout_ms=50)
     url = make_user(admin, server, COMMANDS)

@@ -23,7 +23,7 @@ from scheduler.server.config import (
     summary,
 )
 from scheduler.server.service import peer_endpoint
-from scheduler.store.connection import describe_target
+from scheduler.store.address import describe_target
 
 
 def write(tmp_path: Path, doc: Any) -> Path:

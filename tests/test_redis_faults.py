@@ -22,7 +22,8 @@ from scheduler import (
 )
 from scheduler.client.sync import AsyncScheduler
 from scheduler.domain.errors import NotReplicated
-from scheduler.store.connection import Durability, describe_target, parse_address, sentinel_url
+from scheduler.store.address import describe_target, parse_address, sentinel_url
+from scheduler.store.durability import Durability
 from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
 from tests.helpers import hb
 from tests.tcp_proxy import ReplyDroppingProxy

@@ -140,7 +140,7 @@ def test_a_replica_logs_and_exports_no_password(
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from scheduler.store.connection import describe_target, parse_address  # noqa: E402
+from scheduler.store.address import describe_target, parse_address  # noqa: E402
 
 #: what unencoded passwords hold (base64 has / and +; people type # ? @ % :)
 _SPECIAL = "/#?@%:+="

@@ -41,12 +41,10 @@ from scheduler.domain.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.store.address import DEFAULT_TIMEOUT_S
 from scheduler.store.calls import HEARTBEAT_SCRIPTS, Call, Plan
-from scheduler.store.connection import (
-    DEFAULT_TIMEOUT_S,
-    Durability,
-    async_client,
-)
+from scheduler.store.connection import async_client
+from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
 from scheduler.store.p2p import DEFAULT_STORE_CAPACITY, Peer
 from scheduler.store.replies import parsed

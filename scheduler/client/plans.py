@@ -41,17 +41,14 @@ from scheduler.domain.records import (
     ObservedNode,
     Reservation,
 )
+from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
 from scheduler.store.calls import Beat, Call, Ops, Plan, Resync
-from scheduler.store.connection import (
-    DEFAULT_TIMEOUT_S,
-    Durability,
-    Fence,
-    describe_target,
-    is_cluster_client,
-)
+from scheduler.store.cluster import is_cluster_client
 from scheduler.store.cpuconfig import CpuConfigOps, exchange
+from scheduler.store.durability import Durability
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.p2p import PeerOps
+from scheduler.store.sentinel import Fence
 
 T = TypeVar("T")
 log = logging.getLogger("scheduler.client.sync")

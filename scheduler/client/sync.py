@@ -43,20 +43,15 @@ from scheduler.domain.records import (
     SandboxEvent,
     Stats,
 )
+from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
 from scheduler.store.calls import Call, Ops, Plan
-from scheduler.store.connection import (
-    DEFAULT_TIMEOUT_S,
-    Durability,
-    PrimaryCheck,
-    async_client,
-    describe_target,
-    is_sentinel_client,
-    sync_client,
-)
+from scheduler.store.connection import async_client, sync_client
+from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
 from scheduler.store.p2p import DEFAULT_STORE_CAPACITY, Peer
 from scheduler.store.replies import parsed
 from scheduler.store.scripts import EVAL, ScriptRegistry
+from scheduler.store.sentinel import PrimaryCheck, is_sentinel_client
 from scheduler.store.translate import translated
 
 T = TypeVar("T")

@@ -27,7 +27,8 @@ from scheduler.domain.errors import InvalidArgument
 from scheduler.domain.limits import MAX_STATIC_NODES
 from scheduler.domain.policy import DefaultRequest, Limits, Overcommit, Policy
 from scheduler.server.tls import TlsFiles
-from scheduler.store.connection import Durability, parse_address
+from scheduler.store.address import parse_address
+from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
 from scheduler.store.p2p import DEFAULT_STORE_CAPACITY
 

@@ -48,13 +48,8 @@ from scheduler.server.metrics import Metrics
 from scheduler.server.service import SchedulerService
 from scheduler.server.tls import ReloadingCredentials, TlsError, is_loopback
 from scheduler.store.calls import this_replica
-from scheduler.store.connection import (
-    EvictionRisk,
-    EvictionWatch,
-    SentinelWatch,
-    connected_replicas,
-    is_sentinel_client,
-)
+from scheduler.store.durability import EvictionRisk, EvictionWatch, connected_replicas
+from scheduler.store.sentinel import SentinelWatch, is_sentinel_client
 from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")

@@ -12,7 +12,7 @@ tell where it ends:
   or a space.
   This masks more than the password in rare texts, never less;
 * by value: every address this process is given (:func:`remember`, called by
-  :func:`scheduler.store.connection.parse_address` and ``describe_target``) has
+  :func:`scheduler.store.address.parse_address` and ``describe_target``) has
   its secrets noted, and each noted secret of :data:`MIN_NOTED` characters
   or more is masked wherever it appears, as given and percent-decoded.
 """

@@ -47,7 +47,7 @@ from typing import Any
 import redis
 
 from scheduler.store import lua_modules
-from scheduler.store.connection import is_cluster_client
+from scheduler.store.cluster import is_cluster_client
 from scheduler.store.wire import ScriptWire, WireDown, usable
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.M)
