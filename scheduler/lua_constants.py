@@ -91,6 +91,7 @@ def render() -> str:
         "local STRATEGY_CHOICES = " + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),
         f"local EVENT_TYPES = {_set(catalog.EVENT_TYPES)}",
         f"local LIVE = {_set(catalog.LIVE_STATES)}",
+        f"local ENDED = {_set(catalog.OUTCOMES)}",
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",

@@ -10,16 +10,45 @@
 -- `now`: the call's instant, nil to read it here.  `swept`: the call swept
 -- and nothing is left due at `now` (else a due reservation is a RESYNC: the
 -- full heartbeat sweeps and reindexes).
+-- What a steady heartbeat reads: its checks, then the numbers decisions read
+-- (includes/stages.lua CHECKED), which it vouches for by moving the clock
+-- alone: a record whose numbers are not ones (corrupt state) is a RESYNC,
+-- and the full heartbeat rewrites them.  (The pending numbers, derived, may
+-- be absent; the snapshot's never are on a record a full heartbeat wrote.)
+local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
+  'idx_seen_ms', 'pending_count', 'pending_cpu', 'pending_memory_bytes', 'cpu_count',
+  'memory_total_bytes', 'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
+  'paused_allocated_memory_bytes', 'sandbox_count', 'sandbox_starting_count',
+  'paused_sandbox_count', 'cpu_percent', 'memory_used_bytes' }
+local STEADY_PENDING, STEADY_SNAPSHOT = 7, 10
+-- Texts that passed the check (kept_table, includes/base.lua): the same
+-- counts and sizes come back heartbeat after heartbeat.
+local COUNT_TEXTS = kept_table(4096)
+local function count_text_ok(s)
+  if COUNT_TEXTS.t[s] then return true end
+  if #s < 1 or #s > 16 or string.find(s, '%D') then return false end
+  keep(COUNT_TEXTS, s, true)
+  return true
+end
+
 local function steady_one(ctx, A, P, now, swept)
   local node_id = A[1]
   local sid = A[2]
   local base = A[3]
   local reported = A[4]
   local nkey = node_key(node_id)
-  local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
-    'roster_mode', 'idx_seen_ms')
-  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
+  local v = redis.call('HMGET', nkey, unpack(STEADY_READ))
+  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4]
+      or not string.find(v[4], '^%d') then
     return { 'RESYNC' }
+  end
+  for i = STEADY_PENDING, #STEADY_READ do
+    local s = v[i]
+    if s then
+      if not count_text_ok(s) then return { 'RESYNC' } end
+    elseif i >= STEADY_SNAPSHOT then
+      return { 'RESYNC' }
+    end
   end
   now = now or heard_ms(P)
   if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then

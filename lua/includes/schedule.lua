@@ -157,6 +157,11 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
           if not check_status(n) then chosen = n end
         end
         if chosen == nil then
+          -- (a member its record does not place there, a foreign write among
+          -- them, leaves those buckets: the rebuild goes by the records)
+          if not listed then
+            for i = 1, #among do idx_remove(ctx, picked, among[i]) end
+          end
           redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
           rebuild_index(ctx, P, now)
         end
