@@ -179,16 +179,21 @@ local function end_reservation(ctx, rid, outcome, now, r)
   local rkey = res_key(rid)
   r = r or redis.call('HMGET', rkey, unpack(RES_READ))
   local state, node_id = r[RES_READ.state], r[RES_READ.node_id]
-  local sound = LIVE[state] and res_number(r[RES_READ.cpu]) and res_number(r[RES_READ.memory_bytes])
-  if not sound and (ENDED[state] or not node_id
-      or not redis.call('ZSCORE', node_res_key(node_id), rid)) then
+  local sound = LIVE[state] and node_id and res_number(r[RES_READ.cpu])
+    and res_number(r[RES_READ.memory_bytes])
+  if not sound and (ENDED[state] or not (state or node_id)) then
     redis.call('ZREM', EXPIRY_KEY, rid)
     return false
   end
   -- the node's pending load, less this reservation (no pending_count: the
   -- record is gone, or is a static node's bare record)
   local held = ctx[CTX.held]
-  if not sound then
+  if not sound and not (node_id and redis.call('ZSCORE', node_res_key(node_id), rid)) then
+    -- (no node holds it that it names: ended, its node unknown; `schedctl
+    -- doctor --repair` counts that node's pending numbers again)
+    redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt and names no node holding it')
+    node_id = nil
+  elseif not sound then
     redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt: '
       .. node_key(node_id) .. ' pending numbers counted again')
     redis.call('ZREM', node_res_key(node_id), rid)
@@ -236,7 +241,7 @@ local function end_reservation(ctx, rid, outcome, now, r)
       touch(ctx, node_id)
     end
   end
-  redis.call('ZREM', node_res_key(node_id), rid)
+  if node_id then redis.call('ZREM', node_res_key(node_id), rid) end
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(ctx, now))
   local P, counts = ctx[CTX.P], ctx[CTX.counts]

@@ -21,9 +21,16 @@ end
 -- came one by one within the same millisecond.)
 
 -- The rotation counter's next value, taken (given back by give_back_rr).
+-- (A counter that is not an integer, a foreign write, starts over: it only
+-- rotates equals.)
 local function take_rr(ctx, rr_key, dry_run)
   if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
-  if not ctx[CTX.batch] then return redis.call('INCR', rr_key) end
+  if not ctx[CTX.batch] then
+    local v = redis.pcall('INCR', rr_key)
+    if type(v) == 'number' then return v end
+    redis.call('SET', rr_key, '1')
+    return 1
+  end
   if not ctx[CTX.rr] then ctx[CTX.rr] = tonumber(redis.call('GET', rr_key)) or 0 end
   ctx[CTX.rr] = ctx[CTX.rr] + 1
   return ctx[CTX.rr]
@@ -37,7 +44,12 @@ end
 -- node's reservations).
 local function next_seq(ctx)
   if not ctx[CTX.batch] then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
-  if not ctx[CTX.seq] then ctx[CTX.seq] = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  if not ctx[CTX.seq] then
+    local v = redis.call('HGET', STATS_KEY, 'reserved_total')
+    ctx[CTX.seq] = number_of(v or '0')
+    -- (it orders a node's reservations: never read as 0)
+    if not count_ok(ctx[CTX.seq]) then corrupt_field(STATS_KEY, 'reserved_total', v, 'an integer >= 0') end
+  end
   ctx[CTX.seq] = ctx[CTX.seq] + 1
   return fmt(ctx[CTX.seq])
 end

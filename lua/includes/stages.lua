@@ -85,6 +85,7 @@ local function node_from(id, v)
     local text = v[c[1]]
     if text then
       if not count_ok(n[c[2]]) or (n[c[2]] == 0 and text ~= '0') then
+        n[c[2]] = 0 -- (what explain shows of a node it excludes: no NaN, no 1e300)
         if c[4] then
           n.recount = true
         elseif not n.corrupt then
