@@ -192,6 +192,8 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   for i, id in ipairs(ids) do
     local n = evaluate(id, P, req, now)
     evaluated[i] = n
+    -- (a corrupt record the index still holds leaves it: reindex_touched)
+    if n.corrupt and n.idx ~= '' and not dry_run then touch(ctx, id) end
     if n.reason then
       counts[n.reason] = (counts[n.reason] or 0) + 1
     elseif n.known then
