@@ -57,6 +57,10 @@ def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
     return movers
 
 
+#: The policy's durations a decision reads, which every stored policy has.
+POLICY_TTLS = ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms")
+
+
 def render() -> str:
     """The include's text."""
     ceilings = catalog.CEILINGS
@@ -109,6 +113,11 @@ def render() -> str:
         "local INDEX_MOVERS = " + _map(index_movers(snapshot)),
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
+        "-- The snapshot numbers a decision reads, in order (a steady heartbeat",
+        "-- vouches for them: includes/heartbeat_steady.lua).",
+        f"local DECISION_NUMBERS = {_list(n for n, f in snapshot.items() if f.decides)}",
+        "-- The policy's durations every policy has (load_policy checks them).",
+        f"local POLICY_TTLS = {_list(POLICY_TTLS)}",
     ]
     names = [line.split()[1] for line in lines if line.startswith("local ")]
     exports = [f"-- @exports {' '.join(names[i : i + 8])}" for i in range(0, len(names), 8)]

@@ -17,9 +17,6 @@ local function repack_policy()
   redis.call('HSET', POLICY_KEY, 'packed', table.concat(v, '\t'))
 end
 
--- The policy's durations a decision reads, which every policy has.
-local POLICY_TTLS = { 'report_ttl_ms', 'binding_ttl_ms', 'reservation_ttl_ms' }
-
 -- Typed policies by packed string, kept (kept_table, includes/base.lua): the
 -- string is the key, so a changed policy is a new entry and nothing can go
 -- stale; the table is bounded for servers with many cells.
@@ -66,7 +63,7 @@ local function load_policy(ctx)
   -- (a number the policy holds is never read as unset or 0 when it is not
   -- one: the call is refused naming it, before its first write; a replica
   -- with --overwrite-policy, or `schedctl policy set`, writes it anew)
-  for _, name in ipairs(POLICY_TTLS) do
+  for _, name in ipairs(POLICY_TTLS) do -- (includes/constants)
     local v = P[name]
     if not (v and v > 0 and v < 1e16) then
       corrupt_field(POLICY_KEY, name, raw[name] or false, 'a number > 0')

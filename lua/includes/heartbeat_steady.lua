@@ -22,11 +22,9 @@
 local VOUCH_EVERY = 4
 local STEADY_CHECKS = 6
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
-  'idx_seen_ms', 'pending_count', 'pending_cpu', 'pending_memory_bytes', 'cpu_count',
-  'memory_total_bytes', 'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
-  'paused_allocated_memory_bytes', 'sandbox_count', 'sandbox_starting_count',
-  'paused_sandbox_count', 'cpu_percent', 'memory_used_bytes' }
+  'idx_seen_ms', 'pending_count', 'pending_cpu', 'pending_memory_bytes' }
 local STEADY_PENDING, STEADY_SNAPSHOT = 7, 10
+for i = 1, #DECISION_NUMBERS do STEADY_READ[STEADY_SNAPSHOT - 1 + i] = DECISION_NUMBERS[i] end
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
