@@ -113,9 +113,6 @@ def render() -> str:
         "local INDEX_MOVERS = " + _map(index_movers(snapshot)),
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
-        "-- The snapshot numbers a decision reads, in order (a steady heartbeat",
-        "-- vouches for them: includes/heartbeat_steady.lua).",
-        f"local DECISION_NUMBERS = {_list(n for n, f in snapshot.items() if f.decides)}",
         "-- The policy's durations every policy has (load_policy checks them).",
         f"local POLICY_TTLS = {_list(POLICY_TTLS)}",
     ]

@@ -16,7 +16,7 @@
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
 -- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
--- @exports corrupt_text corrupt_field count_ok
+-- @exports corrupt_text count_ok
 -- @include constants
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
@@ -59,12 +59,10 @@ local function corrupt_text(key, field, value, want)
   return 'corrupt record ' .. string.sub(key, #BASE + 1) .. ': field ' .. field .. ' ' .. is
     .. '; `schedctl doctor` checks the cell'
 end
--- ... raised from inside a helper, before the call's first write (Redis
--- answers the error as it is, with " script: <name>, on @<line>." appended,
--- which scheduler/errors.py takes off): CORRUPT, FAILED_PRECONDITION.
-local function corrupt_field(key, field, value, want)
-  error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(key, field, value, want) })
-end
+-- Raised from inside a helper, before the call's first write, as
+-- error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(...) }): Redis answers
+-- it as it is, with " script: <name>, on @<line>." appended, which
+-- scheduler/errors.py takes off (CORRUPT: FAILED_PRECONDITION).
 
 -- Is x (a record's number, tonumber'd) a count or size the scheduler could
 -- have written: whole, >= 0, below 10^16?  (NaN and the infinities fail it.)

@@ -66,14 +66,16 @@ local function load_policy(ctx)
   for _, name in ipairs(POLICY_TTLS) do -- (includes/constants)
     local v = P[name]
     if not (v and v > 0 and v < 1e16) then
-      corrupt_field(POLICY_KEY, name, raw[name] or false, 'a number > 0')
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(POLICY_KEY, name, raw[name] or false, 'a number > 0') })
     end
   end
   P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}
   for _, name in ipairs(LIMIT_NAMES) do
     local v = tonumber(raw[name])
     if raw[name] and not (v and v >= 0 and v < 1e16) then
-      corrupt_field(POLICY_KEY, name, raw[name], 'a number >= 0')
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(POLICY_KEY, name, raw[name], 'a number >= 0') })
     end
     if v and v > 0 then
       P.limits[name] = v
@@ -153,9 +155,12 @@ local function recount_pending(node_id)
     if (state or r[RES_READ.node_id]) and not ENDED[state]
         and (r[RES_READ.node_id] or node_id) == node_id then
       local c, m = res_number(r[RES_READ.cpu]), res_number(r[RES_READ.memory_bytes])
-      if c == nil then corrupt_field(rkey, 'cpu', r[RES_READ.cpu], 'an integer >= 0') end
+      if c == nil then
+        error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(rkey, 'cpu', r[RES_READ.cpu], 'an integer >= 0') })
+      end
       if m == nil then
-        corrupt_field(rkey, 'memory_bytes', r[RES_READ.memory_bytes], 'an integer >= 0')
+        error({ err = ERR.CORRUPT .. ' '
+          .. corrupt_text(rkey, 'memory_bytes', r[RES_READ.memory_bytes], 'an integer >= 0') })
       end
       count, cpu, mem = count + 1, cpu + c, mem + m
       if state == 'acked' then acked = acked + 1 end

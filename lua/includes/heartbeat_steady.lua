@@ -23,8 +23,7 @@ local VOUCH_EVERY = 4
 local STEADY_CHECKS = 6
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
   'idx_seen_ms', 'pending_count', 'pending_cpu', 'pending_memory_bytes' }
-local STEADY_PENDING, STEADY_SNAPSHOT = 7, 10
-for i = 1, #DECISION_NUMBERS do STEADY_READ[STEADY_SNAPSHOT - 1 + i] = DECISION_NUMBERS[i] end
+local STEADY_PENDING, STEADY_SNAPSHOT = 7, 10 -- (then WHOLE_FIELDS, added at the first call)
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
@@ -41,6 +40,9 @@ local function steady_one(ctx, A, P, now, swept)
   local base = A[3]
   local reported = A[4]
   local nkey = node_key(node_id)
+  if #STEADY_READ < STEADY_SNAPSHOT then
+    for name, _ in pairs(WHOLE_FIELDS) do STEADY_READ[#STEADY_READ + 1] = name end
+  end
   -- (the generation the replica last wrote, from its base "<incarnation>:<generation>")
   local vouch = tonumber(string.match(base, '(%d+)$') or '0') % VOUCH_EVERY == 0
   local v = redis.call('HMGET', nkey, unpack(STEADY_READ, 1, vouch and #STEADY_READ or STEADY_CHECKS))

@@ -48,7 +48,9 @@ local function next_seq(ctx)
     local v = redis.call('HGET', STATS_KEY, 'reserved_total')
     ctx[CTX.seq] = number_of(v or '0')
     -- (it orders a node's reservations: never read as 0)
-    if not count_ok(ctx[CTX.seq]) then corrupt_field(STATS_KEY, 'reserved_total', v, 'an integer >= 0') end
+    if not count_ok(ctx[CTX.seq]) then
+      error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
+    end
   end
   ctx[CTX.seq] = ctx[CTX.seq] + 1
   return fmt(ctx[CTX.seq])
