@@ -9,22 +9,27 @@ it does not have, no traceback in a reply or in schedctl's output, and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import pytest
 import redis
 from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
+from scheduler.connection import async_client
 from scheduler.doctor import doctor
 from scheduler.errors import CorruptState, NoNodesAvailable, SchedulerError
+from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import CellKeys
 from scheduler.policy import Limits
 from scheduler.records import SandboxEvent
-from tests.helpers import hb
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import cold, endpoint_md, hb, hb_request
 
 pytestmark = pytest.mark.real_only
 CELL = "corr"
@@ -414,3 +419,46 @@ def test_a_steady_heartbeat_vouches_for_the_record_it_keeps(cell: Cell) -> None:
         c.s.heartbeat(BEATS["n3"])
     assert c.admin.hget(K.node("n3"), "sandbox_count") == "1"
     assert doctor(c.s).findings == []
+
+
+@pytest.mark.parametrize(
+    ("case", "corrupt"),
+    [(case[0], case[1]) for case in CASES[::3]],
+    ids=[case[0] for case in CASES[::3]],
+)
+def test_through_a_replica_no_case_is_internal_or_a_logged_traceback(
+    cell: Cell,
+    real_url: str,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+    corrupt: Callable[[Cell], object],
+) -> None:
+    """Every third case through a replica's gRPC: answered with a code a
+    client can act on (never INTERNAL or UNKNOWN), and no traceback logged."""
+    corrupt(cell)
+    settings = settings_for(POLICY, cell=CELL)
+    calls: list[Callable[[ThreadedReplica], object]] = [
+        lambda r: r.stub.Schedule(cold(1, 0), timeout=5),
+        lambda r: r.stub.Heartbeat(
+            hb_request("n1", count=2, roster=["a1", "a2"]),
+            metadata=endpoint_md("n1:5000"),
+            timeout=5,
+        ),
+        lambda r: r.stub.LookupNode(pb.LookupNodeRequest(sandbox_id="x1"), timeout=5),
+        lambda r: r.stub.ListObservedNodes(pb.ListObservedNodesRequest(), timeout=5),
+        lambda r: r.stub.GetNode(pb.GetNodeRequest(node_id="n2"), timeout=5),
+    ]
+    with (
+        caplog.at_level(logging.INFO),
+        ThreadedReplica(settings, lambda: async_client(real_url), real_url) as r,
+    ):
+        for call in calls:
+            try:
+                call(r)
+            except grpc.RpcError as e:
+                assert e.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), (
+                    case,
+                    e.details(),
+                )
+                assert "Traceback" not in (e.details() or "")
+    assert not [x for x in caplog.records if x.exc_info], "a traceback was logged"
