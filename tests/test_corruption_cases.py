@@ -375,6 +375,8 @@ def test_a_reservation_whose_state_was_overwritten_ends_once_at_its_ttl(cell: Ce
     count drops by one, and it is counted once."""
     c = cell
     c.admin.hset(K.res(c.r2), "state", "bogus")
+    doctor(c.s, repair=True)  # (keeps it due: a repair never makes it be held for good)
+    assert c.admin.zscore(K.expiry, c.r2) is not None
     before = c.s.stats()
     c.s.advance_clock(POLICY.reservation_ttl_ms + 1)
     c.s.sweep()
