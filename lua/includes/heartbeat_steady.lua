@@ -16,9 +16,10 @@
 -- alone: a record whose numbers are not ones (corrupt state) is a RESYNC,
 -- and the full heartbeat rewrites them.  (The pending numbers, derived, may
 -- be absent; the snapshot's never are on a record a full heartbeat wrote.)
--- Every heartbeat would cost a steady one 27% more Redis instructions, one
--- in four 7%; a placement or a reindex that reads the record meanwhile
--- excludes the node at once (and its next steady heartbeat is a RESYNC).
+-- (Every heartbeat would cost a steady one 27% more Redis instructions, 45%
+-- coalesced; one in four costs 6% and 10%: docs/performance.md.)  A
+-- placement or a reindex that reads the record meanwhile excludes the node
+-- at once (and its next steady heartbeat is a RESYNC).
 local VOUCH_EVERY = 4
 local STEADY_CHECKS = 6
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
