@@ -20,7 +20,14 @@ The fault comes after a few seconds of load:
   to another primary (``CLUSTER SETSLOT`` IMPORTING / MIGRATING, ``MIGRATE``
   in batches of 10 keys, then ``SETSLOT NODE``) while the load goes on;
 - ``cluster-failover``: on a 3-primary cluster with a replica each,
-  ``CLUSTER FAILOVER`` on the replica of the primary that serves the cell.
+  ``CLUSTER FAILOVER`` on the replica of the primary that serves the cell;
+- ``corrupt``: for ``pause_s`` seconds, four times a second, one corruption
+  written with plain Redis commands (``CORRUPTIONS``: a node's sandbox_count
+  or pending_count not a number, negative or empty, garbage members of the
+  placement index and the expiry set, a live reservation's state
+  overwritten, the rotation counter not an integer), as an operator's
+  script would; ``doctor_left`` is what ``schedctl doctor`` still finds
+  after the settle (the nodes' heartbeats and the scripts heal the rest).
 
 What each row reports (invariants first):
 
@@ -74,6 +81,7 @@ SCENARIOS = (
     "slot-move",
     "cluster-failover",
     "eviction",
+    "corrupt",
 )
 GIB = 1 << 30
 CELL = "faults"
@@ -281,6 +289,7 @@ class Topology:
         self.cluster: ClusterTopology | None = None
         self.switched_at: float | None = None
         self.slot = 0
+        self.corruptions = 0
         if scenario in ("slot-move", "cluster-failover"):
             self.cluster = ClusterTopology(3, 1 if scenario == "cluster-failover" else 0)
         elif scenario.startswith("failover"):
@@ -367,6 +376,17 @@ class Topology:
             time.sleep(self.params.pause_s)
             admin.config_set("maxmemory", 0)
             admin.close()
+        elif s == "corrupt":
+            assert self.server is not None
+            admin = self.server.client()
+            rng = random.Random(self.params.seed)
+            until = time.monotonic() + self.params.pause_s
+            while time.monotonic() < until:
+                kind = CORRUPTIONS[self.corruptions % len(CORRUPTIONS)]
+                _corrupt(admin, kind, rng, [n.node_id for n in run.nodes])
+                self.corruptions += 1
+                time.sleep(0.25)
+            admin.close()
         elif s == "replica-kill":
             run.dead.add(0)
             replicas[0].proc.kill()
@@ -391,6 +411,66 @@ class Topology:
             self.sentinels.close()
         if self.server is not None:
             self.server.close()
+
+
+#: what the ``corrupt`` scenario writes, in turn (docs/operations.md "Corrupt state")
+CORRUPTIONS = (
+    "sandbox_count abc",
+    "pending_count abc",
+    "idx-shapes garbage",
+    "sandbox_count -5",
+    "idx-cpu garbage",
+    "reservation state",
+    "pending_count -1",
+    "idx-bucket ghost",
+    "sandbox_count empty",
+    "expiry ghost",
+    "rr abc",
+    "idx-seen ghost",
+)
+
+
+def _corrupt(admin: Any, kind: str, rng: random.Random, node_ids: list[str]) -> None:
+    """Write one corruption of ``kind`` into the cell with plain commands."""
+    base = f"sched:{{{CELL}}}:"
+    node = base + "node:" + rng.choice(node_ids)
+    if kind.startswith(("sandbox_count", "pending_count")):
+        field, value = kind.split(" ")
+        admin.hset(node, field, "" if value == "empty" else value)
+    elif kind == "idx-shapes garbage":
+        admin.sadd(base + "idx-shapes", "zz")
+    elif kind in ("idx-cpu garbage", "idx-bucket ghost"):
+        bucket = admin.hget(node, "idx")
+        if bucket:
+            b = bucket.decode()
+            if kind == "idx-cpu garbage":
+                shape = ":".join(b.split(":")[1:3])
+                admin.zadd(base + "idx-cpu:" + shape, {"not-a-bucket": 0})
+            else:
+                admin.zadd(base + "idx-bucket:" + b, {"ghost": 0})
+    elif kind == "reservation state":
+        live = admin.zrange(base + "expiry", 0, 0)
+        if live:
+            admin.hset(base + "res:" + live[0].decode(), "state", "bogus")
+    elif kind == "expiry ghost":
+        admin.zadd(base + "expiry", {"ghost": 1})
+    elif kind == "rr abc":
+        admin.set(base + "rr", "abc")
+    elif kind == "idx-seen ghost":
+        admin.zadd(base + "idx-seen", {"ghost": 1})
+
+
+def _doctor_left(url: str) -> str:
+    """What ``schedctl doctor`` still finds in the cell, by check."""
+    from scheduler.client.sync import Scheduler
+    from scheduler.ops.doctor import doctor
+
+    s = Scheduler.connect(url, cell=CELL)
+    try:
+        left = Counter(f.check for f in doctor(s).findings)
+    finally:
+        s.close()
+    return ", ".join(f"{k} {v}" for k, v in sorted(left.items())) or "none"
 
 
 def _replica_config(params: Params, acked: int, allow_eviction: bool = False) -> dict[str, Any]:
@@ -540,9 +620,12 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
             for _ in range(params.replicas)
         ]
         for r in replicas:
-            r.wait_serving(30)
+            r.wait_serving(120)  # (a start takes 30 s on a machine this loaded)
         row = asyncio.run(_drive(params, topo, replicas))
         row["replica_exits"] = [r.proc.poll() for r in replicas]
+        if scenario == "corrupt":
+            row["corruptions"] = topo.corruptions
+            row["doctor_left"] = _doctor_left(topo.url)
         if evicting:
             # refused at start without allow_eviction; with it, each replica's log
             # and sched_redis_evicted_keys say that keys went

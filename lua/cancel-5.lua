@@ -21,7 +21,7 @@ local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local r = redis.call('HMGET', res_key(rid), 'state', 'node_id')
 local now = now_ms(P)
-if not r[1] then
+if not r[1] and not r[2] then
   if not forget then return fail(ERR.NOT_FOUND, 'reservation ' .. rid .. ' not found') end
   local s_now = fmt(now)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', '', 'state', 'cancelled',
@@ -30,11 +30,12 @@ if not r[1] then
     P.reservation_ttl_ms)))
   return { '', s_now }
 end
-if not LIVE[r[1]] then
-  if forget then return { r[2], fmt(now) } end
+if ENDED[r[1]] then
+  if forget then return { r[2] or '', fmt(now) } end
   return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' already ' .. r[1])
 end
+-- (a state that is none, corrupt state, is ended too: end_reservation)
 end_reservation(ctx, rid, 'cancelled', now)
 sweep_expired(ctx, now)
 reindex_touched(ctx, P, now)
-return { r[2], fmt(now) }
+return { r[2] or '', fmt(now) }

@@ -7,7 +7,9 @@
   roster, only moves the node's clock.  This is exactly what heartbeat-5.lua
   would do with such a heartbeat when no reservation is due to expire and the
   node is in the placement index; otherwise this answers RESYNC and writes
-  nothing, and the replica sends the heartbeat in full.
+  nothing, and the replica sends the heartbeat in full.  One heartbeat in
+  four (by generation) also reads the record's numbers and answers RESYNC
+  when one is not a number (corrupt state: the full heartbeat rewrites it).
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id

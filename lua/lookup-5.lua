@@ -5,7 +5,8 @@
   ARGV[1]     sandbox_id
 
   Returns {node_id, endpoint, expires_ms, reservation_id, listed, now_ms}
-  Errors: NOT_FOUND sandbox assignment not found (missing or expired)
+  Errors: NOT_FOUND sandbox assignment not found (missing or expired),
+          CORRUPT a binding whose node_id is missing or expires_ms is no number
 ]]
 -- @include common
 local sb = ARGV[1]
@@ -14,6 +15,14 @@ if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local b = redis.call('HMGET', bind_key(sb), 'node_id', 'endpoint', 'expires_ms', 'reservation_id',
   'listed', 'deleted')
 local now = now_ms(P)
+-- (a binding whose node or expiry is not one, corrupt state, is refused
+-- naming it: never routed to nobody, never taken to expire at 0)
+if (b[2] or b[3]) and not b[1] then
+  return fail(ERR.CORRUPT, corrupt_text(bind_key(sb), 'node_id', false))
+end
+if b[3] and not count_ok(tonumber(b[3])) then
+  return fail(ERR.CORRUPT, corrupt_text(bind_key(sb), 'expires_ms', b[3], 'an integer >= 0'))
+end
 local expires = binding_expires({ b[1], b[5], b[3] }, P)
 if not b[1] or b[6] == '1' or expires <= now then
   return fail(ERR.NOT_FOUND, 'sandbox assignment not found')

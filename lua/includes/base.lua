@@ -16,6 +16,7 @@
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
 -- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
+-- @exports corrupt_text count_ok
 -- @include constants
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
@@ -47,6 +48,26 @@ local function bind_key(id) return BASE .. 'bind:' .. id end
 -- `code`: one of ERR (includes/constants, from scheduler/domain/errors.py).
 local function fail(code, message)
   return redis.error_reply(code .. ' ' .. message)
+end
+
+-- Corrupt state (an old version's or an operator's write): what names it,
+-- "corrupt record node:n1: field sandbox_count is 'abc', not ..." (the words
+-- of scheduler/store/replies.py corrupt(), so Lua and Python name it alike).
+-- `key`: the full key; `value`: false when the field is missing.
+local function corrupt_text(key, field, value, want)
+  local is = value and ("is '" .. value .. "', not " .. want) or 'is missing'
+  return 'corrupt record ' .. string.sub(key, #BASE + 1) .. ': field ' .. field .. ' ' .. is
+    .. '; `schedctl doctor` checks the cell'
+end
+-- Raised from inside a helper, before the call's first write, as
+-- error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(...) }): Redis answers
+-- it as it is, with " script: <name>, on @<line>." appended, which
+-- scheduler/domain/errors.py takes off (CORRUPT: FAILED_PRECONDITION).
+
+-- Is x (a record's number, tonumber'd) a count or size the scheduler could
+-- have written: whole, >= 0, below 10^16?  (NaN and the infinities fail it.)
+local function count_ok(x)
+  return x ~= nil and x >= 0 and x < 1e16 and x % 1 == 0
 end
 
 -- A number as a string that round-trips exactly (tostring keeps 14 digits only).

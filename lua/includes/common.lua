@@ -4,7 +4,7 @@
   script, dependencies first).
 ]]
 -- @exports repack_policy load_policy binding_expires touch RES_READ
--- @exports end_reservation flush_counts sweep_expired
+-- @exports end_reservation flush_counts sweep_expired recount_pending
 -- @include base
 
 -- (the policy's packed copy: raw_policy, includes/base.lua)
@@ -60,9 +60,23 @@ local function load_policy(ctx)
     settle_ms = tonumber(raw.settle_ms),
     limits = {},
   }
+  -- (a number the policy holds is never read as unset or 0 when it is not
+  -- one: the call is refused naming it, before its first write; a replica
+  -- with --overwrite-policy, or `schedctl policy set`, writes it anew)
+  for _, name in ipairs(POLICY_TTLS) do -- (includes/constants)
+    local v = P[name]
+    if not (v and v > 0 and v < 1e16) then
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(POLICY_KEY, name, raw[name] or false, 'a number > 0') })
+    end
+  end
   P.active = {} -- the configured ceilings, in LIMIT_NAMES order: {name, limit}
   for _, name in ipairs(LIMIT_NAMES) do
     local v = tonumber(raw[name])
+    if raw[name] and not (v and v >= 0 and v < 1e16) then
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(POLICY_KEY, name, raw[name], 'a number >= 0') })
+    end
     if v and v > 0 then
       P.limits[name] = v
       P.active[#P.active + 1] = { name, v }
@@ -118,21 +132,86 @@ end
 
 local NO_COUNTS = {}
 
+-- A reservation's cpu or memory as a number, or nil when the record's text
+-- is not a whole number >= 0 (corrupt state).
+local function res_number(text)
+  local x = number_of(text)
+  if count_ok(x) then return x end
+  return nil
+end
+
+-- A node's pending count, cpu, memory and acked count counted again from
+-- its live reservations (node-res and their records): what a corrupt
+-- pending field of its record is replaced by (they are derived).  A member
+-- whose record lost its state (overwritten) still holds its place until it
+-- ends (end_reservation); one whose cpu or memory is not a number is an
+-- error naming it, never a 0.
+local function recount_pending(node_id)
+  local count, cpu, mem, acked = 0, 0, 0, 0
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
+    local rkey = res_key(rid)
+    local r = redis.call('HMGET', rkey, unpack(RES_READ))
+    local state = r[RES_READ.state]
+    if (state or r[RES_READ.node_id]) and not ENDED[state]
+        and (r[RES_READ.node_id] or node_id) == node_id then
+      local c, m = res_number(r[RES_READ.cpu]), res_number(r[RES_READ.memory_bytes])
+      if c == nil then
+        error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(rkey, 'cpu', r[RES_READ.cpu], 'an integer >= 0') })
+      end
+      if m == nil then
+        error({ err = ERR.CORRUPT .. ' '
+          .. corrupt_text(rkey, 'memory_bytes', r[RES_READ.memory_bytes], 'an integer >= 0') })
+      end
+      count, cpu, mem = count + 1, cpu + c, mem + m
+      if state == 'acked' then acked = acked + 1 end
+    end
+  end
+  return count, cpu, mem, acked
+end
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
+-- A reservation whose record is corrupt (its state overwritten, its cpu or
+-- memory not a number) but which its node still holds (node-res) is ended
+-- all the same, once: its node's pending numbers are then counted again
+-- from the reservations left (recount_pending), never less a number it does
+-- not have.
 local function end_reservation(ctx, rid, outcome, now, r)
   local rkey = res_key(rid)
   r = r or redis.call('HMGET', rkey, unpack(RES_READ))
-  if not LIVE[r[RES_READ.state]] then
+  local state, node_id = r[RES_READ.state], r[RES_READ.node_id]
+  local sound = LIVE[state] and node_id and res_number(r[RES_READ.cpu])
+    and res_number(r[RES_READ.memory_bytes])
+  if not sound and (ENDED[state] or not (state or node_id)) then
     redis.call('ZREM', EXPIRY_KEY, rid)
     return false
   end
-  local node_id = r[RES_READ.node_id]
   -- the node's pending load, less this reservation (no pending_count: the
   -- record is gone, or is a static node's bare record)
   local held = ctx[CTX.held]
-  if held and held.id == node_id then
+  if not sound and not (node_id and redis.call('ZSCORE', node_res_key(node_id), rid)) then
+    -- (no node holds it that it names: ended, its node unknown; `schedctl
+    -- doctor --repair` counts that node's pending numbers again)
+    redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt and names no node holding it')
+    node_id = nil
+  elseif not sound then
+    redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt: '
+      .. node_key(node_id) .. ' pending numbers counted again')
+    redis.call('ZREM', node_res_key(node_id), rid)
+    if held and held.id == node_id then
+      if held.pending then
+        held.pend_count, held.pend_cpu, held.pend_mem, held.acked = recount_pending(node_id)
+        held.dirty = true
+        touch(ctx, node_id)
+      end
+    elseif redis.call('HEXISTS', node_key(node_id), 'pending_count') == 1 then
+      local count, cpu, mem, acked = recount_pending(node_id)
+      redis.call('HSET', node_key(node_id), 'pending_count', num_text(count), 'pending_cpu',
+        num_text(cpu), 'pending_memory_bytes', num_text(mem), 'acked_count', num_text(acked))
+      touch(ctx, node_id)
+    end
+  elseif held and held.id == node_id then
     -- (the holder writes the record; held.pending: it has a pending_count)
     if held.pending then
       held.pend_count, held.pend_cpu, held.pend_mem, held.acked = less_reservation(r,
@@ -146,16 +225,25 @@ local function end_reservation(ctx, rid, outcome, now, r)
     local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
       'acked_count')
     if n[1] then
-      local count, cpu, mem, acked = less_reservation(r, number_of(n[1]), number_of(n[2]) or 0,
-        number_of(n[3]) or 0, number_of(n[4]) or 0)
+      local count, cpu, mem, acked = number_of(n[1]), number_of(n[2]), number_of(n[3]),
+        number_of(n[4] or '0')
+      if count_ok(count) and count_ok(cpu) and count_ok(mem) and count_ok(acked) then
+        count, cpu, mem, acked = less_reservation(r, count, cpu, mem, acked)
+      else
+        -- (a corrupt pending number: counted again, without this one)
+        redis.call('ZREM', node_res_key(node_id), rid)
+        count, cpu, mem, acked = recount_pending(node_id)
+      end
       local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
         'pending_memory_bytes', num_text(mem) }
-      if r[RES_READ.state] == 'acked' then hset[7], hset[8] = 'acked_count', num_text(acked) end
+      if r[RES_READ.state] == 'acked' or not count_ok(number_of(n[4] or '0')) then
+        hset[7], hset[8] = 'acked_count', num_text(acked)
+      end
       redis.call('HSET', nkey, unpack(hset))
       touch(ctx, node_id)
     end
   end
-  redis.call('ZREM', node_res_key(node_id), rid)
+  if node_id then redis.call('ZREM', node_res_key(node_id), rid) end
   redis.call('ZREM', EXPIRY_KEY, rid)
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(ctx, now))
   local P, counts = ctx[CTX.P], ctx[CTX.counts]

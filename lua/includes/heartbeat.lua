@@ -87,20 +87,37 @@ local function heartbeat_one(ctx, A)
   local o = #PREV
   local n
   if (prev[PREV.idx] or '') ~= '' and P.index_format == INDEX_FORMAT then
-    n = node_of_bucket(prev[PREV.idx])
-    n.id, n.idx, n.endpoint = node_id, prev[PREV.idx], prev[PREV.endpoint] or ''
-  else
-    n = read_node(node_id)
+    n = node_of_bucket(prev[PREV.idx]) -- (nil: the record's idx is no bucket id)
+    if n then n.id, n.idx, n.endpoint = node_id, prev[PREV.idx], prev[PREV.endpoint] or '' end
   end
+  if n == nil then n = read_node(node_id) end
   n.lingering = prev[o + HB_NODE_AT.lingering] == '1'
   n.reported = prev[o + HB_NODE_AT.status] or ''
   n.cpu_percent = tonumber(prev[o + HB_NODE_AT.cpu_percent]) or 0
   n.mem_used = tonumber(prev[o + HB_NODE_AT.memory_used_bytes]) or 0
-  n.pend_count = number_of(prev[o + HB_NODE_AT.pending_count]) or 0
-  n.pend_cpu = number_of(prev[o + HB_NODE_AT.pending_cpu]) or 0
-  n.pend_mem = number_of(prev[o + HB_NODE_AT.pending_memory_bytes]) or 0
+  -- (pending numbers that are not ones, corrupt state, or missing while the
+  -- node holds reservations, are counted again from them and written:
+  -- never read as 0)
+  local pc, pcpu, pmem = number_of(prev[o + HB_NODE_AT.pending_count]),
+    number_of(prev[o + HB_NODE_AT.pending_cpu]), number_of(prev[o + HB_NODE_AT.pending_memory_bytes])
+  local acked = number_of(prev[PREV.acked_count] or '0')
   n.pending = prev[o + HB_NODE_AT.pending_count] ~= false
-  n.last_seen, n.acked = now, number_of(prev[PREV.acked_count]) or 0
+  if n.pending and count_ok(pc) and count_ok(pcpu) and count_ok(pmem) and count_ok(acked) then
+    n.pend_count, n.pend_cpu, n.pend_mem, n.acked = pc, pcpu, pmem, acked
+  elseif n.pending or n.recount or n.pend_count > 0 then
+    n.pend_count, n.pend_cpu, n.pend_mem, n.acked = recount_pending(node_id)
+    n.pending, n.dirty, n.acked_was = true, true, -1
+  else
+    n.pend_count, n.pend_cpu, n.pend_mem, n.acked = 0, 0, 0, 0
+  end
+  n.last_seen = now
+  -- A record found corrupt (read_node: a number that is not one) is
+  -- rewritten by a full heartbeat, which sends every number; a delta
+  -- cannot vouch for what it does not send: RESYNC, so the full one comes.
+  if n.corrupt then
+    if base_generation ~= '' then return { 'RESYNC' } end
+    n.corrupt = false
+  end
   for name, value in pairs(values) do
     local key = NODE_NUMBERS[name]
     -- (the whole numbers come back; observed use moves all the time)
@@ -293,7 +310,7 @@ local function heartbeat_one(ctx, A)
     hset[k + 1], hset[k + 2] = 'pending_count', num_text(n.pend_count)
     hset[k + 3], hset[k + 4] = 'pending_cpu', num_text(n.pend_cpu)
     hset[k + 5], hset[k + 6] = 'pending_memory_bytes', num_text(n.pend_mem)
-    if n.acked ~= (number_of(prev[PREV.acked_count]) or 0) then
+    if n.acked ~= (n.acked_was or number_of(prev[PREV.acked_count]) or 0) then
       hset[#hset + 1] = 'acked_count'
       hset[#hset + 1] = num_text(n.acked)
     end

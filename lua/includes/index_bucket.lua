@@ -51,6 +51,12 @@ local function parse_bucket(bucket)
   local b = PARSED.t[bucket]
   if b then return b end
   local s, r, p, c, m, lc, lm, ac, rc, am, rm, start, pend = string.match(bucket, BUCKET_RE)
+  -- (nil: not a bucket id, a foreign write; the index heals, see pick_clean)
+  if not (s and tonumber(c) and tonumber(m) and tonumber(lc) and tonumber(lm) and tonumber(ac)
+      and tonumber(rc) and tonumber(am) and tonumber(rm) and tonumber(start)
+      and tonumber(pend)) then
+    return nil
+  end
   return keep_parse(bucket, { starting = tonumber(s), running = tonumber(r),
     paused = tonumber(p), cpu_cap = tonumber(c), mem_cap = tonumber(m), lc = tonumber(lc),
     lm = tonumber(lm), alloc_cpu = tonumber(ac), pend_cpu = tonumber(rc),
@@ -83,6 +89,7 @@ end
 -- made at the size of its constructor, and one that grows is rebuilt.
 local function node_of_bucket(bucket)
   local b = parse_bucket(bucket)
+  if b == nil then return nil end -- (not a bucket id)
   return {
     bucket = bucket, cpu_cap = b.cpu_cap, mem_cap = b.mem_cap, alloc_cpu = b.alloc_cpu,
     pend_cpu = b.pend_cpu, paused_cpu = b.lc - b.alloc_cpu - b.pend_cpu, alloc_mem = b.alloc_mem,
@@ -102,6 +109,7 @@ local function shape_caps(shape)
   if x then return x end
   local c, m = string.match(shape, '^([^:]+):(.+)$')
   x = { tonumber(c), tonumber(m) }
+  if not (count_ok(x[1]) and count_ok(x[2])) then return nil end -- (not a shape)
   return keep(CAPS, shape, x)
 end
 
@@ -128,6 +136,7 @@ local function shape_desc(ctx, shape)
   local d = descs[shape]
   if d then return d end
   local caps = shape_caps(shape)
+  if caps == nil then return nil end -- (not a shape: a foreign write)
   -- (the streams' slots in the constructor: a table that grows is rebuilt)
   d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape), false, false }
   descs[shape] = d

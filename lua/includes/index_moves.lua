@@ -6,7 +6,7 @@
 ]]
 -- @exports shapes shape_gone move_index index_entry reindex unindex
 -- @exports reindex_touched sweep_stale rebuild_index INDEX_FORMAT
--- @exports upgrade_index
+-- @exports upgrade_index idx_remove
 -- @include index_bucket
 
 -- (The index as this call read and moved it is the call's: ctx.shapes,
@@ -132,8 +132,9 @@ local function idx_remove(ctx, node_id, bucket)
   end
   if left == nil then left = redis.call('ZCARD', bk) end
   sizes[bucket] = left
-  if left == 0 then
-    local d = shape_desc(ctx, shape_of(bucket))
+  local shape = left == 0 and shape_of(bucket)
+  local d = shape and shape_desc(ctx, shape)
+  if d then
     local kc, km = d[3], d[4]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
@@ -207,10 +208,25 @@ local function index_entry(ctx, n, P, now)
 end
 
 -- Bring one node's index entry up to date with its record.
+-- A node whose record is corrupt leaves the index (check_status, includes/
+-- stages.lua), so its steady heartbeats answer RESYNC and its next full one
+-- rewrites the record; pending numbers counted again (read_node) are written.
 local function reindex(ctx, node_id, P, now, registered)
-  if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then return end
+  if not registered and not redis.call('ZSCORE', NODES_KEY, node_id) then
+    redis.call('ZREM', IDX_SEEN, node_id) -- (a member of no node: a foreign write)
+    return
+  end
   local n = read_node(node_id)
-  if index_entry(ctx, n, P, now) then redis.call('HSET', node_key(node_id), 'idx', n.idx) end
+  local moved = index_entry(ctx, n, P, now)
+  if n.recount then
+    redis.call('HSET', node_key(node_id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
+      num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', n.idx)
+  elseif moved then
+    redis.call('HSET', node_key(node_id), 'idx', n.idx)
+  end
+  if n.corrupt and moved and n.idx == '' then
+    redis.log(redis.LOG_WARNING, n.corrupt .. ': the node is not placed on until its next full heartbeat')
+  end
   if n.idx ~= '' and n.last_seen then
     redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
   else

@@ -80,12 +80,31 @@ local function pick_lb(st, bucket)
   return (b.lc + st.add) / st.cap
 end
 
+-- Members of zset `key` (a stream's batch, read) that are no bucket id (a
+-- foreign write) are taken out of it, and of `batch`; true when there were.
+-- (A parse is kept, so this costs a lookup per member.)
+local function pick_clean(key, batch)
+  local bad = false
+  for i = #batch, 1, -1 do
+    local bucket = batch[i]
+    if not parse_bucket(bucket) then
+      redis.log(redis.LOG_WARNING, key .. ' member ' .. bucket .. ' is no bucket id: removed')
+      redis.call('ZREM', key, bucket)
+      table.remove(batch, i)
+      bad = true
+    end
+  end
+  return bad
+end
+
 -- A stream's next batch of members, twice the last one's size (at most
 -- SCAN_BATCH).  (No WITHSCORES: the load is in the member, and a score reply
 -- costs Redis a %.17g print and Lua a strtod.)
 local function pick_fetch(st)
   local batch = redis.call('ZRANGE', st.key, num_text(st.rank), num_text(st.rank + st.size - 1))
-  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, #batch == st.size
+  local full, read = #batch == st.size, #batch
+  if pick_clean(st.key, batch) then st.rank = st.rank - (read - #batch) end
+  st.batch, st.pos, st.rank, st.full = batch, 1, st.rank + st.size, full
   st.size = 2 * st.size
   if st.size > SCAN_BATCH then st.size = SCAN_BATCH end
   st.lb = false
@@ -99,6 +118,7 @@ end
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
   local d = PK_descs[shape] or shape_desc(PK_ctx, shape)
+  if d == nil then return nil end -- (not a shape: pick_walk drops it)
   local c, m, req = d[1], d[2], PK_req
   local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
   local st, add = d[5], req.cpu
@@ -108,7 +128,14 @@ local function pick_stream(shape)
   local batch = PK_firsts[key]
   if batch == nil then
     batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
-    PK_firsts[key], PK_more[key] = batch, #batch == OPEN_SIZE
+    local more = #batch == OPEN_SIZE
+    if pick_clean(key, batch) and more then
+      -- (read again: the first members are what the zset now holds)
+      batch = redis.call('ZRANGE', key, '0', OPEN_LAST_TEXT)
+      more = #batch == OPEN_SIZE
+      pick_clean(key, batch)
+    end
+    PK_firsts[key], PK_more[key] = batch, more
   end
   st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, PK_more[key],
     2 * OPEN_SIZE
@@ -164,7 +191,7 @@ local function pick_walk(ctx, P, req)
       unknown = true
     else
       local st = pick_stream(shape)
-      if st.lb then
+      if st and st.lb then
         k = k + 1
         streams[k] = st
       else

@@ -21,9 +21,16 @@ end
 -- came one by one within the same millisecond.)
 
 -- The rotation counter's next value, taken (given back by give_back_rr).
+-- (A counter that is not an integer, a foreign write, starts over: it only
+-- rotates equals.)
 local function take_rr(ctx, rr_key, dry_run)
   if dry_run then return (tonumber(redis.call('GET', rr_key)) or 0) + 1 end
-  if not ctx[CTX.batch] then return redis.call('INCR', rr_key) end
+  if not ctx[CTX.batch] then
+    local v = redis.pcall('INCR', rr_key)
+    if type(v) == 'number' then return v end
+    redis.call('SET', rr_key, '1')
+    return 1
+  end
   if not ctx[CTX.rr] then ctx[CTX.rr] = tonumber(redis.call('GET', rr_key)) or 0 end
   ctx[CTX.rr] = ctx[CTX.rr] + 1
   return ctx[CTX.rr]
@@ -37,7 +44,14 @@ end
 -- node's reservations).
 local function next_seq(ctx)
   if not ctx[CTX.batch] then return fmt(redis.call('HINCRBY', STATS_KEY, 'reserved_total', '1')) end
-  if not ctx[CTX.seq] then ctx[CTX.seq] = tonumber(redis.call('HGET', STATS_KEY, 'reserved_total')) or 0 end
+  if not ctx[CTX.seq] then
+    local v = redis.call('HGET', STATS_KEY, 'reserved_total')
+    ctx[CTX.seq] = number_of(v or '0')
+    -- (it orders a node's reservations: never read as 0)
+    if not count_ok(ctx[CTX.seq]) then
+      error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
+    end
+  end
   ctx[CTX.seq] = ctx[CTX.seq] + 1
   return fmt(ctx[CTX.seq])
 end
@@ -157,6 +171,11 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
           if not check_status(n) then chosen = n end
         end
         if chosen == nil then
+          -- (a member its record does not place there, a foreign write among
+          -- them, leaves those buckets: the rebuild goes by the records)
+          if not listed then
+            for i = 1, #among do idx_remove(ctx, picked, among[i]) end
+          end
           redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
           rebuild_index(ctx, P, now)
         end
@@ -175,6 +194,8 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   for i, id in ipairs(ids) do
     local n = evaluate(id, P, req, now)
     evaluated[i] = n
+    -- (a corrupt record the index still holds leaves it: reindex_touched)
+    if n.corrupt and n.idx ~= '' and not dry_run then touch(ctx, id) end
     if n.reason then
       counts[n.reason] = (counts[n.reason] or 0) + 1
     elseif n.known then

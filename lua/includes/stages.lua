@@ -20,10 +20,37 @@ local NODE_FIELDS = {
   'pending_memory_bytes', 'idx',
 }
 
+-- The numbers of NODE_FIELDS that decisions read, checked by node_from:
+-- {position, node_from key, field, derived (recounted), sent by every
+-- full heartbeat (so a heard node lacking it is corrupt)}.
+local CHECKED = {
+  { NODE_FIELDS.cpu_count, 'cpu_cap', 'cpu_count', false, true },
+  { NODE_FIELDS.memory_total_bytes, 'mem_cap', 'memory_total_bytes', false, true },
+  { NODE_FIELDS.allocated_cpu, 'alloc_cpu', 'allocated_cpu', false, true },
+  { NODE_FIELDS.allocated_memory_bytes, 'alloc_mem', 'allocated_memory_bytes', false, true },
+  { NODE_FIELDS.paused_allocated_cpu, 'paused_cpu', 'paused_allocated_cpu', false, true },
+  { NODE_FIELDS.paused_allocated_memory_bytes, 'paused_mem', 'paused_allocated_memory_bytes',
+    false, true },
+  { NODE_FIELDS.sandbox_count, 'running', 'sandbox_count', false, true },
+  { NODE_FIELDS.sandbox_starting_count, 'starting_reported', 'sandbox_starting_count', false, true },
+  { NODE_FIELDS.paused_sandbox_count, 'paused', 'paused_sandbox_count', false, true },
+  { NODE_FIELDS.cpu_percent, 'cpu_percent', 'cpu_percent', false, true },
+  { NODE_FIELDS.memory_used_bytes, 'mem_used', 'memory_used_bytes', false, true },
+  { NODE_FIELDS.pending_count, 'pend_count', 'pending_count', true, false },
+  { NODE_FIELDS.pending_cpu, 'pend_cpu', 'pending_cpu', true, false },
+  { NODE_FIELDS.pending_memory_bytes, 'pend_mem', 'pending_memory_bytes', true, false },
+}
+
 -- A node from its NODE_FIELDS values `v`, each read by name (a layout: the
 -- positions are resolved when the library is built, scheduler/store/lua_modules.py).
+-- A number a decision reads is never taken for 0 when it is not one
+-- (corrupt state: an old version's or an operator's write): it is checked
+-- below, and a node that fails is marked `corrupt` (check_status excludes
+-- it, counted as "corrupt record", until its next full heartbeat rewrites
+-- the record) or, for its pending numbers, `recount` (read_node counts them
+-- again from its reservations: they are derived).
 local function node_from(id, v)
-  return {
+  local n = {
     id = id,
     endpoint = v[NODE_FIELDS.endpoint] or '',
     lingering = v[NODE_FIELDS.lingering] == '1',
@@ -44,7 +71,36 @@ local function node_from(id, v)
     pend_cpu = number_of(v[NODE_FIELDS.pending_cpu]) or 0,
     pend_mem = number_of(v[NODE_FIELDS.pending_memory_bytes]) or 0,
     idx = v[NODE_FIELDS.idx] or '',
+    corrupt = false, recount = false,
   }
+  -- (the checks: one pass over the numbers as read; `or 0` above stands in
+  -- only where the check below passes, or marks the node)
+  local heard = v[NODE_FIELDS.last_seen_ms]
+  if heard and not count_ok(n.last_seen) then
+    n.corrupt = corrupt_text(node_key(id), 'last_seen_ms', heard, 'an integer >= 0')
+    n.last_seen = nil
+  end
+  for i = 1, #CHECKED do
+    local c = CHECKED[i]
+    local text = v[c[1]]
+    if text then
+      if not count_ok(n[c[2]]) or (n[c[2]] == 0 and text ~= '0') then
+        n[c[2]] = 0 -- (what explain shows of a node it excludes: no NaN, no 1e300)
+        if c[4] then
+          n.recount = true
+        elseif not n.corrupt then
+          n.corrupt = corrupt_text(node_key(id), c[3], text, 'an integer >= 0')
+        end
+      end
+    elseif heard and not c[4] and c[5] and not n.corrupt then
+      n.corrupt = corrupt_text(node_key(id), c[3], false)
+    end
+  end
+  if heard and not v[NODE_FIELDS.pending_count] then n.recount = true end
+  -- an index entry that is no bucket id: out of the index (reindexed, and
+  -- the record written anew with its pending numbers, recount)
+  if n.idx ~= '' and not string.find(n.idx, '^%d+:') then n.idx, n.recount = '', true end
+  return n
 end
 
 -- The snapshot's numbers among NODE_FIELDS: record field -> node_from key.
@@ -57,7 +113,11 @@ local NODE_NUMBERS = {
 }
 
 local function read_node(id)
-  return node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)))
+  local n = node_from(id, redis.call('HMGET', node_key(id), unpack(NODE_FIELDS)))
+  if n.recount then
+    n.pend_count, n.pend_cpu, n.pend_mem = recount_pending(id)
+  end
+  return n
 end
 
 -- Status derived at read time, first match wins (docs/contract.md).
@@ -104,6 +164,7 @@ end
 
 -- Stage "status": schedulable at all?
 local function check_status(n)
+  if n.corrupt then return 'corrupt record' end
   if n.status == 'LINGERING' then return 'lingering' end
   if n.status == 'UNHEALTHY' then
     if n.stale then return 'stale heartbeat' end

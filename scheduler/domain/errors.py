@@ -9,6 +9,8 @@ lua/includes/base.lua), so no Lua file writes a code itself.
 
 from __future__ import annotations
 
+import re
+
 
 class SchedulerError(Exception):
     """Base of every error this package raises on purpose."""
@@ -57,7 +59,11 @@ class CorruptState(FailedPrecondition):
     """The cell holds what this version cannot read: a record field that fails
     its type or range check, or a key of the wrong type (an old version's or
     an operator's write).  The message names the key and the field;
-    ``schedctl doctor`` finds such state."""
+    ``schedctl doctor`` finds such state.  A script answers it with its own
+    code (``fail(ERR.CORRUPT, ...)``, or ``corrupt_field`` in
+    lua/includes/base.lua from inside a helper)."""
+
+    code = "CORRUPT"
 
 
 #: What every script answers when the cell has no policy (the generated include
@@ -109,6 +115,7 @@ CODES: dict[str, type[SchedulerError]] = {
         NoNodesAvailable,
         NotFound,
         FailedPrecondition,
+        CorruptState,
         CellNotInitialised,
         StoreUnavailable,
     )
@@ -121,13 +128,18 @@ SCRIPT_CODES: tuple[str, ...] = (
     NoNodesAvailable.code,
     NotFound.code,
     FailedPrecondition.code,
+    CorruptState.code,
     CellNotInitialised.code,
 )
+
+#: What Redis appends to an error a script raised with error() (rather than
+#: returned): " script: <name>, on @user_function:<line>."
+_RAISED_AT = re.compile(r" script: [^ ]+, on @\w+:\d+\.$")
 
 
 def from_reply(text: str) -> SchedulerError | None:
     """Turn a script error reply into our exception, or None if it is not ours."""
-    code, _, message = text.partition(" ")
+    code, _, message = _RAISED_AT.sub("", text).partition(" ")
     if code == InvalidArgument.code:
         field, _, problem = message.partition(" ")
         return InvalidArgument(field, problem)

@@ -5,7 +5,13 @@ bounded ``COUNT`` per step, never ``KEYS``) and read in pipelined chunks; the
 checks compare what the scripts keep in step:
 
 * ``type``      every key holds the type the layout says (scheduler/store/keys.py)
-* ``record``    a node record's numbers are integers >= 0
+* ``record``    a node record's numbers are integers >= 0, and a node that
+                heartbeated has every snapshot number
+* ``reservation`` a reservation's state is one the scripts write, and a live
+                one names its node and has whole cpu / memory_bytes
+* ``binding``   a binding names its node and has a whole expires_ms
+* ``policy``    the policy's TTLs and ceilings are numbers
+* ``counters``  the stats counters and the rotation counter are integers
 * ``registry``  the nodes zset and the node records name each other
 * ``counts``    a node's pending_count / pending_cpu / pending_memory_bytes /
                 acked_count against its live reservations
@@ -16,12 +22,19 @@ checks compare what the scripts keep in step:
 
 ``repair`` fixes what is derived and nothing else: a dangling member of
 node-res, expiry, node-sbx or node-roster is removed, a live reservation
-missing from expiry is put back at its expires_ms, and an index that is
+missing from expiry is put back at its expires_ms, an expiry set of the
+wrong type is built again from the live reservations, a node's pending
+numbers that disagree with (or are not numbers) are counted again from its
+reservations (under WATCH: a call that changes them meanwhile makes it
+read again), a rotation counter that is not an integer starts over, and an
+index that is
 inconsistent (or of the wrong type) is rebuilt through the scripts' own
 rebuild path (sync_policy rebuilds an index whose ``index_format`` is not
 its own: the repair drops the index keys and that field, then calls it).
-Records themselves (a corrupt node record, counts that disagree) are
-reported only: the node's next full heartbeat rewrites them.
+Records themselves (a corrupt node record, reservation, binding, policy or
+stats counter) are reported only: a node's next full heartbeat rewrites its
+record, a reservation is ended at its TTL, a replica with
+``--overwrite-policy`` writes the policy anew.
 
 Concurrent calls may change the cell while it is read: run it against a
 quiet cell for exact answers; a repair only removes members whose record is
@@ -30,14 +43,16 @@ absent or ended, which no live call re-adds.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+import redis
 
 from scheduler.client.sync import Scheduler
-from scheduler.domain.catalog import LIVE_STATES
+from scheduler.domain.catalog import CEILING_NAMES, LIVE_STATES, OUTCOMES
 from scheduler.domain.errors import CellNotInitialised, FailedPrecondition
 from scheduler.domain.records import snapshot_numbers
 from scheduler.store.translate import translated
@@ -71,9 +86,16 @@ TYPES = {
     "node-art": "set",
     "art-lru": "zset",
     "art-names": "hash",
+    "replica": "hash",
 }
 INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen", "idx-tmp")
 PENDING_FIELDS = ("pending_count", "pending_cpu", "pending_memory_bytes", "acked_count")
+#: reservation states the scripts write (catalog LIVE_STATES + OUTCOMES)
+STATES = (*LIVE_STATES, *OUTCOMES)
+#: a bucket id of the index (lua/includes/index_bucket.lua BUCKET_RE, loosely)
+BUCKET_ID = re.compile(r"^\d{27}(:[^:]+){10}$")
+SHAPE = re.compile(r"^\d+:\d+$")
+RECOUNT = "count them again from the node's reservations"
 
 
 class Finding(msgspec.Struct, kw_only=True):
@@ -180,12 +202,10 @@ class Doctor:
             elif types[key] != want:
                 wrong.add(key)
                 derived = kind in INDEX_KINDS
-                self._find(
-                    "type",
-                    key,
-                    f"holds a {types[key]}, not a {want}",
-                    "rebuild the placement index" if derived else "",
-                )
+                fix = "rebuild the placement index" if derived else ""
+                if kind == "expiry":
+                    fix = "build it again from the live reservations"
+                self._find("type", key, f"holds a {types[key]}, not a {want}", fix)
 
         def ids(kind: str) -> list[str]:
             return [kind_of(k, base)[1] for k in by_kind[kind] if k not in wrong]
@@ -213,9 +233,13 @@ class Doctor:
         }
         live = {r: f for r, f in reservations.items() if f.get("state") in LIVE_STATES}
         self._records(records, registered)
-        self._counts(records, live, ids("node-res"))
+        self._reservations(reservations)
+        self._counts(records, live, reservations, ids("node-res"))
         self._expiry(live, reservations, wrong)
         self._bindings(ids("node-sbx"), ids("node-roster"), ids("bind"))
+        self._binding_records(ids("bind"))
+        self._policy(wrong)
+        self._counters(wrong)
         self._index(records, registered, by_kind, wrong)
         return Report(
             cell=self.k.cell,
@@ -228,24 +252,99 @@ class Doctor:
     def _records(self, records: dict[str, dict[str, str]], registered: set[str]) -> None:
         for node_id, f in records.items():
             key = self.k.node(node_id)
+            heard = f.get("last_seen_ms")
+            if heard is not None and _int(heard) is None:
+                self._find("record", key, f"field last_seen_ms is {heard!r}, not an integer >= 0")
             for name in (*snapshot_numbers(), *PENDING_FIELDS):
                 v = f.get(name)
+                derived = name in PENDING_FIELDS
                 if v is not None and _int(v) is None:
                     self._find(
                         "record",
                         key,
                         f"field {name} is {v!r}, not an integer >= 0",
-                        "",
+                        RECOUNT if derived else "",
                     )
+                elif v is None and heard is not None and not derived:
+                    # (every full heartbeat writes it: the scripts exclude the node)
+                    self._find("record", key, f"field {name} is missing")
             if f.get("node_id") and node_id not in registered:
                 self._find("registry", key, "names its node, which the nodes zset lacks")
         for node_id in sorted(registered - set(records)):
             self._find("registry", self.k.nodes, f"member {node_id!r} has no node record")
 
+    def _reservations(self, reservations: dict[str, dict[str, str]]) -> None:
+        for rid, f in reservations.items():
+            key = self.k.res(rid)
+            state = f.get("state")
+            if state not in STATES:
+                self._find(
+                    "reservation",
+                    key,
+                    f"field state is {state!r}, not one of {', '.join(STATES)}"
+                    if state is not None
+                    else "field state is missing",
+                )
+            if state in OUTCOMES:
+                continue
+            if not f.get("node_id"):
+                self._find("reservation", key, "field node_id is missing")
+            for name in ("cpu", "memory_bytes", "expires_ms"):
+                if _int(f.get(name)) is None:
+                    self._find(
+                        "reservation", key, f"field {name} is {f.get(name)!r}, not an integer >= 0"
+                    )
+
+    def _binding_records(self, bound: list[str]) -> None:
+        rows = self._read("HMGET", [self.k.bind(b) for b in bound], "node_id", "expires_ms")
+        for sandbox_id, row in zip(bound, rows, strict=True):
+            if not isinstance(row, list):
+                continue
+            key = self.k.bind(sandbox_id)
+            if row[0] is None or _text(row[0]) == "":
+                self._find("binding", key, "field node_id is missing")
+            expires = None if row[1] is None else _text(row[1])
+            if _int(expires) is None:
+                self._find("binding", key, f"field expires_ms is {expires!r}, not an integer >= 0")
+
+    def _policy(self, wrong: set[str]) -> None:
+        if self.k.policy in wrong:
+            return
+        f = {_text(a): _text(b) for a, b in self.c.hgetall(self.k.policy).items()}
+        for name in ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms"):
+            x = _int(f.get(name))
+            if x is None or x == 0:
+                self._find(
+                    "policy", self.k.policy, f"field {name} is {f.get(name)!r}, not a number > 0"
+                )
+        for name in CEILING_NAMES:
+            v = f.get(name)
+            if v not in (None, "") and _int(v) is None:
+                self._find("policy", self.k.policy, f"field {name} is {v!r}, not an integer >= 0")
+
+    def _counters(self, wrong: set[str]) -> None:
+        if self.k.stats not in wrong:
+            for name, v in self.c.hgetall(self.k.stats).items():
+                if _int(_text(v)) is None:
+                    self._find(
+                        "counters",
+                        self.k.stats,
+                        f"field {_text(name)} is {_text(v)!r}, not an integer >= 0",
+                    )
+        rr = self.c.get(self.k.rr) if self.k.rr not in wrong else None
+        if rr is not None and _int(_text(rr)) is None:
+            self._find(
+                "counters",
+                self.k.rr,
+                f"is {_text(rr)!r}, not an integer",
+                "reset the rotation counter",
+            )
+
     def _counts(
         self,
         records: dict[str, dict[str, str]],
         live: dict[str, dict[str, str]],
+        reservations: dict[str, dict[str, str]],
         pending_sets: list[str],
     ) -> None:
         members = dict(
@@ -268,6 +367,12 @@ class Doctor:
         for node_id, got in members.items():
             for m in got if isinstance(got, list) else []:
                 rid = _text(m)
+                rec = reservations.get(rid, {})
+                if rid not in live and rec and rec.get("state") not in OUTCOMES:
+                    # a reservation whose state is corrupt: it holds its place until
+                    # the scripts end it (reported by the reservation check)
+                    by_node[node_id].append(rec)
+                    continue
                 if rid not in live or live[rid].get("node_id") != node_id:
                     self._find(
                         "node-res",
@@ -292,6 +397,7 @@ class Doctor:
                         "counts",
                         self.k.node(node_id),
                         f"field {name} is {f.get(name)!r}, its live reservations make {expected}",
+                        RECOUNT,
                     )
 
     def _expiry(
@@ -305,6 +411,10 @@ class Doctor:
         due = {_text(m) for m in self.c.zrange(self.k.expiry, 0, -1)}
         for rid in sorted(due - set(live)):
             state = reservations.get(rid, {}).get("state")
+            if reservations.get(rid) and state not in OUTCOMES:
+                # a reservation whose state is corrupt: it stays due, so it ends at
+                # its TTL (reported by the reservation check)
+                continue
             self._find(
                 "expiry",
                 self.k.expiry,
@@ -387,6 +497,26 @@ class Doctor:
                         "rebuild the placement index",
                     )
         present = set(bucket_ids)
+        shapes_key = self.k.base + "idx-shapes"
+        if shapes_key in by_kind["idx-shapes"] and shapes_key not in wrong:
+            for m in sorted(_text(x) for x in self.c.smembers(shapes_key)):
+                if not SHAPE.match(m):
+                    self._find(
+                        "index",
+                        shapes_key,
+                        f"member {m!r} is not a shape",
+                        "rebuild the placement index",
+                    )
+        streams = [k for kind in ("idx-cpu", "idx-mem") for k in by_kind[kind] if k not in wrong]
+        for key, got in zip(streams, self._read("ZRANGE", streams, 0, -1), strict=True):
+            for m in (_text(x) for x in got) if isinstance(got, list) else []:
+                if not BUCKET_ID.match(m) or m not in present:
+                    self._find(
+                        "index",
+                        key,
+                        f"member {m!r} is not a bucket that holds a node",
+                        "rebuild the placement index",
+                    )
         for node_id, bucket in sorted(entry.items()):
             if node_id in registered and bucket not in present:
                 self._find(
@@ -408,12 +538,83 @@ class Doctor:
                 rid = f.key[len(self.k.res("")) :]
                 self.c.zadd(self.k.expiry, {rid: int(f.fix.rsplit(" ", 1)[1])})
                 f.repaired = True
+            elif f.fix == "reset the rotation counter":
+                self.c.set(self.k.rr, "0")
+                f.repaired = True
+            elif f.fix == "build it again from the live reservations":
+                self._rebuild_expiry()
+                f.repaired = True
+        recount = sorted({f.key for f in report.findings if f.fix == RECOUNT})
+        for key in recount:
+            self._recount(key[len(self.k.node("")) :])
+        for f in report.findings:
+            if f.fix == RECOUNT:
+                f.repaired = True
         if self._index_bad:
             self._rebuild_index()
             for f in report.findings:
                 if f.fix == "rebuild the placement index":
                     f.repaired = True
         report.repaired = True
+
+    def _recount(self, node_id: str) -> None:
+        """The node's pending numbers counted again from its reservations (as
+        recount_pending in lua/includes/common.lua), written under WATCH of
+        its record and its pending set: any call that changes them meanwhile
+        makes this read again."""
+        nkey, rkey = self.k.node(node_id), self.k.node_res(node_id)
+        for _ in range(10):
+            with self.c.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(nkey, rkey)
+                    totals = [0, 0, 0, 0]
+                    for m in pipe.zrange(rkey, 0, -1):
+                        rid = _text(m)
+                        pipe.watch(self.k.res(rid))
+                        r = {_text(a): _text(b) for a, b in pipe.hgetall(self.k.res(rid)).items()}
+                        if not r or r.get("state") in OUTCOMES:
+                            continue
+                        if r.get("node_id", node_id) != node_id:
+                            continue
+                        cpu, mem = _int(r.get("cpu")), _int(r.get("memory_bytes"))
+                        if cpu is None or mem is None:
+                            raise FailedPrecondition(
+                                f"cannot count node {node_id}'s pending numbers again: "
+                                f"reservation {rid} is corrupt (see its finding)"
+                            )
+                        totals[0] += 1
+                        totals[1] += cpu
+                        totals[2] += mem
+                        totals[3] += r.get("state") == "acked"
+                    pipe.multi()
+                    pipe.hset(
+                        nkey,
+                        mapping=dict(zip(PENDING_FIELDS, (str(x) for x in totals), strict=True)),
+                    )
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+        raise FailedPrecondition(f"node {node_id}'s pending numbers kept changing: run it again")
+
+    def _rebuild_expiry(self) -> None:
+        """The expiry set of the wrong type replaced by one of every live
+        reservation at its expires_ms."""
+        base = self.k.base
+        expiry: dict[str, int] = {}
+        for key in self.c.scan_iter(match=_glob(base) + "res:*", count=SCAN_COUNT):
+            k = _text(key)
+            if self.c.type(k) != b"hash":
+                continue
+            state, expires = self.c.hmget(k, "state", "expires_ms")
+            at = _int(None if expires is None else _text(expires))
+            if state is not None and _text(state) in LIVE_STATES and at is not None:
+                expiry[k[len(self.k.res("")) :]] = at
+        pipe = self.c.pipeline(transaction=True)
+        pipe.delete(self.k.expiry)
+        if expiry:
+            pipe.zadd(self.k.expiry, expiry)
+        pipe.execute()
 
     def _rebuild_index(self) -> None:
         """Drop the index (its keys, the nodes' entries and the policy's

@@ -114,6 +114,7 @@ NODE_STATUS_LABELS = tuple(s.lower() for s in NODE_STATUSES)
 #: with none, and ``redis`` for a Schedule that failed on Redis.  Each starts
 #: at 0, so a rate() alert has a series before the first refusal.
 REFUSAL_REASONS = (
+    "corrupt record",
     "lingering",
     "stale heartbeat",
     "unhealthy",

@@ -53,6 +53,7 @@ from scheduler.store.replies import (
     parse_observed,
     parse_reservation,
     s,
+    whole,
 )
 
 T = TypeVar("T")
@@ -602,7 +603,7 @@ class Ops:
             return Stats(
                 pending=int(r[0]),
                 **{
-                    name: int(f.get(name, 0))
+                    name: whole(f, name, "stats")
                     for name in (
                         "reserved_total",
                         "assigned_total",

@@ -57,6 +57,10 @@ def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
     return movers
 
 
+#: The policy's durations a decision reads, which every stored policy has.
+POLICY_TTLS = ("report_ttl_ms", "binding_ttl_ms", "reservation_ttl_ms")
+
+
 def render() -> str:
     """The include's text."""
     ceilings = catalog.CEILINGS
@@ -91,6 +95,7 @@ def render() -> str:
         "local STRATEGY_CHOICES = " + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),
         f"local EVENT_TYPES = {_set(catalog.EVENT_TYPES)}",
         f"local LIVE = {_set(catalog.LIVE_STATES)}",
+        f"local ENDED = {_set(catalog.OUTCOMES)}",
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
@@ -108,6 +113,8 @@ def render() -> str:
         "local INDEX_MOVERS = " + _map(index_movers(snapshot)),
         "-- Numbers a decision reads: whole numbers the placement index may spell.",
         f"local WHOLE_FIELDS = {_set(n for n, f in snapshot.items() if f.decides and f.maximum)}",
+        "-- The policy's durations every policy has (load_policy checks them).",
+        f"local POLICY_TTLS = {_list(POLICY_TTLS)}",
     ]
     names = [line.split()[1] for line in lines if line.startswith("local ")]
     exports = [f"-- @exports {' '.join(names[i : i + 8])}" for i in range(0, len(names), 8)]

@@ -41,6 +41,8 @@ def reply_error(e: redis.exceptions.ResponseError, target: str) -> SchedulerErro
         return mapped
     if str(e).startswith("WRONGTYPE"):
         return wrong_type(str(e))
+    if str(e).startswith(NOT_AN_INTEGER):
+        return not_an_integer(str(e))
     if isinstance(e, TRANSIENT_ERRORS) or str(e).startswith(TRANSIENT_REPLIES):
         return StoreUnavailable(f"Redis at {target} cannot serve: {e}")
     return None
@@ -54,6 +56,22 @@ def wrong_type(text: str) -> CorruptState:
     at = f" at its {' or '.join(repr(c) for c in commands)}" if commands else ""
     return CorruptState(
         f"a key of the cell holds the wrong type of value for the scripts (WRONGTYPE{where}{at}): "
+        "corrupt or foreign state; `schedctl doctor` checks the cell"
+    )
+
+
+#: What Redis answers an INCR / HINCRBY of a value that is not an integer.
+NOT_AN_INTEGER = ("hash value is not an integer", "value is not an integer")
+
+
+def not_an_integer(text: str) -> CorruptState:
+    """A counter of the cell (stats, the rotation counter) that holds what is
+    not an integer, met by a script's INCR or HINCRBY."""
+    script, commands = acl.commands_at(text)
+    where = f" in {script}" if script else ""
+    at = f" at its {' or '.join(repr(c) for c in commands)}" if commands else ""
+    return CorruptState(
+        f"a counter of the cell is not an integer ({text.split(' script:')[0]}{where}{at}): "
         "corrupt or foreign state; `schedctl doctor` checks the cell"
     )
 
