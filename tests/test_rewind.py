@@ -19,8 +19,10 @@ from bench import clockshift
 from scheduler import Policy, Scheduler
 from scheduler.connection import async_client
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.testing.redis_server import RedisServer, wait_until
-from scheduler.testing.replicas import ThreadedReplica, settings_for
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.testing.lag import LaggingLink
+from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
+from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
 from tests.helpers import cold, endpoint_md, hb_request
 
 pytestmark = pytest.mark.real_only
@@ -41,6 +43,12 @@ def replica(server: RedisServer) -> Iterator[ThreadedReplica]:
         yield r
 
 
+def ask(server: RedisServer, command: str, *args: Any, **kwargs: Any) -> Any:
+    """One redis-py command on a connection of its own, closed after."""
+    with server.client() as c:
+        return getattr(c, command)(*args, **kwargs)
+
+
 def rewinds(r: ThreadedReplica, reason: str) -> float:
     assert r.replica is not None
     value = r.replica.metrics.registry.get_sample_value(
@@ -49,9 +57,13 @@ def rewinds(r: ThreadedReplica, reason: str) -> float:
     return value or 0.0
 
 
+def placed_id(call: Any) -> str:
+    return str(dict(call.trailing_metadata() or ())["x-reservation-id"])
+
+
 def place(r: ThreadedReplica) -> tuple[Any, str]:
     resp, call = r.stub.Schedule.with_call(cold(1, 16), timeout=5)
-    return resp, str(dict(call.trailing_metadata() or ())["x-reservation-id"])
+    return resp, placed_id(call)
 
 
 def seen_by_probe(r: ThreadedReplica, url: str) -> None:
@@ -84,7 +96,7 @@ def test_a_restart_from_an_old_snapshot_settles_and_ends_what_came_back(
     r.replica.rewind_grace_ms = 0  # (every reservation of the snapshot came back)
     r.stub.Heartbeat(hb_request("n1"), metadata=MD, timeout=5)
     resp, old = place(r)
-    server.client().save()  # the snapshot: `old` live
+    ask(server, "save")  # the snapshot: `old` live
     # after it: the creation lands, its reservation ends, another is made
     r.stub.RecordAssignment(
         pb.RecordAssignmentRequest(sandbox_id="s1", node=resp.node),
@@ -126,12 +138,12 @@ def test_redis_time_that_jumps_is_put_back_and_the_cell_settles(
     _, rid = place(r)
     seen_by_probe(r, server.url)
     assert server.proc is not None
-    server.client().shutdown(save=True)  # (the same data comes back)
+    ask(server, "shutdown", save=True)  # (the same data comes back)
     server.proc.wait(10)
     server.proc = None
     server.env = clockshift.environment(offset_ms)
     server.start()
-    raw = int(server.client().time()[0]) * 1000
+    raw = int(ask(server, "time")[0]) * 1000
     assert abs(raw - time.time() * 1000 - offset_ms) < 60_000  # the shim shifts Redis TIME
     wait_until(lambda: rewinds(r, "clock") >= 1, 15, "the jump detected")
     s = Scheduler.connect(server.url, cell=CELL)
@@ -145,3 +157,58 @@ def test_redis_time_that_jumps_is_put_back_and_the_cell_settles(
         assert rewinds(r, "rewound") == 0
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_an_acknowledged_placement_survives_the_promotion_of_the_replica_that_was_behind(
+    redis_server: object, processes: list[ServeProcess]
+) -> None:
+    """min_replicas_acked 1 waits for every connected Redis replica, so the
+    replica Sentinel promotes has every acknowledged placement even when it
+    was behind and replica-priority prefers it.  (With WAIT 1 answered by
+    whichever replica came first, 22-23 acknowledged placements were lost
+    this way.)"""
+    # (failover-timeout: Sentinel "fixes" a replica whose primary is another
+    # address, the link, only that long after it last changed)
+    topo = SentinelTopology(replicas=2, sentinels=3, failover_timeout_ms=120_000)
+    behind = topo.replicas[1]
+    link = LaggingLink(topo.primary.port)
+    # it replicates through the link, and Sentinel prefers it
+    behind.extra_args = (
+        *behind.extra_args[:-1],
+        str(link.port),
+        "--replica-priority",
+        "1",
+    )
+    with link, topo:
+        config = {"scheduler": {"min_replicas_acked": 1, "replica_ack_timeout": "1s"}}
+        p = ServeProcess(config, topo.url, cell=CELL)
+        processes.append(p)
+        p.wait_serving()
+        with grpc.insecure_channel(p.address) as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+            stub.Heartbeat(hb_request("n1"), metadata=MD, timeout=5)
+            acked = [placed_id(stub.Schedule.with_call(cold(1, 16), timeout=5)[1])]
+            time.sleep(2)  # (the replica's monitor counts both Redis replicas every second)
+            assert ask(behind, "info", "replication")["master_port"] == link.port
+            link.hold()  # connected, and behind from now on
+            futures = [stub.Schedule.future(cold(1, 16), timeout=5) for _ in range(3)]
+            for f in futures:
+                try:
+                    f.result()
+                    acked.append(placed_id(f))
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+            primary = topo.primary
+            held = len(ask(primary, "keys", f"sched:{{{CELL}}}:res:*"))
+            assert held == 4  # the primary has all four; the one behind lacks three
+            primary.kill()  # the primary dies while that replica is behind
+            link.cut()  # (what it held never arrives)
+            wait_until(lambda: topo.primary_port() == behind.port, 30, "the one behind promoted")
+            wait_until(
+                lambda: ask(behind, "info", "replication")["role"] == "master", 30, "promoted"
+            )
+            key = f"sched:{{{CELL}}}:res:"
+            missing = [rid for rid in acked if not ask(behind, "exists", key + rid)]
+            assert missing == [], (missing, acked)
+            assert len(ask(behind, "keys", key + "*")) < held  # it was behind
