@@ -20,7 +20,19 @@ The fault comes after a few seconds of load:
   to another primary (``CLUSTER SETSLOT`` IMPORTING / MIGRATING, ``MIGRATE``
   in batches of 10 keys, then ``SETSLOT NODE``) while the load goes on;
 - ``cluster-failover``: on a 3-primary cluster with a replica each,
-  ``CLUSTER FAILOVER`` on the replica of the primary that serves the cell.
+  ``CLUSTER FAILOVER`` on the replica of the primary that serves the cell;
+- ``rdb-rollback-20s`` / ``rdb-rollback-120s``: ``BGSAVE`` under load, the
+  load goes on 20 s / 120 s, then kill -9 and a restart that loads that
+  snapshot (Debian's default persistence: RDB only);
+- ``lagging-promotion``: ``min_replicas_acked`` 1, a primary and two
+  replicas; the one Sentinel prefers (``replica-priority`` 1) replicates
+  through a link that holds the primary's stream for 1 s (it stays
+  connected and falls behind), then the primary is killed and Sentinel
+  promotes the replica that is behind;
+- ``clock-skew-ahead`` / ``clock-skew-behind``: ``min_replicas_acked`` 1, a
+  primary and two replicas; the preferred replica's wall clock runs 15 min
+  ahead / behind (``bench/clockshift.c``, an LD_PRELOAD shim), and
+  ``SENTINEL FAILOVER`` promotes it.
 
 What each row reports (invariants first):
 
@@ -30,7 +42,16 @@ What each row reports (invariants first):
   the final primary does not have (a failover at 0, or data loss, may lose
   them; their sandboxes are still counted by the nodes' own numbers);
 - ``phantoms``: live reservations no gateway was ever answered, counted
-  ``settle`` seconds after the load stopped;
+  ``settle`` seconds after the load stopped; ``stuck``: answered ones still
+  live then (after a rollback: those that came back from the past);
+- ``rewinds`` / ``rewound``: times the cell settled for data from the past
+  or a clock that jumped (stats ``rewinds``), and reservations that came
+  back from the past and were ended (stats ``rewound_total``);
+- clock skew: ``acked_missing`` counts only placements whose reservation
+  was live when the failover began (Redis itself expires by its own clock
+  every key with a TTL, such as the tombstones of ended reservations, on a
+  primary 15 min ahead); ``cell_clock_off_s``: the cell's clock against
+  this host's after the failover;
 - ``to_first_ok_s``: from the fault to the first successful Schedule that
   started after it (for failovers also ``after_switch_s``: from Sentinel's
   announcement of the new primary);
@@ -56,12 +77,19 @@ import redis
 import redis.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import clockshift
 from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.service import heartbeat_request
 from scheduler.simnode import SimNode
-from scheduler.testing.redis_server import ClusterTopology, RedisServer, SentinelTopology
+from scheduler.testing.lag import LaggingLink
+from scheduler.testing.redis_server import (
+    ClusterTopology,
+    RedisServer,
+    SentinelTopology,
+    wait_until,
+)
 from scheduler.testing.replicas import ServeProcess
 
 SCENARIOS = (
@@ -74,7 +102,16 @@ SCENARIOS = (
     "slot-move",
     "cluster-failover",
     "eviction",
+    "rdb-rollback-20s",
+    "rdb-rollback-120s",
+    "lagging-promotion",
+    "clock-skew-ahead",
+    "clock-skew-behind",
 )
+#: the clock-skew scenarios: the promoted replica's wall clock offset
+SKEW_MS = {"clock-skew-ahead": 15 * 60_000, "clock-skew-behind": -15 * 60_000}
+#: how long the lagging replica's link holds the primary's stream before the primary dies
+LAG_S = 1.0
 GIB = 1 << 30
 CELL = "faults"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -103,10 +140,18 @@ class Params:
     #: phantom reservations are counted this long after the load stopped
     settle_s: float = 5.0
     seed: int = 1
+    #: the rollback snapshot's age is the scenario's (20 s, 120 s), at most this
+    snapshot_cap_s: float | None = None
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0)
+        # (a rollback of 12 s still outlasts the 10 s grace: every reservation
+        # of the snapshot came back from the past)
+        return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0, snapshot_cap_s=12.0)
+
+    def snapshot_age_s(self, scenario: str) -> float:
+        age = float(scenario.removeprefix("rdb-rollback-").removesuffix("s"))
+        return age if self.snapshot_cap_s is None else min(age, self.snapshot_cap_s)
 
 
 # ---------------------------------------------------------------------------
@@ -281,6 +326,9 @@ class Topology:
         self.cluster: ClusterTopology | None = None
         self.switched_at: float | None = None
         self.slot = 0
+        self.link: LaggingLink | None = None
+        #: reservations with a TTL (ended) on the primary as the clock-skew failover began
+        self.ended_at_fault: set[str] = set()
         if scenario in ("slot-move", "cluster-failover"):
             self.cluster = ClusterTopology(3, 1 if scenario == "cluster-failover" else 0)
         elif scenario.startswith("failover"):
@@ -289,6 +337,23 @@ class Topology:
             self.sentinels = SentinelTopology(
                 replicas=2 if scenario == "failover-1" else 1, sentinels=3
             )
+        elif scenario == "lagging-promotion":
+            # (failover-timeout: Sentinel re-points a replica whose primary is another
+            # address, the link, only that long after it last changed)
+            self.sentinels = SentinelTopology(replicas=2, sentinels=3, failover_timeout_ms=120_000)
+            preferred = self.sentinels.replicas[1]
+            self.link = LaggingLink(self.sentinels.primary.port)
+            preferred.extra_args = (
+                *preferred.extra_args[:-1],
+                str(self.link.port),
+                "--replica-priority",
+                "1",
+            )
+        elif scenario in SKEW_MS:
+            self.sentinels = SentinelTopology(replicas=2, sentinels=3)
+            preferred = self.sentinels.replicas[1]
+            preferred.extra_args = (*preferred.extra_args, "--replica-priority", "1")
+            preferred.env = clockshift.environment(SKEW_MS[scenario])
         else:
             extra = ["--appendonly", "yes"] if scenario == "kill-aof" else []
             if scenario == "eviction":  # (a managed Redis's default)
@@ -300,6 +365,8 @@ class Topology:
             self.cluster.start()
             self.slot = self.cluster.keyslot(f"sched:{{{CELL}}}:policy")
         elif self.sentinels is not None:
+            if self.link is not None:
+                self.link.start()
             self.sentinels.start()
         else:
             assert self.server is not None
@@ -342,7 +409,36 @@ class Topology:
         """Apply the fault (blocking); returns (fault start, fault over)."""
         start = time.monotonic()
         s = self.scenario
-        if s in ("kill-empty", "kill-aof"):
+        if s.startswith("rdb-rollback"):
+            assert self.server is not None
+            admin = self.server.client()
+            admin.bgsave()
+            while int(admin.info("persistence")["rdb_bgsave_in_progress"]):
+                time.sleep(0.01)
+            admin.close()
+            time.sleep(self.params.snapshot_age_s(s))  # the load goes on
+            start = time.monotonic()
+            self.server.kill()
+            self.server.start()  # it loads the snapshot
+        elif s == "lagging-promotion":
+            assert self.sentinels is not None and self.link is not None
+            behind = self.sentinels.replicas[1]
+            self.link.hold()  # connected, and behind from now on
+            time.sleep(LAG_S)
+            self.sentinels.primary.kill()
+            self.link.cut()  # what it held never arrives
+            wait_until(lambda: self.sentinels_primary() == behind.port, 60, "promoted")
+            with behind.client() as c:
+                wait_until(lambda: c.info("replication")["role"] == "master", 60, "a primary")
+        elif s in SKEW_MS:
+            assert self.sentinels is not None
+            with self.primary() as old:
+                for key in old.scan_iter(match=f"sched:{{{CELL}}}:res:*", count=1000):
+                    if old.pttl(key) > 0:
+                        self.ended_at_fault.add(key.decode().rsplit(":", 1)[1])
+            new = self.sentinels.failover()
+            assert new.port == self.sentinels.replicas[1].port, "the skewed replica promoted"
+        elif s in ("kill-empty", "kill-aof"):
             assert self.server is not None
             self.server.kill()
             if s == "kill-empty":
@@ -384,11 +480,17 @@ class Topology:
             self.sentinels.failover()
         return start, time.monotonic()
 
+    def sentinels_primary(self) -> int:
+        assert self.sentinels is not None
+        return self.sentinels.primary_port()
+
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.close()
         if self.sentinels is not None:
             self.sentinels.close()
+        if self.link is not None:
+            self.link.close()
         if self.server is not None:
             self.server.close()
 
@@ -428,6 +530,8 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     loop_end = (
         t0 + params.before_s + params.after_s + (params.pause_s if topo.scenario == "pause" else 0)
     )
+    if topo.scenario.startswith("rdb-rollback"):
+        loop_end += params.snapshot_age_s(topo.scenario)
     gateways = [
         asyncio.create_task(run.gateway(w, t0, counter, loop_end)) for w in range(params.gateways)
     ]
@@ -452,8 +556,16 @@ def _measure(
     base = f"sched:{{{CELL}}}:"
     missing = 0
     for rid in run.acked:
-        if not primary.exists(base + f"res:{rid}"):
+        if rid not in topo.ended_at_fault and not primary.exists(base + f"res:{rid}"):
             missing += 1
+    stats = primary.hgetall(base + "stats")
+    cell_clock_off = None
+    if topo.scenario in SKEW_MS:
+        policy = primary.hgetall(base + "policy")
+        raw_s, raw_us = primary.time()
+        offset = int(policy.get(b"time_offset_ms", 0))
+        cell_ms = int(raw_s) * 1000 + int(raw_us) // 1000 + offset
+        cell_clock_off = round(cell_ms / 1000 - time.time(), 1)
     phantoms = stuck = 0
     for key in primary.scan_iter(match=base + "res:*", count=1000):
         state = primary.hget(key, "state")
@@ -475,6 +587,7 @@ def _measure(
     window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
     codes = Counter(o.code.name for o in window)
     every_code = Counter(o.code.name for o in run.outcomes)
+    after_codes = Counter(f"{o.rpc} {o.code.name}" for o in run.outcomes if o.start >= fault_start)
     peak = max(n.peak_sandboxes for n in run.nodes)
     latencies = [o.end - o.start for o in schedules if o.code == grpc.StatusCode.OK]
     return {
@@ -486,11 +599,16 @@ def _measure(
         "acked_missing": missing,
         "phantoms": phantoms,
         "stuck": stuck,
+        "rewinds": int(stats.get(b"rewinds", 0)),
+        "rewound": int(stats.get(b"rewound_total", 0)),
+        "cell_clock_off_s": cell_clock_off,
         "to_first_ok_s": round(min(firsts) - fault_start, 3) if firsts else None,
         "after_switch_s": after_switch,
         "fault_s": round(fault_end - fault_start, 3),
         "codes": ", ".join(f"{k} {v}" for k, v in sorted(codes.items())),
         "internal": every_code.get("INTERNAL", 0),
+        "after_codes": dict(after_codes),
+        "fault_to_load_end_s": round(load_end - fault_start, 2),
         "health_honest": _health_honest(topo.scenario, run, fault_start, fault_end),
         "schedule_p50_ms": round(percentile(latencies, 50) * 1000, 2) if latencies else None,
         "schedule_p99_ms": round(percentile(latencies, 99) * 1000, 2) if latencies else None,
@@ -532,7 +650,7 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     topo = Topology(scenario, params).start()
     replicas: list[ServeProcess] = []
     try:
-        acked = 1 if scenario == "failover-1" else 0
+        acked = 1 if scenario in ("failover-1", "lagging-promotion", *SKEW_MS) else 0
         evicting = scenario == "eviction"
         refusal = _refused_at_start(params, topo.url) if evicting else ""
         replicas = [
@@ -540,9 +658,11 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
             for _ in range(params.replicas)
         ]
         for r in replicas:
-            r.wait_serving(30)
+            r.wait_serving(90)  # (a loaded host starts a replica slowly)
         row = asyncio.run(_drive(params, topo, replicas))
         row["replica_exits"] = [r.proc.poll() for r in replicas]
+        if scenario.startswith("rdb-rollback"):
+            row["snapshot_age_s"] = params.snapshot_age_s(scenario)
         if evicting:
             # refused at start without allow_eviction; with it, each replica's log
             # and sched_redis_evicted_keys say that keys went
@@ -568,6 +688,8 @@ COLUMNS = [
     "acked_missing",
     "phantoms",
     "stuck",
+    "rewinds",
+    "rewound",
     "to_first_ok_s",
     "after_switch_s",
     "health_honest",

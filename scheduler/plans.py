@@ -261,6 +261,10 @@ class BaseClient:
         finally:
             _CHECKING.reset(token)
 
+    @staticmethod
+    def is_checking() -> bool:
+        return _CHECKING.get()
+
     def _fenced(self, call: Call[Any]) -> None:
         why = ""
         if call.acked:

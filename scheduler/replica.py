@@ -44,9 +44,11 @@ from scheduler.config import Settings
 from scheduler.connection import (
     EvictionRisk,
     EvictionWatch,
+    RestartGuard,
     SentinelWatch,
     connected_replicas,
     is_sentinel_client,
+    server_run_id,
 )
 from scheduler.errors import FailedPrecondition, SchedulerError, StoreUnavailable
 from scheduler.frames import add_guarded
@@ -189,6 +191,11 @@ class Replica:
         self._history_lock = asyncio.Lock()
         self._history_at = 0.0
         sched.on_placed = self.history.placement
+        #: new connections to another Redis server hold writes until checked
+        self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
+        if self.restart_guard is not None and not settings.query_only:
+            self.restart_guard.bypass = sched.is_checking
+            self.restart_guard.on_other = self._other_server
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
             SentinelWatch(sched.client, sched.fence, self.after_failover)
@@ -242,9 +249,15 @@ class Replica:
         )
         try:
             with self.sched.checking():
+                run_id = None
+                if self.restart_guard is not None:
+                    with translated(self.sched.target):
+                        run_id = server_run_id(await self.sched.client.info("server"))
                 probe = await self.sched.probe_cell(max(self.monitor_interval_s, 1.0))
                 if probe.has_policy:
                     await self.check_history(probe)
+                    if run_id is not None and self.restart_guard is not None:
+                        self.restart_guard.verified = run_id
         except (SchedulerError, asyncio.TimeoutError) as e:
             # writes stay held; the monitor's next probe checks again (same baseline)
             log.warning("could not check the new primary's history: %s", getattr(e, "message", e))
@@ -484,6 +497,17 @@ class Replica:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.monitor_interval_s)
 
+    def _other_server(self, run_id: str) -> None:
+        if not self.sched.unchecked:
+            log.warning(
+                "Redis at %s is another server now (run_id %s): writes wait until this "
+                "replica has checked its data",
+                self.sched.target,
+                run_id[:12],
+            )
+        self._hold_writes()
+        self.check_now()
+
     def _hold_writes(self) -> None:
         """Redis did not answer: when it does again, it may be another
         history (an old snapshot, a replica that was behind) or another clock;
@@ -514,6 +538,10 @@ class Replica:
                 if moved:
                     await self.after_failover()
         await self._count_replicas()
+        run_id = None
+        if self.restart_guard is not None:  # (read before the data it vouches for)
+            with translated(self.sched.target):
+                run_id = server_run_id(await self.sched.client.info("server"))
         probe = await self.sched.probe_cell(max(self.monitor_interval_s, 1.0))
         has_policy = probe.has_policy
         await self._check_eviction()
@@ -523,6 +551,8 @@ class Replica:
             await self.check_history(probe)
         else:
             self.history.forget()  # restored empty (and settled): a new baseline
+        if run_id is not None and self.restart_guard is not None:
+            self.restart_guard.verified = run_id
         if refresh_stats:
             try:
                 await self.refresh_cell_metrics()

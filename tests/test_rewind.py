@@ -184,7 +184,7 @@ def test_an_acknowledged_placement_survives_the_promotion_of_the_replica_that_wa
         config = {"scheduler": {"min_replicas_acked": 1, "replica_ack_timeout": "1s"}}
         p = ServeProcess(config, topo.url, cell=CELL)
         processes.append(p)
-        p.wait_serving()
+        p.wait_serving(90)  # (a loaded host starts a replica slowly)
         with grpc.insecure_channel(p.address) as channel:
             stub = pb_grpc.SchedulerStub(channel)
             stub.Heartbeat(hb_request("n1"), metadata=MD, timeout=5)
