@@ -14,9 +14,9 @@
   jumped back keeps no dead node READY; then every node not heard from since
   must heartbeat again before a placement goes to it (settle_ms, as
   settle-5.lua), and the generation rises.
-  "reconcile": the live reservations made before ARGV[2] (a rewound
-  dataset's: the caller passes now minus a grace in which a creation in
-  flight may not be in its node's roster yet) end, at most ARGV[3] of them
+  "reconcile": the live reservations made before ARGV[2] (the settled
+  cell's: the caller passes now minus a grace in which a creation in flight
+  may not be in its node's roster yet) end, at most ARGV[3] of them
   per call, oldest first: each either ended since (its count is gone from
   the node) or its node's next heartbeat, which the settle waits for, lists
   its sandbox and counts it.  They end cancelled, counted in stats

@@ -565,7 +565,8 @@ class Replica:
         (:mod:`scheduler.history`).  Data that went back in time, or a clock
         that jumped beyond the bound, settles the cell as after a failover
         (nodes take placements again once they heartbeat; a jumped clock is
-        put back first); reservations that came back from the past end."""
+        put back first); live reservations made more than ``rewind_grace_ms``
+        before the settle end (their nodes' next heartbeats count what runs)."""
         async with self._history_lock:
             if probe.at < self._history_at:
                 return  # an older probe than one already compared
@@ -606,8 +607,10 @@ class Replica:
                         verdict.skew_ms,
                         moved,
                     )
-            if verdict.reason == "rewound":
-                await self._reconcile_rewound(now_ms - self.rewind_grace_ms)
+            # either way what the cell holds is not trusted: data from the past, or
+            # (a clock that jumped forward) bindings Redis itself expired by its
+            # clock, so that no roster releases the reservations they charged
+            await self._reconcile_rewound(now_ms - self.rewind_grace_ms)
 
     async def _reconcile_rewound(self, before_ms: int) -> None:
         ended, more = 0, True
@@ -617,8 +620,8 @@ class Replica:
         if ended:
             self.metrics.rewound_reservations.inc(ended)
             log.warning(
-                "ended %d reservation(s) that came back from the past (made more than "
-                "%.0f s before the settle): their nodes' next heartbeats count what runs",
+                "ended %d reservation(s) made more than %.0f s before the settle (the "
+                "cell's data is not trusted): their nodes' next heartbeats count what runs",
                 ended,
                 self.rewind_grace_ms / 1000,
             )
