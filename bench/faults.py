@@ -261,7 +261,7 @@ class Run:
             i = counter[0]
             counter[0] += 1
             at = t0 + i / self.p.rate
-            if at >= until[0]:  # (moved once the fault is over: after_s past its end)
+            if at >= until[0]:
                 return
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             try:
@@ -530,14 +530,15 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     )
     if topo.scenario.startswith("rdb-rollback"):
         loop_end += params.snapshot_age_s(topo.scenario)
-    until = [loop_end]
+    # (the load goes on while the fault lasts, and after_s past its end: a Sentinel
+    # election may outlast the planned load)
+    until = [float("inf")]
     gateways = [
         asyncio.create_task(run.gateway(w, t0, counter, until)) for w in range(params.gateways)
     ]
     await asyncio.sleep(params.before_s)
     fault_start, fault_end = await asyncio.to_thread(topo.inject, replicas, run)
-    # (a fault that outlasted the planned load, a Sentinel election, still gets after_s of it)
-    until[0] = max(until[0], time.monotonic() + params.after_s)
+    until[0] = max(loop_end, time.monotonic() + params.after_s)
     # the load goes on for after_s past the fault (the gateways stop at loop_end)
     await asyncio.gather(*gateways)
     load_end = time.monotonic()

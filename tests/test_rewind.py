@@ -134,6 +134,8 @@ def test_redis_time_that_jumps_is_put_back_and_the_cell_settles(
     reservation expired at the next sweep and every node read stale; behind,
     a node silent for minutes stayed READY."""
     r = replica
+    assert r.replica is not None
+    r.replica.rewind_grace_ms = 600_000  # (the settle ends no reservation of this test)
     r.stub.Heartbeat(hb_request("n1"), metadata=MD, timeout=5)
     _, rid = place(r)
     seen_by_probe(r, server.url)
