@@ -7,7 +7,7 @@
   min_replicas_acked the replica's WAIT follows it like any write.
 
   It also tells the replica where the cell's history stands, so a dataset
-  that went back in time is noticed (scheduler/history.py): the cell's
+  that went back in time is noticed (scheduler/domain/history.py): the cell's
   sequence (the sum of the stats counters that only grow, this probe's own
   count included), the generation of the last rewind settle, and Redis TIME
   without the drill offset (a clock that jumps).

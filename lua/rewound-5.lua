@@ -1,7 +1,7 @@
 --[[
   rewound-5.lua: the cell's data went back in time (Redis restarted from an
   old snapshot, or Sentinel promoted a replica that was behind), or Redis
-  time jumped: a replica's health check saw it (scheduler/history.py).  The
+  time jumped: a replica's health check saw it (scheduler/domain/history.py).  The
   cell settles as after a failover, and what came back from the past is not
   trusted.
 

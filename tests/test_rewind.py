@@ -1,5 +1,5 @@
 """A Redis that comes back with older data, or with its clock off, is
-detected by the replicas' health probe (scheduler/history.py) and the cell
+detected by the replicas' health probe (scheduler/domain/history.py) and the cell
 settles: no node is placed on from numbers older than its next heartbeat,
 reservations that came back from the past end, and a jumped clock is put
 back instead of expiring (forward) or freshening (back) everything.  Real
@@ -17,9 +17,9 @@ import redis
 
 from bench import clockshift
 from scheduler import Policy, Scheduler
-from scheduler.connection import async_client
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.store.connection import async_client
 from scheduler.testing.lag import LaggingLink
 from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
