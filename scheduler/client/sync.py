@@ -202,7 +202,7 @@ class Scheduler(BaseClient):
         return self._one(self.ops.advance_clock(ms, mode))
 
     def probe(self) -> bool:
-        return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL)).has_policy
 
     # -- nodes ---------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> HeartbeatResult:
