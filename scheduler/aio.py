@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar, cast
 
-from scheduler.calls import HEARTBEAT_SCRIPTS, Call, Plan
+from scheduler.calls import CENSUS_STEP, HEARTBEAT_SCRIPTS, Call, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
@@ -36,6 +36,7 @@ from scheduler.policy import Policy
 from scheduler.records import (
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -341,6 +342,10 @@ class AsyncScheduler(BaseClient):
 
     def stats(self) -> Awaitable[Stats]:
         return self._one(self.ops.stats())
+
+    def census(self, step: int = CENSUS_STEP) -> Awaitable[Census]:
+        """One bounded step of the cell's node census; the last finished pass back."""
+        return self._one(self.ops.census(step))
 
     # -- P2P -----------------------------------------------------------------
     def peers(

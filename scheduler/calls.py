@@ -31,6 +31,7 @@ from scheduler.records import (
     MAX_CPU,
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -65,6 +66,11 @@ READ_ONLY_SCRIPTS = frozenset(
 
 #: How long a replica's roster entry lives unless its monitor loop refreshes it.
 REPLICA_TTL_MS = 15_000
+
+#: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
+#: replica's monitor takes one step a tick, all replicas sharing the pass.
+CENSUS_STEP = 512
+MAX_CENSUS_STEP = 10_000
 
 
 class ReplicaEntry(msgspec.Struct, kw_only=True):
@@ -616,6 +622,25 @@ class Ops:
             )
 
         return self._call("stats", [], parse)
+
+    def census(self, step: int = CENSUS_STEP) -> Call[Census]:
+        """One bounded step of the cell's node census (lua/census-5.lua): at
+        most ``step`` nodes read; the last finished pass's counts back."""
+        if not 1 <= step <= MAX_CENSUS_STEP:
+            raise InvalidArgument(
+                "step", f"must be a whole number in 1..{MAX_CENSUS_STEP}, not {step!r}"
+            )
+
+        def parse(r: list[Any]) -> Census:
+            done = s(r[0])
+            return Census(
+                done_ms=int(done) if done else None,
+                passes=int(r[1]),
+                nodes={k: int(v) for k, v in pairs(r[2:]).items()},
+            )
+
+        # (no WAIT after it: a census step lost in a failover is taken again)
+        return Call("census", self.k.fixed(), [str(step)], parse, writes=False)
 
     def policy(self) -> Call[Policy | None]:
         def parse(r: list[Any]) -> Policy | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from scheduler.aio import AsyncScheduler, wrote_nothing
-from scheduler.calls import Call, Ops, Plan
+from scheduler.calls import CENSUS_STEP, Call, Ops, Plan
 from scheduler.connection import (
     DEFAULT_TIMEOUT_S,
     Durability,
@@ -35,6 +35,7 @@ from scheduler.policy import Policy
 from scheduler.records import (
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -272,6 +273,10 @@ class Scheduler(BaseClient):
 
     def stats(self) -> Stats:
         return self._one(self.ops.stats())
+
+    def census(self, step: int = CENSUS_STEP) -> Census:
+        """One bounded step of the cell's node census; the last finished pass back."""
+        return self._one(self.ops.census(step))
 
     # -- P2P -----------------------------------------------------------------
     def peers(

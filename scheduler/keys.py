@@ -11,6 +11,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>stats               hash    counters: reserved/released/cancelled/expired totals, seq
     <base>rr                  string  round-robin rotation counter
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
+    <base>census              hash    node census: pass cursor, counts by status (lua/census-5.lua)
     <base>node:<node>         hash    node record: identity, latest snapshot, pending aggregates
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
     <base>node-sbx:<node>     set     sandbox ids bound to the node that its roster does not list
@@ -58,6 +59,7 @@ LIFETIMES: dict[str, str] = {
     "stats": "cell",
     "rr": "cell",
     "expiry": "cell",
+    "census": "cell",
     "seen": "cell",
     "node:<node>": "sweep",
     "node-res:<node>": "sweep",

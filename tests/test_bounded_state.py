@@ -237,7 +237,8 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
         if "ttl" in kind and s.client.pttl(key) > 0:
             continue
         assert kind == "cell", f"{key} ({kind}) outlived its sweep without a TTL"
-        assert name in ("policy", "stats", "rr"), f"{key}: {name} still holds members"
+        # (census: a cursor and a count per status, whatever the fleet)
+        assert name in ("policy", "stats", "rr", "census"), f"{key}: {name} still holds members"
     # (the live replica's own roster entry stays: it refreshes it, with a TTL, checked above)
     left = [classify(s.keys.base, k) for k in keys_of(s)]
     assert {LIFETIMES[n] for n in left if n != "replica:<replica>"} <= {"cell", "ttl+sweep"}

@@ -6,6 +6,16 @@
 -- @exports cpu_config_one
 -- @include common
 
+-- (Every step is O(1) in the cluster's size, but for the one computation of a
+-- round: a round is left or advanced on the events that change it, a member's
+-- config arriving or changing (ingest), a member joining or moving (ingest),
+-- a member removed (leave_cpucfg, includes/nodes.lua).  A member whose record
+-- went without either (gone by other means) is found by a bounded prune step
+-- while the round waits, PRUNE_STEP members a heartbeat, so a pass over the
+-- cluster takes about a heartbeat interval / PRUNE_STEP of its members' beats.)
+local PRUNE_STEP = '4' -- members the waiting round checks per ingest (HSCAN COUNT)
+local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may after this
+
 local function cfg_leave(key, id)
   local cur = redis.call('HGET', key, 'm:' .. id)
   if cur == false then return end
@@ -13,7 +23,28 @@ local function cfg_leave(key, id)
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
 end
 
+-- Is member `id` still in `cluster`'s round (its record says so)?
+local function cfg_member(id, cluster)
+  local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
+  return v[1] == cluster and v[2] == cluster
+end
+
+-- One bounded step of the prune, from the round's stored HSCAN cursor: drops
+-- the members among the next PRUNE_STEP fields that left or moved.
+local function cfg_prune_step(cfg_key, cluster)
+  local r = redis.call('HSCAN', cfg_key, redis.call('HGET', cfg_key, 'prune_cursor') or '0',
+    'MATCH', 'm:*', 'COUNT', PRUNE_STEP)
+  for _, f in ipairs(r[2]) do
+    if string.sub(f, 1, 2) == 'm:' then
+      local id = string.sub(f, 3)
+      if not cfg_member(id, cluster) then cfg_leave(cfg_key, id) end
+    end
+  end
+  redis.call('HSET', cfg_key, 'prune_cursor', r[1])
+end
+
 -- Drop members that left or moved; returns the member ids that remain.
+-- (O(cluster): only for the round's one computation.)
 local function cfg_prune(cfg_key, cluster)
   local members = {}
   local flat = redis.call('HGETALL', cfg_key)
@@ -21,8 +52,7 @@ local function cfg_prune(cfg_key, cluster)
     local f = flat[i]
     if string.sub(f, 1, 2) == 'm:' then
       local id = string.sub(f, 3)
-      local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
-      if v[1] == cluster and v[2] == cluster then
+      if cfg_member(id, cluster) then
         members[#members + 1] = id
       else
         cfg_leave(cfg_key, id)
@@ -104,12 +134,20 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
 
   if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then
-    cfg_prune(cfg_key, cluster)
+    -- the round waits for a config; a member gone unnoticed must not block it
+    cfg_prune_step(cfg_key, cluster)
     if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then return { 'none' } end
   end
   local done = cfg_deliver(cfg_key, node_id)
   if done then return done end
-  local out = { 'compute', cfg_epoch(cfg_key) }
+  -- one heartbeat computes the round (a lease of Redis time): the others of
+  -- that moment answer none and get the result on their next heartbeat
+  local epoch = cfg_epoch(cfg_key)
+  local now = now_ms(P)
+  local lease = redis.call('HMGET', cfg_key, 'compute_epoch', 'compute_until')
+  if lease[1] == epoch and (tonumber(lease[2]) or 0) > now then return { 'none' } end
+  redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
+  local out = { 'compute', epoch }
   for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
     out[#out + 1] = id
     out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
