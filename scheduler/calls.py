@@ -67,6 +67,13 @@ READ_ONLY_SCRIPTS = frozenset(
 #: How long a replica's roster entry lives unless its monitor loop refreshes it.
 REPLICA_TTL_MS = 15_000
 
+#: Nodes one page of ListNodes / ListObservedNodes reads (lua/observed-5.lua):
+#: a few ms of Redis at most in the full form; the client stitches the pages.
+LIST_PAGE = 256
+
+#: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
+Page = tuple[str, list[T]]
+
 #: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
 #: replica's monitor takes one step a tick, all replicas sharing the pass.
 CENSUS_STEP = 512
@@ -651,19 +658,29 @@ class Ops:
 
         return self._call("stats", ["policy"], parse)
 
-    def listed(self) -> Call[list[ListedNode]]:
-        """Every known node, lingering and never heard from included (ListNodes)."""
-        return Call("observed", self.k.fixed(), ["", "", "1", "brief"], parse_listed, writes=False)
+    def listed(self, after: str = "", page: int = LIST_PAGE) -> Call[Page[ListedNode]]:
+        """One page of every known node, lingering and never heard from
+        included (ListNodes): at most ``page`` nodes after node id ``after``."""
+        return Call(
+            "observed",
+            self.k.fixed(),
+            ["", "", "1", "brief", after, str(page)],
+            lambda r: (s(r[1]), parse_listed(r)),
+            writes=False,
+        )
 
-    def observed(self, node_id: str = "", cluster_id: str = "") -> Call[list[ObservedNode]]:
+    def observed(
+        self, node_id: str = "", cluster_id: str = "", after: str = "", page: int = LIST_PAGE
+    ) -> Call[Page[ObservedNode]]:
         """Nodes that have heartbeated (lua/observed-5.lua), of one cluster when
-        ``cluster_id`` is given; only ``node_id`` when it is given."""
+        ``cluster_id`` is given; only ``node_id`` when it is given; else one
+        page: at most ``page`` nodes after node id ``after``."""
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
         return Call(
             "observed",
             self.k.fixed(),
-            [node_id, cluster, "0", "full"],
-            parse_observed,
+            [node_id, cluster, "0", "full", after, str(page)],
+            lambda r: (s(r[1]), parse_observed(r)),
             writes=False,
         )
 

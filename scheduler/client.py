@@ -222,10 +222,10 @@ class Scheduler(BaseClient):
         return self._drive(self._nodes())
 
     def list_nodes(self) -> list[ListedNode]:
-        return self._one(self.ops.listed())
+        return self._drive(self._listed())
 
     def observed_nodes(self, cluster_id: str = "") -> list[ObservedNode]:
-        return self._one(self.ops.observed("", cluster_id))
+        return self._drive(self._observed(cluster_id))
 
     def observed_node(self, node_id: str, cluster_id: str = "") -> ObservedNode:
         return self._drive(self._observed_node(node_id, cluster_id))

@@ -219,3 +219,52 @@ def test_one_heartbeat_at_a_time_computes_a_round(
     assert [s.run(cpu.ingest(f"k-{i:05d}", "k", CONFIG, False)).config for i in range(3)] == [
         '{"kvm_capabilities": []}'
     ] * 3
+
+
+# ---------------------------------------------------------------------------
+# ListNodes and ListObservedNodes, page by page
+# ---------------------------------------------------------------------------
+def test_pages_list_every_node_exactly_once_while_nodes_change(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    s = make_scheduler(Policy())
+    add_fleet(s, 200)
+    present = {f"n{i:05d}" for i in range(200)}
+    for form in ("listed", "observed"):
+        during: list[set[str]] = []
+        got: list[str] = []
+        after, added = "", 1_000 if form == "listed" else 2_000
+        while True:
+            during.append(set(present))
+            call = (
+                s.ops.listed(after, 16) if form == "listed" else s.ops.observed("", "", after, 16)
+            )
+            after, rows = s.run(call)
+            got += [n.node_id for n in rows]
+            if not after:
+                break
+            # between two pages: a node joins, one leaves (both sides of the cursor)
+            add_fleet(s, 1, start=added)
+            present.add(f"n{added:05d}")
+            added += 1
+            gone = sorted(present)[(len(got) * 7) % len(present)]
+            assert s.unregister(gone, "boot-1")
+            present.discard(gone)
+        assert len(got) == len(set(got)), form  # nobody twice
+        assert got == sorted(got), form  # node-id byte order
+        stayed, ever = set.intersection(*during), set.union(*during)
+        assert stayed <= set(got) <= ever, form  # everyone there throughout, once
+
+
+def test_a_big_list_is_read_in_pages_and_comes_back_whole(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    from scheduler.calls import LIST_PAGE
+
+    s = make_scheduler(Policy())
+    n = 2 * LIST_PAGE + 10
+    add_fleet(s, n)
+    ids = [f"n{i:05d}" for i in range(n)]
+    assert [x.node_id for x in s.list_nodes()] == ids
+    assert [x.node_id for x in s.observed_nodes()] == ids
+    assert s.observed_node("n00300").node_id == "n00300"
