@@ -26,6 +26,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>idx-tmp             zset    scratch of one Schedule (deleted before it returns)
     <base>seen                zset    node -> a recent full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
+    <base>cpucfg-missing:<cluster> set  members of that round without a CPU config yet
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact
     <base>node-art:<node>     set     artifact digests a node holds
@@ -74,6 +75,7 @@ LIFETIMES: dict[str, str] = {
     "idx-seen": "cell",
     "idx-tmp": "sweep",
     "cpucfg:<cluster>": "sweep",
+    "cpucfg-missing:<cluster>": "sweep",
     "p2p:<cluster>": "sweep",
     "art:<digest>": "sweep",
     "node-art:<node>": "sweep",

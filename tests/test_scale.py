@@ -161,7 +161,10 @@ def join(s: Scheduler, cluster: str, members: int, missing: int) -> None:
 def round_commands(s: Scheduler, cluster: str, members: int) -> float:
     """Redis commands per heartbeat's CPU-config step of members that have one."""
     cpu = CpuConfigOps(s.keys)
-    beats = [cpu.ingest(f"{cluster}-{i:05d}", cluster, CONFIG, False) for i in range(50, 90)]
+    beats = [
+        cpu.ingest(f"{cluster}-{i:05d}", cluster, CONFIG, False)
+        for i in range(members - 40, members)  # (members with their config)
+    ]
     s.client.config_resetstat()
     for call in beats:
         assert not s.run(call).needs_compute

@@ -9,17 +9,23 @@
 -- (Every step is O(1) in the cluster's size, but for the one computation of a
 -- round: a round is left or advanced on the events that change it, a member's
 -- config arriving or changing (ingest), a member joining or moving (ingest),
--- a member removed (leave_cpucfg, includes/nodes.lua).  A member whose record
--- went without either (gone by other means) is found by a bounded prune step
--- while the round waits, PRUNE_STEP members a heartbeat, so a pass over the
--- cluster takes about a heartbeat interval / PRUNE_STEP of its members' beats.)
-local PRUNE_STEP = '4' -- members the waiting round checks per ingest (HSCAN COUNT)
+-- a member removed (leave_cpucfg, includes/nodes.lua).  Only members without
+-- a config hold a round back; they are also kept in cpucfg-missing:<cluster>,
+-- and while the round waits each ingest checks PRUNE_STEP of them at random,
+-- so one whose record went without either event (moved by a heartbeat sent
+-- without its CPU config step, or deleted) stops blocking the round soon.)
+local PRUNE_STEP = '2' -- missing members the waiting round checks per ingest
 local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may after this
+
+local function missing_key(cfg_key) return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8) end
 
 local function cfg_leave(key, id)
   local cur = redis.call('HGET', key, 'm:' .. id)
   if cur == false then return end
-  if cur == '' then redis.call('HINCRBY', key, 'missing', -1) end
+  if cur == '' then
+    redis.call('HINCRBY', key, 'missing', -1)
+    redis.call('SREM', missing_key(key), id)
+  end
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
 end
 
@@ -29,23 +35,29 @@ local function cfg_member(id, cluster)
   return v[1] == cluster and v[2] == cluster
 end
 
--- One bounded step of the prune, from the round's stored HSCAN cursor: drops
--- the members among the next PRUNE_STEP fields that left or moved.
+local cfg_prune
+
+-- One bounded step of the prune while the round waits: PRUNE_STEP of the
+-- members without a config, at random, dropped if they left or moved.  (A
+-- round written before cpucfg-missing existed has no such set: it is built
+-- once, by one whole prune.)
 local function cfg_prune_step(cfg_key, cluster)
-  local r = redis.call('HSCAN', cfg_key, redis.call('HGET', cfg_key, 'prune_cursor') or '0',
-    'MATCH', 'm:*', 'COUNT', PRUNE_STEP)
-  for _, f in ipairs(r[2]) do
-    if string.sub(f, 1, 2) == 'm:' then
-      local id = string.sub(f, 3)
-      if not cfg_member(id, cluster) then cfg_leave(cfg_key, id) end
+  local mkey = missing_key(cfg_key)
+  local some = redis.call('SRANDMEMBER', mkey, PRUNE_STEP)
+  if #some == 0 then
+    for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
+      if redis.call('HGET', cfg_key, 'm:' .. id) == '' then redis.call('SADD', mkey, id) end
     end
+    return
   end
-  redis.call('HSET', cfg_key, 'prune_cursor', r[1])
+  for _, id in ipairs(some) do
+    if not cfg_member(id, cluster) then cfg_leave(cfg_key, id) end
+  end
 end
 
 -- Drop members that left or moved; returns the member ids that remain.
 -- (O(cluster): only for the round's one computation.)
-local function cfg_prune(cfg_key, cluster)
+cfg_prune = function(cfg_key, cluster)
   local members = {}
   local flat = redis.call('HGETALL', cfg_key)
   for i = 1, #flat, 2 do
@@ -124,8 +136,14 @@ local function cpu_config_one(ctx, A, cfg_key)
     local was_missing = cur == ''
     local is_missing = digest == ''
     if cur == false then was_missing = false end
-    if is_missing and not was_missing then redis.call('HINCRBY', cfg_key, 'missing', 1) end
-    if was_missing and not is_missing then redis.call('HINCRBY', cfg_key, 'missing', -1) end
+    if is_missing and not was_missing then
+      redis.call('HINCRBY', cfg_key, 'missing', 1)
+      redis.call('SADD', missing_key(cfg_key), node_id)
+    end
+    if was_missing and not is_missing then
+      redis.call('HINCRBY', cfg_key, 'missing', -1)
+      redis.call('SREM', missing_key(cfg_key), node_id)
+    end
     redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
     redis.call('HINCRBY', cfg_key, 'epoch', 1)
     redis.call('HDEL', cfg_key, 'result', 'result_epoch')
