@@ -78,6 +78,7 @@ COLUMNS = [
     "heartbeat_cpu_us",
     "periodic_us_per_s",
     "core_share_at_5s",
+    "core_share_idle_host",
     "longest_hot_ms",
     "longest_hot_call",
     "longest_oneoff_ms",
@@ -85,6 +86,10 @@ COLUMNS = [
 ]
 #: Schedules (and heartbeats) per batch call, as a replica's coalescer sends them.
 COALESCED = 16
+#: The floor (bench.latency's bare reservation writes) on this machine when
+#: idle (docs/performance.md, latency: 16.5-24.3 us): core_share_idle_host
+#: projects the core share measured on a busy host onto it.
+IDLE_FLOOR_US = 20.0
 #: Redis time a call must pass to be logged (SLOWLOG), microseconds.
 SLOW_US = 1000
 
@@ -154,11 +159,14 @@ def _commands(target: Target) -> int:
     )
 
 
-def _one(target: Target, s: Scheduler, call: Call[Any]) -> float:
-    """Redis time (ms) of one call."""
-    before = target.script_stats()
+def _one(target: Target, s: Scheduler, call: Call[Any]) -> dict[str, float]:
+    """One call's Redis time (ms, its FCALL's, wall clock as Redis counts it)
+    and the redis-server CPU (ms) it took, which a busy host does not inflate
+    as much."""
+    cpu, before = target.cpu_seconds(), target.script_stats()
     s.run(call)
-    return target.script_stats_since(before)[1] / 1000
+    ms = target.script_stats_since(before)[1] / 1000
+    return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
 
 
 def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
@@ -205,12 +213,13 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
             "census step": _one(target, s, s.ops.census(CENSUS_STEP)),
             "ListNodes page": _one(target, s, s.ops.listed("", LIST_PAGE)),
             "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", LIST_PAGE)),
-            "unpaged list (the old monitor's)": _one(
-                target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
-            ),
             "sync_nodes [] (start-up)": _one(target, s, s.ops.sync_nodes([])),
         }
         off_ms, off_call = _slowest(target)
+        # (not a call of ours any more: what the monitor made every 5 s before)
+        oneoff["unpaged list (the old monitor's)"] = _one(
+            target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
+        )
     finally:
         target.client.config_set("slowlog-log-slower-than", 10000)
         s.close()
@@ -231,6 +240,8 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         + p.placements_per_s * cpu_per("placement")
         + periodic_cpu_per_s
     ) / 1e6
+    # the same on an idle host: scaled by the floor such a host measured
+    idle = share * IDLE_FLOOR_US / floor
     return {
         "nodes": nodes,
         "placement_us": round(per("placement"), 1),
@@ -243,11 +254,12 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         "heartbeat_cpu_us": round(cpu_per("heartbeat"), 1),
         "periodic_us_per_s": round(periodic_us_per_s),
         "core_share_at_5s": round(share, 3),
+        "core_share_idle_host": round(idle, 3),
         "longest_hot_ms": round(hot_ms, 2),
         "longest_hot_call": hot_call,
         "longest_oneoff_ms": round(off_ms, 2),
         "longest_oneoff_call": off_call,
-        "oneoff_ms": {k: round(v, 2) for k, v in oneoff.items()},
+        "oneoff": oneoff,
         "setup_s": round(setup_s, 1),
     }
 
@@ -348,11 +360,15 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"core_share_at_5s = nodes/5 x heartbeat_cpu_us + {p.placements_per_s:g} placements/s "
         f"x placement_cpu_us + the periodic work of {p.replicas} replicas' monitors (driven "
         "by the bench, not replica processes), in Redis cores; every heartbeat counted as a "
-        "changed one",
+        "changed one; core_share_idle_host: the same scaled by "
+        f"{IDLE_FLOOR_US:g} us / floor_us (the floor this machine measured idle), a "
+        "projection",
         f"longest_*: SLOWLOG (calls over {SLOW_US / 1000:g} ms): hot = the rounds above "
         "(placements, heartbeats, periodic work), oneoff = "
-        + ", ".join(rows[0]["oneoff_ms"])
-        + " (each row's oneoff_ms gives each one's FCALL time)",
+        + ", ".join(k for k in rows[0]["oneoff"] if "old" not in k)
+        + " (each row's oneoff gives each one's FCALL time and redis-server CPU, and the "
+        "unpaged list's, the old monitor's call, for comparison); SLOWLOG durations are "
+        "wall-clock, so a busy host inflates them",
         "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "
         "members without a config: "
         + "; ".join(

@@ -8,6 +8,7 @@ so no id can name a fixed key, another type's key, or another cell.
 
     <base>policy              hash    shared policy (limits, overcommit, TTLs, strategy)
     <base>nodes               zset    ids of every known node, all scored 0 (byte order)
+    <base>static              set     ids of the static (listed or discovered) nodes
     <base>stats               hash    counters: reserved/released/cancelled/expired totals, seq
     <base>rr                  string  round-robin rotation counter
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
@@ -57,6 +58,7 @@ from scheduler.errors import InvalidArgument
 LIFETIMES: dict[str, str] = {
     "policy": "cell",
     "nodes": "cell",
+    "static": "cell",
     "stats": "cell",
     "rr": "cell",
     "expiry": "cell",

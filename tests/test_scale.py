@@ -271,3 +271,38 @@ def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     assert [x.node_id for x in s.list_nodes()] == ids
     assert [x.node_id for x in s.observed_nodes()] == ids
     assert s.observed_node("n00300").node_id == "n00300"
+
+
+# ---------------------------------------------------------------------------
+# Start-up: sync_nodes with an empty list reads the static nodes alone
+# ---------------------------------------------------------------------------
+def static_set(s: Scheduler) -> set[str]:
+    return {x.decode() for x in s.client.smembers(s.keys.base + "static")}
+
+
+def test_the_static_set_follows_the_static_list(make_scheduler: Callable[..., Scheduler]) -> None:
+    s = make_scheduler(Policy())
+    add_fleet(s, 5)  # heartbeat-registered, not static
+    assert s.sync_nodes([]) == (0, 0) and static_set(s) == set()
+    assert s.sync_nodes([("n00001", "a:1"), ("x1", "b:1")]) == (2, 4)
+    assert static_set(s) == {"n00001", "x1"}
+    assert [n.node_id for n in s.list_nodes()] == ["n00001", "x1"]
+    # an unregistered static node keeps its bare record: still static
+    assert s.unregister("n00001", "boot-1")
+    assert static_set(s) == {"n00001", "x1"}
+    # an empty list: the static nodes leave, heartbeat-registered ones stay
+    s.heartbeat(hb("n00009"))
+    assert s.sync_nodes([]) == (0, 2)
+    assert static_set(s) == set() and [n.node_id for n in s.list_nodes()] == ["n00009"]
+
+
+@pytest.mark.real_only
+def test_an_empty_sync_reads_no_node_of_a_big_fleet(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    s = make_scheduler(Policy())
+    add_fleet(s, 2_000)
+    s.sync_nodes([])  # (the first makes the static set whole: it reads the fleet once)
+    s.client.config_resetstat()
+    assert s.sync_nodes([]) == (0, 0)
+    assert commands(s.client) < 16, commands(s.client)
