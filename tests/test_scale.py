@@ -306,3 +306,31 @@ def test_an_empty_sync_reads_no_node_of_a_big_fleet(
     s.client.config_resetstat()
     assert s.sync_nodes([]) == (0, 0)
     assert commands(s.client) < 16, commands(s.client)
+
+
+# ---------------------------------------------------------------------------
+# schedctl doctor checks the derived sets against the records
+# ---------------------------------------------------------------------------
+def test_doctor_checks_and_rewrites_the_derived_sets(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    from scheduler.doctor import doctor
+
+    s = make_scheduler(Policy())
+    join(s, "k", 6, missing=2)
+    s.sync_nodes([("a", "a:1"), ("b", "b:1")])
+    join(s, "k", 6, missing=2)  # (the sync removed them: back, heartbeat-registered)
+    s.census()
+    assert doctor(s).ok, doctor(s).findings
+    mkey = s.keys.base + "cpucfg-missing:k"
+    assert {x.decode() for x in s.client.smembers(mkey)} == {"k-00000", "k-00001"}
+    # the derived sets and the count go wrong behind the scripts' back
+    s.client.srem(mkey, "k-00001")
+    s.client.sadd(mkey, "k-00004")
+    s.client.hset(s.keys.cpucfg("k"), "missing", 7)
+    s.client.srem(s.keys.base + "static", "b")
+    report = doctor(s, repair=True)
+    assert sorted(f.check for f in report.findings) == ["cpucfg", "cpucfg", "static"]
+    assert all(f.repaired for f in report.findings)
+    assert doctor(s).ok
+    assert {x.decode() for x in s.client.smembers(mkey)} == {"k-00000", "k-00001"}
