@@ -65,10 +65,10 @@ from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
-from scheduler.calls import CENSUS_STEP, LIST_PAGE, Call, ReplicaEntry
-from scheduler.cpuconfig import CpuConfigOps
-from scheduler.records import MachineInfo
-from scheduler.scripts import FUNCTION, library
+from scheduler.domain.records import MachineInfo
+from scheduler.store.calls import CENSUS_STEP, LIST_PAGE, Call, ReplicaEntry
+from scheduler.store.cpuconfig import CpuConfigOps
+from scheduler.store.scripts import FUNCTION, library
 
 COLUMNS = [
     "nodes",

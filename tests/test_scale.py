@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
-from scheduler.aio import AsyncScheduler
-from scheduler.calls import CENSUS_STEP
-from scheduler.connection import async_client
-from scheduler.cpuconfig import CpuConfigOps, digest
-from scheduler.records import MachineInfo
-from scheduler.replica import Replica
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.records import MachineInfo
+from scheduler.server.replica import Replica
+from scheduler.store.calls import CENSUS_STEP
+from scheduler.store.connection import async_client
+from scheduler.store.cpuconfig import CpuConfigOps, digest
 from scheduler.testing.replicas import settings_for
 from tests.helpers import hb
 
@@ -262,7 +262,7 @@ def test_pages_list_every_node_exactly_once_while_nodes_change(
 def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    from scheduler.calls import LIST_PAGE
+    from scheduler.store.calls import LIST_PAGE
 
     s = make_scheduler(Policy())
     n = 2 * LIST_PAGE + 10
@@ -314,7 +314,7 @@ def test_an_empty_sync_reads_no_node_of_a_big_fleet(
 def test_doctor_checks_and_rewrites_the_derived_sets(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    from scheduler.doctor import doctor
+    from scheduler.ops.doctor import doctor
 
     s = make_scheduler(Policy())
     join(s, "k", 6, missing=2)
