@@ -27,6 +27,7 @@ from bench import (
     latency,
     memory,
     roster,
+    scale,
     stages,
     throughput,
     versus,
@@ -181,6 +182,17 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--sizes", type=_ints, help="roster lengths (default 4096,100000)")
 
+    sc = sub.add_parser(
+        "scale",
+        parents=[common],
+        help="Redis core share, cost per call against the floor and the longest call "
+        "of a cell of 1,000, 10,000 and 100,000 nodes",
+    )
+    sc.add_argument("--nodes", type=_ints, help="fleet sizes (default 1000,10000,100000)")
+    sc.add_argument("--rounds", type=int, help="measured rounds per size (default 3)")
+    sc.add_argument("--burst", type=int, help="calls per measured burst (default 256)")
+    sc.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
     m = sub.add_parser(
         "memory",
         parents=[common],
@@ -332,6 +344,14 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
         )
         np_ = replace(np_, base=args.base, seed=args.seed)
         return lambda t: instructions.run(t, np_)
+    if name == "scale":
+        sp = _params(
+            args,
+            scale.Params.quick() if args.quick else scale.Params(),
+            {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
+        )
+        sp = replace(sp, seed=args.seed)
+        return lambda t: scale.run(t, sp)
     if name == "versus":
         vp = _params(
             args,

@@ -11,7 +11,12 @@
   the cluster or changing its config bumps the epoch, which drops the result
   and every delivery mark at once; a restarted node (new service instance)
   loses only its own mark.  Members whose node left or moved are pruned
-  without a new epoch.
+  without a new epoch: on the events that remove them (includes/nodes.lua),
+  and, while the round waits for a config, by a bounded prune step per
+  ingest (cpucfg-missing:<cluster>, the members without a config, sampled),
+  so a heartbeat's part is O(1) whatever the cluster's size.  Once
+  nothing is missing, one heartbeat is handed the round's computation (a
+  lease of COMPUTE_LEASE_MS); the others answer none until it is stored.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   KEYS[6]     cpucfg:<cluster>  hash:
@@ -22,6 +27,7 @@
                 result       intersection JSON for result_epoch ("" = invalid input)
                 result_epoch the epoch result belongs to
                 sent:<node>  epoch last delivered to the member
+                compute_epoch, compute_until  the computation's lease (ms)
   ARGV[1]     "ingest" (after a heartbeat) | "store" (a computed result)
   ARGV[2]     node_id
   ARGV[3]     cluster_id
@@ -31,7 +37,8 @@
 
   Returns {"deliver", json} | {"none"} | {"compute", epoch, node, config, node, config, ...}
   Errors: NO_POLICY (no policy)
-  Writes: KEYS[6]; node:<id> cpu_config_digest, cpucfg_cluster
+  Writes: KEYS[6]; cpucfg-missing:<cluster> (derived from KEYS[6], the
+          same hash slot); node:<id> cpu_config_digest, cpucfg_cluster
 ]]
 -- @include cpu_config
 return cpu_config_one(ctx, ARGV, KEYS[6])

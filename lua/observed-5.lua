@@ -7,10 +7,13 @@
   ARGV[2]     cluster_id filter ("" = any cluster)
   ARGV[3]     "1" = also nodes never heard from (ListNodes), "0" = heartbeated only
   ARGV[4]     "full" = the whole record, "brief" = node_id and endpoint only
+  ARGV[5]     a page: list from after this node id ("" = from the first)
+  ARGV[6]     a page: read at most this many nodes ("" or absent = every node)
 
-  Returns {now_ms, node...} in node-id byte order; node = {field, value, ...}
-  (the raw record or its brief form) plus derived_status (Redis time,
-  docs/contract.md rules)
+  Returns {now_ms, next, node...} in node-id byte order; node = {field,
+  value, ...} (the raw record or its brief form) plus derived_status (Redis
+  time, docs/contract.md rules); next = the ARGV[5] of the next page, ""
+  when this one is the last (the client stitches pages: docs/contract.md)
   Errors: NO_POLICY (no policy)
 ]]
 -- @include stages
@@ -18,6 +21,8 @@ local one = ARGV[1]
 local cluster = ARGV[2]
 local with_unseen = ARGV[3] == '1'
 local full = ARGV[4] == 'full'
+local after = ARGV[5] or ''
+local page = tonumber(ARGV[6] or '')
 
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
@@ -26,10 +31,13 @@ local ids
 if one ~= '' then
   ids = {}
   if redis.call('ZSCORE', NODES_KEY, one) then ids[1] = one end
+elseif page then
+  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
+    '0', fmt(page))
 else
   ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
 end
-local out = { fmt(now) }
+local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
 for _, id in ipairs(ids) do
   local n = read_node(id)
   local seen = n.last_seen ~= nil

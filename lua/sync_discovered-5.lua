@@ -20,7 +20,8 @@
   Returns {"applied" | "stale", nodes added or changed, nodes removed,
            stored position 1, 2, 3}
   Errors: NO_POLICY (no policy); BADARG a position that is not a whole number
-  Writes: nodes, node:<id> (node_id, endpoint, static, lingering), removals,
+  Writes: nodes, node:<id> (node_id, endpoint, static, lingering), static,
+          removals,
           stats discovery_rv_1..3
 ]]
 -- @include nodes
@@ -57,6 +58,7 @@ for i = 4, #ARGV, 3 do
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1',
       'lingering', lingering)
+    redis.call('SADD', BASE .. 'static', id) -- (the static set, sync_nodes-5.lua)
     touch(ctx, id)
     changed = changed + 1
   end
@@ -64,6 +66,7 @@ end
 for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
   if not wanted[id] then
     redis.call('HSET', node_key(id), 'static', '0')
+    redis.call('SREM', BASE .. 'static', id)
     remove_node(ctx, id, now)
     removed = removed + 1
   end

@@ -5,17 +5,27 @@
   a non-empty list every other node leaves (like an unregister); with an
   empty list, nodes that were static leave and heartbeat registration rules.
 
+  The static nodes are also kept as a set (<base>static; stats static_set
+  once a sync made it whole), so an empty list (a replica starting in
+  heartbeat-registration mode, or restoring a cell) reads only the static
+  nodes, none in that mode, not the fleet.  A non-empty list still reads
+  every node once (every other node leaves); the list itself is at most
+  MAX_STATIC_NODES.
+
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1..]   node_id, endpoint pairs
 
   Returns {nodes added or changed, nodes removed, now_ms}
   Errors: NO_POLICY (no policy)
-  Writes: nodes, node:<id> (node_id, endpoint, static), and removals
+  Writes: nodes, node:<id> (node_id, endpoint, static), static, stats
+          static_set, and removals
 ]]
 -- @include nodes
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
+local STATIC_KEY = BASE .. 'static'
+local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'
 local wanted = {}
 local changed, removed = 0, 0
 for i = 1, #ARGV, 2 do
@@ -29,7 +39,13 @@ for i = 1, #ARGV, 2 do
     changed = changed + 1
   end
 end
-for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
+local others
+if #ARGV > 0 or not whole then
+  others = redis.call('ZRANGE', NODES_KEY, 0, -1)
+else
+  others = redis.call('SMEMBERS', STATIC_KEY)
+end
+for _, id in ipairs(others) do
   if not wanted[id] then
     local static = redis.call('HGET', node_key(id), 'static') == '1'
     if #ARGV > 0 or static then
@@ -37,7 +53,12 @@ for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
       remove_node(ctx, id, now)
       removed = removed + 1
     end
+    redis.call('SREM', STATIC_KEY, id)
   end
 end
+-- the static nodes are now exactly the listed ones (one SADD each: no
+-- unpack() of a long list)
+for i = 1, #ARGV, 2 do redis.call('SADD', STATIC_KEY, ARGV[i]) end
+if not whole then redis.call('HSET', STATS_KEY, 'static_set', '1') end
 reindex_touched(ctx, P, now)
 return { changed, removed, fmt(now) }

@@ -522,3 +522,20 @@ def test_heartbeats_rows_show_coalescing_at_work(target: Target) -> None:
         assert on["calls"] < off["calls"] and on["batch_mean"] > 1
         assert off["redis_us"] > 0 and on["redis_us"] > 0 and on["client_us"] > 0
         assert off["client_ratio"] == off["redis_ratio"] == 1
+
+
+def test_scale_rows_at_tiny_sizes_and_its_cells_are_dropped(target: Target) -> None:
+    from bench import scale
+
+    p = scale.Params(nodes=(120,), rounds=1, burst=24, cpucfg_members=(20, 60))
+    result = scale.run(target, p)
+    (row,) = result.rows
+    assert set(result.columns) <= set(row)
+    assert row["nodes"] == 120
+    assert row["floor_us"] > 0 and row["placement_us"] > 0 and row["heartbeat_us"] > 0
+    assert row["core_share_at_5s"] > 0
+    assert set(row["oneoff"]) >= {"census step", "ListNodes page", "sync_nodes [] (start-up)"}
+    cfg = result.params["cpucfg"]
+    assert [c["members"] for c in cfg] == [20, 60]
+    assert all(c["errors"] == 0 and c["heartbeats"] > 0 for c in cfg)
+    assert not list(target.client.scan_iter(match="sched:{bench-scale*"))

@@ -6,23 +6,71 @@
 -- @exports cpu_config_one
 -- @include common
 
+-- (Every step is O(1) in the cluster's size, but for the one computation of a
+-- round: a round is left or advanced on the events that change it, a member's
+-- config arriving or changing (ingest), a member joining or moving (ingest),
+-- a member removed (leave_cpucfg, includes/nodes.lua).  Only members without
+-- a config hold a round back; they are also kept in cpucfg-missing:<cluster>,
+-- and while the round waits each ingest checks PRUNE_STEP of them at random,
+-- so one whose record went without either event (moved by a heartbeat sent
+-- without its CPU config step, or deleted) stops blocking the round soon.)
+local PRUNE_STEP = '2' -- missing members the waiting round checks per ingest
+local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may after this
+
+local function missing_key(cfg_key) return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8) end
+
 local function cfg_leave(key, id)
   local cur = redis.call('HGET', key, 'm:' .. id)
   if cur == false then return end
-  if cur == '' then redis.call('HINCRBY', key, 'missing', -1) end
+  if cur == '' then
+    redis.call('HINCRBY', key, 'missing', -1)
+    redis.call('SREM', missing_key(key), id)
+  end
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
 end
 
+-- Is member `id` still in `cluster`'s round (its record says so)?
+local function cfg_member(id, cluster)
+  local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
+  return v[1] == cluster and v[2] == cluster
+end
+
+local cfg_prune
+
+-- One bounded step of the prune while the round waits: PRUNE_STEP of the
+-- members without a config, at random, dropped if they left or moved.  (A
+-- round written before cpucfg-missing existed, or whose count drifted, has
+-- no such set: it is built once, by one whole prune.)
+local function cfg_prune_step(cfg_key, cluster)
+  local mkey = missing_key(cfg_key)
+  local some = redis.call('SRANDMEMBER', mkey, PRUNE_STEP)
+  if #some == 0 then
+    -- (and the count made exact from the members, so this runs once)
+    local missing = 0
+    for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
+      if redis.call('HGET', cfg_key, 'm:' .. id) == '' then
+        redis.call('SADD', mkey, id)
+        missing = missing + 1
+      end
+    end
+    redis.call('HSET', cfg_key, 'missing', missing)
+    return
+  end
+  for _, id in ipairs(some) do
+    if not cfg_member(id, cluster) then cfg_leave(cfg_key, id) end
+  end
+end
+
 -- Drop members that left or moved; returns the member ids that remain.
-local function cfg_prune(cfg_key, cluster)
+-- (O(cluster): only for the round's one computation.)
+cfg_prune = function(cfg_key, cluster)
   local members = {}
   local flat = redis.call('HGETALL', cfg_key)
   for i = 1, #flat, 2 do
     local f = flat[i]
     if string.sub(f, 1, 2) == 'm:' then
       local id = string.sub(f, 3)
-      local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
-      if v[1] == cluster and v[2] == cluster then
+      if cfg_member(id, cluster) then
         members[#members + 1] = id
       else
         cfg_leave(cfg_key, id)
@@ -94,8 +142,14 @@ local function cpu_config_one(ctx, A, cfg_key)
     local was_missing = cur == ''
     local is_missing = digest == ''
     if cur == false then was_missing = false end
-    if is_missing and not was_missing then redis.call('HINCRBY', cfg_key, 'missing', 1) end
-    if was_missing and not is_missing then redis.call('HINCRBY', cfg_key, 'missing', -1) end
+    if is_missing and not was_missing then
+      redis.call('HINCRBY', cfg_key, 'missing', 1)
+      redis.call('SADD', missing_key(cfg_key), node_id)
+    end
+    if was_missing and not is_missing then
+      redis.call('HINCRBY', cfg_key, 'missing', -1)
+      redis.call('SREM', missing_key(cfg_key), node_id)
+    end
     redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
     redis.call('HINCRBY', cfg_key, 'epoch', 1)
     redis.call('HDEL', cfg_key, 'result', 'result_epoch')
@@ -104,12 +158,20 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
 
   if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then
-    cfg_prune(cfg_key, cluster)
+    -- the round waits for a config; a member gone unnoticed must not block it
+    cfg_prune_step(cfg_key, cluster)
     if (tonumber(redis.call('HGET', cfg_key, 'missing')) or 0) > 0 then return { 'none' } end
   end
   local done = cfg_deliver(cfg_key, node_id)
   if done then return done end
-  local out = { 'compute', cfg_epoch(cfg_key) }
+  -- one heartbeat computes the round (a lease of Redis time): the others of
+  -- that moment answer none and get the result on their next heartbeat
+  local epoch = cfg_epoch(cfg_key)
+  local now = now_ms(P)
+  local lease = redis.call('HMGET', cfg_key, 'compute_epoch', 'compute_until')
+  if lease[1] == epoch and (tonumber(lease[2]) or 0) > now then return { 'none' } end
+  redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
+  local out = { 'compute', epoch }
   for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
     out[#out + 1] = id
     out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''

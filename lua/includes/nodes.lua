@@ -24,17 +24,22 @@ end
 
 -- The node leaves its cluster's CPU config round (cpu_config-6.lua) without
 -- starting a new one; a round nobody is left in goes.
-local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true }
+local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true,
+  compute_epoch = true, compute_until = true }
+local CFG_FIELD_COUNT = 6
 local function leave_cpucfg(node_id, cluster)
   local key = BASE .. 'cpucfg:' .. cluster
   local cur = redis.call('HGET', key, 'm:' .. node_id)
-  if cur == '' then redis.call('HINCRBY', key, 'missing', '-1') end
+  if cur == '' then
+    redis.call('HINCRBY', key, 'missing', '-1')
+    redis.call('SREM', BASE .. 'cpucfg-missing:' .. cluster, node_id)
+  end
   redis.call('HDEL', key, 'm:' .. node_id, 'sent:' .. node_id)
-  if redis.call('HLEN', key) <= 4 then
+  if redis.call('HLEN', key) <= CFG_FIELD_COUNT then
     for _, f in ipairs(redis.call('HKEYS', key)) do
       if not CFG_FIELDS[f] then return end
     end
-    redis.call('DEL', key)
+    redis.call('DEL', key, BASE .. 'cpucfg-missing:' .. cluster)
   end
 end
 

@@ -29,6 +29,7 @@ from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -43,7 +44,7 @@ from scheduler.domain.records import (
     Stats,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S
-from scheduler.store.calls import HEARTBEAT_SCRIPTS, Call, Plan
+from scheduler.store.calls import CENSUS_STEP, HEARTBEAT_SCRIPTS, Call, Plan
 from scheduler.store.connection import async_client
 from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
@@ -300,10 +301,10 @@ class AsyncScheduler(BaseClient):
         return self._drive(self._nodes())
 
     def list_nodes(self) -> Awaitable[list[ListedNode]]:
-        return self._one(self.ops.listed())
+        return self._drive(self._listed())
 
     def observed_nodes(self, cluster_id: str = "") -> Awaitable[list[ObservedNode]]:
-        return self._one(self.ops.observed("", cluster_id))
+        return self._drive(self._observed(cluster_id))
 
     def observed_node(self, node_id: str, cluster_id: str = "") -> Awaitable[ObservedNode]:
         return self._drive(self._observed_node(node_id, cluster_id))
@@ -363,6 +364,10 @@ class AsyncScheduler(BaseClient):
 
     def stats(self) -> Awaitable[Stats]:
         return self._one(self.ops.stats())
+
+    def census(self, step: int = CENSUS_STEP) -> Awaitable[Census]:
+        """One bounded step of the cell's node census; the last finished pass back."""
+        return self._one(self.ops.census(step))
 
     # -- P2P -----------------------------------------------------------------
     def peers(

@@ -37,12 +37,13 @@ from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     Heartbeat,
     HeartbeatResult,
+    ListedNode,
     NodeView,
     ObservedNode,
     Reservation,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import Beat, Call, Ops, Plan, Resync
+from scheduler.store.calls import Beat, Call, Ops, Page, Plan, Resync
 from scheduler.store.cluster import is_cluster_client
 from scheduler.store.cpuconfig import CpuConfigOps, exchange
 from scheduler.store.durability import Durability
@@ -383,8 +384,28 @@ class BaseClient:
             raise NotFound(f"reservation {reservation_id} not found")
         return found[0]
 
+    def _pages(self, page: Callable[[str], Call[Page[T]]]) -> Plan[list[T]]:
+        """A list read page by page (each page one bounded call), stitched in
+        node-id order: a node present for the whole listing is in it exactly
+        once (docs/contract.md)."""
+        out: list[T] = []
+        after = ""
+        while True:
+            after, rows = yield from self._step(page(after))
+            out.extend(rows)
+            if not after:
+                return out
+
+    def _listed(self) -> Plan[list[ListedNode]]:
+        return (yield from self._pages(lambda after: self.ops.listed(after)))
+
+    def _observed(self, cluster_id: str) -> Plan[list[ObservedNode]]:
+        return (yield from self._pages(lambda after: self.ops.observed("", cluster_id, after)))
+
     def _observed_node(self, node_id: str, cluster_id: str) -> Plan[ObservedNode]:
-        rows = yield from self._step(self.ops.observed(validate_id("node_id", node_id), cluster_id))
+        _, rows = yield from self._step(
+            self.ops.observed(validate_id("node_id", node_id), cluster_id)
+        )
         if not rows:
             raise NotFound("observed node not found")
         return rows[0]

@@ -30,6 +30,7 @@ from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -44,7 +45,7 @@ from scheduler.domain.records import (
     Stats,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import Call, Ops, Plan
+from scheduler.store.calls import CENSUS_STEP, Call, Ops, Plan
 from scheduler.store.connection import async_client, sync_client
 from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
@@ -223,10 +224,10 @@ class Scheduler(BaseClient):
         return self._drive(self._nodes())
 
     def list_nodes(self) -> list[ListedNode]:
-        return self._one(self.ops.listed())
+        return self._drive(self._listed())
 
     def observed_nodes(self, cluster_id: str = "") -> list[ObservedNode]:
-        return self._one(self.ops.observed("", cluster_id))
+        return self._drive(self._observed(cluster_id))
 
     def observed_node(self, node_id: str, cluster_id: str = "") -> ObservedNode:
         return self._drive(self._observed_node(node_id, cluster_id))
@@ -274,6 +275,10 @@ class Scheduler(BaseClient):
 
     def stats(self) -> Stats:
         return self._one(self.ops.stats())
+
+    def census(self, step: int = CENSUS_STEP) -> Census:
+        """One bounded step of the cell's node census; the last finished pass back."""
+        return self._one(self.ops.census(step))
 
     # -- P2P -----------------------------------------------------------------
     def peers(

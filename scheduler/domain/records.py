@@ -298,6 +298,18 @@ class EventsResult(msgspec.Struct, kw_only=True):
     released: int
 
 
+class Census(msgspec.Struct, kw_only=True):
+    """The cell's node census (lua/census-5.lua): nodes by derived status, as
+    the last finished pass over the fleet counted them."""
+
+    #: Redis time the pass finished (ms); None before the first one
+    done_ms: int | None
+    #: passes finished so far
+    passes: int = 0
+    #: derived status -> nodes
+    nodes: dict[str, int]
+
+
 class Stats(msgspec.Struct, kw_only=True):
     pending: int
     reserved_total: int

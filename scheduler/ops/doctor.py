@@ -19,6 +19,9 @@ checks compare what the scripts keep in step:
 * ``expiry``    the expiry set against the live reservations
 * ``bindings``  node-sbx / node-roster members against the bindings
 * ``index``     the placement index against the node records
+* ``static``    the static set against the records marked static
+* ``cpucfg``    a CPU-config round's missing count and cpucfg-missing set
+                against its members without a config
 
 ``repair`` fixes what is derived and nothing else: a dangling member of
 node-res, expiry, node-sbx or node-roster is removed, a live reservation
@@ -31,10 +34,11 @@ index that is
 inconsistent (or of the wrong type) is rebuilt through the scripts' own
 rebuild path (sync_policy rebuilds an index whose ``index_format`` is not
 its own: the repair drops the index keys and that field, then calls it).
-Records themselves (a corrupt node record, reservation, binding, policy or
-stats counter) are reported only: a node's next full heartbeat rewrites its
-record, a reservation is ended at its TTL, a replica with
-``--overwrite-policy`` writes the policy anew.
+The static set, a round's cpucfg-missing set and its missing count are
+rewritten from the records.  Records themselves (a corrupt node record,
+reservation, binding, policy or stats counter) are reported only: a node's
+next full heartbeat rewrites its record, a reservation is ended at its TTL,
+a replica with ``--overwrite-policy`` writes the policy anew.
 
 Concurrent calls may change the cell while it is read: run it against a
 quiet cell for exact answers; a repair only removes members whose record is
@@ -81,6 +85,9 @@ TYPES = {
     "idx-seen": "zset",
     "idx-tmp": "zset",
     "cpucfg": "hash",
+    "cpucfg-missing": "set",
+    "census": "hash",
+    "static": "set",
     "p2p": "set",
     "art": "set",
     "node-art": "set",
@@ -158,6 +165,9 @@ class Doctor:
         self.k = sched.keys
         self.findings: list[Finding] = []
         self._index_bad = False
+        #: derived sets to rewrite (key -> members), missing counts to set (key -> n)
+        self._rewrite: dict[str, set[str]] = {}
+        self._missing: dict[str, int] = {}
 
     def _find(self, check: str, key: str, problem: str, fix: str = "") -> None:
         self.findings.append(Finding(check=check, key=key, problem=problem, fix=fix))
@@ -241,6 +251,8 @@ class Doctor:
         self._policy(wrong)
         self._counters(wrong)
         self._index(records, registered, by_kind, wrong)
+        self._static(records, registered, wrong)
+        self._cpucfg(ids("cpucfg"), wrong)
         return Report(
             cell=self.k.cell,
             keys=len(keys),
@@ -526,6 +538,48 @@ class Doctor:
                     "rebuild the placement index",
                 )
 
+    def _members(self, key: str) -> set[str]:
+        return {_text(m) for m in self.c.smembers(key)}
+
+    def _set_differs(self, check: str, key: str, have: set[str], want: set[str], what: str) -> None:
+        if have == want:
+            return
+        extra, lacking = sorted(have - want), sorted(want - have)
+        self._rewrite[key] = want
+        self._find(
+            check,
+            key,
+            f"holds {len(extra)} member(s) that are not {what} ({', '.join(extra[:3])}) and "
+            f"lacks {len(lacking)} ({', '.join(lacking[:3])})",
+            "rewrite the set from the records",
+        )
+
+    def _static(
+        self, records: dict[str, dict[str, str]], registered: set[str], wrong: set[str]
+    ) -> None:
+        key = self.k.base + "static"
+        if key in wrong or _text(self.c.hget(self.k.stats, "static_set") or "") != "1":
+            return  # (not whole yet: the next sync_nodes builds it)
+        want = {n for n in registered if records.get(n, {}).get("static") == "1"}
+        self._set_differs("static", key, self._members(key), want, "static nodes")
+
+    def _cpucfg(self, clusters: list[str], wrong: set[str]) -> None:
+        for cluster in clusters:
+            key, mkey = self.k.cpucfg(cluster), self.k.base + "cpucfg-missing:" + cluster
+            if mkey in wrong:
+                continue
+            round_ = {_text(a): _text(b) for a, b in self.c.hgetall(key).items()}
+            want = {f[2:] for f, v in round_.items() if f.startswith("m:") and v == ""}
+            self._set_differs("cpucfg", mkey, self._members(mkey), want, "members without a config")
+            if (_int(round_.get("missing", "0")) or 0) != len(want):
+                self._missing[key] = len(want)
+                self._find(
+                    "cpucfg",
+                    key,
+                    f"missing is {round_.get('missing')!r}, {len(want)} member(s) have no config",
+                    "set missing to the count",
+                )
+
     # -- repairing -----------------------------------------------------------
     def _repair(self, report: Report) -> None:
         for f in report.findings:
@@ -533,6 +587,15 @@ class Doctor:
                 member = f.problem.split()[1]
                 cmd = "ZREM" if f.check in ("node-res", "expiry") else "SREM"
                 self.c.execute_command(cmd, f.key, member)
+                f.repaired = True
+            elif f.fix == "rewrite the set from the records":
+                members = sorted(self._rewrite[f.key])
+                self.c.delete(f.key)
+                for part in _chunks(members):
+                    self.c.sadd(f.key, *part)
+                f.repaired = True
+            elif f.fix == "set missing to the count":
+                self.c.hset(f.key, "missing", self._missing[f.key])
                 f.repaired = True
             elif f.fix.startswith("add it at its expires_ms"):
                 rid = f.key[len(self.k.res("")) :]

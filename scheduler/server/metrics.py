@@ -37,7 +37,10 @@ Ours:
 
 and the client library's ``process_*``, ``python_info`` and ``python_gc_*``.
 Cell-wide values are read from Redis by the replica's monitor loop (every
-replica reports the same numbers: aggregate them with max, not sum).
+replica reports the same numbers: aggregate them with max, not sum).  The
+node counts are the cell's census (lua/census-5.lua): every replica's monitor
+reads a bounded slice of the fleet a tick, all replicas sharing one pass, and
+the gauge shows the last finished pass (all zero before the first one).
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ class _CellCollector(Collector):
             self._nodes = dict(nodes)
             self._pending = pending
             self._ended = dict(ended)
+
+    def update_nodes(self, nodes: dict[str, int]) -> None:
+        with self._lock:
+            self._nodes = dict(nodes)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -547,11 +546,13 @@ class Replica:
             self.history.forget()  # restored empty (and settled): a new baseline
         if run_id is not None and self.restart_guard is not None:
             self.restart_guard.verified = run_id
-        if refresh_stats:
-            try:
+        try:
+            if refresh_stats:
                 await self.refresh_cell_metrics()
-            except FailedPrecondition:
-                await self.restore_cell()  # Redis lost the cell between two probes
+            elif self.cell_stats_interval_s is not None:  # (None: no cell metrics at all)
+                await self.take_census()
+        except FailedPrecondition:
+            await self.restore_cell()  # Redis lost the cell between two probes
         await self._set_serving(True)
 
     async def check_history(self, probe: Probe) -> None:
@@ -622,13 +623,14 @@ class Replica:
 
     async def refresh_cell_metrics(self) -> None:
         # the cell's bounded sweeps, for cells whose calls all take cheap paths;
-        # and the stored policy, whose input bounds this replica checks first
+        # the stored policy, whose input bounds this replica checks first; and a
+        # census step (nothing here reads the whole fleet: docs/performance.md)
         await self.sched.sweep()
         await self.sched.policy()
         stats = await self.sched.stats()
-        nodes = Counter(n.status for n in await self.sched.list_nodes())
+        census = await self.sched.census()
         self.metrics.cell.update(
-            dict(nodes),
+            census.nodes,
             stats.pending,
             {
                 "released": stats.released_total,
@@ -636,3 +638,8 @@ class Replica:
                 "expired": stats.expired_total,
             },
         )
+
+    async def take_census(self) -> None:
+        """One bounded step of the cell's node census (every tick; all replicas
+        share its pass): the node gauge shows the last finished pass."""
+        self.metrics.cell.update_nodes((await self.sched.census()).nodes)

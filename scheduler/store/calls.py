@@ -31,6 +31,7 @@ from scheduler.domain.records import (
     MAX_CPU,
     AssignResult,
     Binding,
+    Census,
     EventsResult,
     Explanation,
     Heartbeat,
@@ -67,6 +68,18 @@ READ_ONLY_SCRIPTS = frozenset(
 
 #: How long a replica's roster entry lives unless its monitor loop refreshes it.
 REPLICA_TTL_MS = 15_000
+
+#: Nodes one page of ListNodes / ListObservedNodes reads (lua/observed-5.lua):
+#: a few ms of Redis at most in the full form; the client stitches the pages.
+LIST_PAGE = 256
+
+#: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
+Page = tuple[str, list[T]]
+
+#: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
+#: replica's monitor takes one step a tick, all replicas sharing the pass.
+CENSUS_STEP = 512
+MAX_CENSUS_STEP = 10_000
 
 
 class ReplicaEntry(msgspec.Struct, kw_only=True):
@@ -653,6 +666,25 @@ class Ops:
 
         return self._call("stats", [], parse)
 
+    def census(self, step: int = CENSUS_STEP) -> Call[Census]:
+        """One bounded step of the cell's node census (lua/census-5.lua): at
+        most ``step`` nodes read; the last finished pass's counts back."""
+        if not 1 <= step <= MAX_CENSUS_STEP:
+            raise InvalidArgument(
+                "step", f"must be a whole number in 1..{MAX_CENSUS_STEP}, not {step!r}"
+            )
+
+        def parse(r: list[Any]) -> Census:
+            done = s(r[0])
+            return Census(
+                done_ms=int(done) if done else None,
+                passes=int(r[1]),
+                nodes={k: int(v) for k, v in pairs(r[2:]).items()},
+            )
+
+        # (no WAIT after it: a census step lost in a failover is taken again)
+        return Call("census", self.k.fixed(), [str(step)], parse, writes=False)
+
     def policy(self) -> Call[Policy | None]:
         def parse(r: list[Any]) -> Policy | None:
             if not r:
@@ -662,19 +694,29 @@ class Ops:
 
         return self._call("stats", ["policy"], parse)
 
-    def listed(self) -> Call[list[ListedNode]]:
-        """Every known node, lingering and never heard from included (ListNodes)."""
-        return Call("observed", self.k.fixed(), ["", "", "1", "brief"], parse_listed, writes=False)
+    def listed(self, after: str = "", page: int = LIST_PAGE) -> Call[Page[ListedNode]]:
+        """One page of every known node, lingering and never heard from
+        included (ListNodes): at most ``page`` nodes after node id ``after``."""
+        return Call(
+            "observed",
+            self.k.fixed(),
+            ["", "", "1", "brief", after, str(page)],
+            lambda r: (s(r[1]), parse_listed(r)),
+            writes=False,
+        )
 
-    def observed(self, node_id: str = "", cluster_id: str = "") -> Call[list[ObservedNode]]:
+    def observed(
+        self, node_id: str = "", cluster_id: str = "", after: str = "", page: int = LIST_PAGE
+    ) -> Call[Page[ObservedNode]]:
         """Nodes that have heartbeated (lua/observed-5.lua), of one cluster when
-        ``cluster_id`` is given; only ``node_id`` when it is given."""
+        ``cluster_id`` is given; only ``node_id`` when it is given; else one
+        page: at most ``page`` nodes after node id ``after``."""
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
         return Call(
             "observed",
             self.k.fixed(),
-            [node_id, cluster, "0", "full"],
-            parse_observed,
+            [node_id, cluster, "0", "full", after, str(page)],
+            lambda r: (s(r[1]), parse_observed(r)),
             writes=False,
         )
 

@@ -8,9 +8,11 @@ so no id can name a fixed key, another type's key, or another cell.
 
     <base>policy              hash    shared policy (limits, overcommit, TTLs, strategy)
     <base>nodes               zset    ids of every known node, all scored 0 (byte order)
+    <base>static              set     ids of the static (listed or discovered) nodes
     <base>stats               hash    counters: reserved/released/... totals, seq, probes, rewinds
     <base>rr                  string  round-robin rotation counter
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
+    <base>census              hash    node census: pass cursor, counts by status (lua/census-5.lua)
     <base>node:<node>         hash    node record: identity, latest snapshot, pending aggregates
     <base>node-res:<node>     zset    the node's pending reservation ids, by creation sequence
     <base>node-sbx:<node>     set     sandbox ids bound to the node that its roster does not list
@@ -25,6 +27,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>idx-tmp             zset    scratch of one Schedule (deleted before it returns)
     <base>seen                zset    node -> a recent full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
+    <base>cpucfg-missing:<cluster> set  members of that round without a CPU config yet
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact
     <base>node-art:<node>     set     artifact digests a node holds
@@ -55,9 +58,11 @@ from scheduler.domain.errors import InvalidArgument
 LIFETIMES: dict[str, str] = {
     "policy": "cell",
     "nodes": "cell",
+    "static": "cell",
     "stats": "cell",
     "rr": "cell",
     "expiry": "cell",
+    "census": "cell",
     "seen": "cell",
     "node:<node>": "sweep",
     "node-res:<node>": "sweep",
@@ -72,6 +77,7 @@ LIFETIMES: dict[str, str] = {
     "idx-seen": "cell",
     "idx-tmp": "sweep",
     "cpucfg:<cluster>": "sweep",
+    "cpucfg-missing:<cluster>": "sweep",
     "p2p:<cluster>": "sweep",
     "art:<digest>": "sweep",
     "node-art:<node>": "sweep",

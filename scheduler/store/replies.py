@@ -259,7 +259,7 @@ def parse_listed(r: list[Any]) -> list[ListedNode]:
             endpoint=f.get("endpoint", ""),
             status=f.get("derived_status", ""),
         )
-        for f in map(pairs, r[1:])
+        for f in map(pairs, r[2:])
     ]
 
 
@@ -267,7 +267,7 @@ def parse_observed(r: list[Any]) -> list[ObservedNode]:
     """lua/observed-5.lua in its full form: each record as the node service
     shows it (a status the wire does not know reads UNSPECIFIED; disks that
     do not decode read none)."""
-    return [observed_node(f) for f in map(pairs, r[1:])]
+    return [observed_node(f) for f in map(pairs, r[2:])]
 
 
 def observed_node(f: dict[str, str]) -> ObservedNode:

@@ -1,0 +1,448 @@
+"""Scenario ``scale``: what one cell of 1,000, 10,000 and 100,000 nodes costs
+its Redis core, and the longest call it makes Redis serve (issue #31).
+
+Per fleet size, on a fresh cell: a mixed fleet (``bench.fleet.mixed_fleet``,
+16-96 CPU nodes already running sandboxes that fill 30-70 % of their CPU,
+rosters of about 5-45 ids) registered with pipelined full heartbeats, and
+pending reservations (one per 50 nodes).  Then ``rounds`` rounds, each:
+
+1. **placements**: ``burst`` coalesced Schedules (batch calls of 16, what a
+   replica sends), cancelled after (not measured);
+2. **changed heartbeats**: the nodes those placements went to, once
+   assigned, each listing its new sandbox and dropping one, in heartbeat
+   batches of 16 (coalesced, as a replica sends them);
+3. **steady heartbeats**: ``burst`` unchanged nodes, the same way;
+4. **floor**: ``burst`` calls of the bare reservation writes
+   (``bench.latency.FLOOR_LIBRARY``, the floor the other benches use);
+5. **periodic work** of ``replicas`` replicas over 5 s of their monitor
+   loops, driven by the bench (the calls a replica's monitor makes: each
+   1 s tick a probe, a replica-roster refresh and a census step; each 5 s
+   the sweeps, the policy, the counters and a census step), not replica
+   processes: their Redis cost is what is measured here.
+
+All are sent through the library's own calls (``Scheduler.ops``), only
+pipelined.  One 2-core machine cannot send a 100,000-node fleet's 20,000
+heartbeats a second through replicas, so the cell's Redis core share at the
+5 s cadence is computed from the per-call costs measured here:
+``placements_per_s * placement + changed * heartbeat + (nodes / 5 - changed)
+* steady + periodic``, where ``changed`` are the heartbeats a steady cell
+changes, one per placement and one per sandbox that ends (twice the
+placement rate); and, as an upper bound, with every heartbeat a changed
+one.  Redis time per call is ``INFO commandstats`` usec of FCALL
+(the script's own time), and ``*_cpu_us`` the redis-server process's CPU
+over the same pipelined burst (``INFO cpu``: parsing and replies included),
+the figure the core share uses.
+
+Then the bounded calls that are not periodic: a census step, a ListNodes and
+a ListObservedNodes page and ``sync_nodes []`` (start-up in
+heartbeat-registration mode); and, apart, two that still read the fleet: the
+unpaged list the monitor used to make every 5 s, and a policy change (its
+index rebuild is one call).  The
+longest single call comes from ``SLOWLOG`` (every call over 1 ms logged,
+reset before the measured rounds): the longest of the periodic and hot-path
+calls, and of the start-up and one-off ones, reported apart.
+
+Last, a CPU-config cluster of ``cpucfg_members`` (100 and 10,000) members,
+10 % of them without a config: the Redis time of one heartbeat with its CPU
+config step (heartbeat batches of 16 carrying both, as a replica sends
+them), every answer checked OK.
+
+Replica CPU per Heartbeat and Schedule RPC against a bare grpc.aio server is
+not measured here: ``python -m bench throughput --paths cpu`` and
+``python -m bench heartbeats`` measure it (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
+from bench.latency import FLOOR_LIBRARY, floor_burst
+from bench.runner import Result, Target, machine
+from bench.versus import _Run
+from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
+from scheduler.domain.records import MachineInfo
+from scheduler.store.calls import CENSUS_STEP, LIST_PAGE, Call, ReplicaEntry
+from scheduler.store.cpuconfig import CpuConfigOps
+from scheduler.store.scripts import FUNCTION, library
+
+COLUMNS = [
+    "nodes",
+    "placement_us",
+    "placement_per_floor",
+    "heartbeat_us",
+    "heartbeat_per_floor",
+    "steady_us",
+    "floor_us",
+    "placement_cpu_us",
+    "heartbeat_cpu_us",
+    "steady_cpu_us",
+    "placement_commands",
+    "heartbeat_commands",
+    "steady_commands",
+    "periodic_us_per_s",
+    "core_share_at_5s",
+    "core_share_idle_host",
+    "core_share_all_changed",
+    "longest_hot_ms",
+    "longest_hot_call",
+    "longest_oneoff_ms",
+    "longest_oneoff_call",
+]
+#: Schedules (and heartbeats) per batch call, as a replica's coalescer sends them.
+COALESCED = 16
+#: The floor (bench.latency's bare reservation writes) on this machine when
+#: idle (docs/performance.md, latency: 16.5-24.3 us): core_share_idle_host
+#: projects the core share measured on a busy host onto it.
+IDLE_FLOOR_US = 20.0
+#: Redis time a call must pass to be logged (SLOWLOG), microseconds.
+SLOW_US = 1000
+
+
+@dataclass(frozen=True)
+class Params:
+    nodes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    rounds: int = 3
+    burst: int = 256
+    replicas: int = 3
+    placements_per_s: float = 200.0
+    cpucfg_members: tuple[int, ...] = (100, 10_000)
+    seed: int = 1
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(nodes=(1_000, 10_000), rounds=2, burst=128)
+
+
+def _cpu_burst(target: Target, send: Any) -> tuple[int, int, float, int]:
+    """(calls, commandstats usec, redis-server CPU seconds, Redis commands the
+    scripts ran) of one burst."""
+    cpu, commands = target.cpu_seconds(), _commands(target)
+    n, usec = send()
+    return n, usec, target.cpu_seconds() - cpu, _commands(target) - commands
+
+
+class _Measured(_Run):
+    """versus' bursts, with the redis-server CPU and the commands of the
+    measured pipeline alone (not of the placements and assignments that set a
+    heartbeat burst up, nor of the cancels after a placement burst)."""
+
+    last: tuple[float, int] = (0.0, 0)
+
+    def _send(self, lib: Any, calls: Any) -> tuple[int, int, list[Any]]:
+        cpu, commands = self.target.cpu_seconds(), _commands(self.target)
+        out = super()._send(lib, calls)
+        self.last = (self.target.cpu_seconds() - cpu, _commands(self.target) - commands)
+        return out
+
+
+def _measured(r: _Measured, burst: Any) -> tuple[int, int, float, int]:
+    n, usec = burst(r.ours)
+    return n, usec, r.last[0], r.last[1]
+
+
+def _slowest(target: Target) -> tuple[float, str]:
+    """The longest call SLOWLOG kept since its last reset: (ms, what)."""
+    entries = target.client.slowlog_get(1024)
+    if not entries:
+        return 0.0, f"none over {SLOW_US / 1000:g} ms"
+    worst = max(entries, key=lambda e: e["duration"])
+    cmd = worst["command"]
+    words = (cmd.decode() if isinstance(cmd, bytes) else str(cmd)).split()
+    return worst["duration"] / 1000, " ".join(words[:2])
+
+
+def _periodic(s: Scheduler, replicas: int) -> list[Call[Any]]:
+    """The calls ``replicas`` monitors make in 5 s (5 ticks, one stats refresh)."""
+    calls: list[Call[Any]] = []
+    for r in range(replicas):
+        entry = ReplicaEntry(
+            replica_id=f"bench-{r}",
+            version="bench",
+            commit="-",
+            host="bench",
+            pid=r,
+            grpc="-",
+            started_ms=0,
+        )
+        for _ in range(5):
+            calls += [
+                s.ops.probe(write=False),
+                s.ops.replica_seen(entry, 1.0),
+                s.ops.census(CENSUS_STEP),
+            ]
+        calls += [s.ops.sweep(), s.ops.policy(), s.ops.stats()]
+    return calls
+
+
+def _commands(target: Target) -> int:
+    """Commands Redis has run (INFO commandstats), script calls themselves not
+    counted: the calls the scripts made, and ours."""
+    stats = target.client.info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_fcall", "cmdstat_info")
+    )
+
+
+def _one(target: Target, s: Scheduler, call: Call[Any]) -> dict[str, float]:
+    """One call's Redis time (ms, its FCALL's, wall clock as Redis counts it)
+    and the redis-server CPU (ms) it took, which a busy host does not inflate
+    as much."""
+    cpu, before = target.cpu_seconds(), target.script_stats()
+    s.run(call)
+    ms = target.script_stats_since(before)[1] / 1000
+    return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
+
+
+def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
+    rng = random.Random(p.seed * 1_000_003 + nodes)
+    cell = target.new_cell("scale")
+    policy = Policy(strategy="least_loaded", report_ttl_ms=3_600_000)
+    # (a long timeout: a pipeline of full heartbeats, or the unpaged list at
+    # 100,000 nodes, takes seconds on a busy host)
+    s = Scheduler.connect(target.url, cell=cell, policy=policy, timeout_s=120)
+    try:
+        s.stats()  # (loads the library)
+        if s.scripts.mode != FUNCTION:
+            raise SystemExit("bench scale needs a Redis with functions (FUNCTION / FCALL)")
+        s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+        s.sync_nodes([])  # (what a replica's first start does to the empty cell)
+        fleet = mixed_fleet(nodes, rng)
+        started = time.perf_counter()
+        send_heartbeats(s, [n.heartbeat() for n in fleet], batch=100, memo=s.beats)
+        setup_s = time.perf_counter() - started
+        for _ in range(max(8, nodes // 50)):
+            s.schedule(Request.cold(*rng.choice(SIZES)))
+        r = _Measured(target, s, fleet, library(), p)  # type: ignore[arg-type]  # (.burst, .seed)
+        ids = [n.node_id for n in fleet]
+        target.client.config_set("slowlog-log-slower-than", SLOW_US)
+        target.client.config_set("slowlog-max-len", 1024)
+        target.client.slowlog_reset()
+        got: dict[str, list[tuple[int, int, float, int]]] = {
+            k: [] for k in ("placement", "heartbeat", "steady", "floor", "periodic")
+        }
+        for i in range(p.rounds):
+            got["placement"].append(_measured(r, r.coalesced))
+            got["heartbeat"].append(_measured(r, r.coalesced_heartbeat))
+            got["steady"].append(_measured(r, r.coalesced_steady))
+            got["floor"].append(
+                _cpu_burst(target, lambda i=i: floor_burst(target, s, p.burst, f"f{i}", ids, rng))
+            )
+
+            def periodic() -> tuple[int, int]:
+                before = target.script_stats()
+                run_pipelined(s, _periodic(s, p.replicas))
+                return target.script_stats_since(before)
+
+            got["periodic"].append(_cpu_burst(target, periodic))
+        hot_ms, hot_call = _slowest(target)
+        target.client.slowlog_reset()
+        oneoff = {
+            "census step": _one(target, s, s.ops.census(CENSUS_STEP)),
+            "ListNodes page": _one(target, s, s.ops.listed("", LIST_PAGE)),
+            "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", LIST_PAGE)),
+            "sync_nodes [] (start-up)": _one(target, s, s.ops.sync_nodes([])),
+        }
+        off_ms, off_call = _slowest(target)
+        # (not a call of ours any more: what the monitor made every 5 s before)
+        oneoff["unpaged list (the old monitor's)"] = _one(
+            target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
+        )
+        # (still one call: a changed policy rebuilds the whole index)
+        changed = Policy(strategy="least_loaded", report_ttl_ms=3_600_001)
+        oneoff["policy change (index rebuild, one call)"] = _one(
+            target, s, s.ops.sync_policy(changed, overwrite=True)
+        )
+    finally:
+        target.client.config_set("slowlog-log-slower-than", 10000)
+        s.close()
+        target.drop_cell(cell)
+
+    def per(kind: str) -> float:
+        return statistics.median(usec / max(1, n) for n, usec, _, _ in got[kind])
+
+    def cpu_per(kind: str) -> float:
+        return statistics.median(cpu * 1e6 / max(1, n) for n, _, cpu, _ in got[kind])
+
+    def commands_per(kind: str) -> float:
+        return statistics.median(c / max(1, n) for n, _, _, c in got[kind])
+
+    def per_floor(kind: str) -> float:
+        """The median of the rounds' ratios (a round's calls met the same host)."""
+        return statistics.median(
+            (usec / max(1, n)) / (f_usec / max(1, f_n))
+            for (n, usec, _, _), (f_n, f_usec, _, _) in zip(got[kind], got["floor"], strict=True)
+        )
+
+    floor = per("floor")
+    # periodic: one burst is 5 s of every replica's monitor
+    periodic_us_per_s = statistics.median(usec for _, usec, _, _ in got["periodic"]) / 5
+    periodic_cpu_per_s = statistics.median(cpu for _, _, cpu, _ in got["periodic"]) * 1e6 / 5
+    # a steady cell: each placement changes its node's next heartbeat, and each
+    # sandbox that ends another one; the other heartbeats are steady
+    beats = nodes / 5
+    changed = min(beats, 2 * p.placements_per_s)
+    rest = p.placements_per_s * cpu_per("placement") + periodic_cpu_per_s
+    share = (changed * cpu_per("heartbeat") + (beats - changed) * cpu_per("steady") + rest) / 1e6
+    upper = (beats * cpu_per("heartbeat") + rest) / 1e6
+    # the same on an idle host: scaled by the floor such a host measured
+    idle = share * IDLE_FLOOR_US / floor
+    idle_upper = upper * IDLE_FLOOR_US / floor
+    return {
+        "nodes": nodes,
+        "placement_us": round(per("placement"), 1),
+        "placement_per_floor": round(per_floor("placement"), 2),
+        "heartbeat_us": round(per("heartbeat"), 1),
+        "heartbeat_per_floor": round(per_floor("heartbeat"), 2),
+        "steady_us": round(per("steady"), 1),
+        "floor_us": round(floor, 1),
+        "placement_cpu_us": round(cpu_per("placement"), 1),
+        "heartbeat_cpu_us": round(cpu_per("heartbeat"), 1),
+        "steady_cpu_us": round(cpu_per("steady"), 1),
+        "placement_commands": round(commands_per("placement"), 1),
+        "heartbeat_commands": round(commands_per("heartbeat"), 1),
+        "steady_commands": round(commands_per("steady"), 1),
+        # (one periodic burst is 5 s of every replica's monitor)
+        "periodic_commands_per_s": round(statistics.median(c for *_, c in got["periodic"]) / 5),
+        "periodic_us_per_s": round(periodic_us_per_s),
+        "core_share_at_5s": round(share, 3),
+        "core_share_idle_host": round(idle, 3),
+        "core_share_all_changed": round(upper, 3),
+        "core_share_all_changed_idle_host": round(idle_upper, 3),
+        "longest_hot_ms": round(hot_ms, 2),
+        "longest_hot_call": hot_call,
+        "longest_oneoff_ms": round(off_ms, 2),
+        "longest_oneoff_call": off_call,
+        "oneoff": oneoff,
+        "setup_s": round(setup_s, 1),
+    }
+
+
+# ---------------------------------------------------------------------------
+# A CPU-config cluster
+# ---------------------------------------------------------------------------
+CONFIG = '{"kvm_capabilities": ["a", "b"], "cpuid_modifiers": [], "msr_modifiers": []}'
+
+
+def _member(cluster: str, i: int, config: str) -> Heartbeat:
+    return Heartbeat(
+        node_id=f"{cluster}-{i:05d}",
+        service_instance_id="boot-1",
+        cluster_id=cluster,
+        endpoint=f"{cluster}-{i}.local:5000",
+        machine_info=MachineInfo(cpu_config_json=config),
+        snapshot=NodeSnapshot(status="READY", cpu_count=16, memory_total_bytes=64 << 30),
+    )
+
+
+def run_cpucfg(target: Target, members: int, p: Params) -> dict[str, Any]:
+    """Redis time per heartbeat of a cluster of ``members`` (10 % without a
+    config) with its CPU config step, as a replica sends both, coalesced."""
+    cell = target.new_cell("scale-cpucfg")
+    s = Scheduler.connect(
+        target.url, cell=cell, policy=Policy(report_ttl_ms=3_600_000), timeout_s=120
+    )
+    cpu = CpuConfigOps(s.keys)
+    cluster = "c"
+    missing = max(1, members // 10)
+
+    def batch(ids: range, config_of: Any) -> list[Call[Any]]:
+        out: list[Call[Any]] = []
+        for lo in range(ids.start, ids.stop, COALESCED):
+            calls: list[Call[Any]] = []
+            for i in range(lo, min(lo + COALESCED, ids.stop)):
+                cfg = config_of(i)
+                calls.append(s.ops.heartbeat(_member(cluster, i, cfg), s.beats))
+                calls.append(cpu.ingest(f"{cluster}-{i:05d}", cluster, cfg, False))
+            out.append(s.ops.heartbeat_batch(calls))
+        return out
+
+    try:
+        s.stats()
+        # the members without a config join first: the round waits from the start
+        run_pipelined(s, batch(range(members), lambda i: "" if i < missing else CONFIG), 64)
+        samples, errors, beats = [], 0, 0
+        counted: list[float] = []
+        rng = random.Random(p.seed)
+        for _ in range(p.rounds):
+            picked = sorted(rng.sample(range(missing, members), min(p.burst, members - missing)))
+            calls = []
+            for i in picked:  # (the memo makes them steady heartbeats, as in the field)
+                calls.append(s.ops.heartbeat(_member(cluster, i, ""), s.beats))
+                calls.append(cpu.ingest(f"{cluster}-{i:05d}", cluster, "", False))
+            batches = [
+                s.ops.heartbeat_batch(calls[j : j + 2 * COALESCED])
+                for j in range(0, len(calls), 2 * COALESCED)
+            ]
+            before, commands = target.script_stats(), _commands(target)
+            out = run_pipelined(s, batches, 64, errors=True)
+            _, usec = target.script_stats_since(before)
+            counted.append((_commands(target) - commands) / len(picked))
+            for reply in out:
+                for one in reply if isinstance(reply, list) else [reply]:
+                    errors += isinstance(one, Exception)
+            beats += len(picked)
+            samples.append(usec / len(picked))
+    finally:
+        s.close()
+        target.drop_cell(cell)
+    return {
+        "members": members,
+        "without_config": missing,
+        "us_per_heartbeat": round(statistics.median(samples), 1),
+        "commands_per_heartbeat": round(statistics.median(counted), 1),
+        "heartbeats": beats,
+        "errors": errors,
+    }
+
+
+def run(target: Target, p: Params | None = None) -> Result:
+    p = p or Params()
+    facts = machine(target)
+    rows = [run_size(target, n, p) for n in p.nodes]
+    cfg = [run_cpucfg(target, m, p) for m in p.cpucfg_members]
+    base, base_n = cfg[0]["us_per_heartbeat"], cfg[0]["commands_per_heartbeat"]
+    for row in cfg:
+        row["ratio_to_smallest"] = round(row["us_per_heartbeat"] / base, 2) if base else None
+        row["commands_ratio"] = round(row["commands_per_heartbeat"] / base_n, 2) if base_n else None
+    params: dict[str, Any] = asdict(p)
+    params["cpucfg"] = cfg
+    notes = [
+        f"one redis-server, {p.rounds} rounds per size of {p.burst}-call pipelined bursts "
+        f"(medians); batch calls of {COALESCED} (coalesced placements and heartbeats)",
+        "*_commands: Redis commands the scripts ran per call (INFO commandstats calls, a "
+        "batch's shared ones spread over its calls), a measure no other load moves; "
+        "*_us: INFO commandstats FCALL usec per call (the script's own time); *_cpu_us: "
+        "redis-server CPU (INFO cpu) over the same burst, per call; *_per_floor: the median of "
+        "the rounds' ratios to the bare reservation writes (floor_us) of the same round",
+        f"core_share_at_5s = {p.placements_per_s:g} placements/s x placement_cpu_us + "
+        f"min(nodes/5, {2 * p.placements_per_s:g})/s changed heartbeats (each placement "
+        "changes its node's next one, each sandbox that ends another) x heartbeat_cpu_us + "
+        "the other nodes/5 a second x steady_cpu_us + the periodic work of "
+        f"{p.replicas} replicas' monitors (driven by the bench, not replica processes), in "
+        "Redis cores; core_share_all_changed: every heartbeat a changed one (an upper "
+        "bound); core_share_idle_host: the first scaled by "
+        f"{IDLE_FLOOR_US:g} us / floor_us (the floor this machine measured idle), a "
+        "projection",
+        f"longest_*: SLOWLOG (calls over {SLOW_US / 1000:g} ms): hot = the rounds above "
+        "(placements, heartbeats, periodic work), oneoff = "
+        + ", ".join(k for k in rows[0]["oneoff"] if "one call" not in k and "old" not in k)
+        + " (each row's oneoff gives each one's FCALL time and redis-server CPU, and those of "
+        "the unpaged list, the old monitor's call, and of a policy change, whose index "
+        "rebuild is still one call); SLOWLOG durations are wall-clock, so a busy host "
+        "inflates them",
+        "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "
+        "members without a config: "
+        + "; ".join(
+            f"{c['members']} members {c['us_per_heartbeat']} us a heartbeat "
+            f"(x{c['ratio_to_smallest']}), {c['commands_per_heartbeat']} Redis commands "
+            f"(x{c['commands_ratio']}), {c['errors']} errors in {c['heartbeats']}"
+            for c in cfg
+        ),
+        "replica CPU per RPC: not measured here (bench throughput --paths cpu, bench heartbeats)",
+    ]
+    return Result("scale", COLUMNS, rows, params, facts, notes)
