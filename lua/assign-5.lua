@@ -52,7 +52,11 @@ if buried_on(sb, node_id, now) then
     end
   end
   local released = 0
-  if rid and end_reservation(ctx, rid, 'released', now) then released = 1 end
+  if rid and end_reservation(ctx, rid, 'released', now) then
+    released = 1
+    -- (the tombstone remembers it: a repeated assignment charges nothing more)
+    redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+  end
   reindex_touched(ctx, P, now)
   return { rid or '', released, fmt(now) }
 end
@@ -76,8 +80,13 @@ if not rid and not charged(sb, node_id) then
     attached = oldest_unclaimed(node_id)
   end
   if attached then
+    -- (assigned: it lives placement_reservation_ttl from its Schedule, no
+    -- longer unassigned_reservation_ttl)
+    local created = tonumber(redis.call('HGET', res_key(attached), 'created_ms')) or now
+    local s_expires = fmt(created + P.reservation_ttl_ms)
     redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
-      'assigned_ms', fmt(now))
+      'assigned_ms', fmt(now), 'expires_ms', s_expires)
+    redis.call('ZADD', EXPIRY_KEY, s_expires, attached)
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     rid = attached
   end

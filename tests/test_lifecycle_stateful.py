@@ -93,6 +93,8 @@ class World:
     ingested_roster: dict[str, set[str]] = field(default_factory=dict)
     ingested_cs: dict[str, int] = field(default_factory=dict)
     deleted: set[str] = field(default_factory=set)
+    #: sandboxes whose DELETE event reached the scheduler
+    delete_sent: set[str] = field(default_factory=set)
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -200,7 +202,7 @@ class Lifecycle(RuleBasedStateMachine):
             allocated_memory_bytes=mem,
             sandbox_count=len(running),
         )
-        assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms)
+        assert r.released == self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms, reported)
         self.sent(node_id, beat, state)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
@@ -236,6 +238,7 @@ class Lifecycle(RuleBasedStateMachine):
         note(f"{node_id} deletes {sb}")
         del self.w.running[node_id][sb]
         self.w.deleted.add(sb)
+        self.w.delete_sent.add(sb)
         self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")])
         self.m.events(node_id, [(sb, "DELETE")], self.now())
 
@@ -316,12 +319,17 @@ class Lifecycle(RuleBasedStateMachine):
                 else:
                     # (in the numbers of a heartbeat after it: counted by a
                     # later start's snapshot, or by this start's counter)
+                    # (or its DELETE came: it ends the creation, in counter mode too)
                     seen = self.w.ingested_epoch[node_id]
-                    accounted = p.created and (
-                        p.created_epoch < seen
-                        or (
-                            p.created_epoch == seen
-                            and p.created_index <= self.w.ingested_cs[node_id]
+                    accounted = (
+                        p.sandbox in self.w.delete_sent
+                        or p.created
+                        and (
+                            p.created_epoch < seen
+                            or (
+                                p.created_epoch == seen
+                                and p.created_index <= self.w.ingested_cs[node_id]
+                            )
                         )
                     )
                 outstanding += not accounted
@@ -435,7 +443,13 @@ class LossyLifecycle(Lifecycle):
         r = self.s2.heartbeat(beat)
         # (the model does what the scripts do; the invariants say what they should)
         self.m.heartbeat(
-            node_id, sid, state, beat.snapshot.create_successes, beat.sandbox_ids, r.now_ms
+            node_id,
+            sid,
+            state,
+            beat.snapshot.create_successes,
+            beat.sandbox_ids,
+            r.now_ms,
+            beat.snapshot.reported_at_unix_ms,
         )
 
     @invariant()
@@ -463,8 +477,8 @@ class LossyLifecycle(Lifecycle):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="#28: a heartbeat older than the stored one changes no count; an assigned "
-    "reservation absent from two rosters is released, not built yet",
+    reason="#28: an assigned reservation absent from two rosters is released, not built "
+    "(as specified it breaks test_bench's ceiling: heartbeats that lag three intervals)",
 )
 def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
     LossyLifecycle.client = redis_client

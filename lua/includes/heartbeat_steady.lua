@@ -17,11 +17,17 @@ local function steady_one(ctx, A, P, now, swept)
   local reported = A[4]
   local nkey = node_key(node_id)
   local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
-    'roster_mode', 'idx_seen_ms')
+    'roster_mode', 'idx_seen_ms', 'reported_order_ms')
   if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
     return { 'RESYNC' }
   end
   now = now or heard_ms(P)
+  -- (older than the newest the instance sent: nothing moves, answered OK;
+  -- includes/heartbeat.lua)
+  local order = (reported ~= '' and reported ~= '0') and reported or false
+  if order and (tonumber(order) or 0) < (tonumber(v[7]) or 0) then
+    return { tonumber(v[3]), v[5] == '1' and 1 or 0, instant_text(ctx, now), v[2] }
+  end
   if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
@@ -32,6 +38,10 @@ local function steady_one(ctx, A, P, now, swept)
   if reported ~= '' then
     hset[#hset + 1] = 'reported_at_unix_ms'
     hset[#hset + 1] = reported
+    if (v[7] or '0') ~= (order or '0') then
+      hset[#hset + 1] = 'reported_order_ms'
+      hset[#hset + 1] = order or '0'
+    end
   end
   if seen_lags(v[6], now, P) then
     hset[#hset + 1] = 'idx_seen_ms'
