@@ -17,7 +17,8 @@
 
   Returns {reservation id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
-  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
+  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
+          absent_cs), node:<node> absent_watch, stats
 ]]
 -- @include bindings
 local sb = ARGV[1]
@@ -93,6 +94,19 @@ if not rid and not charged(sb, node_id) then
 end
 local released = 0
 if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
+if attached and not already_listed then
+  -- The two-heartbeat rule (includes/heartbeat.lua): the node's rosters that
+  -- count as "after the assignment" are those whose create_successes reached
+  -- absent_cs, the stored count plus every live reservation of the node
+  -- (this one included): no creation of the scheduler's since the stored
+  -- heartbeat can be past that, so a roster that reached it was taken
+  -- after this sandbox was created, however late it arrives.
+  local nd = redis.call('HMGET', node_key(node_id), 'create_successes', 'pending_count',
+    'roster_mode', 'absent_watch')
+  redis.call('HSET', res_key(attached), 'absent_cs',
+    fmt((tonumber(nd[1]) or 0) + (tonumber(nd[2]) or 1)))
+  if nd[3] == '1' and nd[4] ~= '1' then redis.call('HSET', node_key(node_id), 'absent_watch', '1') end
+end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
 reindex_touched(ctx, P, now)
 return { rid or '', released, fmt(now) }

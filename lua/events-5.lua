@@ -10,9 +10,10 @@
     binding is written.
   DELETE: the binding goes (a tombstone stays for binding_ttl).  A
     reservation still attached is released (the sandbox is gone).  In
-    counter mode the node's counter baseline (counted_successes) moves on by
-    one with it, so the create_successes rise that covers that creation
-    releases nothing more (includes/heartbeat.lua).
+    counter mode the node's counter baseline moves on by one with it
+    (deletes_uncounted, added to the baseline by the node's next heartbeat,
+    a new instance's too), so the create_successes rise that covers that
+    creation releases nothing more (includes/heartbeat.lua).
   PAUSE / RESUME: refresh the binding only.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
@@ -21,7 +22,7 @@
 
   Returns {reservations acked, reservations released, now_ms}
   Errors: UNKNOWN_NODE, BADARG type ..., NO_POLICY (no policy)
-  Writes: res:<id> (state acked), node:<node> acked_count (counted_successes),
+  Writes: res:<id> (state acked), node:<node> acked_count (deletes_uncounted),
           bind:*, node-sbx:<node>
 ]]
 -- @include bindings
@@ -49,7 +50,10 @@ for i = 2, #ARGV, 2 do
     local rid = bound_reservation(sb, node_id)
     if rid and end_reservation(ctx, rid, 'released', now) then
       released = released + 1
-      if counts then redis.call('HINCRBY', node_key(node_id), 'counted_successes', '1') end
+      -- (kept apart from the baseline until the node's next heartbeat: that
+      -- heartbeat may be a new instance's, whose baseline starts from 0 and
+      -- whose counter may already include this creation)
+      if counts then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
     bury_binding(ctx, sb, node_id, now, P)
   else

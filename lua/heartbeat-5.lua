@@ -45,8 +45,9 @@
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then assigned ones,
             then the oldest (and so does the switch to roster mode);
-          cancels the oldest pending reservations, as many as create_fails
-          rose within the instance (either mode);
+          releases the oldest pending (unassigned) reservations, as many as
+          create_fails rose within the instance past the client's cancels
+          of pending reservations since the last heartbeat (either mode);
           and forgets nodes silent for node_forget_after (a bounded sweep,
           see forget_sweep in includes/nodes.lua).
 ]]

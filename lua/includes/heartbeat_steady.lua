@@ -17,8 +17,12 @@ local function steady_one(ctx, A, P, now, swept)
   local reported = A[4]
   local nkey = node_key(node_id)
   local v = redis.call('HMGET', nkey, 'service_instance_id', 'incarnation', 'generation', 'idx',
-    'roster_mode', 'idx_seen_ms', 'reported_order_ms')
-  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == '' then
+    'roster_mode', 'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed')
+  -- (absent_watch: the node has assigned reservations its rosters do not
+  -- list yet, which a full heartbeat counts; fails_owed: a create_fails rise
+  -- the next full heartbeat releases: includes/heartbeat.lua)
+  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4] or v[4] == ''
+      or v[8] == '1' or (v[9] or '0') ~= '0' then
     return { 'RESYNC' }
   end
   now = now or heard_ms(P)

@@ -325,6 +325,10 @@ class ResModel:
     state: str = "pending"
     sandbox_id: str | None = None
     created_ms: int = 0
+    #: the two-heartbeat rule: the create_successes a roster must reach to
+    #: count (set by its assignment), and the rosters counted
+    absent_cs: int | None = None
+    absent_beats: int = 0
 
 
 @dataclass
@@ -346,6 +350,20 @@ class NodeMeta:
     create_fails: int | None = None
     #: the newest reported_at_unix_ms the instance sent (0: none)
     reported: int = 0
+    #: counter-mode DELETEs that released their creation since the last
+    #: heartbeat (the next heartbeat adds them to its baseline, a new
+    #: instance's too)
+    deletes: int = 0
+    #: the client's cancels of pending reservations since the last heartbeat
+    #: (added to create_fails' baseline: a failure is ended once)
+    cancels: int = 0
+    #: create_fails' last rise, released by the next heartbeat less the
+    #: client's cancels meanwhile
+    fails_owed: int = 0
+    #: create_successes as the last heartbeat reported it
+    reported_cs: int = 0
+    #: the node has assigned reservations its rosters do not list yet
+    absent_watch: bool = False
     sandboxes: set[str] | None = None  # node-sbx membership
 
 
@@ -476,7 +494,13 @@ class CellModel:
         )
         # the baseline: the highest count the instance reported (0 for a new one)
         baseline = 0 if restarted else prev_cs
+        if baseline is not None:
+            baseline += meta.deletes  # (the DELETEs since the last heartbeat)
+        meta.deletes = 0
         fail_base = 0 if restarted else prev_cf
+        if fail_base is not None:
+            fail_base += meta.cancels
+        meta.cancels = 0
         meta.sid = sid
         meta.create_successes = (
             create_successes if baseline is None else max(baseline, create_successes)
@@ -498,6 +522,16 @@ class CellModel:
                 self._sbx(node_id).discard(sb)
             elif b.listed:
                 self.drop_binding(sb, node_id)
+        # create_fails rising releases as many of the oldest pending
+        # reservations, one heartbeat later, less the cancels meanwhile
+        f = meta.fails_owed
+        meta.fails_owed = max(0, create_fails - fail_base if fail_base is not None else 0)
+        for r in [r for r in self.live_of(node_id) if r.state == "pending"]:
+            if f <= 0:
+                break
+            if self.end(r.rid, "released"):
+                released += 1
+                f -= 1
         switching = roster_mode and not prev_mode and not restarted
         if not roster_mode or switching:
             listed_n = len(listed) if switching else 0  # (the first roster: all joined)
@@ -513,6 +547,23 @@ class CellModel:
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
+        if roster_mode and meta.absent_watch:
+            watching = False
+            for r in self.live_of(node_id):
+                if r.state not in ("assigned", "acked") or r.absent_cs is None:
+                    continue
+                if (
+                    not restarted
+                    and create_successes >= r.absent_cs
+                    and not self.listed_on(r.sandbox_id or "", node_id)
+                ):
+                    r.absent_beats += 1
+                    if r.absent_beats >= 2:
+                        released += self.end(r.rid, "released")
+                        continue
+                watching = True
+            meta.absent_watch = watching
+        meta.reported_cs = create_successes
         meta.roster_mode = roster_mode
         return released
 
@@ -580,6 +631,10 @@ class CellModel:
                 got.sandbox_id = sb
                 got.expires_ms = got.created_ms + self.policy.reservation_ttl_ms
                 rid = attached
+                if not already_listed:
+                    meta = self.meta[node_id]
+                    got.absent_cs = meta.reported_cs + len(self.live_of(node_id))
+                    meta.absent_watch = meta.absent_watch or meta.roster_mode
         if rid is not None and already_listed:
             self.end(rid, "released")
         self.write_binding(sb, node_id, already_listed, rid, now)
@@ -593,7 +648,7 @@ class CellModel:
                 meta = self.meta[node_id]
                 released = bool(rid) and self.end(rid or "", "released")
                 if released and not meta.roster_mode and meta.create_successes is not None:
-                    meta.create_successes += 1  # the baseline moves on
+                    meta.deletes += 1  # the baseline moves on at the next heartbeat
                 prev = self.bind.get(sb)
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
@@ -616,6 +671,12 @@ class CellModel:
         """Returns "cancelled", "not found" or "already <outcome>"."""
         if rid not in self.res:
             return f"already {self.ended[rid].state}" if rid in self.ended else "not found"
+        if self.res[rid].state == "pending":
+            meta = self.meta[self.res[rid].node_id]
+            if meta.fails_owed > 0:
+                meta.fails_owed -= 1
+            else:
+                meta.cancels += 1
         self.end(rid, "cancelled")
         self.sweep(now)
         return "cancelled"
