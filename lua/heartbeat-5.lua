@@ -41,13 +41,16 @@
           the roster, the node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
-            started): assigned reservations whose sandbox is listed;
+            started): assigned reservations whose sandbox is listed, and
+            those whose sandbox two rosters taken after its creation did
+            not list (absent_cs, lua/assign-5.lua);
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then assigned ones,
             then the oldest (and so does the switch to roster mode);
           releases the oldest pending (unassigned) reservations, as many as
-          create_fails rose within the instance past the client's cancels
-          of pending reservations since the last heartbeat (either mode);
+          create_fails rose within the instance at the previous heartbeat
+          (fails_owed), less the client's cancels of pending reservations
+          since (either mode);
           and forgets nodes silent for node_forget_after (a bounded sweep,
           see forget_sweep in includes/nodes.lua).
 ]]
