@@ -24,6 +24,7 @@ def policy_table(p: Policy, where: str) -> Table:
     table.add_row("report_ttl", format_duration(p.report_ttl_ms))
     table.add_row("binding_ttl", format_duration(p.binding_ttl_ms))
     table.add_row("placement_reservation_ttl", format_duration(p.reservation_ttl_ms))
+    table.add_row("unassigned_reservation_ttl", format_duration(p.unassigned_reservation_ttl_ms))
     table.add_row("overcommit", f"cpu {p.overcommit.cpu:g}, memory {p.overcommit.memory:g}")
     table.add_row(
         "default_request", f"cpu {p.default_request.cpu}, memory {p.default_request.memory_mb} MiB"
@@ -95,6 +96,11 @@ def _limit(text: str) -> tuple[str, int]:
     type=Duration(),
     help="placement_reservation_ttl: a reservation's life if nothing accounts for it.",
 )
+@click.option(
+    "--unassigned-reservation-ttl",
+    type=Duration(),
+    help="unassigned_reservation_ttl: a reservation's life until its RecordAssignment.",
+)
 @click.option("--overcommit-cpu", type=click.FloatRange(0, 1000, min_open=True))
 @click.option("--overcommit-memory", type=click.FloatRange(0, 1000, min_open=True))
 @click.option("--default-cpu", type=click.IntRange(0), help="CPUs of a request without a size.")
@@ -135,6 +141,7 @@ def set_(
     report_ttl: int | None,
     binding_ttl: int | None,
     reservation_ttl: int | None,
+    unassigned_reservation_ttl: int | None,
     overcommit_cpu: float | None,
     overcommit_memory: float | None,
     default_cpu: int | None,
@@ -171,6 +178,7 @@ def set_(
                 report_ttl,
                 binding_ttl,
                 reservation_ttl,
+                unassigned_reservation_ttl,
                 overcommit_cpu,
                 overcommit_memory,
                 default_cpu,
@@ -190,6 +198,7 @@ def set_(
         report_ttl_ms=report_ttl or p.report_ttl_ms,
         binding_ttl_ms=binding_ttl or p.binding_ttl_ms,
         reservation_ttl_ms=reservation_ttl or p.reservation_ttl_ms,
+        unassigned_reservation_ttl_ms=unassigned_reservation_ttl or p.unassigned_reservation_ttl_ms,
         overcommit=Overcommit(
             cpu=p.overcommit.cpu if overcommit_cpu is None else overcommit_cpu,
             memory=p.overcommit.memory if overcommit_memory is None else overcommit_memory,

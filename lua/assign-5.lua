@@ -17,7 +17,8 @@
 
   Returns {reservation id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
-  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id), stats
+  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
+          absent_cs), node:<node> absent_watch, stats
 ]]
 -- @include bindings
 local sb = ARGV[1]
@@ -52,7 +53,11 @@ if buried_on(sb, node_id, now) then
     end
   end
   local released = 0
-  if rid and end_reservation(ctx, rid, 'released', now) then released = 1 end
+  if rid and end_reservation(ctx, rid, 'released', now) then
+    released = 1
+    -- (the tombstone remembers it: a repeated assignment charges nothing more)
+    redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+  end
   reindex_touched(ctx, P, now)
   return { rid or '', released, fmt(now) }
 end
@@ -76,14 +81,32 @@ if not rid and not charged(sb, node_id) then
     attached = oldest_unclaimed(node_id)
   end
   if attached then
+    -- (assigned: it lives placement_reservation_ttl from its Schedule, no
+    -- longer unassigned_reservation_ttl)
+    local created = tonumber(redis.call('HGET', res_key(attached), 'created_ms')) or now
+    local s_expires = fmt(created + P.reservation_ttl_ms)
     redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
-      'assigned_ms', fmt(now))
+      'assigned_ms', fmt(now), 'expires_ms', s_expires)
+    redis.call('ZADD', EXPIRY_KEY, s_expires, attached)
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     rid = attached
   end
 end
 local released = 0
 if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
+if attached and not already_listed then
+  -- The two-heartbeat rule (includes/heartbeat.lua): the node's rosters that
+  -- count as "after the assignment" are those whose create_successes reached
+  -- absent_cs, the stored count plus every live reservation of the node
+  -- (this one included): no creation of the scheduler's since the stored
+  -- heartbeat can be past that, so a roster that reached it was taken
+  -- after this sandbox was created, however late it arrives.
+  local nd = redis.call('HMGET', node_key(node_id), 'create_successes', 'pending_count',
+    'roster_mode', 'absent_watch')
+  redis.call('HSET', res_key(attached), 'absent_cs',
+    fmt((tonumber(nd[1]) or 0) + (tonumber(nd[2]) or 1)))
+  if nd[3] == '1' and nd[4] ~= '1' then redis.call('HSET', node_key(node_id), 'absent_watch', '1') end
+end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
 reindex_touched(ctx, P, now)
 return { rid or '', released, fmt(now) }

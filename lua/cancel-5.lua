@@ -12,7 +12,8 @@
   Returns {node_id or "", now_ms}
   Errors: NOT_FOUND reservation <id> not found,
           PRECONDITION reservation <id> already <released|cancelled|expired>
-  Writes: res:<id> (state cancelled), node-res:<node>, node:<node> pending_*, expiry, stats
+  Writes: res:<id> (state cancelled), node-res:<node>, node:<node> pending_*
+          (fails_owed or cancels_uncounted), expiry, stats
 ]]
 -- @include index
 local rid = ARGV[1]
@@ -36,6 +37,23 @@ if ENDED[r[1]] then
 end
 -- (a state that is none, corrupt state, is ended too: end_reservation)
 end_reservation(ctx, rid, 'cancelled', now)
+-- (the client cancels an unassigned reservation when its create failed: the
+-- node's create_fails rise for that failure must release nothing more.  A
+-- rise the node reported and that is still owed (fails_owed) is paid by it;
+-- else it moves the baseline of the next rise (cancels_uncounted, added by
+-- the node's next heartbeat; includes/heartbeat.lua).  Not a forget: its
+-- create was never sent.)
+-- (a reservation without its node, corrupt state, owes no node anything)
+if r[1] == 'pending' and not forget and r[2] then
+  local owed = redis.call('HMGET', node_key(r[2]), 'node_id', 'fails_owed')
+  if owed[1] then
+    if (tonumber(owed[2]) or 0) > 0 then
+      redis.call('HINCRBY', node_key(r[2]), 'fails_owed', '-1')
+    else
+      redis.call('HINCRBY', node_key(r[2]), 'cancels_uncounted', '1')
+    end
+  end
+end
 sweep_expired(ctx, now)
 reindex_touched(ctx, P, now)
 return { r[2] or '', fmt(now) }

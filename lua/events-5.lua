@@ -1,14 +1,19 @@
 --[[
   events-5.lua: a node reports sandbox lifecycle events (ReportSandboxEvent).
 
-  CREATE / FORK: the sandbox exists on the node.  Its reservation (the one its
-    binding names, or else, if none was ever charged to it, the node's oldest
-    unclaimed one) is marked acked, and the node's next heartbeat releases it
-    (at once if a roster already listed the sandbox).  The binding is written.
-  DELETE: the binding goes (a tombstone stays for binding_ttl).  For a node in roster mode a reservation still
-    attached is released (the sandbox will never show in its roster).  In
-    counter mode it is not: the creation already moved create_successes, and
-    the next heartbeat releases one reservation for it, exactly once.
+  CREATE / FORK: the sandbox exists on the node.  The reservation its
+    binding names (its assignment's) is marked acked, and the node's next
+    heartbeat releases it (at once if a roster already listed the sandbox).
+    A sandbox no reservation is charged to (a FORK child, one made outside
+    the scheduler, or one whose assignment has not come yet) takes none: it
+    is the node's own, its next roster or counter rise counts it.  The
+    binding is written.
+  DELETE: the binding goes (a tombstone stays for binding_ttl).  A
+    reservation still attached is released (the sandbox is gone).  In
+    counter mode the node's counter baseline moves on by one with it
+    (deletes_uncounted, added to the baseline by the node's next heartbeat,
+    a new instance's too), so the create_successes rise that covers that
+    creation releases nothing more (includes/heartbeat.lua).
   PAUSE / RESUME: refresh the binding only.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
@@ -17,7 +22,8 @@
 
   Returns {reservations acked, reservations released, now_ms}
   Errors: UNKNOWN_NODE, BADARG type ..., NO_POLICY (no policy)
-  Writes: res:<id> (state acked), node:<node> acked_count, bind:*, node-sbx:<node>
+  Writes: res:<id> (state acked), node:<node> acked_count (deletes_uncounted),
+          bind:*, node-sbx:<node>
 ]]
 -- @include bindings
 local node_id = ARGV[1]
@@ -32,25 +38,30 @@ for i = 2, #ARGV, 2 do
 end
 local now = now_ms(P)
 sweep_expired(ctx, now)
-local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode')
+local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes')
 local endpoint = node[1] or ''
 local roster_mode = node[2] == '1'
+-- (a node that sent no heartbeat yet has no baseline: its first gives it)
+local counts = not roster_mode and node[3]
 local acked, released = 0, 0
 for i = 2, #ARGV, 2 do
   local sb, kind = ARGV[i], ARGV[i + 1]
   if kind == 'DELETE' then
     local rid = bound_reservation(sb, node_id)
-    if rid and roster_mode and end_reservation(ctx, rid, 'released', now) then
+    if rid and end_reservation(ctx, rid, 'released', now) then
       released = released + 1
+      -- (kept apart from the baseline until the node's next heartbeat: that
+      -- heartbeat may be a new instance's, whose baseline starts from 0 and
+      -- whose counter may already include this creation)
+      if counts then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
     bury_binding(ctx, sb, node_id, now, P)
   else
     local creation = kind == 'CREATE' or kind == 'FORK'
+    -- (a sandbox no reservation is charged to, a FORK child or one made
+    -- outside the scheduler, is the node's own: it takes no reservation,
+    -- which belongs to a creation still on its way)
     local rid = bound_reservation(sb, node_id)
-    if not rid and creation and not charged(sb, node_id) then
-      rid = oldest_unclaimed(node_id)
-      if rid then redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now)) end
-    end
     local listed = listed_on(sb, node_id)
     if rid and creation and listed then
       -- a roster already listed it: the node's numbers include it now

@@ -26,7 +26,10 @@
               roster_changed in includes/nodes.lua)
 
   Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
-          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written)
+          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written);
+          a heartbeat of the stored service instance whose reported_at_unix_ms
+          is below the newest it sent writes nothing and answers the stored
+          generation with incarnation "" (the replica's next delta resyncs)
   Errors: UNKNOWN_NODE node is not in scheduler node list (static list only),
           BADARG <field> ... (sandbox_ids longer than the policy's
           max_roster_ids, among others), NO_POLICY (no policy); every
@@ -38,9 +41,16 @@
           the roster, the node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
-            started): assigned reservations whose sandbox is listed;
+            started): assigned reservations whose sandbox is listed, and
+            those whose sandbox two rosters taken after its creation did
+            not list (absent_cs, lua/assign-5.lua);
           - counter mode: as many as create_successes rose, those
-            acknowledged by a CREATE/FORK event first, then the oldest;
+            acknowledged by a CREATE/FORK event first, then assigned ones,
+            then the oldest (and so does the switch to roster mode);
+          releases the oldest pending (unassigned) reservations, as many as
+          create_fails rose within the instance at the previous heartbeat
+          (fails_owed), less the client's cancels of pending reservations
+          since (either mode);
           and forgets nodes silent for node_forget_after (a bounded sweep,
           see forget_sweep in includes/nodes.lua).
 ]]

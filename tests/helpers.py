@@ -105,10 +105,20 @@ def places_on_a_fresh_node(address: str) -> str:
         return str(stub.Schedule(cold()).node.node_id)
 
 
-def snapshot_keys(client: Any) -> dict[bytes, Any]:
-    """Every key and its content: to show that a refused request wrote nothing."""
+#: what a replica's own monitor writes every second, whatever the calls do:
+#: its presence (lua/replica_seen-5.lua), the probe's counters
+#: (lua/probe-5.lua) and the census pass (lua/census-5.lua)
+MONITOR_KEYS = (b":replica:", b":census")
+MONITOR_STATS = (b"probes", b"probed_ms")
+
+
+def snapshot_keys(client: Any, monitor: bool = False) -> dict[bytes, Any]:
+    """Every key and its content: to show that a refused request wrote nothing.
+    ``monitor``: leave out what a running replica's monitor writes meanwhile."""
     out: dict[bytes, Any] = {}
     for key in sorted(client.keys("*")):
+        if monitor and any(part in key for part in MONITOR_KEYS):
+            continue
         kind = client.type(key)
         if kind == b"hash":
             out[key] = client.hgetall(key)
@@ -120,6 +130,8 @@ def snapshot_keys(client: Any) -> dict[bytes, Any]:
             out[key] = client.get(key)
         else:
             out[key] = kind
+        if monitor and key.endswith(b":stats"):
+            out[key] = {k: v for k, v in out[key].items() if k not in MONITOR_STATS}
     return out
 
 

@@ -102,7 +102,7 @@ def test_a_new_ceiling_is_a_row_and_two_formulas(tmp_path: Path) -> None:
     assert (
         "'max_allocated_memory_bytes_including_paused', 'max_allocated_cpu', 'max_cpu_used_percent'"
     ) in out["constants"]
-    assert "-- 27 tab-separated captures" in out["constants"]
+    assert "-- 28 tab-separated captures" in out["constants"]  # (27 + the new ceiling)
     assert out["stored"]["max_allocated_cpu"] == "4"
     # the scripts decide by it, as the oracle does
     assert out["first"] == "n1"  # 2 + 0 + 2 = 4 <= 4

@@ -78,24 +78,45 @@ def ev(sandbox_id: str, kind: str) -> SandboxEvent:
 # ---------------------------------------------------------------------------
 # Capacity held by sandboxes that are gone
 # ---------------------------------------------------------------------------
-@xfail28(
-    "an assigned reservation whose sandbox is absent from two rosters received after "
-    "its assignment is released"
-)
 def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete_lost(
     make_scheduler: Make,
 ) -> None:
-    """Never listed, its DELETE lost: two heartbeats later its slot is back."""
+    """Never listed, its DELETE lost: two heartbeats later its slot is back.
+    (The node's heartbeats carry create_successes, as the reference reporter
+    sends them: the two rosters are taken after sb1 was created.)"""
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
-    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_successes=1))
     p = s.schedule(Request.cold(1, 1024))
     s.assign("sb1", "n1", EP)  # as the reference gateway: no reservation id
     assert counted(s) == 2
     # sb1 lived half a second: created and gone between two heartbeats
-    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
-    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_successes=2))
+    assert state(s, p) == "assigned"  # one roster is not yet two
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_successes=2))
     assert state(s, p) not in ("pending", "assigned", "acked")
     assert counted(s) == 1
+
+
+def test_late_rosters_taken_before_an_assigned_sandbox_was_created_keep_it(
+    make_scheduler: Make,
+) -> None:
+    """Heartbeats that arrive after an assignment but were taken before its
+    sandbox existed (a node that reports three heartbeats late, as
+    test_bench's ceiling scenario) do not count as absent: its counter had
+    not reached the creation yet.  The creation is never dropped early."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_successes=1))
+    p = s.schedule(Request.cold(1, 1024))
+    other = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP, p.reservation_id)
+    for _ in range(3):  # late: taken before sb1 (and the other) were created
+        s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_successes=1))
+    assert state(s, p) == "assigned"
+    assert state(s, other) == "pending"
+    assert counted(s) == 3
+    # now a roster taken after both creations: it lists sb1 (running)
+    s.heartbeat(hb("n1", roster=["keep", "sb1", "sb2"], sandbox_count=3, create_successes=3))
+    assert state(s, p) == "released"
 
 
 def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete(
@@ -129,10 +150,6 @@ def test_counter_mode_a_short_sandbox_is_released_by_the_counter(make_scheduler:
     assert counted(s) == 1
 
 
-@xfail28(
-    "the heartbeat that switches a node from counter to roster mode releases what the "
-    "counter rose by (or what its roster does not list, two heartbeats on)"
-)
 def test_the_switch_from_counter_to_roster_mode_keeps_no_dead_reservation(
     make_scheduler: Make,
 ) -> None:
@@ -147,10 +164,6 @@ def test_the_switch_from_counter_to_roster_mode_keeps_no_dead_reservation(
     assert counted(s) == 1
 
 
-@xfail28(
-    "in counter mode a DELETE of an assigned sandbox releases its reservation and moves "
-    "the counter's baseline"
-)
 def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make) -> None:
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
     s.heartbeat(hb("n1", create_successes=0))
@@ -169,14 +182,10 @@ def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make)
 # ---------------------------------------------------------------------------
 # Reservations that end without a trace
 # ---------------------------------------------------------------------------
-#: the proposed default of unassigned_reservation_ttl (docs/design.md)
+#: the default of unassigned_reservation_ttl (docs/design.md)
 UNASSIGNED_TTL_MS = 90_000
 
 
-@xfail28(
-    "a placement never assigned gives its room back after unassigned_reservation_ttl "
-    "(proposed default 90 s)"
-)
 def test_a_schedule_never_followed_by_a_create_gives_its_room_back(make_scheduler: Make) -> None:
     """The gateway never sent the create (or never learnt the id: its deadline
     passed as the answer came).  Nothing will ever claim the reservation."""
@@ -205,24 +214,69 @@ def test_a_placement_being_created_is_not_dropped_before_its_create_could_finish
     assert counted(s) == 1
 
 
-@xfail28("create_fails rising releases the node's oldest unassigned reservation")
 def test_a_failed_create_releases_its_reservation(make_scheduler: Make) -> None:
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=2)))
     s.heartbeat(hb("n1", create_fails=3))
     failed = s.schedule(Request.cold(1, 1024))
     s.heartbeat(hb("n1", create_fails=4))  # the node says the create failed
+    # (one heartbeat for the gateway to cancel it, if it does)
+    s.heartbeat(hb("n1", create_fails=4))
     assert state(s, failed) not in ("pending", "assigned", "acked")
     assert counted(s) == 0
+
+
+def test_a_failed_create_the_gateway_cancelled_ends_once(make_scheduler: Make) -> None:
+    """A gateway that cancels its failed create (ours) and the node's
+    create_fails rise end one reservation for one failure, not two: the
+    creation still on its way keeps its reservation."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=3))
+    failed = s.schedule(Request.cold(1, 1024))
+    on_its_way = s.schedule(Request.cold(1, 1024))
+    assert failed.reservation_id
+    s.cancel(failed.reservation_id)
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=4))
+    assert state(s, on_its_way) == "pending"
+    assert counted(s) == 2
+    # the next failure is the next rise's
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=5))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=5))
+    assert state(s, on_its_way) == "released"
+    assert counted(s) == 1
+
+
+def test_a_failed_create_cancelled_after_the_nodes_rise_ends_once(make_scheduler: Make) -> None:
+    """The node's heartbeat reports the failure before the gateway's cancel
+    comes: the rise is owed until the next heartbeat, the cancel pays it."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=3))
+    on_its_way = s.schedule(Request.cold(1, 1024))  # the oldest
+    failed = s.schedule(Request.cold(1, 1024))
+    assert failed.reservation_id
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=4))
+    s.cancel(failed.reservation_id)
+    s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1, create_fails=4))
+    assert state(s, failed) == "cancelled"
+    assert state(s, on_its_way) == "pending"
+    assert counted(s) == 2
+
+
+def test_create_fails_going_backwards_or_a_restart_releases_nothing(make_scheduler: Make) -> None:
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", create_fails=5))
+    p = s.schedule(Request.cold(1, 1024))
+    s.heartbeat(hb("n1", create_fails=3))  # an older count
+    s.heartbeat(hb("n1", create_fails=5))  # back where it was: no new failure
+    assert state(s, p) == "pending"
+    s.heartbeat(hb("n1", sid="boot-2", create_fails=0))  # a restart counts from 0
+    assert state(s, p) == "pending"
+    assert counted(s) == 1
 
 
 # ---------------------------------------------------------------------------
 # Ceilings
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["FORK", "CREATE"])
-@xfail28(
-    "FORK and outside CREATE events count the new sandbox as the node's own, never by "
-    "taking another creation's reservation"
-)
 def test_a_fork_or_outside_create_never_takes_a_creation_in_flight(
     make_scheduler: Make, kind: str
 ) -> None:
@@ -238,7 +292,6 @@ def test_a_fork_or_outside_create_never_takes_a_creation_in_flight(
         s.schedule(Request.cold(1, 1024))
 
 
-@xfail28("a counter that goes backwards within one service instance releases nothing")
 def test_a_counter_going_backwards_releases_nothing(make_scheduler: Make) -> None:
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
     s.heartbeat(hb("n1", create_successes=10))
@@ -262,6 +315,28 @@ def test_a_restart_counts_from_the_new_instance(make_scheduler: Make) -> None:
     assert counted(s) == 2
     s.heartbeat(hb("n1", sid="boot-2", create_successes=1, sandbox_count=2))
     assert counted(s) == 2
+
+
+def test_a_delete_before_a_restarted_instances_first_heartbeat_counts_once(
+    make_scheduler: Make,
+) -> None:
+    """The lifecycle machine's shrunk failure (merged #28 rules, both
+    backends): a counter-mode node's agent restarts; before the new
+    instance's first heartbeat a creation is assigned and its DELETE comes.
+    The new instance's create_successes (1) counts that creation; the DELETE
+    already released it, so the heartbeat must release nothing more: the
+    creation placed since is still on its way."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", sid="boot-0", create_successes=0))
+    s.schedule(Request.cold(1, 1024))
+    # the agent restarts (boot-1, counting from 0) and creates sb1 at once
+    s.assign("sb1", "n1", EP)  # as the reference gateway: no reservation id
+    s.events("n1", [ev("sb1", "DELETE")])
+    assert counted(s) == 0
+    on_its_way = s.schedule(Request.cold(1, 1024))
+    assert s.heartbeat(hb("n1", sid="boot-1", create_successes=1)).released == 0
+    assert state(s, on_its_way) == "pending"
+    assert counted(s) == 1
 
 
 # ---------------------------------------------------------------------------
@@ -312,10 +387,6 @@ def _place_and_create(
     return resp  # type: ignore[no-any-return]
 
 
-@xfail28(
-    "a heartbeat older than the stored one of the same service instance (by "
-    "reported_at_unix_ms) changes no count"
-)
 def test_an_older_heartbeat_through_another_replica_changes_no_count(
     stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
 ) -> None:
@@ -422,10 +493,6 @@ class HoldingProxy:
         self.loop.close()
 
 
-@xfail28(
-    "a placement never assigned gives its room back after unassigned_reservation_ttl; "
-    "an answer the caller's deadline beat is one"
-)
 def test_a_schedule_answered_after_its_callers_deadline_gives_its_room_back(
     redis_server: RedisServer, cell: str, processes: list[ServeProcess]
 ) -> None:
@@ -456,6 +523,65 @@ def test_a_schedule_answered_after_its_callers_deadline_gives_its_room_back(
         assert counted(s, "slow-link") == 0
     finally:
         proxy.close()
+        s.close()
+
+
+#: a script that holds Redis busy for 2 s (Redis runs one command at a time)
+BUSY = """local t0 = redis.call('TIME')
+while true do
+  local t = redis.call('TIME')
+  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 2000000 then return 1 end
+end"""
+
+
+def test_a_schedule_placed_after_its_callers_deadline_is_cancelled_by_the_replica(
+    redis_server: RedisServer, cell: str, processes: list[ServeProcess]
+) -> None:
+    """The placement takes longer than the caller's deadline (Redis busy):
+    the replica knows the deadline and the id it reserved, and cancels it
+    itself: the room is back at once, not after unassigned_reservation_ttl."""
+    config = {"scheduler": {"node_resource_limit": {"max_sandbox_count": 2}}}
+    replica = ServeProcess(config, redis_server.url, cell=cell)
+    processes.append(replica)
+    replica.wait_serving(60)
+    s = Scheduler(redis.Redis.from_url(redis_server.url), cell=cell)
+    busy = redis.Redis.from_url(redis_server.url)
+    try:
+        with grpc.insecure_channel(replica.address) as ch:
+            stub = pb_grpc.SchedulerStub(ch)
+            stub.Heartbeat(hb_request("late"), metadata=endpoint_md("late:5000"))
+            stub.ListNodes(pb.ListNodesRequest(), timeout=5)  # the connection is up
+            blocker = threading.Thread(target=lambda: busy.eval(BUSY, 0))
+            blocker.start()
+            while True:  # until the script runs: Redis answers no one then
+                probe = redis.Redis.from_url(redis_server.url, socket_timeout=0.05)
+                try:
+                    probe.ping()
+                except redis.TimeoutError:
+                    break
+                finally:
+                    probe.close()
+            try:
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Schedule(cold(1, 1024), timeout=0.4)
+                # (no placement reached the caller: its deadline, or the
+                # replica's answer that Redis did not answer within it)
+                assert e.value.code() in (
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+            finally:
+                blocker.join(10)
+            # the replica's cancel runs as soon as Redis answers again
+            for _ in range(100):
+                if not s.reservations():
+                    break
+                threading.Event().wait(0.05)
+        assert [r.state for r in s.reservations()] == []
+        assert counted(s, "late") == 0
+        assert s.stats().expired_total == 0  # cancelled, not expired
+    finally:
+        busy.close()
         s.close()
 
 

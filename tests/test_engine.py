@@ -216,7 +216,11 @@ def test_least_loaded_places_by_projected_pressure(make_scheduler: Make) -> None
     assert p.reservation_id and p.cpu == 4 and p.memory_bytes == GIB
     res = s.reservation(p.reservation_id)
     assert (res.node_id, res.state, res.cpu, res.memory_bytes) == ("big", "pending", 4, GIB)
-    assert res.expires_ms - res.created_ms == 600_000
+    # unassigned: it ends unassigned_reservation_ttl after its Schedule
+    assert res.expires_ms - res.created_ms == 90_000
+    s.assign("sb", "big", "big.local:5000", p.reservation_id)
+    res = s.reservation(p.reservation_id)  # assigned: placement_reservation_ttl
+    assert res.state == "assigned" and res.expires_ms - res.created_ms == 600_000
 
 
 def test_ceiling_compares_after_the_placement(make_scheduler: Make) -> None:

@@ -289,8 +289,11 @@ def test_unregister(make_replica: Make) -> None:
 def test_report_sandbox_event(make_replica: Make, sched: Scheduler) -> None:
     r = make_replica()
     register(r, "n1")
-    _, call = r.stub.Schedule.with_call(cold())
+    placed, call = r.stub.Schedule.with_call(cold())
     rid = dict(call.trailing_metadata())["x-reservation-id"]
+    # (the gateway records the assignment; an outside CREATE takes no reservation)
+    r.stub.RecordAssignment(pb.RecordAssignmentRequest(sandbox_id="sb-1", node=placed.node))
+    assert sched.reservation(rid).state == "assigned"
     create = pb.SandboxEvent(
         sandbox_id="sb-1",
         event_type=pb.SANDBOX_EVENT_TYPE_CREATE,
@@ -472,11 +475,12 @@ def test_bad_input_is_invalid_argument_and_writes_nothing(
     r = make_replica()
     register(r, "n1", roster=["sb-1"])
     r.stub.Schedule(cold())
-    before = snapshot_keys(redis_client)
+    # (the replica's monitor writes its presence, probe and census meanwhile)
+    before = snapshot_keys(redis_client, monitor=True)
     code, details = code_of(lambda: getattr(r.stub, rpc)(request_, metadata=metadata))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert named in details
-    assert snapshot_keys(redis_client) == before
+    assert snapshot_keys(redis_client, monitor=True) == before
 
 
 # ---------------------------------------------------------------------------

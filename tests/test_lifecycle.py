@@ -93,11 +93,15 @@ def test_a_sandbox_listed_by_a_node_gone_silent_is_still_counted_once(
     if how == "assign":
         a = s.assign("a", "n1", EP)  # no reservation id: the node's oldest unclaimed one
         assert a.reservation_id == p.reservation_id and a.released
+        assert s.reservation(p.reservation_id or "").state == "released"
+        assert pending(s) == (0, 0, 0) and projected_cpu(s) == 1
     else:
+        # an event of a sandbox no reservation is charged to takes none: "a"
+        # is the node's own (counted by its numbers), p's creation is on its way
         ev = s.events("n1", [SandboxEvent(sandbox_id="a", event_type=how)])
-        assert (ev.acked, ev.released) == (0, 1)
-    assert s.reservation(p.reservation_id or "").state == "released"
-    assert pending(s) == (0, 0, 0) and projected_cpu(s) == 1
+        assert (ev.acked, ev.released) == (0, 0)
+        assert s.reservation(p.reservation_id or "").state == "pending"
+        assert pending(s)[0] == 1 and projected_cpu(s) == 3
     assert s.lookup("a").node_id == "n1"  # (the node just reported it: bound again)
 
 
@@ -130,20 +134,22 @@ def test_create_event_acknowledges_and_the_next_heartbeat_releases(make_schedule
     s.heartbeat(hb("n1"))
     p1 = s.schedule(Request.cold(1, 0))
     p2 = s.schedule(Request.cold(1, 0))
+    s.assign("sbA", "n1", EP)  # no reservation id: the oldest unclaimed, p1
     ev = s.events("n1", [SandboxEvent(sandbox_id="sbA", event_type="CREATE")])
     assert ev.acked == 1
-    assert s.reservation(p1.reservation_id or "").state == "acked"  # oldest unclaimed
+    assert s.reservation(p1.reservation_id or "").state == "acked"
     assert s.lookup("sbA").node_id == "n1"
     # counter mode, create_successes moved by the one creation: one release, not two
     r = s.heartbeat(hb("n1", create_successes=1, sandbox_count=1))
     assert r.released == 1
     assert s.reservation(p2.reservation_id or "").state == "pending"
-    # FORK children ack too; a delete of an acked child in counter mode leaves
-    # the release to the counter, so it happens once
-    s.events("n1", [SandboxEvent(sandbox_id="child", event_type="FORK")])
-    s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")])
-    r = s.heartbeat(hb("n1", create_successes=2, sandbox_count=1))
-    assert r.released == 1 and pending(s)[0] == 0
+    # a FORK child is charged no reservation (forks are never reserved): it
+    # takes none of a creation on its way, and its DELETE releases none
+    ev = s.events("n1", [SandboxEvent(sandbox_id="child", event_type="FORK")])
+    assert (ev.acked, ev.released) == (0, 0)
+    assert s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")]).released == 0
+    assert s.reservation(p2.reservation_id or "").state == "pending"
+    assert pending(s)[0] == 1
 
 
 def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Make) -> None:
@@ -152,10 +158,10 @@ def test_counter_mode_assigned_then_deleted_is_released_once(make_scheduler: Mak
     first = s.schedule(Request.cold(1, 0))
     second = s.schedule(Request.cold(1, 0))
     s.assign("short-lived", "n1", EP, first.reservation_id)
-    s.events("n1", [SandboxEvent(sandbox_id="short-lived", event_type="DELETE")])
-    assert pending(s)[0] == 2  # the counter has not moved yet
-    r = s.heartbeat(hb("n1", create_successes=1))
-    assert r.released == 1 and pending(s)[0] == 1
+    ev = s.events("n1", [SandboxEvent(sandbox_id="short-lived", event_type="DELETE")])
+    assert ev.released == 1 and pending(s)[0] == 1  # released at once, the baseline moved
+    r = s.heartbeat(hb("n1", create_successes=1))  # the rise that covered it: nothing more
+    assert r.released == 0 and pending(s)[0] == 1
     assert s.reservation(second.reservation_id or "").state == "pending"
 
 
@@ -169,6 +175,8 @@ def test_an_ack_alone_never_releases_before_the_node_counts_it(make_scheduler: M
     s.set_lingering("roster", True)
     assert s.schedule(Request.cold(1, 0)).node_id == "counter"
     s.set_lingering("roster", False)
+    s.assign("r-new", "roster", "roster.local:5000")
+    s.assign("c-new", "counter", "counter.local:5000")
     s.events("roster", [SandboxEvent(sandbox_id="r-new", event_type="CREATE")])
     s.events("counter", [SandboxEvent(sandbox_id="c-new", event_type="CREATE")])
     # snapshots taken before the creations: nothing is released
@@ -221,21 +229,26 @@ def test_a_late_delete_from_the_node_a_sandbox_left_keeps_the_new_nodes_binding(
 
 
 def test_a_late_assignment_never_charges_a_deleted_sandbox_twice(make_scheduler: Make) -> None:
-    """CREATE claimed a reservation for the sandbox and a roster released it;
-    the node deleted the sandbox; the gateway's RecordAssignment comes last.
-    The sandbox was charged once already: the other placement's reservation
-    must stay (found by the stateful test)."""
+    """A roster listed the sandbox and its CREATE came (it takes no
+    reservation: none is charged to it yet); the node deleted the sandbox;
+    the gateway's RecordAssignment comes last.  It charges the sandbox one
+    reservation, ended at once (the node reported it deleted): the other
+    placement's reservation must stay (found by the stateful test)."""
     s = make_scheduler()
     s.heartbeat(hb("n1", roster=["old"], sandbox_count=1))
     first = s.schedule(Request.cold(1, 0))
     second = s.schedule(Request.cold(1, 0))
     s.heartbeat(hb("n1", roster=["old", "sb"], sandbox_count=2))
     ev = s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="CREATE")])
-    assert ev.released == 1 and s.reservation(first.reservation_id or "").state == "released"
+    assert (ev.acked, ev.released) == (0, 0)
     s.events("n1", [SandboxEvent(sandbox_id="sb", event_type="DELETE")])
     late = s.assign("sb", "n1", EP)
-    assert late.reservation_id is None and not late.released
+    assert late.reservation_id == first.reservation_id and late.released
+    assert s.reservation(first.reservation_id or "").state == "released"
     assert s.reservation(second.reservation_id or "").state == "pending"
+    assert pending(s)[0] == 1
+    late = s.assign("sb", "n1", EP)  # again: nothing more
+    assert late.reservation_id is None and not late.released
     assert pending(s)[0] == 1
 
 

@@ -38,6 +38,8 @@ local function load_policy(ctx)
     report_ttl_ms = tonumber(raw.report_ttl_ms),
     binding_ttl_ms = tonumber(raw.binding_ttl_ms),
     reservation_ttl_ms = tonumber(raw.reservation_ttl_ms),
+    -- (a policy stored before it existed: the default of scheduler/domain/policy.py)
+    unassigned_reservation_ttl_ms = tonumber(raw.unassigned_reservation_ttl_ms) or 90000,
     overcommit_cpu = tonumber(raw.overcommit_cpu) or 1.0,
     overcommit_memory = tonumber(raw.overcommit_memory) or 1.0,
     default_cpu = tonumber(raw.default_cpu) or 0,

@@ -79,6 +79,19 @@ local function heartbeat_one(ctx, A)
   ctx[CTX.heard] = now
   local s_now = instant_text(ctx, now) -- (text: Redis prints a Lua number argument with %.17g)
   local restarted = prev[PREV.service_instance_id] and prev[PREV.service_instance_id] ~= '' and prev[PREV.service_instance_id] ~= sid
+  -- Order: the node stamps reported_at_unix_ms from one clock (its own; 0 =
+  -- not stamped, Redis time is written instead and orders nothing).  A
+  -- heartbeat of the stored service instance older than the newest it sent
+  -- (through another replica, or late out of a queue) changes nothing and is
+  -- answered OK; its answer names no incarnation, so the replica's next
+  -- delta meets RESYNC and goes in full.
+  local order = values.reported_at_unix_ms
+  if order == '0' or order == '' then order = false end
+  if order and prev[PREV.service_instance_id] == sid
+      and (tonumber(order) or 0) < (tonumber(prev[PREV.reported_order_ms]) or 0) then
+    return { tonumber(prev[PREV.generation]) or 0, 0, 0, prev[PREV.roster_mode] == '1' and 1 or 0,
+      s_now, '' }
+  end
   -- The record as it will be, held in hand to the end (includes/common.lua
   -- ctx.held): releases change its pending numbers there, its index entry is
   -- worked out from it, and it is written once.  An indexed node's bucket id
@@ -195,6 +208,10 @@ local function heartbeat_one(ctx, A)
     hset[k + 3], hset[k + 4] = 'roster_digest', digest
     if prev[PREV.roster_mode] ~= mode then hset[k + 5], hset[k + 6] = 'roster_mode', mode end
   end
+  if values.reported_at_unix_ms and (prev[PREV.reported_order_ms] or '0') ~= (order or '0') then
+    hset[#hset + 1] = 'reported_order_ms'
+    hset[#hset + 1] = order or '0'
+  end
   for name, value in pairs(values) do
     if name == 'reported_at_unix_ms' and (value == '' or value == '0') then value = s_now end
     if not (name == 'cpu_config_json' and value == '') then
@@ -260,29 +277,127 @@ local function heartbeat_one(ctx, A)
   -- @stage binding_sample
 
   -- Stage "release", counter mode: as many reservations as create_successes
-  -- rose, acknowledged ones (CREATE/FORK events) first, then the oldest.  A
+  -- rose, acknowledged ones (CREATE/FORK events) first, then assigned ones,
+  -- then the oldest.  A
   -- heartbeat whose snapshot predates a creation has not counted it yet, so an
   -- acknowledgement alone never releases (in roster mode the roster does).
-  if not roster_mode then
-    -- The first heartbeat we ever see gives no baseline: release nothing.
-    local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
-    local baseline = tonumber(prev[PREV.create_successes])
-    if restarted then baseline = 0 end
-    local k = baseline and successes - baseline or 0
-    if k > 0 then
-      local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
-      if (number_of(prev[PREV.acked_count]) or 0) > 0 then
-        for _, rid in ipairs(ids) do
-          if k > 0 and redis.call('HGET', res_key(rid), 'state') == 'acked'
-              and end_reservation(ctx, rid, 'released', now) then
-            released, k = released + 1, k - 1
-          end
+  -- The baseline (counted_successes) is the highest create_successes the
+  -- service instance reported (a count going backwards releases nothing and
+  -- the next rise counts only creations past it), moved on by the counter-mode
+  -- DELETEs that released their creation since (events-5.lua); a record written
+  -- before it was kept starts from create_successes.  The first heartbeat we
+  -- ever see gives the baseline and releases nothing; a new instance's is 0.
+  local successes = tonumber(values.create_successes or prev[PREV.create_successes]) or 0
+  local baseline = tonumber(prev[PREV.counted_successes] or prev[PREV.create_successes])
+  if restarted then baseline = 0 end
+  -- The counter-mode DELETEs since the last heartbeat move the baseline now,
+  -- a new instance's too: a creation deleted before its instance's first
+  -- heartbeat is in that instance's count (a DELETE of the old instance's
+  -- creation then holds one reservation longer: an over-count).
+  local uncounted = prev[PREV.deletes_uncounted]
+  if baseline and uncounted then baseline = baseline + (tonumber(uncounted) or 0) end
+  if uncounted and uncounted ~= '0' then
+    hset[#hset + 1] = 'deletes_uncounted'
+    hset[#hset + 1] = '0'
+  end
+  local counted_now = baseline and baseline > successes and baseline or successes
+  if prev[PREV.counted_successes] ~= fmt(counted_now) then
+    hset[#hset + 1] = 'counted_successes'
+    hset[#hset + 1] = fmt(counted_now)
+  end
+  -- create_fails has a baseline of its own (counted_fails), kept the same
+  -- way; the gateway's cancels of unassigned reservations since the last
+  -- heartbeat (cancels_uncounted, cancel-5.lua: a gateway that cancels its
+  -- failed create) move it, so a failure is ended once, by whichever of the
+  -- two comes first.
+  local fails = tonumber(values.create_fails or prev[PREV.create_fails]) or 0
+  local fail_base = tonumber(prev[PREV.counted_fails] or prev[PREV.create_fails])
+  if restarted then fail_base = 0 end
+  local cancels = prev[PREV.cancels_uncounted]
+  if fail_base and cancels then fail_base = fail_base + (tonumber(cancels) or 0) end
+  if cancels and cancels ~= '0' then
+    hset[#hset + 1] = 'cancels_uncounted'
+    hset[#hset + 1] = '0'
+  end
+  local fails_now = fail_base and fail_base > fails and fail_base or fails
+  if prev[PREV.counted_fails] ~= fmt(fails_now) then
+    hset[#hset + 1] = 'counted_fails'
+    hset[#hset + 1] = fmt(fails_now)
+  end
+  -- The heartbeat that switches the instance to roster mode (its first
+  -- roster) applies the counter too: what it rose by since the last counter
+  -- heartbeat, less every sandbox its roster lists (all joined it: a listed
+  -- creation is the roster's to count, and its assignment, if still to come,
+  -- releases its own reservation; a rise that covered it releases no other),
+  -- releases as in counter mode; the roster lists only what runs now.
+  local switching = roster_mode and prev[PREV.roster_mode] ~= '1' and not restarted
+  local k = (not roster_mode or switching) and baseline and successes - baseline - #added or 0
+  -- create_fails rising by f releases the f oldest unassigned (pending)
+  -- reservations: a create that failed was never assigned (the gateway
+  -- assigns when the create answered).  One heartbeat later: the rise is
+  -- owed (fails_owed) until the node's next heartbeat, and a client's cancel
+  -- meanwhile pays one (cancel-5.lua): a gateway that cancels its failed
+  -- create ends that one, and the rise ends no other.
+  local rise = fail_base and fails - fail_base or 0
+  local f = tonumber(prev[PREV.fails_owed]) or 0
+  if rise < 0 then rise = 0 end
+  if fmt(rise) ~= (prev[PREV.fails_owed] or '0') then
+    hset[#hset + 1] = 'fails_owed'
+    hset[#hset + 1] = fmt(rise)
+  end
+  if k > 0 or f > 0 then
+    -- (acknowledged first, then assigned ones (the gateway heard their
+    -- create succeed), then the oldest: a creation the rise covered is
+    -- likelier released than one still on its way, whose reservation a
+    -- DELETE could not give back)
+    local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+    local states = {}
+    for i, rid in ipairs(ids) do states[i] = redis.call('HGET', res_key(rid), 'state') end
+    for i, rid in ipairs(ids) do
+      if f <= 0 then break end
+      if states[i] == 'pending' and end_reservation(ctx, rid, 'released', now) then
+        released, f, states[i] = released + 1, f - 1, 'released'
+      end
+    end
+    for pass = 1, 3 do
+      local want = pass == 1 and 'acked' or pass == 2 and 'assigned'
+      for i, rid in ipairs(ids) do
+        if k <= 0 then break end
+        if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
+          released, k, states[i] = released + 1, k - 1, 'released'
         end
       end
-      for _, rid in ipairs(ids) do
-        if k <= 0 then break end
-        if end_reservation(ctx, rid, 'released', now) then released, k = released + 1, k - 1 end
+    end
+  end
+  -- Roster mode: an assigned reservation whose sandbox this node's rosters
+  -- do not list, for two heartbeats taken after its sandbox was created
+  -- (create_successes reached the reservation's absent_cs, assign-5.lua; a
+  -- late heartbeat taken before does not count), is released: the sandbox
+  -- ended, its DELETE lost.  A sandbox is listed from the moment its VM
+  -- starts (starting), before its create returns and it is assigned.  Only
+  -- while the node has such reservations (absent_watch: its steady
+  -- heartbeats go in full meanwhile, includes/heartbeat_steady.lua).
+  if roster_mode and prev[PREV.absent_watch] == '1' then
+    local watching = false
+    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
+      local r = redis.call('HMGET', res_key(rid), 'state', 'absent_cs', 'absent_beats', 'sandbox_id')
+      if (r[1] == 'assigned' or r[1] == 'acked') and r[2] then
+        if not restarted and successes >= (tonumber(r[2]) or 0) and not listed_on(r[4] or '', node_id) then
+          local beats = (tonumber(r[3]) or 0) + 1
+          if beats >= 2 then
+            if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
+          else
+            redis.call('HSET', res_key(rid), 'absent_beats', fmt(beats))
+            watching = true
+          end
+        else
+          watching = true
+        end
       end
+    end
+    if not watching then
+      hset[#hset + 1] = 'absent_watch'
+      hset[#hset + 1] = '0'
     end
   end
   -- Stage "index": only a change of what places the node moves it.

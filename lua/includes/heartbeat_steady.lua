@@ -21,10 +21,11 @@
 -- placement or a reindex that reads the record meanwhile excludes the node
 -- at once (and its next steady heartbeat is a RESYNC).
 local VOUCH_EVERY = 4
-local STEADY_CHECKS = 6
+local STEADY_CHECKS = 9
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
-  'idx_seen_ms', 'pending_count', 'pending_cpu', 'pending_memory_bytes' }
-local STEADY_PENDING, STEADY_SNAPSHOT = 7, 10 -- (then WHOLE_FIELDS, added at the first call)
+  'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed',
+  'pending_count', 'pending_cpu', 'pending_memory_bytes' }
+local STEADY_PENDING, STEADY_SNAPSHOT = 10, 13 -- (then WHOLE_FIELDS, added at the first call)
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
@@ -47,8 +48,11 @@ local function steady_one(ctx, A, P, now, swept)
   -- (the generation the replica last wrote, from its base "<incarnation>:<generation>")
   local vouch = tonumber(string.match(base, '(%d+)$') or '0') % VOUCH_EVERY == 0
   local v = redis.call('HMGET', nkey, unpack(STEADY_READ, 1, vouch and #STEADY_READ or STEADY_CHECKS))
+  -- (absent_watch: the node has assigned reservations its rosters do not
+  -- list yet, which a full heartbeat counts; fails_owed: a create_fails rise
+  -- the next full heartbeat releases: includes/heartbeat.lua)
   if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4]
-      or not string.find(v[4], '^%d') then
+      or not string.find(v[4], '^%d') or v[8] == '1' or (v[9] or '0') ~= '0' then
     return { 'RESYNC' }
   end
   for i = STEADY_PENDING, #v do
@@ -60,6 +64,12 @@ local function steady_one(ctx, A, P, now, swept)
     end
   end
   now = now or heard_ms(P)
+  -- (older than the newest the instance sent: nothing moves, answered OK;
+  -- includes/heartbeat.lua)
+  local order = (reported ~= '' and reported ~= '0') and reported or false
+  if order and (tonumber(order) or 0) < (tonumber(v[7]) or 0) then
+    return { tonumber(v[3]), v[5] == '1' and 1 or 0, instant_text(ctx, now), v[2] }
+  end
   if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
@@ -70,6 +80,10 @@ local function steady_one(ctx, A, P, now, swept)
   if reported ~= '' then
     hset[#hset + 1] = 'reported_at_unix_ms'
     hset[#hset + 1] = reported
+    if (v[7] or '0') ~= (order or '0') then
+      hset[#hset + 1] = 'reported_order_ms'
+      hset[#hset + 1] = order or '0'
+    end
   end
   if seen_lags(v[6], now, P) then
     hset[#hset + 1] = 'idx_seen_ms'

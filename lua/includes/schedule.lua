@@ -244,7 +244,11 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     -- (text, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
     -- far slower than fmt's integer conversion; the decisions of one call share
     -- their instant, so instant_text makes each text once a call)
-    local s_expires = instant_text(ctx, now + P.reservation_ttl_ms)
+    -- (unassigned, it ends after unassigned_reservation_ttl; its assignment
+    -- moves the expiry to placement_reservation_ttl after the Schedule)
+    local ttl = P.reservation_ttl_ms
+    if P.unassigned_reservation_ttl_ms < ttl then ttl = P.unassigned_reservation_ttl_ms end
+    local s_expires = instant_text(ctx, now + ttl)
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
       'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))

@@ -118,6 +118,7 @@ POLICY_SETTINGS = (
     "report_ttl_ms",
     "binding_ttl_ms",
     "reservation_ttl_ms",
+    "unassigned_reservation_ttl_ms",
     "overcommit_cpu",
     "overcommit_memory",
     "default_cpu",

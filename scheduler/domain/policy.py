@@ -68,6 +68,10 @@ class Policy(msgspec.Struct, kw_only=True):
     report_ttl_ms: int = 30_000
     binding_ttl_ms: int = 30_000
     reservation_ttl_ms: int = 600_000
+    #: A reservation no RecordAssignment claimed ends (expired) this long after
+    #: its Schedule: its create was never sent, failed unseen, or its answer
+    #: never reached the gateway (docs/design.md, "unassigned_reservation_ttl").
+    unassigned_reservation_ttl_ms: int = 90_000
     limits: Limits = msgspec.field(default_factory=Limits)
     overcommit: Overcommit = msgspec.field(default_factory=Overcommit)
     default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
@@ -92,6 +96,7 @@ class Policy(msgspec.Struct, kw_only=True):
             "report_ttl_ms",
             "binding_ttl_ms",
             "reservation_ttl_ms",
+            "unassigned_reservation_ttl_ms",
             "reservation_tombstone_ttl_ms",
         ):
             v = getattr(self, name)
@@ -132,6 +137,7 @@ class Policy(msgspec.Struct, kw_only=True):
             "report_ttl_ms": str(self.report_ttl_ms),
             "binding_ttl_ms": str(self.binding_ttl_ms),
             "reservation_ttl_ms": str(self.reservation_ttl_ms),
+            "unassigned_reservation_ttl_ms": str(self.unassigned_reservation_ttl_ms),
             "overcommit_cpu": repr(float(self.overcommit.cpu)),
             "overcommit_memory": repr(float(self.overcommit.memory)),
             "default_cpu": str(self.default_request.cpu),
@@ -156,6 +162,7 @@ class Policy(msgspec.Struct, kw_only=True):
             report_ttl_ms=int(f.get("report_ttl_ms", 30_000)),
             binding_ttl_ms=int(f.get("binding_ttl_ms", 30_000)),
             reservation_ttl_ms=int(f.get("reservation_ttl_ms", 600_000)),
+            unassigned_reservation_ttl_ms=int(f.get("unassigned_reservation_ttl_ms", 90_000)),
             limits=limits,
             overcommit=Overcommit(
                 cpu=float(f.get("overcommit_cpu", 1.0)),

@@ -86,6 +86,7 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     report_ttl: str = "30s"
     binding_ttl: str = "30s"
     placement_reservation_ttl: str = "10m"
+    unassigned_reservation_ttl: str = "90s"
     redis_addr: str = ""
     nodes: list[NodeEntry] = msgspec.field(default_factory=list)
     node_resource_limit: Limits = msgspec.field(default_factory=Limits)
@@ -457,6 +458,9 @@ def _settings(
             reservation_ttl_ms=parse_duration_ms(
                 "scheduler.placement_reservation_ttl", sec.placement_reservation_ttl
             ),
+            unassigned_reservation_ttl_ms=parse_duration_ms(
+                "scheduler.unassigned_reservation_ttl", sec.unassigned_reservation_ttl
+            ),
             limits=sec.node_resource_limit,
             overcommit=sec.overcommit,
             default_request=sec.default_request,
@@ -554,7 +558,8 @@ def summary(s: Settings, target: str) -> list[str]:
         + _discovery_summary(s),
         f"node_resource_limit: {limits}",
         f"report_ttl: {p.report_ttl_ms}ms; binding_ttl: {p.binding_ttl_ms}ms; "
-        f"placement_reservation_ttl: {p.reservation_ttl_ms}ms",
+        f"placement_reservation_ttl: {p.reservation_ttl_ms}ms; "
+        f"unassigned_reservation_ttl: {p.unassigned_reservation_ttl_ms}ms",
         f"overcommit: cpu {p.overcommit.cpu} memory {p.overcommit.memory}; default_request: "
         f"cpu {p.default_request.cpu} memory_mb {p.default_request.memory_mb}",
         f"artifact_store_capacity: {s.artifact_store_capacity}; artifact_lookup_node_limit: "

@@ -499,11 +499,14 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         placed = await self.sched.schedule(req)
         rid = placed.reservation_id
         if rid:
-            if context.cancelled() or context.done():
+            # (a deadline already passed: the answer cannot reach the caller in
+            # time, and the gateway never learns the id; None: no deadline)
+            left = context.time_remaining()
+            if context.cancelled() or context.done() or (left is not None and left <= 0):
                 self.sched.forget(rid)
                 raise CallerGone(
-                    "the caller gave up before its placement was answered; "
-                    "its reservation is cancelled"
+                    "the caller gave up (or its deadline passed) before its placement "
+                    "was answered; its reservation is cancelled"
                 )
 
             # the answer may still not reach a caller that gives up now

@@ -324,6 +324,11 @@ class ResModel:
     expires_ms: int
     state: str = "pending"
     sandbox_id: str | None = None
+    created_ms: int = 0
+    #: the two-heartbeat rule: the create_successes a roster must reach to
+    #: count (set by its assignment), and the rosters counted
+    absent_cs: int | None = None
+    absent_beats: int = 0
 
 
 @dataclass
@@ -341,6 +346,24 @@ class NodeMeta:
     sid: str = ""
     create_successes: int | None = None
     roster_mode: bool = False
+    #: create_fails' baseline, as create_successes' (None: no heartbeat yet)
+    create_fails: int | None = None
+    #: the newest reported_at_unix_ms the instance sent (0: none)
+    reported: int = 0
+    #: counter-mode DELETEs that released their creation since the last
+    #: heartbeat (the next heartbeat adds them to its baseline, a new
+    #: instance's too)
+    deletes: int = 0
+    #: the client's cancels of pending reservations since the last heartbeat
+    #: (added to create_fails' baseline: a failure is ended once)
+    cancels: int = 0
+    #: create_fails' last rise, released by the next heartbeat less the
+    #: client's cancels meanwhile
+    fails_owed: int = 0
+    #: create_successes as the last heartbeat reported it
+    reported_cs: int = 0
+    #: the node has assigned reservations its rosters do not list yet
+    absent_watch: bool = False
     sandboxes: set[str] | None = None  # node-sbx membership
 
 
@@ -450,11 +473,16 @@ class CellModel:
         create_successes: int,
         roster: list[str],
         now: int,
+        reported: int = 0,
+        create_fails: int = 0,
     ) -> int:
-        self.sweep(now)
         meta = self.meta[node_id]
+        if reported and meta.sid == sid and reported < meta.reported:
+            return 0  # older than the newest the instance sent: nothing moves
+        meta.reported = reported
+        self.sweep(now)
         restarted = bool(meta.sid) and meta.sid != sid
-        prev_cs, prev_mode = meta.create_successes, meta.roster_mode
+        prev_cs, prev_mode, prev_cf = meta.create_successes, meta.roster_mode, meta.create_fails
         self.snap[node_id] = replace(
             state,
             node_id=node_id,
@@ -464,7 +492,20 @@ class CellModel:
             pending_cpu=0,
             pending_memory_bytes=0,
         )
-        meta.sid, meta.create_successes = sid, create_successes
+        # the baseline: the highest count the instance reported (0 for a new one)
+        baseline = 0 if restarted else prev_cs
+        if baseline is not None:
+            baseline += meta.deletes  # (the DELETEs since the last heartbeat)
+        meta.deletes = 0
+        fail_base = 0 if restarted else prev_cf
+        if fail_base is not None:
+            fail_base += meta.cancels
+        meta.cancels = 0
+        meta.sid = sid
+        meta.create_successes = (
+            create_successes if baseline is None else max(baseline, create_successes)
+        )
+        meta.create_fails = create_fails if fail_base is None else max(fail_base, create_fails)
         listed = list(dict.fromkeys(sb for sb in roster if sb))
         roster_mode = (prev_mode and not restarted) or bool(listed)
         released = 0
@@ -481,18 +522,48 @@ class CellModel:
                 self._sbx(node_id).discard(sb)
             elif b.listed:
                 self.drop_binding(sb, node_id)
-        if not roster_mode:
-            baseline = 0 if restarted else prev_cs
-            k = create_successes - baseline if baseline is not None else 0
+        # create_fails rising releases as many of the oldest pending
+        # reservations, one heartbeat later, less the cancels meanwhile
+        f = meta.fails_owed
+        meta.fails_owed = max(0, create_fails - fail_base if fail_base is not None else 0)
+        for r in [r for r in self.live_of(node_id) if r.state == "pending"]:
+            if f <= 0:
+                break
+            if self.end(r.rid, "released"):
+                released += 1
+                f -= 1
+        switching = roster_mode and not prev_mode and not restarted
+        if not roster_mode or switching:
+            listed_n = len(listed) if switching else 0  # (the first roster: all joined)
+            k = create_successes - baseline - listed_n if baseline is not None else 0
             live = self.live_of(node_id)
-            for r in [r for r in live if r.state == "acked"] + [
-                r for r in live if r.state != "acked"
-            ]:
+            for r in (
+                [r for r in live if r.state == "acked"]
+                + [r for r in live if r.state == "assigned"]
+                + [r for r in live if r.state not in ("acked", "assigned")]
+            ):
                 if k <= 0:
                     break
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
+        if roster_mode and meta.absent_watch:
+            watching = False
+            for r in self.live_of(node_id):
+                if r.state not in ("assigned", "acked") or r.absent_cs is None:
+                    continue
+                if (
+                    not restarted
+                    and create_successes >= r.absent_cs
+                    and not self.listed_on(r.sandbox_id or "", node_id)
+                ):
+                    r.absent_beats += 1
+                    if r.absent_beats >= 2:
+                        released += self.end(r.rid, "released")
+                        continue
+                watching = True
+            meta.absent_watch = watching
+        meta.reported_cs = create_successes
         meta.roster_mode = roster_mode
         return released
 
@@ -511,7 +582,9 @@ class CellModel:
                 dem.cpu,
                 dem.memory_bytes,
                 self.seq,
-                now + self.policy.reservation_ttl_ms,
+                now
+                + min(self.policy.reservation_ttl_ms, self.policy.unassigned_reservation_ttl_ms),
+                created_ms=now,
             )
         return d
 
@@ -533,6 +606,7 @@ class CellModel:
                     buried = self.oldest_unclaimed(node_id)
             if buried is not None:
                 self.end(buried, "released")
+                b.rid = buried  # (the tombstone remembers it)
             return buried
         rid = self.bound_reservation(sb, node_id)
         if rid is None and not self.charged(sb, node_id):
@@ -552,9 +626,15 @@ class CellModel:
             else:
                 attached = self.oldest_unclaimed(node_id)
             if attached is not None:
-                self.res[attached].state = "assigned"
-                self.res[attached].sandbox_id = sb
+                got = self.res[attached]
+                got.state = "assigned"
+                got.sandbox_id = sb
+                got.expires_ms = got.created_ms + self.policy.reservation_ttl_ms
                 rid = attached
+                if not already_listed:
+                    meta = self.meta[node_id]
+                    got.absent_cs = meta.reported_cs + len(self.live_of(node_id))
+                    meta.absent_watch = meta.absent_watch or meta.roster_mode
         if rid is not None and already_listed:
             self.end(rid, "released")
         self.write_binding(sb, node_id, already_listed, rid, now)
@@ -565,8 +645,10 @@ class CellModel:
         for sb, kind in events:
             rid = self.bound_reservation(sb, node_id)
             if kind == "DELETE":
-                if rid and self.meta[node_id].roster_mode:
-                    self.end(rid, "released")
+                meta = self.meta[node_id]
+                released = bool(rid) and self.end(rid or "", "released")
+                if released and not meta.roster_mode and meta.create_successes is not None:
+                    meta.deletes += 1  # the baseline moves on at the next heartbeat
                 prev = self.bind.get(sb)
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
@@ -578,10 +660,6 @@ class CellModel:
                 )
                 continue
             creation = kind in ("CREATE", "FORK")
-            if rid is None and creation and not self.charged(sb, node_id):
-                rid = self.oldest_unclaimed(node_id)
-                if rid is not None:
-                    self.res[rid].sandbox_id = sb
             listed = self.listed_on(sb, node_id)
             if rid is not None and creation and listed:
                 self.end(rid, "released")
@@ -593,6 +671,12 @@ class CellModel:
         """Returns "cancelled", "not found" or "already <outcome>"."""
         if rid not in self.res:
             return f"already {self.ended[rid].state}" if rid in self.ended else "not found"
+        if self.res[rid].state == "pending":
+            meta = self.meta[self.res[rid].node_id]
+            if meta.fails_owed > 0:
+                meta.fails_owed -= 1
+            else:
+                meta.cancels += 1
         self.end(rid, "cancelled")
         self.sweep(now)
         return "cancelled"
