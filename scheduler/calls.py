@@ -242,12 +242,10 @@ def _sha1(text_: str) -> str:
     return hashlib.sha1(text_.encode()).hexdigest()
 
 
-def locality_arg(req: Request, key_limit: int) -> str:
-    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
-    carries nothing locality can use, else the group's sha1 (or "") and one
-    line per distinct requirement, ``weight\tsize\tsha1(key)``.  A key's
-    weight is its size, or, when unknown (0), the mean of the request's known
-    sizes (1 when none is known).  Validated here, before Redis."""
+def locality_terms(req: Request, key_limit: int) -> list[tuple[str, int, int]]:
+    """The request's distinct requirements as (key, weight, size_bytes),
+    validated (before Redis).  A key's weight is its size or, when unknown
+    (0), the mean of the request's known sizes (1 when none is known)."""
     if len(req.locality) > MAX_LOCALITY_REQUIREMENTS:
         raise InvalidArgument("", TOO_MANY_LOCALITY)
     keys: dict[str, int] = {}
@@ -269,16 +267,25 @@ def locality_arg(req: Request, key_limit: int) -> str:
             raise InvalidArgument(f"{field}.size_bytes", f"must be 0..{MAX_LOCALITY_BYTES}")
         if key and key not in keys:  # (upstream: empty keys skipped, repeats once)
             keys[key] = size
+    known = [v for v in keys.values() if v > 0]
+    unknown_weight = sum(known) // len(known) if known else 1
+    return [(key, size or unknown_weight, size) for key, size in keys.items()]
+
+
+def locality_arg(req: Request, key_limit: int) -> str:
+    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
+    carries nothing locality can use, else the group's sha1 (or "") and one
+    line per distinct requirement, ``weight\tsize\tsha1(key)`` (the key's
+    sha1 as scheduler/p2p.py key_digest spells it)."""
+    terms = locality_terms(req, key_limit)
     at_most("images", req.images, MAX_IMAGES)
     group = req.group()
     if group:
         text("template_id" if req.template_id.strip() else "images", group)
-    if not req.create or (not keys and not group):
+    if not req.create or (not terms and not group):
         return ""
-    known = [v for v in keys.values() if v > 0]
-    unknown_weight = sum(known) // len(known) if known else 1
     lines = [_sha1(group) if group else ""]
-    lines += [f"{size or unknown_weight}\t{size}\t{_sha1(key)}" for key, size in keys.items()]
+    lines += [f"{weight}\t{size}\t{_sha1(key)}" for key, weight, size in terms]
     return "\n".join(lines) + "\n"
 
 
