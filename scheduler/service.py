@@ -451,6 +451,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self._schedule_ok.observe(done - placing)
         self._assigned.inc()
         self._placed.inc()
+        if placed.warmth:
+            self.metrics.warmth.labels(placed.warmth).inc()
+            self.metrics.pull_bytes.inc(placed.pull_bytes)
         logs.bind(node=placed.node_id, reservation=placed.reservation_id)
         if placed.reservation_id:
             context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))
