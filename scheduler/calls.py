@@ -493,9 +493,10 @@ class Ops:
             if reservation_id
             else (secrets.token_hex(12) if req.create else "")
         )
-        args = [
-            base[0], "0", base[1], base[2], base[3], rid, repr(random.random()), self._locality(req)
-        ]  # fmt: skip
+        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+        loc = self._locality(req)
+        if loc:  # (ARGV[8]; absent without locality: the call main's scripts take)
+            args.append(loc)
 
         def parse(r: list[Any]) -> Placement:
             return Placement(
@@ -519,17 +520,22 @@ class Ops:
     ) -> Call[list[Placement | SchedulerError]]:
         """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
         decided in order; each gets its placement or its own error."""
+        # 7 arguments a request, or 8 (the locality argument) when one carries it
+        width = 8 if any(len(call.args) > 7 for call in calls) else 7
         args = [str(len(calls))]
         for call in calls:
             args += call.args
+            if len(call.args) < width:
+                args.append("")
         parses = [call.parse for call in calls]
         return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
-        args = [
-            base[0], "1", base[1], base[2], base[3], "", repr(random.random()), self._locality(req)
-        ]  # fmt: skip
+        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        loc = self._locality(req)
+        if loc:
+            args.append(loc)
         return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
 
     # -- lifecycle ---------------------------------------------------------

@@ -318,7 +318,7 @@ def test_a_batch_decides_locality_as_one_by_one(redis_client: Any) -> None:
     reqs = [
         Request(cpu=2, memory_bytes=GIB, template_id="tA", locality=(LR(key="snap"),))
         for _ in range(6)
-    ] + [Request(cpu=1, memory_bytes=GIB, images=("img",))] * 3
+    ] + [Request(cpu=1, memory_bytes=GIB, images=("img",)), Request(cpu=1)] * 3
     got = []
     for cell, batched in (("one", False), ("batch", True)):
         s = Scheduler(redis_client, cell=cell)
