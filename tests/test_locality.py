@@ -7,6 +7,7 @@ a real replica with the reference's client shape (upstream's error text)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -384,3 +385,62 @@ def test_grpc_locality_and_admission_through_a_replica(make_replica: Make) -> No
     got = r.stub.GetNode(pb.GetNodeRequest(node_id="n1", cluster_id="c1")).node.snapshot
     assert got.HasField("accepting_sandboxes") and not got.accepting_sandboxes
     assert got.admission_reason == pb.ADMISSION_REASON_DISK_CLEANUP
+
+
+# ---------------------------------------------------------------------------
+# schedctl explain and the metrics
+# ---------------------------------------------------------------------------
+def test_explain_shows_coverage_bonus_and_why_a_warm_node_lost(real_url: str) -> None:
+    from click.testing import CliRunner
+    from scheduler.cli.main import main
+
+    s = Scheduler.connect(real_url, cell="explain-loc")
+    s.client.flushall()
+    s.sync_policy(Policy(locality=Locality(weight=0.5, max_pressure_gap=0.25)))
+    beat(s, "cool")
+    beat(s, "hot", alloc=12)
+    beat(s, "warm", alloc=2)
+    beat(s, "out", accepting_sandboxes=False, admission_reason="DISK_HARD_LIMIT")
+    for n in ("hot", "warm", "out"):
+        s.record_artifact("c1", "bt", "snap", n)
+    args = ["--redis", real_url, "--cell", "explain-loc", "--cpu", "1", "--memory-mb", "1024"]
+    args += ["--template", "tA", "--locality", f"snap={GIB}"]
+    runner = CliRunner(env={"SCHEDULER_REDIS_ADDR": None})
+    got = runner.invoke(main, ["explain", *args, "--json"])
+    assert got.exit_code == 0, got.output
+    report = json.loads(got.stdout)
+    by = {v["node_id"]: v for v in report["verdicts"]}
+    assert report["chosen"] == "warm"
+    assert (by["warm"]["coverage"], by["warm"]["bonus"]) == (1.0, 0.5)
+    assert by["hot"]["locality"].startswith("pressure 0.812 over 0.062 + max_pressure_gap")
+    assert by["out"]["reason"] == "not accepting: disk hard limit"
+    assert by["cool"]["coverage"] == 0.0
+    table = runner.invoke(main, ["explain", *args])
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.output.split())
+    assert "locality: coverage 1.00, bonus 0.500" in text
+    assert "lost: pressure 0.812 over 0.062" in text
+    assert "not accepting: disk hard limit" in text
+
+
+def test_metrics_count_placements_by_warmth_and_bytes_pulled(make_replica: Make) -> None:
+    r = make_replica(Policy(locality=ON))
+    for node_id in ("n1", "n2"):
+        hb = hb_request(node_id)
+        hb.p2p_endpoint.backend, hb.p2p_endpoint.address = "bt", f"{node_id}:7000"
+        r.stub.Heartbeat(hb, metadata=endpoint_md(f"{node_id}:5000"))
+    r.stub.RecordP2pArtifact(
+        pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="a", node_id="n2")
+    )
+    # full on n2, then n2 is warm for "a" only (partial: b of 3 GiB pulled)
+    r.stub.Schedule(_template("t", "a"))
+    r.stub.Schedule(_template("t", "a", "b"))
+    reg = r.replica.metrics.registry
+    got = {
+        w: reg.get_sample_value("sched_locality_placements_total", {"warmth": w})
+        for w in ("full", "partial", "cold")
+    }
+    # the second went to n2 (partial: b pulled) or to n1 (cold: a and b pulled)
+    assert got["full"] == 1 and (got["partial"], got["cold"]) in ((1, 0), (0, 1))
+    pulled = reg.get_sample_value("sched_locality_pull_bytes_total")
+    assert pulled == (GIB if got["partial"] else 2 * GIB)
