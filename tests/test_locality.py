@@ -444,3 +444,25 @@ def test_metrics_count_placements_by_warmth_and_bytes_pulled(make_replica: Make)
     assert got["full"] == 1 and (got["partial"], got["cold"]) in ((1, 0), (0, 1))
     pulled = reg.get_sample_value("sched_locality_pull_bytes_total")
     assert pulled == (GIB if got["partial"] else 2 * GIB)
+
+
+def test_policy_set_turns_locality_on_and_show_reads_it(real_url: str) -> None:
+    from click.testing import CliRunner
+    from scheduler.cli.main import main
+
+    s = Scheduler.connect(real_url, cell="policy-loc")
+    s.client.flushall()
+    s.sync_policy(Policy())
+    runner = CliRunner(env={"SCHEDULER_REDIS_ADDR": None})
+    where = ["--redis", real_url, "--cell", "policy-loc"]
+    got = runner.invoke(
+        main,
+        ["policy", "set", *where, "--locality-weight", "0.2", "--locality-affinity-ttl", "5m"],
+    )
+    assert got.exit_code == 0, got.output
+    p = s.policy()
+    assert p is not None and p.locality == Locality(weight=0.2, affinity_ttl_ms=300_000)
+    shown = runner.invoke(main, ["policy", "show", *where, "--json"])
+    assert json.loads(shown.stdout)["locality"]["weight"] == 0.2
+    bad = runner.invoke(main, ["policy", "set", *where, "--locality-weight", "11"])
+    assert bad.exit_code != 0 and "--locality-weight" in bad.output
