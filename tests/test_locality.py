@@ -477,3 +477,19 @@ def test_policy_set_turns_locality_on_and_show_reads_it(real_url: str) -> None:
     assert json.loads(shown.stdout)["locality"]["weight"] == 0.2
     bad = runner.invoke(main, ["policy", "set", *where, "--locality-weight", "11"])
     assert bad.exit_code != 0 and "--locality-weight" in bad.output
+
+
+def test_the_reference_models_pr51_preference_piles_onto_the_warm_node() -> None:
+    """bench/reference_model.py with upstream's PR #51 rule: of the nodes
+    that pass its filters, the most covered ones only, pressure aside; so a
+    burst goes to the one warm node until its heartbeat shows it full (what
+    ours avoids: test_a_burst_spreads_over_the_warm_set_then_grows_it)."""
+    from bench.reference_model import ReferenceCluster, RefSnapshot
+
+    ref = ReferenceCluster(["a", "b", "c"], replicas=1, max_sandbox_count=100)
+    for n in ("a", "b", "c"):
+        ref.heartbeat(n, RefSnapshot(16, 64 * GIB, 0, 0, 0, 0, 0))
+    warm = {"b": 2, "c": 1}
+    assert [ref.schedule(0, 2, GIB, warm) for _ in range(8)] == ["b"] * 8
+    assert ref.schedule(0, 2, GIB, warm) is None  # b is full (16 CPUs); PR #51 does not fall back
+    assert ref.schedule(0, 2, GIB, {}) == "a"  # nobody holding any: all nodes, least loaded
