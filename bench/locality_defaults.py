@@ -182,6 +182,7 @@ def cost(server: RedisServer, nodes: int, rounds: int = 4, burst: int = 80) -> d
     s = Scheduler(redis.Redis.from_url(server.url, socket_timeout=120), cell=f"cost{nodes}")
     s.client.flushall()
     s.sync_policy(Policy(locality=Locality(weight=0.1)), overwrite=True)
+    s.advance_clock(0, "freeze")  # (setting up 10,000 nodes outlasts report_ttl)
     fleet = mixed_fleet(nodes, rng)
     send_heartbeats(
         s,

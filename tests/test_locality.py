@@ -393,6 +393,9 @@ def test_grpc_locality_and_admission_through_a_replica(make_replica: Make) -> No
         r.stub.Schedule(_template("tpl", "snap"))
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # the reference's code for no nodes
     assert "3 not accepting: disk cleanup" in (e.value.details() or "")
+    reg = r.replica.metrics.registry
+    got = reg.get_sample_value("sched_refusals_total", {"reason": "not accepting: disk cleanup"})
+    assert got == 1
     got = r.stub.GetNode(pb.GetNodeRequest(node_id="n1", cluster_id="c1")).node.snapshot
     assert got.HasField("accepting_sandboxes") and not got.accepting_sandboxes
     assert got.admission_reason == pb.ADMISSION_REASON_DISK_CLEANUP
