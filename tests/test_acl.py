@@ -28,7 +28,8 @@ from scheduler import (
     Scheduler,
 )
 from scheduler.client.aio import AsyncScheduler
-from scheduler.domain.records import Placement, SandboxEvent
+from scheduler.domain.policy import Locality
+from scheduler.domain.records import LocalityRequirement, Placement, SandboxEvent
 from scheduler.store.acl import (
     CLIENT_COMMANDS,
     COMMANDS,
@@ -103,7 +104,10 @@ def node(
 def workload(url: str) -> str:
     """Every kind of call a replica and schedctl make; returns the scripts' mode."""
     s = Scheduler.connect(
-        url, cell="acl", policy=Policy(limits=Limits(max_sandbox_count=3)), overwrite_policy=True
+        url,
+        cell="acl",
+        policy=Policy(limits=Limits(max_sandbox_count=3), locality=Locality(weight=0.1)),
+        overwrite_policy=True,
     )
     try:
         s.ping()
@@ -149,6 +153,13 @@ def workload(url: str) -> str:
             s.heartbeat(node(f"v{i:02d}", 8, 0, []))
         s.schedule(Request.route())
         peers = PeerOps(s.keys)
+        # locality: a key held by more nodes than a decision reads (a sample,
+        # then the chosen node's own holding asked: SISMEMBER), and a
+        # template's recent starters (read by score, trimmed by score and rank)
+        for i in range(65):
+            s.run(peers.record("c1", "bt", "big", f"v{i:02d}"))
+        s.schedule(Request(cpu=1, locality=(LocalityRequirement(key="big"),)))
+        s.schedule(Request(cpu=1, template_id="t"))
         s.run(peers.record("c1", "bt", "k1", "a", capacity=1))
         s.run(peers.record("c1", "bt", "k2", "b", capacity=1))  # evicts k1
         s.run(peers.lookup("c1", "bt", "k2"))

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scheduler.domain.catalog import PACKED
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ROW = '    Ceiling("max_allocated_cpu", "cpu", "cpus", "cpu now"),\n'
@@ -102,7 +104,8 @@ def test_a_new_ceiling_is_a_row_and_two_formulas(tmp_path: Path) -> None:
     assert (
         "'max_allocated_memory_bytes_including_paused', 'max_allocated_cpu', 'max_cpu_used_percent'"
     ) in out["constants"]
-    assert "-- 28 tab-separated captures" in out["constants"]  # (27 + the new ceiling)
+    # (every packed policy field of this tree, and the new ceiling)
+    assert f"-- {len(PACKED) + 1} tab-separated captures" in out["constants"]
     assert out["stored"]["max_allocated_cpu"] == "4"
     # the scripts decide by it, as the oracle does
     assert out["first"] == "n1"  # 2 + 0 + 2 = 4 <= 4

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from scheduler import Limits, Policy, version
-from scheduler.domain.catalog import CEILING_NAMES
+from scheduler.domain.catalog import ADMISSION_TEXT, CEILING_NAMES
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.server.metrics import (
@@ -240,7 +240,9 @@ def test_every_reason_the_stages_give_has_a_series() -> None:
     stages = (ROOT / "lua" / "includes" / "stages.lua").read_text()
     written = set(re.findall(r"return '([a-z ]+)'(?!\s*\.\.)", stages))
     assert written, "no reason found in stages.lua"
-    assert written | {f"at {c}" for c in CEILING_NAMES} | {"no nodes", "redis"} == set(
+    assert "return 'not accepting: ' .." in stages  # one per admission reason
+    accepting = {f"not accepting: {text}" for text in ADMISSION_TEXT.values()}
+    assert written | accepting | {f"at {c}" for c in CEILING_NAMES} | {"no nodes", "redis"} == set(
         REFUSAL_REASONS
     )
 

@@ -17,7 +17,7 @@ local NODE_FIELDS = {
   'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
   'paused_allocated_memory_bytes', 'sandbox_count', 'sandbox_starting_count',
   'paused_sandbox_count', 'cpu_percent', 'memory_used_bytes', 'pending_count', 'pending_cpu',
-  'pending_memory_bytes', 'idx',
+  'pending_memory_bytes', 'idx', 'admission',
 }
 
 -- The numbers of NODE_FIELDS that decisions read, checked by node_from:
@@ -72,6 +72,7 @@ local function node_from(id, v)
     pend_mem = number_of(v[NODE_FIELDS.pending_memory_bytes]) or 0,
     idx = v[NODE_FIELDS.idx] or '',
     corrupt = false, recount = false,
+    admission = v[NODE_FIELDS.admission] or '',
   }
   -- (the checks: one pass over the numbers as read; `or 0` above stands in
   -- only where the check below passes, or marks the node)
@@ -171,6 +172,11 @@ local function check_status(n)
     return 'unhealthy'
   end
   if n.status ~= 'READY' and n.status ~= 'CONNECTING' then return 'not ready' end
+  -- (the node said it takes no new sandboxes: snapshot accepting_sandboxes false)
+  local admission = n.admission
+  if admission and admission ~= '' then
+    return 'not accepting: ' .. (ADMISSION_TEXT[admission] or 'unspecified')
+  end
   if n.settling then return 'awaiting heartbeat' end
   if n.endpoint == '' then return 'no endpoint' end
   return nil

@@ -21,14 +21,29 @@ from typing import Any, Generic, TypeVar
 
 import msgspec.json
 
-from scheduler.domain.catalog import BESIDE_POLICY, EVENT_TYPES, NODE_STATUSES, STRATEGIES
+from scheduler.domain.catalog import (
+    ADMISSION_REASONS,
+    BESIDE_POLICY,
+    EVENT_TYPES,
+    NODE_STATUSES,
+    STRATEGIES,
+)
 from scheduler.domain.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
 from scheduler.domain.history import Probe
-from scheduler.domain.limits import MAX_CPU_CONFIG, MAX_EVENTS, MAX_STATIC_NODES, at_most, text
+from scheduler.domain.limits import (
+    MAX_CPU_CONFIG,
+    MAX_EVENTS,
+    MAX_IMAGES,
+    MAX_STATIC_NODES,
+    at_most,
+    text,
+)
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     MAX_BYTES,
     MAX_CPU,
+    MAX_LOCALITY_REQUIREMENTS,
+    TOO_MANY_LOCALITY,
     AssignResult,
     Binding,
     Census,
@@ -197,6 +212,10 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
         fields += [name, str(_whole(f"snapshot.{name}", getattr(snap, name), spec.maximum))]
     if snap.status not in NODE_STATUSES:
         raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
+    if snap.admission_reason not in ADMISSION_REASONS:
+        raise InvalidArgument(
+            "snapshot.admission_reason", f"is not an admission reason: {snap.admission_reason!r}"
+        )
     cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
     mi = hb.machine_info
     fields += [
@@ -224,8 +243,75 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
         text("p2p_endpoint.backend", hb.p2p_backend),
         "p2p_address",
         text("p2p_endpoint.address", hb.p2p_address),
+        "admission",
+        snap.admission(),
     ]
     return fields
+
+
+#: A requirement's size_bytes at most: 32 of them sum below 2**53, exact in Lua.
+MAX_LOCALITY_BYTES = 1 << 47
+
+
+def _sha1(text_: str) -> str:
+    return hashlib.sha1(text_.encode()).hexdigest()
+
+
+def locality_terms(req: Request, key_limit: int) -> list[tuple[str, int, int]]:
+    """The request's distinct requirements as (key, weight, size_bytes),
+    validated (before Redis).  A key's weight is its size or, when unknown
+    (0), the mean of the request's known sizes (1 when none is known)."""
+    if len(req.locality) > MAX_LOCALITY_REQUIREMENTS:
+        raise InvalidArgument("", TOO_MANY_LOCALITY)
+    keys: dict[str, int] = {}
+    for i, lr in enumerate(req.locality):
+        field = f"locality_requirements[{i}]"
+        key = lr.key.strip()
+        if len(key.encode()) > key_limit:
+            raise InvalidArgument(
+                f"{field}.key", f"is longer than {key_limit} bytes (artifact_key_max_bytes)"
+            )
+        if "\n" in key or "\r" in key:
+            raise InvalidArgument(f"{field}.key", "contains a line break")
+        size = lr.size_bytes
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not 0 <= size <= MAX_LOCALITY_BYTES
+        ):
+            raise InvalidArgument(f"{field}.size_bytes", f"must be 0..{MAX_LOCALITY_BYTES}")
+        if key and key not in keys:  # (upstream: empty keys skipped, repeats once)
+            keys[key] = size
+    known = [v for v in keys.values() if v > 0]
+    unknown_weight = sum(known) // len(known) if known else 1
+    return [(key, size or unknown_weight, size) for key, size in keys.items()]
+
+
+def locality_group(req: Request, terms: list[tuple[str, int, int]]) -> str:
+    """What the same-group decay (and affinity) groups by: the request's
+    template or first image (:meth:`Request.group`), else its keys
+    (``keys:`` and the sorted keys, one a line), else "" (none)."""
+    group = req.group()
+    if group or not terms:
+        return group
+    return "keys:" + "\n".join(sorted(k for k, _, _ in terms))
+
+
+def locality_arg(req: Request, key_limit: int) -> str:
+    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
+    carries nothing locality can use, else the group's sha1 (or "") and one
+    line per distinct requirement, ``weight\tsize\tsha1(key)`` (the key's
+    sha1 as scheduler/store/p2p.py key_digest spells it)."""
+    terms = locality_terms(req, key_limit)
+    at_most("images", req.images, MAX_IMAGES)
+    if req.group():
+        text("template_id" if req.template_id.strip() else "images", req.group())
+    group = locality_group(req, terms)
+    if not req.create or (not terms and not group):
+        return ""
+    lines = [_sha1(group) if group else ""]
+    lines += [f"{weight}\t{size}\t{_sha1(key)}" for key, weight, size in terms]
+    return "\n".join(lines) + "\n"
 
 
 #: What a heartbeat may write to a node record (lua/heartbeat-5.lua refuses
@@ -420,6 +506,9 @@ class Ops:
             )
         return ["create" if req.create else "route", strategy or "", cpu, mem]
 
+    def _locality(self, req: Request) -> str:
+        return locality_arg(req, self.bounds.artifact_key_max_bytes)
+
     def schedule(
         self, req: Request, strategy: str | None = None, reservation_id: str | None = None
     ) -> Call[Placement]:
@@ -430,6 +519,9 @@ class Ops:
             else (secrets.token_hex(12) if req.create else "")
         )
         args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+        loc = self._locality(req)
+        if loc:  # (ARGV[8]; absent without locality: the call main's scripts take)
+            args.append(loc)
 
         def parse(r: list[Any]) -> Placement:
             return Placement(
@@ -441,6 +533,8 @@ class Ops:
                 memory_bytes=int(r[5]),
                 status=s(r[6]),
                 now_ms=int(r[7]),
+                warmth=s(r[8]) if len(r) > 8 else "",
+                pull_bytes=int(r[9]) if len(r) > 9 else 0,
             )
 
         return self._call("schedule", args, parse, (self.k.rr,))
@@ -451,15 +545,22 @@ class Ops:
     ) -> Call[list[Placement | SchedulerError]]:
         """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
         decided in order; each gets its placement or its own error."""
+        # 7 arguments a request, or 8 (the locality argument) when one carries it
+        width = 8 if any(len(call.args) > 7 for call in calls) else 7
         args = [str(len(calls))]
         for call in calls:
             args += call.args
+            if len(call.args) < width:
+                args.append("")
         parses = [call.parse for call in calls]
         return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
         args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        loc = self._locality(req)
+        if loc:
+            args.append(loc)
         return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
 
     # -- lifecycle ---------------------------------------------------------

@@ -11,7 +11,13 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
-from scheduler.domain.catalog import CEILING_NAMES, NODE_STATUSES, Status, ceiling
+from scheduler.domain.catalog import (
+    ADMISSION_REASONS,
+    CEILING_NAMES,
+    NODE_STATUSES,
+    Status,
+    ceiling,
+)
 from scheduler.domain.errors import CorruptState
 from scheduler.domain.records import (
     CeilingUse,
@@ -130,6 +136,9 @@ def parse_explanation(r: list[Any]) -> Explanation:
                 cpu_capacity=int(f[10]),
                 memory_capacity_bytes=int(f[11]),
                 endpoint=f[12],
+                coverage=float(f[13]) if len(f) > 13 else 0.0,
+                bonus=float(f[14]) if len(f) > 14 else 0.0,
+                locality=f[15] if len(f) > 15 else "",
             )
         )
     chosen = s(r[2]) or None
@@ -281,10 +290,14 @@ def observed_node(f: dict[str, str]) -> ObservedNode:
     except msgspec.DecodeError:
         disks = []
     status = f.get("derived_status", "")
+    admission = f.get("admission", "")
     snapshot = NodeSnapshot(
         status=cast(Status, status if status in NODE_STATUSES else "UNSPECIFIED"),
         disks=disks,
         **{name: i(name) for name in snapshot_numbers()},
+        # (stored as one field: "" while accepting, else the reason)
+        accepting_sandboxes=False if admission else None,
+        admission_reason=admission if admission in ADMISSION_REASONS else "UNSPECIFIED",
     )
     return ObservedNode(
         node_id=f.get("node_id", ""),

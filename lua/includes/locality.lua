@@ -1,0 +1,315 @@
+--[[
+  includes/locality.lua: locality-aware placement (docs/design.md,
+  "Locality"), decided inside the Schedule that reserves.
+
+  The least_loaded decision is made first, exactly as without locality (the
+  index or the full scan): its node B is the coolest eligible one.  Then the
+  warm set, nodes that hold the request's artifacts in the P2P artifact index
+  (art-key:<sha1 key> -> digests, art:<digest> -> holders, of the holder's own
+  cluster and backend) or, for a request with a template id or images and no
+  artifact keys, the group's recent starters (aff:<group>), is evaluated
+  through the same stages.  A warm node W that passes them, of B's kind of
+  capacity, competes only while pressure(W) <= pressure(B) + max_pressure_gap;
+  it wins when pressure(W) - bonus(W) < pressure(B) - bonus(B), where
+  bonus = weight * coverage / (1 + starts of the same group pending on it)
+  (ties: B, then rank, then node id).  So locality never brings back a
+  filtered node, never piles load past the gap, and a burst spreads over the
+  warm set before it grows it.  Cost: bounded by the request (32 keys, at
+  most LOCALITY.HOLDERS holders a digest, LOCALITY.CANDIDATES nodes evaluated), flat
+  in the fleet's size.
+
+  Keys (all built from BASE): art-key:<kd>, art-kd, art:<digest>, art-names
+  (read); aff:<group> (zset node -> last start, TTL locality_affinity_ttl_ms,
+  at most locality_affinity_max_nodes members) and node-loc:<node> (hash
+  group -> pending starts) written by the placement; the reservation keeps
+  its group in `locality`, and end_reservation (includes/common.lua) counts
+  it off node-loc.
+]]
+-- @exports LOCALITY
+-- @include index_bucket
+
+-- (one export, its functions as fields: the library's main chunk has room
+-- for few more locals, and a block's own names count while it loads)
+local LOCALITY = {
+  HOLDERS = 64, -- holders read per artifact digest, at most
+  CANDIDATES = 8, -- warm nodes evaluated per decision, at most
+}
+
+function LOCALITY.p3(x) return string.format('%.3f', x) end
+function LOCALITY.loc_key(id) return BASE .. 'node-loc:' .. id end
+function LOCALITY.aff_key(group) return BASE .. 'aff:' .. group end
+
+-- ARGV[8] as a table {group, keys = {{w, size, kd}...}, total}, nil when
+-- locality is off (weight 0, or nothing to go by), or false on a bad text.
+function LOCALITY.parse(P, arg)
+  if arg == nil or arg == '' or not (P.locality_weight > 0) then return nil end
+  local L = { group = false, keys = {}, total = 0, pull_total = 0 }
+  local first = true
+  for line in string.gmatch(arg, '([^\n]*)\n') do
+    if first then
+      first = false
+      if line ~= '' then
+        if not string.find(line, '^%x+$') then return false end
+        L.group = line
+      end
+    else
+      local w, size, kd = string.match(line, '^(%d+)\t(%d+)\t(%x+)$')
+      if not w then return false end
+      w, size = tonumber(w), tonumber(size)
+      L.keys[#L.keys + 1] = { w, size, kd }
+      L.total = L.total + w
+    end
+  end
+  if first or #L.keys > 32 then return false end
+  if #L.keys == 0 and not L.group then return nil end
+  return L
+end
+
+-- by[id] = {ns, weight held, keys held, ns, ...}: per cluster and backend
+-- of an index entry (a node's own is checked when it is read), the sum of
+-- the request's key weights the holder holds there and the keys as a bit
+-- set (key i: 2^(i-1); at most 32 keys, exact in a double): one table a
+-- holder.  `ids` the holders found; `sampled`: some digest had more holders
+-- than were read.
+local BIT = {}
+for i = 1, 32 do BIT[i] = 2 ^ (i - 1) end
+function LOCALITY.gather_keys(L)
+  local by, ids, sampled = {}, {}, false
+  local names = BASE .. 'art-names'
+  for i, k in ipairs(L.keys) do
+    local w, bit = k[1], BIT[i]
+    for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
+      local name = redis.call('HGET', names, digest)
+      local ns = name and string.match(name, '^([^\n]*\n[^\n]*)\n')
+      if ns then
+        local akey = BASE .. 'art:' .. digest
+        local holders
+        if redis.call('SCARD', akey) <= LOCALITY.HOLDERS then
+          holders = redis.call('SMEMBERS', akey)
+        else
+          holders, sampled = redis.call('SRANDMEMBER', akey, LOCALITY.HOLDERS), true
+        end
+        for _, id in ipairs(holders) do
+          local t = by[id]
+          if not t then
+            by[id] = { ns, w, bit }
+            ids[#ids + 1] = id
+          elseif t[1] == ns then -- (the common case: one namespace)
+            t[2], t[3] = t[2] + w, t[3] + bit
+          else
+            local found = false
+            for x = 4, #t, 3 do
+              if t[x] == ns then t[x + 1], t[x + 2], found = t[x + 1] + w, t[x + 2] + bit, true end
+            end
+            if not found then t[#t + 1], t[#t + 2], t[#t + 3] = ns, w, bit end
+          end
+        end
+      end
+    end
+  end
+  return by, ids, sampled
+end
+
+-- The warm set: {id, by-namespace coverage or true (affinity)} in the order
+-- they are evaluated (most weight held first, then node id), at most
+-- LOCALITY.CANDIDATES; and what a node left out of it holds: `by` (keys),
+-- and whether one not found holds nothing (`complete`).
+function LOCALITY.warm_set(P, L, now)
+  local out = {}
+  if #L.keys > 0 then
+    local by, ids, sampled = LOCALITY.gather_keys(L)
+    local K = LOCALITY.CANDIDATES
+    if #ids <= K then
+      for i = 1, #ids do out[i] = { ids[i], by[ids[i]] } end
+    else
+      -- the most weight held first (few distinct sums: one pass per sum);
+      -- among equals, the order the index's sets gave (no sort)
+      local best, sums = {}, {}
+      for i, id in ipairs(ids) do
+        local t, m = by[id], 0
+        for x = 2, #t, 3 do
+          if t[x] > m then m = t[x] end
+        end
+        best[i] = m
+        sums[m] = true
+      end
+      local order = {}
+      for m, _ in pairs(sums) do order[#order + 1] = m end
+      table.sort(order, function(a, b) return a > b end)
+      for _, m in ipairs(order) do
+        for i, id in ipairs(ids) do
+          if #out >= K then break end
+          if best[i] == m then out[#out + 1] = { id, by[id] } end
+        end
+      end
+    end
+    return out, by, not sampled
+  end
+  -- affinity: the group's starters within the TTL, most recent first
+  local ids = redis.call('ZREVRANGEBYSCORE', LOCALITY.aff_key(L.group), '+inf',
+    '(' .. fmt(now - P.locality_affinity_ttl_ms), 'LIMIT', '0', fmt(LOCALITY.CANDIDATES))
+  for i, id in ipairs(ids) do out[i] = { id, true } end
+  return out, nil, #ids < LOCALITY.CANDIDATES
+end
+
+-- "cluster\nbackend" of a node's P2P index, or false (it has none).
+function LOCALITY.ns_of(cluster, backend)
+  if not cluster or cluster == '' or not backend or backend == '' then return false end
+  return cluster .. '\n' .. backend
+end
+
+-- Warm node `id` through the decision stages.  Decided through the index
+-- (fresh: no stale node in it), its bucket holds every decision input, as
+-- for the index's own pick: one read.  Otherwise (the full scan, a dry run)
+-- the whole record is read.
+function LOCALITY.candidate(P, req, now, id, via_index)
+  if not via_index then
+    local n = evaluate(id, P, req, now)
+    local v = redis.call('HMGET', node_key(id), 'cluster_id', 'p2p_backend')
+    n.ns = LOCALITY.ns_of(v[1], v[2])
+    return n
+  end
+  local v = redis.call('HMGET', node_key(id), 'idx', 'endpoint', 'last_seen_ms', 'lingering',
+    'status', 'cluster_id', 'p2p_backend')
+  if not v[1] or v[1] == '' then -- (not indexed: schedulable for no request)
+    return { id = id, reason = 'not schedulable', ns = false, pressure = 0, known = false }
+  end
+  local n = node_of_bucket(v[1])
+  n.id, n.idx, n.endpoint = id, v[1], v[2] or ''
+  n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+  read_status(n, P, now)
+  project(n, req)
+  n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
+  n.ns = LOCALITY.ns_of(v[6], v[7])
+  return n
+end
+
+-- Node n's coverage (0..1) and the bytes it would pull (n.ns: its
+-- namespace, read), from what warm_set gathered for it (`c`: by namespace,
+-- true for affinity, nil: read exactly).
+function LOCALITY.coverage_of(L, n, c)
+  if #L.keys == 0 then
+    if c == nil then
+      c = redis.call('ZSCORE', LOCALITY.aff_key(L.group), n.id)
+      c = c and tonumber(c) > n.now_floor
+    end
+    return c and 1 or 0, 0
+  end
+  local ns = n.ns
+  if not ns then return 0, L.pull_all end
+  local got, mask = 0, 0
+  if c == nil then
+    for i, k in ipairs(L.keys) do
+      for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
+        local name = redis.call('HGET', BASE .. 'art-names', digest)
+        if name and string.sub(name, 1, #ns + 1) == ns .. '\n'
+            and redis.call('SISMEMBER', BASE .. 'art:' .. digest, n.id) == 1 then
+          got, mask = got + k[1], mask + BIT[i]
+        end
+      end
+    end
+  else
+    for x = 1, #c, 3 do
+      if c[x] == ns then got, mask = c[x + 1], c[x + 2] end
+    end
+  end
+  local pull = 0
+  for i, k in ipairs(L.keys) do
+    if math.floor(mask / BIT[i]) % 2 == 0 then pull = pull + k[2] end
+  end
+  return got / L.total, pull
+end
+
+-- n's bonus: weight x coverage, decayed by the group's starts pending on it.
+function LOCALITY.bonus(P, L, n)
+  n.same = 0
+  if L.group and n.coverage > 0 then
+    n.same = tonumber(redis.call('HGET', LOCALITY.loc_key(n.id), L.group)) or 0
+  end
+  n.bonus = P.locality_weight * n.coverage / (1 + n.same)
+end
+
+-- The placement among B (the decision without locality) and the warm set:
+-- the chosen node (B or a warm one, each with coverage, bonus and pull), and
+-- the warm nodes evaluated, each with `lost` (why it did not win) set.
+-- `via_index`: B was decided through a fresh index.  `explain`: every warm
+-- node's bonus is worked out (a decision needs only the competitors').
+function LOCALITY.choose(P, req, now, L, B, via_index, explain)
+  L.pull_all = 0
+  for _, k in ipairs(L.keys) do L.pull_all = L.pull_all + k[2] end
+  local floor = now - P.locality_affinity_ttl_ms
+  local warm, by, complete = LOCALITY.warm_set(P, L, now)
+  local evaluated, limit = {}, B.pressure + P.locality_max_pressure_gap
+  local Bc = nil
+  for _, w in ipairs(warm) do
+    if w[1] == B.id then
+      Bc = w[2]
+    else
+      local n = LOCALITY.candidate(P, req, now, w[1], via_index)
+      n.now_floor = floor
+      n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[2])
+      evaluated[#evaluated + 1] = n
+    end
+  end
+  -- B: what it holds (nothing, when the gathering was complete and missed it)
+  B.now_floor = floor
+  if Bc == nil and by then Bc = by[B.id] end
+  if Bc == nil and complete then
+    B.coverage, B.pull = 0, L.pull_all
+  else
+    if B.ns == nil and #L.keys > 0 then
+      local v = redis.call('HMGET', node_key(B.id), 'cluster_id', 'p2p_backend')
+      B.ns = LOCALITY.ns_of(v[1], v[2])
+    end
+    B.coverage, B.pull = LOCALITY.coverage_of(L, B, Bc)
+  end
+  LOCALITY.bonus(P, L, B)
+  local best, best_score = B, B.pressure - B.bonus
+  for _, n in ipairs(evaluated) do
+    if explain then LOCALITY.bonus(P, L, n) end
+    if n.reason then
+      n.lost = n.reason
+    elseif n.known ~= B.known then
+      n.lost = 'capacity unknown'
+    elseif n.coverage == 0 then
+      n.lost = 'holds none of it here'
+    elseif n.pressure > limit then
+      n.lost = 'pressure ' .. LOCALITY.p3(n.pressure) .. ' over ' .. LOCALITY.p3(B.pressure)
+        .. ' + max_pressure_gap ' .. LOCALITY.p3(P.locality_max_pressure_gap)
+    else
+      if not explain then LOCALITY.bonus(P, L, n) end
+      local s = n.pressure - n.bonus
+      if s < best_score or (s == best_score and best ~= B
+          and (ranks_before(n, best) or (not ranks_before(best, n) and bytes_lt(n.id, best.id)))) then
+        if best ~= B then best.lost = 'a warmer or cooler node won' end
+        best, best_score = n, s
+      else
+        n.lost = 'pressure - bonus ' .. LOCALITY.p3(s) .. ' not below ' .. LOCALITY.p3(best_score)
+      end
+    end
+  end
+  if best ~= B and B.coverage > 0 then B.lost = 'a warmer or cooler node won' end
+  if explain and Bc ~= nil then evaluated[#evaluated + 1] = B end
+  return best, evaluated
+end
+
+-- "full", "partial" or "cold": what the chosen node holds.
+function LOCALITY.note(n)
+  if n.coverage >= 1 then return 'full' end
+  if n.coverage > 0 then return 'partial' end
+  return 'cold'
+end
+
+-- The placement's locality writes: the group's recent starters and the
+-- node's pending starts of the group (and the reservation's `locality`,
+-- written by the caller).
+function LOCALITY.reserve(P, L, n, now)
+  if not L.group then return end
+  local key = LOCALITY.aff_key(L.group)
+  redis.call('ZADD', key, fmt(now), n.id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - P.locality_affinity_ttl_ms))
+  redis.call('ZREMRANGEBYRANK', key, '0', fmt(-(P.locality_affinity_max_nodes + 1)))
+  redis.call('PEXPIRE', key, fmt(P.locality_affinity_ttl_ms))
+  redis.call('HINCRBY', LOCALITY.loc_key(n.id), L.group, '1')
+end
+
