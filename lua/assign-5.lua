@@ -21,6 +21,13 @@
           absent_cs), node:<node> absent_watch, stats
 ]]
 -- @include bindings
+-- The node's oldest reservation that no sandbox has claimed yet, or nil.
+local function oldest_unclaimed(node_id)
+  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
+    if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
+  end
+  return nil
+end
 local sb = ARGV[1]
 local node_id = ARGV[2]
 local endpoint = ARGV[3]

@@ -28,6 +28,12 @@
 -- @include nodes
 -- @include heartbeat_steady
 -- @include cpu_config
+-- Write the counts a batch kept (ctx.counts) to stats.
+local function flush_counts(ctx)
+  for outcome, k in pairs(ctx[CTX.counts] or {}) do
+    redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
+  end
+end
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
   return fail(ERR.BADARG, 'n must count the heartbeats that follow')

@@ -9,6 +9,15 @@
           CORRUPT a binding whose node_id is missing or expires_ms is no number
 ]]
 -- @include common
+-- When does binding {node_id, listed, expires_ms} expire?
+local function binding_expires(b, P)
+  local expires = tonumber(b[3]) or 0
+  if b[2] == '1' and b[1] then
+    local seen = tonumber(redis.call('HGET', node_key(b[1]), 'last_seen_ms'))
+    if seen and seen + P.binding_ttl_ms > expires then expires = seen + P.binding_ttl_ms end
+  end
+  return expires
+end
 local sb = ARGV[1]
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end

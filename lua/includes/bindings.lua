@@ -3,7 +3,7 @@
   forgetting of silent nodes: includes/nodes.lua).
 ]]
 -- @exports write_binding drop_binding bury_binding buried_on
--- @exports bound_reservation charged listed_on oldest_unclaimed
+-- @exports bound_reservation charged listed_on
 -- @include index
 ---------------------------------------------------------------------------
 -- Bindings
@@ -144,10 +144,3 @@ local function listed_on(sb, node_id)
   return b[1] == node_id and b[2] == '1' and b[3] ~= '1'
 end
 
--- The node's oldest reservation that no sandbox has claimed yet, or nil.
-local function oldest_unclaimed(node_id)
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-    if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
-  end
-  return nil
-end

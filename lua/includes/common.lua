@@ -3,8 +3,8 @@
   script that decides or writes state (the loader emits includes once per
   script, dependencies first).
 ]]
--- @exports repack_policy load_policy binding_expires touch RES_READ
--- @exports end_reservation flush_counts sweep_expired recount_pending
+-- @exports repack_policy load_policy touch RES_READ
+-- @exports end_reservation sweep_expired recount_pending
 -- @include base
 
 -- (the policy's packed copy: raw_policy, includes/base.lua)
@@ -100,16 +100,6 @@ local function load_policy(ctx)
 end
 
 
--- When does binding {node_id, listed, expires_ms} expire?
-local function binding_expires(b, P)
-  local expires = tonumber(b[3]) or 0
-  if b[2] == '1' and b[1] then
-    local seen = tonumber(redis.call('HGET', node_key(b[1]), 'last_seen_ms'))
-    if seen and seen + P.binding_ttl_ms > expires then expires = seen + P.binding_ttl_ms end
-  end
-  return expires
-end
-
 ---------------------------------------------------------------------------
 -- Reservations
 ---------------------------------------------------------------------------
@@ -140,7 +130,6 @@ local function less_reservation(r, count, cpu, mem, acked)
   return count - 1, cpu - number_of(r[RES_READ.cpu]), mem - number_of(r[RES_READ.memory_bytes]), acked
 end
 
-local NO_COUNTS = {}
 
 -- A reservation's cpu or memory as a number, or nil when the record's text
 -- is not a whole number >= 0 (corrupt state).
@@ -272,13 +261,6 @@ local function end_reservation(ctx, rid, outcome, now, r)
     redis.call('HINCRBY', STATS_KEY, outcome .. '_total', '1')
   end
   return true
-end
-
--- Write the counts a batch kept (ctx.counts) to stats.
-local function flush_counts(ctx)
-  for outcome, k in pairs(ctx[CTX.counts] or NO_COUNTS) do
-    redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
-  end
 end
 
 -- Expire what is due, oldest first, bounded work per call.
