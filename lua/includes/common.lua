@@ -204,7 +204,7 @@ local function end_reservation(ctx, rid, outcome, now, r)
         held.dirty = true
         touch(ctx, node_id)
       end
-    elseif redis.call('HEXISTS', node_key(node_id), 'pending_count') == 1 then
+    elseif redis.call('HGET', node_key(node_id), 'pending_count') then
       local count, cpu, mem, acked = recount_pending(node_id)
       redis.call('HSET', node_key(node_id), 'pending_count', num_text(count), 'pending_cpu',
         num_text(cpu), 'pending_memory_bytes', num_text(mem), 'acked_count', num_text(acked))

@@ -29,6 +29,8 @@ local function take_rr(ctx, rr_key, dry_run)
   if not ctx[CTX.batch] then
     local v = redis.pcall('INCR', rr_key)
     if type(v) == 'number' then return v end
+    -- (any other refusal, an ACL's, is raised as Redis words it: called again)
+    if not string.find(v.err, 'not an integer', 1, true) then return redis.call('INCR', rr_key) end
     redis.call('SET', rr_key, '1')
     return 1
   end
