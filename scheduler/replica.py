@@ -56,6 +56,7 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.history import RECONCILE_BATCH, REWOUND_GRACE_MS, HistoryWatch, Probe
 from scheduler.limits import max_message_bytes
 from scheduler.metrics import Metrics
+from scheduler.plans import checking, is_checking
 from scheduler.service import SchedulerService
 from scheduler.tls import ReloadingCredentials, TlsError, is_loopback
 from scheduler.translate import translated
@@ -194,7 +195,7 @@ class Replica:
         #: new connections to another Redis server hold writes until checked
         self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
         if self.restart_guard is not None and not settings.query_only:
-            self.restart_guard.bypass = sched.is_checking
+            self.restart_guard.bypass = is_checking
             self.restart_guard.on_other = self._other_server
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
@@ -248,7 +249,7 @@ class Replica:
             "a new primary: writes wait until this replica has checked its data and clock"
         )
         try:
-            with self.sched.checking():
+            with checking():
                 run_id = None
                 if self.restart_guard is not None:
                     with translated(self.sched.target):
@@ -519,7 +520,7 @@ class Replica:
             )
 
     async def _check_redis(self, refresh_stats: bool) -> None:
-        with self.sched.checking():
+        with checking():
             await self._check_redis_data(refresh_stats)
         self.sched.unchecked = ""
 
