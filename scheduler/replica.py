@@ -597,7 +597,7 @@ class Replica:
                         verdict.sequence,
                         verdict.expected_sequence,
                         age / 1000,
-                        f"; its clock moved back by {-moved} ms" if moved else "",
+                        f"; its clock moved by {moved:+d} ms" if moved else "",
                     )
                 else:
                     log.warning(
