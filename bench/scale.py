@@ -175,7 +175,9 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
     rng = random.Random(p.seed * 1_000_003 + nodes)
     cell = target.new_cell("scale")
     policy = Policy(strategy="least_loaded", report_ttl_ms=3_600_000)
-    s = Scheduler.connect(target.url, cell=cell, policy=policy)
+    # (a long timeout: a pipeline of full heartbeats, or the unpaged list at
+    # 100,000 nodes, takes seconds on a busy host)
+    s = Scheduler.connect(target.url, cell=cell, policy=policy, timeout_s=120)
     try:
         s.stats()  # (loads the library)
         if s.scripts.mode != FUNCTION:
@@ -183,7 +185,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
         fleet = mixed_fleet(nodes, rng)
         started = time.perf_counter()
-        send_heartbeats(s, [n.heartbeat() for n in fleet], memo=s.beats)
+        send_heartbeats(s, [n.heartbeat() for n in fleet], batch=100, memo=s.beats)
         setup_s = time.perf_counter() - started
         for _ in range(max(8, nodes // 50)):
             s.schedule(Request.cold(*rng.choice(SIZES)))
@@ -292,7 +294,9 @@ def run_cpucfg(target: Target, members: int, p: Params) -> dict[str, Any]:
     """Redis time per heartbeat of a cluster of ``members`` (10 % without a
     config) with its CPU config step, as a replica sends both, coalesced."""
     cell = target.new_cell("scale-cpucfg")
-    s = Scheduler.connect(target.url, cell=cell, policy=Policy(report_ttl_ms=3_600_000))
+    s = Scheduler.connect(
+        target.url, cell=cell, policy=Policy(report_ttl_ms=3_600_000), timeout_s=120
+    )
     cpu = CpuConfigOps(s.keys)
     cluster = "c"
     missing = max(1, members // 10)

@@ -334,3 +334,17 @@ def test_doctor_checks_and_rewrites_the_derived_sets(
     assert all(f.repaired for f in report.findings)
     assert doctor(s).ok
     assert {x.decode() for x in s.client.smembers(mkey)} == {"k-00000", "k-00001"}
+
+
+def test_a_round_from_before_the_missing_set_builds_it_once(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    s = make_scheduler(Policy())
+    join(s, "k", 10, missing=3)
+    mkey = s.keys.base + "cpucfg-missing:k"
+    s.client.delete(mkey)  # (as a round written by an earlier version)
+    s.client.hset(s.keys.cpucfg("k"), "missing", 5)  # (and a count gone wrong)
+    cpu = CpuConfigOps(s.keys)
+    assert not s.run(cpu.ingest("k-00009", "k", CONFIG, False)).needs_compute
+    assert {x.decode() for x in s.client.smembers(mkey)} == {"k-00000", "k-00001", "k-00002"}
+    assert s.client.hget(s.keys.cpucfg("k"), "missing") == b"3"

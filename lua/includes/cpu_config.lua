@@ -39,15 +39,21 @@ local cfg_prune
 
 -- One bounded step of the prune while the round waits: PRUNE_STEP of the
 -- members without a config, at random, dropped if they left or moved.  (A
--- round written before cpucfg-missing existed has no such set: it is built
--- once, by one whole prune.)
+-- round written before cpucfg-missing existed, or whose count drifted, has
+-- no such set: it is built once, by one whole prune.)
 local function cfg_prune_step(cfg_key, cluster)
   local mkey = missing_key(cfg_key)
   local some = redis.call('SRANDMEMBER', mkey, PRUNE_STEP)
   if #some == 0 then
+    -- (and the count made exact from the members, so this runs once)
+    local missing = 0
     for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
-      if redis.call('HGET', cfg_key, 'm:' .. id) == '' then redis.call('SADD', mkey, id) end
+      if redis.call('HGET', cfg_key, 'm:' .. id) == '' then
+        redis.call('SADD', mkey, id)
+        missing = missing + 1
+      end
     end
+    redis.call('HSET', cfg_key, 'missing', missing)
     return
   end
   for _, id in ipairs(some) do
