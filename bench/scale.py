@@ -24,9 +24,11 @@ All are sent through the library's own calls (``Scheduler.ops``), only
 pipelined.  One 2-core machine cannot send a 100,000-node fleet's 20,000
 heartbeats a second through replicas, so the cell's Redis core share at the
 5 s cadence is computed from the per-call costs measured here:
-``nodes / 5 * heartbeat + placements_per_s * placement + periodic``, with
-every heartbeat counted as a changed one (an upper bound; the steady one is
-reported too).  Redis time per call is ``INFO commandstats`` usec of FCALL
+``placements_per_s * placement + changed * heartbeat + (nodes / 5 - changed)
+* steady + periodic``, where ``changed`` are the heartbeats a steady cell
+changes, one per placement and one per sandbox that ends (twice the
+placement rate); and, as an upper bound, with every heartbeat a changed
+one.  Redis time per call is ``INFO commandstats`` usec of FCALL
 (the script's own time), and ``*_cpu_us`` the redis-server process's CPU
 over the same pipelined burst (``INFO cpu``: parsing and replies included),
 the figure the core share uses.
@@ -78,9 +80,11 @@ COLUMNS = [
     "floor_us",
     "placement_cpu_us",
     "heartbeat_cpu_us",
+    "steady_cpu_us",
     "periodic_us_per_s",
     "core_share_at_5s",
     "core_share_idle_host",
+    "core_share_all_changed",
     "longest_hot_ms",
     "longest_hot_call",
     "longest_oneoff_ms",
@@ -183,6 +187,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         if s.scripts.mode != FUNCTION:
             raise SystemExit("bench scale needs a Redis with functions (FUNCTION / FCALL)")
         s.client.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+        s.sync_nodes([])  # (what a replica's first start does to the empty cell)
         fleet = mixed_fleet(nodes, rng)
         started = time.perf_counter()
         send_heartbeats(s, [n.heartbeat() for n in fleet], batch=100, memo=s.beats)
@@ -240,30 +245,43 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
     def cpu_per(kind: str) -> float:
         return statistics.median(cpu * 1e6 / max(1, n) for n, _, cpu in got[kind])
 
+    def per_floor(kind: str) -> float:
+        """The median of the rounds' ratios (a round's calls met the same host)."""
+        return statistics.median(
+            (usec / max(1, n)) / (f_usec / max(1, f_n))
+            for (n, usec, _), (f_n, f_usec, _) in zip(got[kind], got["floor"], strict=True)
+        )
+
     floor = per("floor")
     # periodic: one burst is 5 s of every replica's monitor
     periodic_us_per_s = statistics.median(usec for _, usec, _ in got["periodic"]) / 5
     periodic_cpu_per_s = statistics.median(cpu for _, _, cpu in got["periodic"]) * 1e6 / 5
-    share = (
-        nodes / 5 * cpu_per("heartbeat")
-        + p.placements_per_s * cpu_per("placement")
-        + periodic_cpu_per_s
-    ) / 1e6
+    # a steady cell: each placement changes its node's next heartbeat, and each
+    # sandbox that ends another one; the other heartbeats are steady
+    beats = nodes / 5
+    changed = min(beats, 2 * p.placements_per_s)
+    rest = p.placements_per_s * cpu_per("placement") + periodic_cpu_per_s
+    share = (changed * cpu_per("heartbeat") + (beats - changed) * cpu_per("steady") + rest) / 1e6
+    upper = (beats * cpu_per("heartbeat") + rest) / 1e6
     # the same on an idle host: scaled by the floor such a host measured
     idle = share * IDLE_FLOOR_US / floor
+    idle_upper = upper * IDLE_FLOOR_US / floor
     return {
         "nodes": nodes,
         "placement_us": round(per("placement"), 1),
-        "placement_per_floor": round(per("placement") / floor, 2),
+        "placement_per_floor": round(per_floor("placement"), 2),
         "heartbeat_us": round(per("heartbeat"), 1),
-        "heartbeat_per_floor": round(per("heartbeat") / floor, 2),
+        "heartbeat_per_floor": round(per_floor("heartbeat"), 2),
         "steady_us": round(per("steady"), 1),
         "floor_us": round(floor, 1),
         "placement_cpu_us": round(cpu_per("placement"), 1),
         "heartbeat_cpu_us": round(cpu_per("heartbeat"), 1),
+        "steady_cpu_us": round(cpu_per("steady"), 1),
         "periodic_us_per_s": round(periodic_us_per_s),
         "core_share_at_5s": round(share, 3),
         "core_share_idle_host": round(idle, 3),
+        "core_share_all_changed": round(upper, 3),
+        "core_share_all_changed_idle_host": round(idle_upper, 3),
         "longest_hot_ms": round(hot_ms, 2),
         "longest_hot_call": hot_call,
         "longest_oneoff_ms": round(off_ms, 2),
@@ -366,12 +384,15 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"one redis-server, {p.rounds} rounds per size of {p.burst}-call pipelined bursts "
         f"(medians); batch calls of {COALESCED} (coalesced placements and heartbeats)",
         "*_us: INFO commandstats FCALL usec per call (the script's own time); *_cpu_us: "
-        "redis-server CPU (INFO cpu) over the same burst, per call; *_per_floor against the "
-        "bare reservation writes (floor_us) of the same round",
-        f"core_share_at_5s = nodes/5 x heartbeat_cpu_us + {p.placements_per_s:g} placements/s "
-        f"x placement_cpu_us + the periodic work of {p.replicas} replicas' monitors (driven "
-        "by the bench, not replica processes), in Redis cores; every heartbeat counted as a "
-        "changed one; core_share_idle_host: the same scaled by "
+        "redis-server CPU (INFO cpu) over the same burst, per call; *_per_floor: the median of "
+        "the rounds' ratios to the bare reservation writes (floor_us) of the same round",
+        f"core_share_at_5s = {p.placements_per_s:g} placements/s x placement_cpu_us + "
+        f"min(nodes/5, {2 * p.placements_per_s:g})/s changed heartbeats (each placement "
+        "changes its node's next one, each sandbox that ends another) x heartbeat_cpu_us + "
+        "the other nodes/5 a second x steady_cpu_us + the periodic work of "
+        f"{p.replicas} replicas' monitors (driven by the bench, not replica processes), in "
+        "Redis cores; core_share_all_changed: every heartbeat a changed one (an upper "
+        "bound); core_share_idle_host: the first scaled by "
         f"{IDLE_FLOOR_US:g} us / floor_us (the floor this machine measured idle), a "
         "projection",
         f"longest_*: SLOWLOG (calls over {SLOW_US / 1000:g} ms): hot = the rounds above "
