@@ -81,6 +81,9 @@ COLUMNS = [
     "placement_cpu_us",
     "heartbeat_cpu_us",
     "steady_cpu_us",
+    "placement_commands",
+    "heartbeat_commands",
+    "steady_commands",
     "periodic_us_per_s",
     "core_share_at_5s",
     "core_share_idle_host",
@@ -115,11 +118,31 @@ class Params:
         return cls(nodes=(1_000, 10_000), rounds=2, burst=128)
 
 
-def _cpu_burst(target: Target, send: Any) -> tuple[int, int, float]:
-    """(calls, commandstats usec, redis-server CPU seconds) of one burst."""
-    cpu = target.cpu_seconds()
+def _cpu_burst(target: Target, send: Any) -> tuple[int, int, float, int]:
+    """(calls, commandstats usec, redis-server CPU seconds, Redis commands the
+    scripts ran) of one burst."""
+    cpu, commands = target.cpu_seconds(), _commands(target)
     n, usec = send()
-    return n, usec, target.cpu_seconds() - cpu
+    return n, usec, target.cpu_seconds() - cpu, _commands(target) - commands
+
+
+class _Measured(_Run):
+    """versus' bursts, with the redis-server CPU and the commands of the
+    measured pipeline alone (not of the placements and assignments that set a
+    heartbeat burst up, nor of the cancels after a placement burst)."""
+
+    last: tuple[float, int] = (0.0, 0)
+
+    def _send(self, lib: Any, calls: Any) -> tuple[int, int, list[Any]]:
+        cpu, commands = self.target.cpu_seconds(), _commands(self.target)
+        out = super()._send(lib, calls)
+        self.last = (self.target.cpu_seconds() - cpu, _commands(self.target) - commands)
+        return out
+
+
+def _measured(r: _Measured, burst: Any) -> tuple[int, int, float, int]:
+    n, usec = burst(r.ours)
+    return n, usec, r.last[0], r.last[1]
 
 
 def _slowest(target: Target) -> tuple[float, str]:
@@ -194,18 +217,18 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         setup_s = time.perf_counter() - started
         for _ in range(max(8, nodes // 50)):
             s.schedule(Request.cold(*rng.choice(SIZES)))
-        r = _Run(target, s, fleet, library(), p)  # type: ignore[arg-type]  # (.burst, .seed)
+        r = _Measured(target, s, fleet, library(), p)  # type: ignore[arg-type]  # (.burst, .seed)
         ids = [n.node_id for n in fleet]
         target.client.config_set("slowlog-log-slower-than", SLOW_US)
         target.client.config_set("slowlog-max-len", 1024)
         target.client.slowlog_reset()
-        got: dict[str, list[tuple[int, int, float]]] = {
+        got: dict[str, list[tuple[int, int, float, int]]] = {
             k: [] for k in ("placement", "heartbeat", "steady", "floor", "periodic")
         }
         for i in range(p.rounds):
-            got["placement"].append(_cpu_burst(target, lambda: r.coalesced(r.ours)))
-            got["heartbeat"].append(_cpu_burst(target, lambda: r.coalesced_heartbeat(r.ours)))
-            got["steady"].append(_cpu_burst(target, lambda: r.coalesced_steady(r.ours)))
+            got["placement"].append(_measured(r, r.coalesced))
+            got["heartbeat"].append(_measured(r, r.coalesced_heartbeat))
+            got["steady"].append(_measured(r, r.coalesced_steady))
             got["floor"].append(
                 _cpu_burst(target, lambda i=i: floor_burst(target, s, p.burst, f"f{i}", ids, rng))
             )
@@ -240,22 +263,25 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         target.drop_cell(cell)
 
     def per(kind: str) -> float:
-        return statistics.median(usec / max(1, n) for n, usec, _ in got[kind])
+        return statistics.median(usec / max(1, n) for n, usec, _, _ in got[kind])
 
     def cpu_per(kind: str) -> float:
-        return statistics.median(cpu * 1e6 / max(1, n) for n, _, cpu in got[kind])
+        return statistics.median(cpu * 1e6 / max(1, n) for n, _, cpu, _ in got[kind])
+
+    def commands_per(kind: str) -> float:
+        return statistics.median(c / max(1, n) for n, _, _, c in got[kind])
 
     def per_floor(kind: str) -> float:
         """The median of the rounds' ratios (a round's calls met the same host)."""
         return statistics.median(
             (usec / max(1, n)) / (f_usec / max(1, f_n))
-            for (n, usec, _), (f_n, f_usec, _) in zip(got[kind], got["floor"], strict=True)
+            for (n, usec, _, _), (f_n, f_usec, _, _) in zip(got[kind], got["floor"], strict=True)
         )
 
     floor = per("floor")
     # periodic: one burst is 5 s of every replica's monitor
-    periodic_us_per_s = statistics.median(usec for _, usec, _ in got["periodic"]) / 5
-    periodic_cpu_per_s = statistics.median(cpu for _, _, cpu in got["periodic"]) * 1e6 / 5
+    periodic_us_per_s = statistics.median(usec for _, usec, _, _ in got["periodic"]) / 5
+    periodic_cpu_per_s = statistics.median(cpu for _, _, cpu, _ in got["periodic"]) * 1e6 / 5
     # a steady cell: each placement changes its node's next heartbeat, and each
     # sandbox that ends another one; the other heartbeats are steady
     beats = nodes / 5
@@ -277,6 +303,10 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         "placement_cpu_us": round(cpu_per("placement"), 1),
         "heartbeat_cpu_us": round(cpu_per("heartbeat"), 1),
         "steady_cpu_us": round(cpu_per("steady"), 1),
+        "placement_commands": round(commands_per("placement"), 1),
+        "heartbeat_commands": round(commands_per("heartbeat"), 1),
+        "steady_commands": round(commands_per("steady"), 1),
+        "periodic_commands_per_s": round(commands_per("periodic") / 5, 1),
         "periodic_us_per_s": round(periodic_us_per_s),
         "core_share_at_5s": round(share, 3),
         "core_share_idle_host": round(idle, 3),
@@ -383,6 +413,8 @@ def run(target: Target, p: Params | None = None) -> Result:
     notes = [
         f"one redis-server, {p.rounds} rounds per size of {p.burst}-call pipelined bursts "
         f"(medians); batch calls of {COALESCED} (coalesced placements and heartbeats)",
+        "*_commands: Redis commands the scripts ran per call (INFO commandstats calls, a "
+        "batch's shared ones spread over its calls), a measure no other load moves; "
         "*_us: INFO commandstats FCALL usec per call (the script's own time); *_cpu_us: "
         "redis-server CPU (INFO cpu) over the same burst, per call; *_per_floor: the median of "
         "the rounds' ratios to the bare reservation writes (floor_us) of the same round",
