@@ -62,6 +62,7 @@ SCRIPTED_COMMANDS: tuple[str, ...] = (
     "zrem",
     "zrange",
     "zrangebyscore",
+    "zrangebylex",
     "zscore",
     "zcard",
     "zpopmin",
