@@ -66,6 +66,7 @@ SCRIPTED_COMMANDS: tuple[str, ...] = (
     "zrevrangebyscore",
     "zremrangebyscore",
     "zremrangebyrank",
+    "zrangebylex",
     "zscore",
     "zcard",
     "zpopmin",
