@@ -64,8 +64,8 @@ SCRIPTED_COMMANDS: tuple[str, ...] = (
     "zrangebyscore",
     "zscore",
     "zcard",
+    "zlexcount",
     "zpopmin",
-    "zunionstore",
 )
 COMMANDS = CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPT_COMMANDS + SCRIPTED_COMMANDS
 

@@ -64,7 +64,6 @@ TYPES = {
     "idx-mem": "zset",
     "idx-bucket": "zset",
     "idx-seen": "zset",
-    "idx-tmp": "zset",
     "cpucfg": "hash",
     "p2p": "set",
     "art": "set",
@@ -72,7 +71,7 @@ TYPES = {
     "art-lru": "zset",
     "art-names": "hash",
 }
-INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen", "idx-tmp")
+INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen")
 PENDING_FIELDS = ("pending_count", "pending_cpu", "pending_memory_bytes", "acked_count")
 
 

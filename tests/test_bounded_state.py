@@ -223,8 +223,7 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
         pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="img", node_id="n1")
     )
     seen = {classify(s.keys.base, k) for k in keys_of(s)}
-    # idx-tmp lives inside one Schedule only
-    assert seen == set(LIFETIMES) - {"idx-tmp"}, set(LIFETIMES) - seen
+    assert seen == set(LIFETIMES), set(LIFETIMES) - seen
 
     # everything goes quiet past every TTL the scripts keep by Redis time
     s.advance_clock(2 * HOUR)
