@@ -82,6 +82,18 @@ def shares(raw: str) -> dict[str, float]:
     return {name: counts[name] / total for name, _ in counts.most_common()}
 
 
+def top_frames(raw: str, n: int = 12) -> list[tuple[str, float]]:
+    """The ``n`` innermost frames (the function running when sampled, not the
+    ones it was called from: self time) with their share of the samples."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, k = line.rstrip().rpartition(" ")
+        if stack and k.isdigit():
+            counts[stack.split(";")[-1]] += int(k)
+    total = sum(counts.values()) or 1
+    return [(frame, c / total) for frame, c in counts.most_common(n)]
+
+
 def py_spy() -> str:
     beside = Path(sys.executable).with_name("py-spy")  # this virtualenv's first
     found = str(beside) if beside.exists() else shutil.which("py-spy")
@@ -118,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bare", action="store_true", help="profile the constant-reply server")
     p.add_argument("--seconds", type=float, default=6.0, help="load time (default 6)")
+    p.add_argument(
+        "--rpc", choices=grpc_path.RPCS, default="schedule", help="the RPC (default schedule)"
+    )
+    p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
+    p.add_argument("--top", type=int, default=12, help="innermost frames listed (default 12)")
     p.add_argument("serve_args", nargs="*", help="schedctl serve flags, after --")
     args = p.parse_args(argv)
     exe = py_spy()
@@ -150,11 +167,14 @@ def main(argv: list[str] | None = None) -> int:
             port,
             pid,
             seconds=args.seconds,
-            concurrency=32,
-            channels=8,
+            concurrency=args.concurrency,
+            channels=min(8, args.concurrency),
             cpu=1,
             memory_mb=1024,
             redis_cpu=target.cpu_seconds,
+            rpc=args.rpc,
+            nodes=Params().nodes,
+            seed=1,
         )
         timer.join()
         spy[0].wait(60)
@@ -162,10 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         us = m.server_cpu / m.calls * 1e6 if m.calls else 0.0
         print(
             f"{'bare grpc.aio' if args.bare else 'schedctl serve'} {' '.join(args.serve_args)}:"
-            f" {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC (py-spy: {exe})"
+            f" {args.rpc}, {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC"
+            f" (py-spy: {exe})"
         )
-        for name, share in shares(out.read_text()).items():
+        raw = out.read_text()
+        for name, share in shares(raw).items():
             print(f"  {name:26s} {100 * share:5.1f} %  ~{share * us:5.0f} us")
+        print("  innermost frames (self time):")
+        for frame, share in top_frames(raw, args.top):
+            print(f"  {100 * share:5.1f} %  {frame}")
     finally:
         s.close()
         target.close()
