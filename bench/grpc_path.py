@@ -421,8 +421,12 @@ def _load_concurrent(
 
             for stub in stubs:
                 await one(stub)  # warm: connection set-up
-            for i in range(len(beats) - len(stubs)):  # and every node's first heartbeat
-                await one(stubs[i % channels])
+
+            async def first(stub: Any) -> None:  # and every node's first heartbeat
+                while turn < len(beats):
+                    await one(stub)
+
+            await asyncio.gather(*(first(stubs[i % channels]) for i in range(concurrency)))
             conn.send(("ready", None))
             await asyncio.get_running_loop().run_in_executor(None, go.wait)
             n = refused = 0
