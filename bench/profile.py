@@ -160,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait_listening(120)
             port, pid = proc.port, proc.proc.pid
         spy: list[subprocess.Popen[bytes]] = []
-        # skip the first second (connections warming up), stop before the load does
+        # from a second into the measured load (the load's warm-up, every
+        # node's first heartbeat among it, is not what a replica does all day)
+        # to a second before its end
         timer = threading.Timer(1.0, lambda: spy.append(record(pid, args.seconds - 2, out)))
-        timer.start()
         m = grpc_path.measure(
             port,
             pid,
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             rpc=args.rpc,
             nodes=Params().nodes,
             seed=1,
+            started=timer.start,
         )
         timer.join()
         spy[0].wait(60)
