@@ -4,7 +4,7 @@ Starts a ``redis-server``, a 1,000-node fleet and one server (``schedctl
 serve`` with the given flags, or ``--bare`` for the constant-reply server of
 ``bench throughput``), loads it like the ``cpu`` path of ``bench throughput``
 (32 Schedules in flight over 8 connections) and samples the server with
-`py-spy <https://github.com/benfred/py-spy>`_ (``pip install py-spy``; a
+`py-spy <https://github.com/benfred/py-spy>`_ (in the ``dev`` extra; a
 developer's tool, not a dependency) without stopping it (``--nonblocking``),
 then counts each sample by the innermost frame it can name:
 
@@ -98,7 +98,7 @@ def py_spy() -> str:
     beside = Path(sys.executable).with_name("py-spy")  # this virtualenv's first
     found = str(beside) if beside.exists() else shutil.which("py-spy")
     if found is None:
-        raise SystemExit("py-spy is not installed: pip install py-spy")
+        raise SystemExit('py-spy is not installed: pip install -e ".[dev]"')
     return found
 
 
