@@ -426,10 +426,10 @@ def _load_concurrent(
                 while turn < len(beats):
                     await one(stub)
 
-            # (four at a time: each first one brings its node's CPU config,
-            # which costs Redis O(cluster) while members lack one, issue #31,
-            # and more in flight met the replica's 2 s Redis deadline)
-            await asyncio.gather(*(first(stubs[i % channels]) for i in range(min(4, concurrency))))
+            # (one at a time: each first one brings its node's CPU config,
+            # which costs Redis O(cluster) while members lack one, issue #31;
+            # four in flight met the replica's 2 s Redis deadline on a busy host)
+            await first(stubs[0])
             conn.send(("ready", None))
             await asyncio.get_running_loop().run_in_executor(None, go.wait)
             n = refused = 0
