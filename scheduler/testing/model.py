@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from scheduler.catalog import CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
-from scheduler.policy import Policy
-from scheduler.records import Request
-from scheduler.replies import rank_key
+from scheduler.domain.catalog import CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import Request
+from scheduler.store.replies import rank_key
 
 
 @dataclass(frozen=True)
