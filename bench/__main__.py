@@ -162,6 +162,17 @@ def parser() -> argparse.ArgumentParser:
         help="cpu path: calls a second, the same for every "
         "server (default 0: as fast as each answers)",
     )
+    t.add_argument(
+        "--rpc",
+        choices=("schedule", "heartbeat"),
+        help="cpu path: the RPC (default schedule; heartbeat: steady "
+        "heartbeats of the fleet, every node in turn)",
+    )
+    t.add_argument(
+        "--shipped",
+        action="store_true",
+        help="cpu path: only the bare asyncio server and the replica as shipped",
+    )
     t.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
 
     h = sub.add_parser(
@@ -372,9 +383,10 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             "channels": "channels",
             "rounds": "rounds",
             "rate": "rate",
+            "rpc": "rpc",
         },
     )
-    tp = replace(tp, seed=args.seed)
+    tp = replace(tp, seed=args.seed, shipped=tp.shipped or args.shipped)
     return lambda t: throughput.run(t, tp)
 
 

@@ -8,7 +8,7 @@ module never opens a gRPC channel in the driver: gRPC's core does not
 survive a fork of a process that has used it.
 
 The floor the replica's CPU per RPC is judged against is a bare
-``grpc.aio`` server that answers every Schedule with a constant
+``grpc.aio`` server that answers every Schedule (and every Heartbeat) with a constant
 (:func:`bare_main`, run as ``python -m bench.grpc_path bare PORT LOOP``): what
 gRPC in Python costs before any work of ours.  A server's CPU is read from
 ``/proc`` (user + system time of the process and its children), so it counts
@@ -222,6 +222,37 @@ def cpu_unmeasurable() -> str | None:
 #: what a bare server does per Schedule before it answers: nothing (the
 #: floor), one Redis round trip, or the library's Schedule: layers of the replica
 LAYERS = ("constant", "redis", "library")
+#: the RPCs the load sends (``schedule``: creations; ``heartbeat``: steady
+#: heartbeats of the fleet's nodes, each node in turn)
+RPCS = ("schedule", "heartbeat")
+
+
+#: the CPU config every node of a Heartbeat load reports (as bench heartbeats:
+#: a cluster where some member reports none costs Redis O(cluster) per
+#: heartbeat, issue #31, which is Redis' work, not the replica's)
+CPU_CONFIG = '{"kvm_capabilities": ["171", "56"]}'
+
+
+def heartbeat_requests(nodes: int, seed: int) -> list[tuple[Any, tuple[tuple[str, str], ...]]]:
+    """The Heartbeat requests (and their ``x-node-endpoint`` metadata) of the
+    fleet ``throughput`` builds with ``seed``: each node as it stands, with
+    CPU_CONFIG."""
+    import random
+
+    import msgspec
+
+    from bench.fleet import mixed_fleet
+    from scheduler.domain.records import MachineInfo
+    from scheduler.server.service import ENDPOINT_METADATA, heartbeat_request
+
+    fleet = mixed_fleet(nodes, random.Random(seed), load=(0.3, 0.6))
+    out = []
+    for node in fleet:
+        hb = msgspec.structs.replace(
+            node.heartbeat(), machine_info=MachineInfo(cpu_config_json=CPU_CONFIG)
+        )
+        out.append((heartbeat_request(hb), ((ENDPOINT_METADATA, hb.endpoint),)))
+    return out
 
 
 def bare_main(port: int, loop: str, layer: str = "constant", url: str = "", cell: str = "") -> None:
@@ -242,6 +273,7 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "", cell
     from scheduler.store.wire import ScriptWire, WireDown
 
     reply = pb.ScheduleResponse(node=pb.Node(node_id="node-0001", endpoint="10.0.0.1:5000"))
+    beat_reply = pb.HeartbeatResponse()
 
     async def main() -> None:
         client = async_client(url, caller_bounds=True) if layer != "constant" else None
@@ -263,6 +295,9 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "", cell
                         assert client is not None
                         await client.ping()
                 return reply
+
+            async def Heartbeat(self, req: Any, context: Any) -> Any:
+                return beat_reply  # (the floor of a Heartbeat: every layer answers a constant)
 
         server = grpc.aio.server()
         pb_grpc.add_SchedulerServicer_to_server(Bare(), server)
@@ -343,10 +378,16 @@ def _load_concurrent(
     conn: Connection,
     go: Any,
     rate: float = 0.0,
+    rpc: str = "schedule",
+    nodes: int = 0,
+    seed: int = 0,
 ) -> None:
     """A gateway-like load process: ``concurrency`` Schedule RPCs in flight at
     all times over ``channels`` connections (each its own TCP connection, so
-    the kernel can spread them over the workers of one port)."""
+    the kernel can spread them over the workers of one port).  ``rpc``
+    "heartbeat": the fleet's nodes (``nodes``, ``seed``) heartbeat instead,
+    one after the other, each once before the load (so that the measured ones
+    are steady: what most heartbeats of a fleet are)."""
     import grpc
 
     from scheduler.grpc import scheduler_pb2 as pb
@@ -364,10 +405,31 @@ def _load_concurrent(
             )
             for _ in range(channels)
         ]
+        beats = heartbeat_requests(nodes, seed) if rpc == "heartbeat" else []
+        turn = 0
         try:
             stubs = [pb_grpc.SchedulerStub(ch) for ch in opened]
+
+            async def one(stub: Any) -> None:
+                nonlocal turn
+                if beats:
+                    beat, metadata = beats[turn % len(beats)]
+                    turn += 1
+                    await stub.Heartbeat(beat, metadata=metadata, timeout=60)
+                else:
+                    await stub.Schedule(req, timeout=60)
+
             for stub in stubs:
-                await stub.Schedule(req, timeout=60)  # warm: connection set-up
+                await one(stub)  # warm: connection set-up
+
+            async def first(stub: Any) -> None:  # and every node's first heartbeat
+                while turn < len(beats):
+                    await one(stub)
+
+            # (one at a time: each first one brings its node's CPU config,
+            # which costs Redis O(cluster) while members lack one, issue #31;
+            # four in flight met the replica's 2 s Redis deadline on a busy host)
+            await first(stubs[0])
             conn.send(("ready", None))
             await asyncio.get_running_loop().run_in_executor(None, go.wait)
             n = refused = 0
@@ -383,7 +445,7 @@ def _load_concurrent(
                         if at > now:
                             await asyncio.sleep(at - now)
                     try:
-                        await stub.Schedule(req, timeout=60)
+                        await one(stub)
                         n += 1
                     except grpc.aio.AioRpcError as e:
                         if e.code() != grpc.StatusCode.UNAVAILABLE or "no nodes" not in str(
@@ -428,6 +490,10 @@ def measure(
     memory_mb: int,
     redis_cpu: Callable[[], float],
     rate: float = 0.0,
+    rpc: str = "schedule",
+    nodes: int = 0,
+    seed: int = 0,
+    started: Callable[[], None] | None = None,
 ) -> Measured:
     """Load ``port`` with ``concurrency`` calls in flight for ``seconds``
     (``rate`` > 0: paced to that many calls a second); the server's and
@@ -437,7 +503,20 @@ def measure(
     parent, child = ctx.Pipe()
     p = ctx.Process(
         target=_load_concurrent,
-        args=(port, cpu, memory_mb, seconds, concurrency, channels, child, go, rate),
+        args=(
+            port,
+            cpu,
+            memory_mb,
+            seconds,
+            concurrency,
+            channels,
+            child,
+            go,
+            rate,
+            rpc,
+            nodes,
+            seed,
+        ),
         daemon=True,
     )
     p.start()
@@ -447,6 +526,8 @@ def measure(
         c0, r0 = process_cpu(server_pid), redis_cpu()
         start = time.perf_counter()
         go.set()
+        if started is not None:
+            started()  # (the load is warm: what a profiler should see)
         calls, refused = expect(parent, "done", "gRPC load", 180)
         wall = time.perf_counter() - start
         server, redis_used = process_cpu(server_pid) - c0, redis_cpu() - r0

@@ -4,7 +4,7 @@ Starts a ``redis-server``, a 1,000-node fleet and one server (``schedctl
 serve`` with the given flags, or ``--bare`` for the constant-reply server of
 ``bench throughput``), loads it like the ``cpu`` path of ``bench throughput``
 (32 Schedules in flight over 8 connections) and samples the server with
-`py-spy <https://github.com/benfred/py-spy>`_ (``pip install py-spy``; a
+`py-spy <https://github.com/benfred/py-spy>`_ (in the ``dev`` extra; a
 developer's tool, not a dependency) without stopping it (``--nonblocking``),
 then counts each sample by the innermost frame it can name:
 
@@ -82,11 +82,23 @@ def shares(raw: str) -> dict[str, float]:
     return {name: counts[name] / total for name, _ in counts.most_common()}
 
 
+def top_frames(raw: str, n: int = 12) -> list[tuple[str, float]]:
+    """The ``n`` innermost frames (the function running when sampled, not the
+    ones it was called from: self time) with their share of the samples."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, k = line.rstrip().rpartition(" ")
+        if stack and k.isdigit():
+            counts[stack.split(";")[-1]] += int(k)
+    total = sum(counts.values()) or 1
+    return [(frame, c / total) for frame, c in counts.most_common(n)]
+
+
 def py_spy() -> str:
     beside = Path(sys.executable).with_name("py-spy")  # this virtualenv's first
     found = str(beside) if beside.exists() else shutil.which("py-spy")
     if found is None:
-        raise SystemExit("py-spy is not installed: pip install py-spy")
+        raise SystemExit('py-spy is not installed: pip install -e ".[dev]"')
     return found
 
 
@@ -118,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bare", action="store_true", help="profile the constant-reply server")
     p.add_argument("--seconds", type=float, default=6.0, help="load time (default 6)")
+    p.add_argument(
+        "--rpc", choices=grpc_path.RPCS, default="schedule", help="the RPC (default schedule)"
+    )
+    p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
+    p.add_argument("--top", type=int, default=12, help="innermost frames listed (default 12)")
     p.add_argument("serve_args", nargs="*", help="schedctl serve flags, after --")
     args = p.parse_args(argv)
     exe = py_spy()
@@ -143,18 +160,23 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait_listening(120)
             port, pid = proc.port, proc.proc.pid
         spy: list[subprocess.Popen[bytes]] = []
-        # skip the first second (connections warming up), stop before the load does
+        # from a second into the measured load (the load's warm-up, every
+        # node's first heartbeat among it, is not what a replica does all day)
+        # to a second before its end
         timer = threading.Timer(1.0, lambda: spy.append(record(pid, args.seconds - 2, out)))
-        timer.start()
         m = grpc_path.measure(
             port,
             pid,
             seconds=args.seconds,
-            concurrency=32,
-            channels=8,
+            concurrency=args.concurrency,
+            channels=min(8, args.concurrency),
             cpu=1,
             memory_mb=1024,
             redis_cpu=target.cpu_seconds,
+            rpc=args.rpc,
+            nodes=Params().nodes,
+            seed=1,
+            started=timer.start,
         )
         timer.join()
         spy[0].wait(60)
@@ -162,10 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         us = m.server_cpu / m.calls * 1e6 if m.calls else 0.0
         print(
             f"{'bare grpc.aio' if args.bare else 'schedctl serve'} {' '.join(args.serve_args)}:"
-            f" {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC (py-spy: {exe})"
+            f" {args.rpc}, {m.calls / m.wall:,.0f} RPCs/s, {us:.0f} us CPU per RPC"
+            f" (py-spy: {exe})"
         )
-        for name, share in shares(out.read_text()).items():
+        raw = out.read_text()
+        for name, share in shares(raw).items():
             print(f"  {name:26s} {100 * share:5.1f} %  ~{share * us:5.0f} us")
+        print("  innermost frames (self time):")
+        for frame, share in top_frames(raw, args.top):
+            print(f"  {100 * share:5.1f} %  {frame}")
     finally:
         s.close()
         target.close()

@@ -99,6 +99,8 @@ SERVERS: tuple[Server, ...] = (
     Server("bare", "uvloop", layer="redis"),
     Server("bare", "uvloop", layer="library", label_extra=", coalescing on"),
 )
+#: the replica as shipped (uvloop where installed, coalescing on)
+SHIPPED = Server("replica", "uvloop", label_extra=", coalescing on")
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,10 @@ class Params:
     rounds: int = 3
     #: the ``cpu`` path's calls a second (0: as fast as the server answers)
     rate: float = 0.0
+    #: the ``cpu`` path's RPC (grpc_path.RPCS): Schedule, or steady Heartbeats
+    rpc: str = "schedule"
+    #: the ``cpu`` path: only the floor and the replica as shipped
+    shipped: bool = False
 
     @classmethod
     def quick(cls) -> Params:
@@ -244,6 +250,9 @@ def measure_server(target: Target, p: Params, server: Server, seed: int) -> dict
             memory_mb=p.memory_mb,
             redis_cpu=target.cpu_seconds,
             rate=p.rate,
+            rpc=p.rpc,
+            nodes=p.nodes,
+            seed=seed,
         )
 
     stats = (0, 0)
@@ -397,10 +406,14 @@ def run(target: Target, p: Params | None = None) -> Result:
                 for sv in SERVERS
             ]
         else:
-            rows += run_cpu(target, p, SERVERS)
+            servers = (BARE, SHIPPED) if p.shipped else SERVERS
+            if p.rpc == "heartbeat":  # (the layers answer Schedules only)
+                servers = tuple(sv for sv in servers if sv.layer == "constant")
+            rows += run_cpu(target, p, servers)
             paced = f", paced to {p.rate:g} a second" if p.rate else ""
+            what = "Schedule" if p.rpc == "schedule" else "steady Heartbeat"
             notes.append(
-                f"cpu: {p.concurrency} Schedule RPCs in flight over {p.channels} "
+                f"cpu: {p.concurrency} {what} RPCs in flight over {p.channels} "
                 f"connections from one load process{paced}, {p.rounds} round(s) of "
                 f"{p.seconds} s per server; the bare server answers a constant "
                 "(schedules_per_s is its RPCs per second); ratio_*: to the bare "

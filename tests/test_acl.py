@@ -146,8 +146,8 @@ def workload(url: str) -> str:
             ],
         )
         s.lookup("x1")
-        # equal buckets too large to read whole (over 64 nodes each): a pick unions
-        # them in Redis (ZUNIONSTORE); route requests rank empty nodes all alike
+        # equal buckets too large to read whole (over 64 nodes each): a pick
+        # bisects them in Redis (ZLEXCOUNT); route requests rank empty nodes all alike
         for i in range(65):
             s.heartbeat(node(f"w{i:02d}", 16, 0, []))
             s.heartbeat(node(f"v{i:02d}", 8, 0, []))

@@ -230,9 +230,9 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
     # a placement with locality: affinity and the node's pending starts of its template
     s.schedule(Request(cpu=1, memory_bytes=1, template_id="t", locality=(LR(key="img"),)))
     seen = {classify(s.keys.base, k) for k in keys_of(s)}
-    # idx-tmp lives inside one Schedule only; static holds members only in a
-    # cell with a static node list (not this one: tests/test_scale.py)
-    assert seen == set(LIFETIMES) - {"idx-tmp", "static"}, set(LIFETIMES) - seen
+    # static holds members only in a cell with a static node list (not this
+    # one: tests/test_scale.py)
+    assert seen == set(LIFETIMES) - {"static"}, set(LIFETIMES) - seen
 
     # everything goes quiet past every TTL the scripts keep by Redis time
     s.advance_clock(2 * HOUR)

@@ -507,6 +507,30 @@ def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> Non
         a.lookup("s3")
 
 
+def test_a_roster_listed_again_is_checked_as_one_listed_anew(redis_client: Any) -> None:
+    """A heartbeat that lists the roster this replica last wrote, in the same
+    order, takes it as it was (no id checked again); any other listing, a
+    reordering, a blank, a repeat or a bad id, is checked as any roster is."""
+    a = Scheduler(redis_client, cell="ids")
+    a.sync_policy(Policy())
+    a.heartbeat(hb("n1", roster=["s1", "s2"], sandbox_count=2))
+    same = a.ops.heartbeat(hb("n1", roster=["s1", "s2"], sandbox_count=2), a.beats)
+    assert same.script == "heartbeat_steady"
+    a.run(same)
+    assert a.beats["n1"].ids == ("s1", "s2")
+    for listed in (["s2", "s1"], ["s1", " ", "s2", "s1"], [" s1", "s2"]):
+        call = a.ops.heartbeat(hb("n1", roster=listed, sandbox_count=2), a.beats)
+        assert call.script == "heartbeat_steady", listed  # the same roster
+        a.run(call)
+    with pytest.raises(InvalidArgument, match=r"sandbox_ids\[2\]"):
+        a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s 3"], sandbox_count=3), a.beats)
+    grown = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3), a.beats)
+    assert grown.script == "heartbeat" and grown.args[5] == "2"
+    a.run(grown)
+    assert a.beats["n1"].ids == ("s1", "s2", "s3")
+    assert a.lookup("s3").node_id == "n1"
+
+
 def test_a_roster_delta_resyncs_when_its_roster_lost_a_sandbox(redis_client: Any) -> None:
     """Only heartbeats add to a node's roster, but a sandbox another node now
     lists leaves it: the delta, built on the roster as it was, is refused

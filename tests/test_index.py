@@ -375,3 +375,43 @@ def test_a_lagging_seen_score_makes_the_sweep_look_early_never_late(redis_client
         s.schedule(Request.cold(1, 1024))
     assert scores()[0] is None
     index_is_consistent(s, policy, now)
+
+
+def _commands_per_schedule(s: Scheduler, n: int, req: Request) -> dict[str, int]:
+    """Commands Redis ran (INFO commandstats, scripts' calls included) for
+    each of three Schedules of ``req`` among ``n`` identical empty nodes,
+    after a first one."""
+    s.client.flushall()
+    s.sync_policy(Policy(), overwrite=True)
+    pipe = s.client.pipeline(transaction=False)
+    for i in range(n):
+        call = s.ops.heartbeat(
+            Heartbeat(
+                node_id=f"f{i:05d}",
+                service_instance_id="b",
+                endpoint=f"f{i}:1",
+                snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB),
+            )
+        )
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    pipe.execute()
+    s.schedule(req)
+    s.client.config_resetstat()
+    for _ in range(3):
+        s.schedule(req)
+    stats = s.client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items() if k != "cmdstat_info"}
+
+
+@pytest.mark.real_only
+@pytest.mark.parametrize("req", [Request.cold(1, 1024), Request.route()], ids=["create", "route"])
+def test_a_pick_among_one_large_bucket_costs_the_same_at_any_size(
+    redis_client: Any, req: Request
+) -> None:
+    """One tied bucket of 80 nodes or of 2,000: a pick makes the same calls,
+    none of which walks the bucket (no union of it is built)."""
+    s = Scheduler(redis_client, cell="flat")
+    small = _commands_per_schedule(s, 80, req)
+    large = _commands_per_schedule(s, 2_000, req)
+    assert "zunionstore" not in large
+    assert small == large

@@ -292,3 +292,37 @@ def test_rotation_over_large_equal_buckets_is_the_models(redis_client: Any) -> N
     s = Scheduler(redis_client, cell="big")
     build(s, fleet, policy)
     check_stream(s, policy, [Request.route()] * 9 + [Request.cold(1, 1024)] * 5)
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.sampled_from([0, 3, 70, 130]), min_size=2, max_size=4),
+    turns=st.lists(st.integers(0, 10_000), min_size=1, max_size=6),
+)
+def test_rotation_over_several_large_buckets_is_the_models(
+    redis_client: Any, sizes: list[int], turns: list[int]
+) -> None:
+    """Equal buckets of mixed sizes, ids interleaved across them, at any turn
+    of the rotation: the pick bisects the large ones without building their
+    union, and chooses the model's node."""
+    shapes_ = [(16, 64), (8, 32), (32, 128), (4, 16)]
+    fleet = [
+        {
+            "id": f"n{(j * 7919 + b) % 100_000:05d}-{b}",
+            "kind": "fresh",
+            "status": "READY",
+            "snap": NodeSnapshot(cpu_count=shapes_[b][0], memory_total_bytes=shapes_[b][1] * GIB),
+        }
+        for b, size in enumerate(sizes)
+        for j in range(size)
+    ]
+    if not fleet:
+        return
+    policy = Policy()
+    s = Scheduler(redis_client, cell="turns")
+    build(s, fleet, policy)
+    for turn in turns:
+        s.client.set(s.keys.rr, turn)
+        check_stream(s, policy, [Request.route()])

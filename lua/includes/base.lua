@@ -12,7 +12,7 @@
   Error replies are "<CODE> <message>", codes from scheduler/domain/errors.py.
 ]]
 -- @exports KEYS ARGV BASE POLICY_KEY NODES_KEY STATS_KEY EXPIRY_KEY IDX_SEEN
--- @exports SEEN_KEY IDX_SHAPES IDX_TMP bind_call node_key node_res_key
+-- @exports SEEN_KEY IDX_SHAPES bind_call node_key node_res_key
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
 -- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
@@ -26,7 +26,7 @@
 -- stay plain upvalues rather than ctx fields.
 local KEYS, ARGV
 local BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY, IDX_SEEN, SEEN_KEY
-local IDX_SHAPES, IDX_TMP
+local IDX_SHAPES
 -- Bind this call's keys; its per-call state is the ctx returned
 -- (includes/ctx.lua), which the loader names `ctx` in every script.
 local function bind_call(keys, args)
@@ -34,7 +34,7 @@ local function bind_call(keys, args)
   BASE, POLICY_KEY, NODES_KEY, STATS_KEY, EXPIRY_KEY = keys[1], keys[2], keys[3], keys[4], keys[5]
   IDX_SEEN = BASE .. 'idx-seen' -- indexed node -> last heartbeat (includes/index.lua)
   SEEN_KEY = BASE .. 'seen' -- node -> last full heartbeat (the forget sweep, includes/nodes.lua)
-  IDX_SHAPES, IDX_TMP = BASE .. 'idx-shapes', BASE .. 'idx-tmp' -- (includes/index.lua)
+  IDX_SHAPES = BASE .. 'idx-shapes' -- (includes/index.lua)
   return new_ctx()
 end
 

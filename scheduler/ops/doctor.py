@@ -83,7 +83,6 @@ TYPES = {
     "idx-mem": "zset",
     "idx-bucket": "zset",
     "idx-seen": "zset",
-    "idx-tmp": "zset",
     "cpucfg": "hash",
     "cpucfg-missing": "set",
     "census": "hash",
@@ -95,7 +94,7 @@ TYPES = {
     "art-names": "hash",
     "replica": "hash",
 }
-INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen", "idx-tmp")
+INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen")
 PENDING_FIELDS = ("pending_count", "pending_cpu", "pending_memory_bytes", "acked_count")
 #: reservation states the scripts write (catalog LIVE_STATES + OUTCOMES)
 STATES = (*LIVE_STATES, *OUTCOMES)

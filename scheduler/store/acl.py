@@ -69,8 +69,8 @@ SCRIPTED_COMMANDS: tuple[str, ...] = (
     "zrangebylex",
     "zscore",
     "zcard",
+    "zlexcount",
     "zpopmin",
-    "zunionstore",
 )
 COMMANDS = CLIENT_COMMANDS + FUNCTION_COMMANDS + SCRIPT_COMMANDS + SCRIPTED_COMMANDS
 

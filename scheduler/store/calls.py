@@ -8,6 +8,7 @@ Input is validated before anything reaches Redis
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -176,6 +177,9 @@ class Beat:
     roster_digest: str
     #: the roster it wrote (a later roster is sent as what joined and left)
     roster: frozenset[str] = frozenset()
+    #: the same roster in the order the node listed it: a heartbeat that lists
+    #: exactly these ids again (most do) reuses roster, digest and validation
+    ids: tuple[str, ...] = ()
 
 
 def roster_digest(roster: list[str]) -> str:
@@ -203,13 +207,23 @@ class Call(Generic[T]):
 Plan = Generator[Call[Any], Any, T]
 
 
+@functools.cache
+def _number_checks() -> tuple[tuple[str, str, int], ...]:
+    """(name, field named in an error, maximum) of each snapshot number, made
+    once: every heartbeat checks them all."""
+    return tuple((name, f"snapshot.{name}", f.maximum) for name, f in snapshot_numbers().items())
+
+
 def heartbeat_fields(hb: Heartbeat) -> list[str]:
     """The node-record fields a full heartbeat writes, as field, value pairs in
     the order it sends them (validated)."""
     snap = hb.snapshot
     fields: list[str] = []
-    for name, spec in snapshot_numbers().items():
-        fields += [name, str(_whole(f"snapshot.{name}", getattr(snap, name), spec.maximum))]
+    for name, field, maximum in _number_checks():
+        value = getattr(snap, name)
+        if type(value) is not int or not 0 <= value <= maximum:
+            _whole(field, value, maximum)  # (raises, naming the field)
+        fields += (name, str(value))
     if snap.status not in NODE_STATUSES:
         raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
     if snap.admission_reason not in ADMISSION_REASONS:
@@ -365,19 +379,26 @@ class Ops:
         node_id = validate_id("node_id", hb.node_id)
         sid = validate_id("service_instance_id", hb.service_instance_id)
         fields = heartbeat_fields(hb)
-        roster: list[str] = []
-        seen: set[str] = set()
-        for i, sb in enumerate(hb.sandbox_ids):
-            if not sb.strip():
-                continue  # blanks are ignored, as by the reference
-            sb = validate_id(f"sandbox_ids[{i}]", sb)
-            if sb not in seen:
-                seen.add(sb)
-                roster.append(sb)
+        base = memo.get(node_id) if memo is not None and not full else None
+        ids = tuple(hb.sandbox_ids)
+        roster: list[str] | tuple[str, ...]
+        seen: set[str] | frozenset[str]
+        if base is not None and ids == base.ids:
+            # the roster this replica last wrote for the node, listed the same:
+            # valid, without blanks or repeats, and of that digest
+            roster, seen, digest = base.ids, base.roster, base.roster_digest
+        else:
+            roster, seen = [], set()
+            for i, sb in enumerate(ids):
+                if not sb.strip():
+                    continue  # blanks are ignored, as by the reference
+                sb = validate_id(f"sandbox_ids[{i}]", sb)
+                if sb not in seen:
+                    seen.add(sb)
+                    roster.append(sb)
+            digest = roster_digest(roster)
         endpoint = text("endpoint", hb.endpoint.strip())
         values = dict(zip(fields[::2], fields[1::2], strict=True))
-        digest = roster_digest(roster)
-        base = memo.get(node_id) if memo is not None and not full else None
         if (
             memo is not None
             and base is not None
@@ -393,7 +414,14 @@ class Ops:
             same_roster = base.roster_digest == digest
             if same_roster and set(changed[::2]) <= {"reported_at_unix_ms"}:
                 return self._steady_heartbeat(
-                    node_id, sid, endpoint, base, values, changed[1] if changed else "", memo
+                    node_id,
+                    sid,
+                    endpoint,
+                    base,
+                    values,
+                    changed[1] if changed else "",
+                    memo,
+                    tuple(roster),
                 )
             args = [
                 node_id,
@@ -436,7 +464,13 @@ class Ops:
             )
             if memo is not None:
                 memo[node_id] = Beat(
-                    f"{s(r[5])}:{result.generation}", sid, endpoint, values, digest, frozenset(seen)
+                    f"{s(r[5])}:{result.generation}",
+                    sid,
+                    endpoint,
+                    values,
+                    digest,
+                    frozenset(seen),
+                    tuple(roster),
                 )
             return result
 
@@ -451,6 +485,7 @@ class Ops:
         values: dict[str, str],
         reported: str,
         memo: dict[str, Beat],
+        ids: tuple[str, ...],
     ) -> Call[HeartbeatResult]:
         """Nothing changed since this replica's last write: only the clock moves
         (lua/heartbeat_steady-5.lua), or RESYNC sends it in full."""
@@ -473,6 +508,7 @@ class Ops:
                 values,
                 base.roster_digest,
                 base.roster,
+                ids,  # (the same roster, as this heartbeat listed it)
             )
             return result
 
