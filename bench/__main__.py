@@ -25,6 +25,7 @@ from bench import (
     heartbeats,
     instructions,
     latency,
+    locality,
     memory,
     roster,
     stages,
@@ -33,7 +34,7 @@ from bench import (
 )
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
-PLOTTABLE = ("ceiling", "latency")
+PLOTTABLE = ("ceiling", "latency", "locality")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -238,6 +239,30 @@ def parser() -> argparse.ArgumentParser:
     )
     _burst_options(v, versus.Params(), "rounds of bursts per library", "calls per burst", base=True)
 
+    lo = sub.add_parser(
+        "locality",
+        parents=[common],
+        help="warm starts, GiB pulled, pressure and Redis CPU by placement strategy, "
+        "a replay in simulated time (issue #32)",
+    )
+    lo.add_argument("--nodes-per-shape", type=int, help="nodes of each CPU size (default 4)")
+    lo.add_argument("--seconds", type=int, help="simulated seconds of arrivals (default 3000)")
+    lo.add_argument("--replicas", type=int, help="library replicas (default 3)")
+    lo.add_argument(
+        "--strategies",
+        type=_names(locality.STRATEGIES),
+        help=f"comma-separated, of {','.join(locality.STRATEGIES)} (default all)",
+    )
+    lo.add_argument(
+        "--locality",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a locality policy setting for `ours` (JSON value), e.g. max_pressure_gap=0.1; "
+        "repeatable",
+    )
+    lo.add_argument("--seed", type=int, default=1, help="seed of the fleet and the arrivals")
+    lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
+
     g = sub.add_parser(
         "stages",
         parents=[common],
@@ -316,6 +341,25 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             {"nodes": "nodes", "reservations": "reservations"},
         )
         return lambda t: memory.run(t, mp)
+    if name == "locality":
+        lop = _params(
+            args,
+            locality.Params.quick() if args.quick else locality.Params(),
+            {
+                "nodes_per_shape": "nodes_per_shape",
+                "seconds": "seconds",
+                "replicas": "replicas",
+                "strategies": "strategies",
+            },
+        )
+        pairs = []
+        for item in args.locality or ():
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                parser().error(f"--locality takes KEY=VALUE, not {item!r}")
+            pairs.append((key.strip(), value.strip()))
+        lop = replace(lop, seed=args.seed, locality=tuple(pairs))
+        return lambda t: locality.run(t, lop)
     if name == "stages":
         gp = _params(
             args,
