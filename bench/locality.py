@@ -107,6 +107,7 @@ KUBE_MAX_PER_CONTAINER = 1000 * MIB
 
 COLUMNS = [
     "strategy",
+    "nodes",
     "replicas",
     "placed",
     "warm_pct",
@@ -148,11 +149,25 @@ class Params:
     single: tuple[str, ...] = ("least_loaded", "ours")
     #: policy overrides for ``ours``' locality settings, ("key", "value") pairs
     locality: tuple[tuple[str, str], ...] = ()
+    #: fleet sizes of the Redis-CPU-per-decision rows (ours against least_loaded)
+    scale_nodes: tuple[int, ...] = (1000, 10000)
+    #: decisions per strategy and fleet size, in rounds of ``scale_batch``
+    scale_decisions: int = 600
+    scale_batch: int = 50
     seed: int = 1
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(nodes_per_shape=1, seconds=240, warmup_s=60, mean_lifetime_s=60.0, replicas=3)
+        return cls(
+            nodes_per_shape=1,
+            seconds=240,
+            warmup_s=60,
+            mean_lifetime_s=60.0,
+            replicas=3,
+            scale_nodes=(30, 90),
+            scale_decisions=40,
+            scale_batch=20,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -648,12 +663,18 @@ def run_one(
                     tally.inflight.append(node.observe().starting)
         if workers is not None:
             workers.shutdown()
+        # the index holds exactly what the caches hold (records and forgets kept up)
+        agrees = True
+        for key in sizes:
+            holders = {peer.node_id for peer in side.lookup_artifact(CLUSTER, BACKEND, key)}
+            agrees &= holders == {nodes[i].node_id for i, c in enumerate(caches) if key in c.held}
     finally:
         for r in pool:
             r.close()
         target.drop_cell(cell)
     return {
         "strategy": strategy,
+        "nodes": len(nodes),
         "replicas": replicas,
         "placed": tally.placed,
         "warm_pct": round(100.0 * tally.warm / max(1, tally.placed), 1),
@@ -666,9 +687,145 @@ def run_one(
         "redis_us_per_decision": round(tally.redis_us / max(1, tally.decisions), 1),
         "vs_least_loaded": None,
         "decisions": tally.decisions,
+        "index_agrees": agrees,
         "per_node_peak_sandboxes": [n.peak_sandboxes for n in nodes],
         "cache_used_gib": [round(c.used() / GIB, 1) for c in caches],
     }
+
+
+# ---------------------------------------------------------------------------
+# Redis CPU per decision by fleet size
+# ---------------------------------------------------------------------------
+def _scale_fleet(
+    p: Params, n: int, tpls: Sequence[Template], rng: random.Random
+) -> tuple[list[SimNode], list[list[str]]]:
+    """``n`` nodes of the replay's shapes, 30-70 % allocated, each cache
+    filled with templates drawn by popularity: (nodes, artifact keys held)."""
+    weights = zipf_weights(len(tpls), p.zipf_s)
+    nodes, held = [], []
+    for i in range(n):
+        shape = i % len(p.node_cpus)
+        cpu = p.node_cpus[shape]
+        node = SimNode(
+            f"n{i:05d}",
+            cpu,
+            cpu * p.memory_gib_per_cpu * GIB,
+            cluster_id=CLUSTER,
+            busy_percent=0,
+            memory_used_percent=0,
+        )
+        target_cpu = rng.uniform(0.3, 0.7) * cpu
+        k = 0
+        while True:
+            c, mib = rng.choice(SIZES)
+            if node.allocated_cpu + c > target_cpu:
+                break
+            node.create(f"{node.node_id}-sb{k}", c, mib * MIB)
+            k += 1
+        room, keys, seen = p.cache_gib[shape] * GIB, [], set()
+        for _ in range(4 * len(tpls)):
+            t = rng.choices(range(len(tpls)), weights)[0]
+            if t in seen or tpls[t].size > room:
+                continue
+            seen.add(t)
+            room -= tpls[t].size
+            keys += [key for key, _ in tpls[t].artifacts]
+        nodes.append(node)
+        held.append(keys)
+    return nodes, held
+
+
+def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict[str, Any]]:
+    """Redis time per Schedule of ``ours`` and ``least_loaded`` on fleets of
+    ``scale_nodes``: the same fleet, caches and request stream in two cells,
+    decided in alternating rounds (one client, nothing else running), every
+    round's reservations cancelled after it is measured."""
+    from bench.fleet import run_pipelined, send_heartbeats
+
+    strategies = ["least_loaded"] + (["ours"] if library_locality() else [])
+    rows: list[dict[str, Any]] = []
+    for n in p.scale_nodes:
+        rng = random.Random(f"{p.seed}-scale-{n}")
+        nodes, held = _scale_fleet(p, n, tpls, rng)
+        stream_rng = random.Random(f"{p.seed}-scale-stream-{n}")
+        weights = zipf_weights(len(tpls), p.zipf_s)
+        stream = [
+            (stream_rng.choices(range(len(tpls)), weights)[0], *stream_rng.choice(SIZES))
+            for _ in range(p.scale_decisions)
+        ]
+        cells: dict[str, tuple[str, Scheduler, Decider]] = {}
+        try:
+            for strategy in strategies:
+                cell = target.new_cell("locality-scale")
+                policy = Policy(
+                    strategy="least_loaded",
+                    overcommit=Overcommit(cpu=1.0, memory=1.0),
+                    limits=Limits(max_sandbox_count=p.ceiling),
+                    report_ttl_ms=3_600_000,
+                )
+                policy = locality_policy(
+                    policy, p.locality if strategy == "ours" else (), strategy == "ours"
+                )
+                s = Scheduler.connect(target.url, cell=cell, policy=policy)
+                cells[strategy] = (cell, s, Decider(p, strategy, tpls))
+                send_heartbeats(s, [_heartbeat(node) for node in nodes])
+                run_pipelined(
+                    s,
+                    [
+                        s.peer_ops.record(CLUSTER, BACKEND, key, node.node_id)
+                        for node, keys in zip(nodes, held, strict=True)
+                        for key in keys
+                    ],
+                    batch=2000,
+                )
+            spent = dict.fromkeys(strategies, 0)
+            placed = dict.fromkeys(strategies, 0)
+            for start in range(0, len(stream), p.scale_batch):
+                chunk = stream[start : start + p.scale_batch]
+                for strategy in strategies:
+                    _, s, decider = cells[strategy]
+                    reqs = [
+                        decider.request(Arrival(0, "", tpl, cpu, mib, 0.0))
+                        for tpl, cpu, mib in chunk
+                    ]
+                    calls = [s.ops.schedule(req, LIBRARY[strategy]) for req in reqs]
+                    before = _busy_us(target)
+                    got = []
+                    for c in calls:
+                        try:
+                            got.append(s.run(c))
+                        except SchedulerError as e:
+                            _refused(e)
+                    spent[strategy] += _busy_us(target) - before
+                    placed[strategy] += len(got)
+                    for pl in got:
+                        if pl.reservation_id:
+                            s.cancel(pl.reservation_id)
+            for strategy in strategies:
+                rows.append(
+                    {
+                        "strategy": strategy,
+                        "nodes": n,
+                        "placed": placed[strategy],
+                        "decisions": len(stream),
+                        "redis_us_per_decision": round(spent[strategy] / len(stream), 1),
+                        "vs_least_loaded": None,
+                    }
+                )
+        finally:
+            for cell, s, _ in cells.values():
+                s.close()
+                target.drop_cell(cell)
+    if not library_locality():
+        rows.append(
+            {
+                "strategy": "ours",
+                "nodes": p.scale_nodes[-1] if p.scale_nodes else None,
+                "note": "this tree's library has no locality requirements "
+                "(the `locality` branch is not merged)",
+            }
+        )
+    return rows
 
 
 def run(target: Target, p: Params | None = None) -> Result:
@@ -677,6 +834,7 @@ def run(target: Target, p: Params | None = None) -> Result:
     rng = random.Random(f"{p.seed}-templates")
     tpls = templates(p, rng)
     total_cpu = p.nodes_per_shape * sum(p.node_cpus)
+    total_nodes = p.nodes_per_shape * len(p.node_cpus)
     stream = arrivals(p, total_cpu)
     have_ours = library_locality()
     rows: list[dict[str, Any]] = []
@@ -687,6 +845,7 @@ def run(target: Target, p: Params | None = None) -> Result:
             rows.append(
                 {
                     "strategy": strategy,
+                    "nodes": total_nodes,
                     "replicas": replicas,
                     "note": "this tree's library has no locality requirements "
                     "(the `locality` branch is not merged)",
@@ -694,12 +853,15 @@ def run(target: Target, p: Params | None = None) -> Result:
             )
             continue
         rows.append(run_one(p, target, strategy, replicas, tpls, stream))
+    rows += scale_rows(p, target, tpls)
     for row in rows:
         base = next(
             (
                 r
                 for r in rows
-                if r["strategy"] == "least_loaded" and r["replicas"] == row["replicas"]
+                if r["strategy"] == "least_loaded"
+                and r.get("replicas") == row.get("replicas")
+                and r.get("nodes") == row.get("nodes")
             ),
             None,
         )
