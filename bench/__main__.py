@@ -260,6 +260,13 @@ def parser() -> argparse.ArgumentParser:
         help="a locality policy setting for `ours` (JSON value), e.g. max_pressure_gap=0.1; "
         "repeatable",
     )
+    lo.add_argument(
+        "--sweep",
+        action="append",
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more `ours` row with these locality settings (the sensitivity of the "
+        "targets); repeatable",
+    )
     lo.add_argument("--seed", type=int, default=1, help="seed of the fleet and the arrivals")
     lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
@@ -280,6 +287,14 @@ def parser() -> argparse.ArgumentParser:
     )
     _burst_options(n, instructions.Params(), "rounds of bursts", "calls per burst", base=True)
     return p
+
+
+def _setting(item: str) -> tuple[str, str]:
+    """A locality setting ``KEY=VALUE`` (the value JSON: 0.1, 600000)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        parser().error(f"--locality and --sweep take KEY=VALUE, not {item!r}")
+    return key.strip(), value.strip()
 
 
 def _params(args: argparse.Namespace, base: Any, mapping: dict[str, str]) -> Any:
@@ -352,13 +367,12 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
                 "strategies": "strategies",
             },
         )
-        pairs = []
-        for item in args.locality or ():
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                parser().error(f"--locality takes KEY=VALUE, not {item!r}")
-            pairs.append((key.strip(), value.strip()))
-        lop = replace(lop, seed=args.seed, locality=tuple(pairs))
+        pairs = [_setting(item) for item in args.locality or ()]
+        sweep = tuple(
+            tuple(_setting(item) for item in text.split(",") if item.strip())
+            for text in args.sweep or ()
+        )
+        lop = replace(lop, seed=args.seed, locality=tuple(pairs), sweep=sweep)
         return lambda t: locality.run(t, lop)
     if name == "stages":
         gp = _params(

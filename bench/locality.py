@@ -107,6 +107,7 @@ KUBE_MAX_PER_CONTAINER = 1000 * MIB
 
 COLUMNS = [
     "strategy",
+    "setting",
     "nodes",
     "replicas",
     "placed",
@@ -149,6 +150,9 @@ class Params:
     single: tuple[str, ...] = ("least_loaded", "ours")
     #: policy overrides for ``ours``' locality settings, ("key", "value") pairs
     locality: tuple[tuple[str, str], ...] = ()
+    #: more ``ours`` rows (at ``replicas``), one per set of overrides: the
+    #: sensitivity of the targets to the locality settings
+    sweep: tuple[tuple[tuple[str, str], ...], ...] = ()
     #: fleet sizes of the Redis-CPU-per-decision rows (ours against least_loaded)
     scale_nodes: tuple[int, ...] = (1000, 10000)
     #: decisions per strategy and fleet size, in rounds of ``scale_batch``
@@ -307,38 +311,50 @@ class Cache:
 # ---------------------------------------------------------------------------
 def library_locality() -> bool:
     """Does this tree's Request carry locality requirements?"""
-    return "locality_requirements" in getattr(Request, "__struct_fields__", ())
+    import scheduler.records as records
+
+    fields = getattr(Request, "__struct_fields__", ())
+    return "locality" in fields and hasattr(records, "LocalityRequirement")
 
 
 def our_request(tpl: Template, cpu: int, memory_mb: int) -> Request:
-    """A creation carrying ``tpl``'s artifacts as locality requirements."""
+    """A creation carrying ``tpl``'s artifacts as locality requirements (with
+    their sizes) and its template id."""
     import scheduler.records as records
 
     req_type: Any = getattr(records, "LocalityRequirement")  # noqa: B009 (newer trees only)
-    reqs = [req_type(key=k, size_bytes=b) for k, b in tpl.artifacts]
-    fields: dict[str, Any] = {
-        "cpu": cpu,
-        "memory_bytes": memory_mb * MIB,
-        "locality_requirements": reqs,
-    }
+    reqs = tuple(req_type(key=k, size_bytes=b) for k, b in tpl.artifacts)
+    fields: dict[str, Any] = {"cpu": cpu, "memory_bytes": memory_mb * MIB, "locality": reqs}
     if "template_id" in Request.__struct_fields__:
         fields["template_id"] = tpl.name
     return Request(**fields)
 
 
+#: ``ours``' locality weight when the policy's default is 0 (off) and no
+#: --locality weight=... is given
+ON_WEIGHT = 1.0
+
+
 def locality_policy(policy: Policy, overrides: Sequence[tuple[str, str]], on: bool) -> Policy:
-    """``policy`` with locality switched ``on`` (and ``overrides`` applied),
-    as the `locality` branch's Policy spells it; unchanged on trees without."""
-    if "locality" not in Policy.__struct_fields__:
+    """``policy`` with locality switched ``on`` (weight ON_WEIGHT unless the
+    policy's default or ``overrides`` say otherwise), ``overrides`` applied
+    (``locality.`` prefix optional, JSON values); unchanged on a tree without."""
+    if "locality" not in Policy.__struct_fields__ or not on:
         return policy
     raw = msgspec.to_builtins(policy)
     loc = dict(raw.get("locality") or {})
-    if "enabled" in loc or on:
-        loc["enabled"] = on
+    if not loc.get("weight"):
+        loc["weight"] = ON_WEIGHT
     for key, value in overrides:
-        loc[key.removeprefix("locality.")] = msgspec.json.decode(value) if value else value
+        loc[key.removeprefix("locality.")] = msgspec.json.decode(value)
     raw["locality"] = loc
-    return msgspec.convert(raw, Policy)
+    out = msgspec.convert(raw, Policy)
+    out.validate()
+    return out
+
+
+def setting_text(overrides: Sequence[tuple[str, str]]) -> str:
+    return " ".join(f"{k.removeprefix('locality.')}={v}" for k, v in overrides)
 
 
 # ---------------------------------------------------------------------------
@@ -559,6 +575,7 @@ def run_one(
     replicas: int,
     tpls: Sequence[Template],
     stream: Sequence[Arrival],
+    settings: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     now = [0.0]
     nodes, caches = _nodes(p, lambda: now[0])
@@ -571,7 +588,7 @@ def run_one(
         limits=Limits(max_sandbox_count=p.ceiling),
         report_ttl_ms=int(p.heartbeat_s * 6000),
     )
-    policy = locality_policy(policy, p.locality if strategy == "ours" else (), strategy == "ours")
+    policy = locality_policy(policy, settings, strategy == "ours")
     pool = [Replica(target.url, cell, policy, f"{p.seed}-{strategy}-{k}") for k in range(replicas)]
     side = pool[0].s
     decider = Decider(p, strategy, tpls)
@@ -674,6 +691,7 @@ def run_one(
         target.drop_cell(cell)
     return {
         "strategy": strategy,
+        "setting": setting_text(settings) if strategy == "ours" else "",
         "nodes": len(nodes),
         "replicas": replicas,
         "placed": tally.placed,
@@ -763,9 +781,7 @@ def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict
                     limits=Limits(max_sandbox_count=p.ceiling),
                     report_ttl_ms=3_600_000,
                 )
-                policy = locality_policy(
-                    policy, p.locality if strategy == "ours" else (), strategy == "ours"
-                )
+                policy = locality_policy(policy, p.locality, strategy == "ours")
                 s = Scheduler.connect(target.url, cell=cell, policy=policy)
                 cells[strategy] = (cell, s, Decider(p, strategy, tpls))
                 send_heartbeats(s, [_heartbeat(node) for node in nodes])
@@ -852,7 +868,10 @@ def run(target: Target, p: Params | None = None) -> Result:
                 }
             )
             continue
-        rows.append(run_one(p, target, strategy, replicas, tpls, stream))
+        rows.append(run_one(p, target, strategy, replicas, tpls, stream, p.locality))
+    if have_ours:
+        for settings in p.sweep:
+            rows.append(run_one(p, target, "ours", p.replicas, tpls, stream, settings))
     rows += scale_rows(p, target, tpls)
     for row in rows:
         base = next(
