@@ -9,9 +9,10 @@
   ARGV[2]     node_id
 
   Returns {1 if the node held it else 0}
-  Writes: art:<digest>, node-art:<node>, art-lru, art-names
+  Writes: art:<digest>, node-art:<node>, art-lru, art-names, art-key:<kd>, art-kd
 ]]
 -- @include common
+-- @include art_keys
 local LRU_KEY = KEYS[6]
 local NAMES_KEY = KEYS[7]
 local digest = ARGV[1]
@@ -23,5 +24,6 @@ redis.call('SREM', BASE .. 'node-art:' .. node_id, digest)
 if redis.call('SCARD', akey) == 0 then
   redis.call('ZREM', LRU_KEY, digest)
   redis.call('HDEL', NAMES_KEY, digest)
+  art_key_drop(digest)
 end
 return { held }

@@ -13,14 +13,18 @@
   ARGV[2]     name ("cluster\nbackend\nkey", for operators)
   ARGV[3]     node_id
   ARGV[4]     capacity (artifact_store_capacity, >= 1)
+  ARGV[5]     sha1 of the key alone ("" = none): art-key / art-kd, which
+              locality-aware placement reads (includes/art_keys.lua)
 
   Returns {artifacts evicted, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy),
           BADARG key is longer than the policy's artifact_key_max_bytes
-  Writes: art:<digest>, node-art:<node>, art-lru, art-names, stats art_seq;
-          evictions delete art:<d> and remove d from each holder's node-art
+  Writes: art:<digest>, node-art:<node>, art-lru, art-names, art-key:<kd>,
+          art-kd, stats art_seq; evictions delete art:<d>, remove d from each
+          holder's node-art and from art-key / art-kd
 ]]
 -- @include common
+-- @include art_keys
 local LRU_KEY = KEYS[6]
 local NAMES_KEY = KEYS[7]
 local digest = ARGV[1]
@@ -46,6 +50,7 @@ redis.call('SADD', BASE .. 'art:' .. digest, node_id)
 redis.call('SADD', BASE .. 'node-art:' .. node_id, digest)
 redis.call('ZADD', LRU_KEY, redis.call('HINCRBY', STATS_KEY, 'art_seq', 1), digest)
 redis.call('HSET', NAMES_KEY, digest, name)
+art_key_add(digest, ARGV[5])
 
 local evicted = 0
 while evicted < EVICT_BATCH and redis.call('ZCARD', LRU_KEY) > capacity do
@@ -56,6 +61,7 @@ while evicted < EVICT_BATCH and redis.call('ZCARD', LRU_KEY) > capacity do
   end
   redis.call('DEL', akey)
   redis.call('HDEL', NAMES_KEY, old)
+  art_key_drop(old)
   evicted = evicted + 1
 end
 return { evicted, fmt(now) }

@@ -16,18 +16,24 @@
   ARGV[6]     reservation id to create (kind "create", not dry run); an id that
               exists already answers its placement again (an idempotent retry)
   ARGV[7]     uniform random number in [0, 1) for strategy "random"
+  ARGV[8]     locality ("" or absent = none; includes/locality.lua): the
+              group's sha1 (template or first image, "" = none), a newline,
+              then per requirement "weight\tsize_bytes\tsha1(key)\n"
 
   Returns (decision): {node_id, endpoint, reservation_id or "", pressure,
-                       cpu, memory_bytes, status, now_ms}
+                       cpu, memory_bytes, status, now_ms[, warmth, pull bytes]}
+                      (the last two with locality on and a locality ARGV)
   Returns (dry run):  {now_ms, strategy, chosen id or "", rr value used,
                        cpu, memory_bytes, refusal message or "", node...}
                       node = {id, status, reason or "", pressure, known 1/0,
                        starting, running, paused, projected cpu, projected
-                       memory, cpu capacity, memory capacity, endpoint}
+                       memory, cpu capacity, memory capacity, endpoint,
+                       coverage, bonus, why a warm node lost or ""}
   Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no
           policy, or the reservation id was cancelled before this call ran)
-  Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr
+  Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr;
+          with locality: node-loc:<node>, aff:<group> (includes/locality.lua)
 ]]
 -- @include schedule
 return schedule_one(ctx, KEYS[6], ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5], ARGV[6],
-  tonumber(ARGV[7]))
+  tonumber(ARGV[7]), ARGV[8])

@@ -21,14 +21,29 @@ from typing import Any, Generic, TypeVar
 
 import msgspec.json
 
-from scheduler.catalog import BESIDE_POLICY, EVENT_TYPES, NODE_STATUSES, STRATEGIES
+from scheduler.catalog import (
+    ADMISSION_REASONS,
+    BESIDE_POLICY,
+    EVENT_TYPES,
+    NODE_STATUSES,
+    STRATEGIES,
+)
 from scheduler.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
 from scheduler.keys import CellKeys, validate_id
-from scheduler.limits import MAX_CPU_CONFIG, MAX_EVENTS, MAX_STATIC_NODES, at_most, text
+from scheduler.limits import (
+    MAX_CPU_CONFIG,
+    MAX_EVENTS,
+    MAX_IMAGES,
+    MAX_STATIC_NODES,
+    at_most,
+    text,
+)
 from scheduler.policy import Policy
 from scheduler.records import (
     MAX_BYTES,
     MAX_CPU,
+    MAX_LOCALITY_REQUIREMENTS,
+    TOO_MANY_LOCALITY,
     AssignResult,
     Binding,
     EventsResult,
@@ -182,6 +197,10 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
         fields += [name, str(_whole(f"snapshot.{name}", getattr(snap, name), spec.maximum))]
     if snap.status not in NODE_STATUSES:
         raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
+    if snap.admission_reason not in ADMISSION_REASONS:
+        raise InvalidArgument(
+            "snapshot.admission_reason", f"is not an admission reason: {snap.admission_reason!r}"
+        )
     cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
     mi = hb.machine_info
     fields += [
@@ -209,8 +228,58 @@ def heartbeat_fields(hb: Heartbeat) -> list[str]:
         text("p2p_endpoint.backend", hb.p2p_backend),
         "p2p_address",
         text("p2p_endpoint.address", hb.p2p_address),
+        "admission",
+        snap.admission(),
     ]
     return fields
+
+
+#: A requirement's size_bytes at most: 32 of them sum below 2**53, exact in Lua.
+MAX_LOCALITY_BYTES = 1 << 47
+
+
+def _sha1(text_: str) -> str:
+    return hashlib.sha1(text_.encode()).hexdigest()
+
+
+def locality_arg(req: Request, key_limit: int) -> str:
+    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
+    carries nothing locality can use, else the group's sha1 (or "") and one
+    line per distinct requirement, ``weight\tsize\tsha1(key)``.  A key's
+    weight is its size, or, when unknown (0), the mean of the request's known
+    sizes (1 when none is known).  Validated here, before Redis."""
+    if len(req.locality) > MAX_LOCALITY_REQUIREMENTS:
+        raise InvalidArgument("", TOO_MANY_LOCALITY)
+    keys: dict[str, int] = {}
+    for i, lr in enumerate(req.locality):
+        field = f"locality_requirements[{i}]"
+        key = lr.key.strip()
+        if len(key.encode()) > key_limit:
+            raise InvalidArgument(
+                f"{field}.key", f"is longer than {key_limit} bytes (artifact_key_max_bytes)"
+            )
+        if "\n" in key or "\r" in key:
+            raise InvalidArgument(f"{field}.key", "contains a line break")
+        size = lr.size_bytes
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not 0 <= size <= MAX_LOCALITY_BYTES
+        ):
+            raise InvalidArgument(f"{field}.size_bytes", f"must be 0..{MAX_LOCALITY_BYTES}")
+        if key and key not in keys:  # (upstream: empty keys skipped, repeats once)
+            keys[key] = size
+    at_most("images", req.images, MAX_IMAGES)
+    group = req.group()
+    if group:
+        text("template_id" if req.template_id.strip() else "images", group)
+    if not req.create or (not keys and not group):
+        return ""
+    known = [v for v in keys.values() if v > 0]
+    unknown_weight = sum(known) // len(known) if known else 1
+    lines = [_sha1(group) if group else ""]
+    lines += [f"{size or unknown_weight}\t{size}\t{_sha1(key)}" for key, size in keys.items()]
+    return "\n".join(lines) + "\n"
 
 
 #: What a heartbeat may write to a node record (lua/heartbeat-5.lua refuses
@@ -405,6 +474,9 @@ class Ops:
             )
         return ["create" if req.create else "route", strategy or "", cpu, mem]
 
+    def _locality(self, req: Request) -> str:
+        return locality_arg(req, self.bounds.artifact_key_max_bytes)
+
     def schedule(
         self, req: Request, strategy: str | None = None, reservation_id: str | None = None
     ) -> Call[Placement]:
@@ -414,7 +486,9 @@ class Ops:
             if reservation_id
             else (secrets.token_hex(12) if req.create else "")
         )
-        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+        args = [
+            base[0], "0", base[1], base[2], base[3], rid, repr(random.random()), self._locality(req)
+        ]  # fmt: skip
 
         def parse(r: list[Any]) -> Placement:
             return Placement(
@@ -426,6 +500,8 @@ class Ops:
                 memory_bytes=int(r[5]),
                 status=s(r[6]),
                 now_ms=int(r[7]),
+                warmth=s(r[8]) if len(r) > 8 else "",
+                pull_bytes=int(r[9]) if len(r) > 9 else 0,
             )
 
         return self._call("schedule", args, parse, (self.k.rr,))
@@ -444,7 +520,9 @@ class Ops:
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
-        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        args = [
+            base[0], "1", base[1], base[2], base[3], "", repr(random.random()), self._locality(req)
+        ]  # fmt: skip
         return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
 
     # -- lifecycle ---------------------------------------------------------

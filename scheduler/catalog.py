@@ -112,6 +112,29 @@ BOUNDS_DEFAULTS: dict[str, int] = {
     "artifact_key_max_bytes": 512,
 }
 
+#: Locality-aware placement (docs/design.md, "Locality"): the policy hash's
+#: field -> its default.  A field equal to its default is absent from the
+#: stored hash (a cell stored before these existed reads the same), and a
+#: weight of 0 is locality off: every decision exactly as without it.
+LOCALITY_DEFAULTS: dict[str, float | int] = {
+    "locality_weight": 0.0,
+    "locality_max_pressure_gap": 0.1,
+    "locality_affinity_ttl_ms": 600_000,
+    "locality_affinity_max_nodes": 16,
+}
+
+#: NodeSnapshot.admission_reason (upstream's enum, its numbers in the wire's
+#: AdmissionReason) -> the refusal of a node that is not accepting sandboxes
+#: names it by ("not accepting: disk cleanup").
+ADMISSION_TEXT: dict[str, str] = {
+    "UNSPECIFIED": "unspecified",
+    "READY": "ready",
+    "DISK_CLEANUP": "disk cleanup",
+    "DISK_HARD_LIMIT": "disk hard limit",
+    "CLEANUP_DEBT": "cleanup debt",
+}
+ADMISSION_REASONS = tuple(ADMISSION_TEXT)
+
 #: The settings every stored policy has (Policy.to_fields writes them).
 POLICY_SETTINGS = (
     "strategy",
@@ -142,4 +165,5 @@ PACKED = (
     INDEX_FORMAT_FIELD,
     SETTLE_FIELD,
     *BOUNDS_DEFAULTS,
+    *LOCALITY_DEFAULTS,
 )

@@ -30,7 +30,7 @@ def _list(items: Iterable[str]) -> str:
     return "{ " + ", ".join(_str(i) for i in items) + " }"
 
 
-def _value(v: str | int | bool) -> str:
+def _value(v: str | int | float | bool) -> str:
     """A Lua literal of a string, a number or a boolean."""
     if isinstance(v, str):
         return _str(v)
@@ -39,7 +39,7 @@ def _value(v: str | int | bool) -> str:
     return str(v)
 
 
-def _map(items: Mapping[str, str | int | bool]) -> str:
+def _map(items: Mapping[str, str | int | float | bool]) -> str:
     return "{ " + ", ".join(f"[{_str(k)}] = {_value(v)}" for k, v in items.items()) + " }"
 
 
@@ -54,6 +54,8 @@ def index_movers(snapshot: Mapping[str, Any]) -> dict[str, str | bool]:
         c.observed: c.name for c in catalog.CEILINGS if c.observed is not None
     }
     movers.update({n: True for n, f in snapshot.items() if f.index})
+    # (not a snapshot number: the heartbeat's word on admission, calls.py)
+    movers["admission"] = True
     return movers
 
 
@@ -86,6 +88,10 @@ def render() -> str:
         f"local NOT_POLICY = {_set(catalog.BESIDE_POLICY)}",
         "-- Bounds absent from the policy hash have these values.",
         f"local BOUNDS_DEFAULTS = {_map(catalog.BOUNDS_DEFAULTS)}",
+        "-- Locality settings absent from the policy hash have these values.",
+        f"local LOCALITY_DEFAULTS = {_map(catalog.LOCALITY_DEFAULTS)}",
+        "-- A node's admission reason (snapshot admission_reason) as a refusal names it.",
+        f"local ADMISSION_TEXT = {_map(catalog.ADMISSION_TEXT)}",
         f"local STRATEGIES = {_set(strategies)}",
         f"local DEFAULT_STRATEGY = {_str(catalog.DEFAULT_STRATEGY)}",
         "local STRATEGY_CHOICES = " + _str(", ".join(strategies[:-1]) + " or " + strategies[-1]),

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from scheduler.catalog import BOUNDS_DEFAULTS, CEILING_NAMES, CEILINGS, DEFAULT_STRATEGY, STRATEGIES
+from scheduler.catalog import (
+    BOUNDS_DEFAULTS,
+    CEILING_NAMES,
+    CEILINGS,
+    DEFAULT_STRATEGY,
+    LOCALITY_DEFAULTS,
+    STRATEGIES,
+)
 from scheduler.errors import InvalidArgument
 from scheduler.records import MAX_BYTES, MAX_CPU
 
@@ -57,6 +64,69 @@ class DefaultRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     memory_mb: int = 0
 
 
+#: locality.affinity_max_nodes may be raised up to this
+MAX_AFFINITY_NODES = 1024
+
+
+class Locality(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Locality-aware placement (docs/design.md, "Locality").  ``weight`` 0 is
+    off: every decision exactly as without locality."""
+
+    #: the largest bonus, in pressure units, a node holding everything gets
+    weight: float = float(LOCALITY_DEFAULTS["locality_weight"])
+    #: a warm node wins only while its pressure is within this of the coolest
+    max_pressure_gap: float = float(LOCALITY_DEFAULTS["locality_max_pressure_gap"])
+    #: how long a node that started a template (or first image) stays warm for it
+    affinity_ttl_ms: int = int(LOCALITY_DEFAULTS["locality_affinity_ttl_ms"])
+    #: the most recent starters kept per template (or first image)
+    affinity_max_nodes: int = int(LOCALITY_DEFAULTS["locality_affinity_max_nodes"])
+
+    def fields(self) -> dict[str, str]:
+        values: dict[str, float | int] = {
+            "locality_weight": float(self.weight),
+            "locality_max_pressure_gap": float(self.max_pressure_gap),
+            "locality_affinity_ttl_ms": self.affinity_ttl_ms,
+            "locality_affinity_max_nodes": self.affinity_max_nodes,
+        }
+        return {
+            k: repr(v) if isinstance(v, float) else str(v)
+            for k, v in values.items()
+            if v != LOCALITY_DEFAULTS[k]
+        }
+
+    @classmethod
+    def of_fields(cls, f: dict[str, str]) -> Locality:
+        d = LOCALITY_DEFAULTS
+        return cls(
+            weight=float(f.get("locality_weight", d["locality_weight"])),
+            max_pressure_gap=float(
+                f.get("locality_max_pressure_gap", d["locality_max_pressure_gap"])
+            ),
+            affinity_ttl_ms=int(f.get("locality_affinity_ttl_ms", d["locality_affinity_ttl_ms"])),
+            affinity_max_nodes=int(
+                f.get("locality_affinity_max_nodes", d["locality_affinity_max_nodes"])
+            ),
+        )
+
+    def validate(self) -> None:
+        if not 0 <= self.weight <= 10:
+            raise InvalidArgument("locality.weight", f"must be in [0, 10], not {self.weight}")
+        if not 0 <= self.max_pressure_gap <= 10:
+            raise InvalidArgument(
+                "locality.max_pressure_gap", f"must be in [0, 10], not {self.max_pressure_gap}"
+            )
+        if not 1 <= self.affinity_ttl_ms <= YEAR_MS:
+            raise InvalidArgument(
+                "locality.affinity_ttl",
+                f"must be between 1 ms and a year, not {self.affinity_ttl_ms}",
+            )
+        if not 1 <= self.affinity_max_nodes <= MAX_AFFINITY_NODES:
+            raise InvalidArgument(
+                "locality.affinity_max_nodes",
+                f"must be 1..{MAX_AFFINITY_NODES}, not {self.affinity_max_nodes}",
+            )
+
+
 class Policy(msgspec.Struct, kw_only=True):
     strategy: str = DEFAULT_STRATEGY
     report_ttl_ms: int = 30_000
@@ -76,6 +146,8 @@ class Policy(msgspec.Struct, kw_only=True):
     reservation_tombstone_ttl_ms: int = BOUNDS_DEFAULTS["reservation_tombstone_ttl_ms"]
     #: Longest artifact key (UTF-8 bytes) RecordP2pArtifact and friends accept.
     artifact_key_max_bytes: int = BOUNDS_DEFAULTS["artifact_key_max_bytes"]
+    #: locality-aware placement; weight 0 (the default) is off
+    locality: Locality = msgspec.field(default_factory=Locality)
 
     def validate(self) -> Policy:
         if self.strategy not in STRATEGIES:
@@ -117,6 +189,7 @@ class Policy(msgspec.Struct, kw_only=True):
             raise InvalidArgument("default_request.cpu", f"must be 0..{MAX_CPU}")
         if not 0 <= self.default_request.memory_mb * 1024 * 1024 <= MAX_BYTES:
             raise InvalidArgument("default_request.memory_mb", "is out of range")
+        self.locality.validate()
         return self
 
     def to_fields(self) -> dict[str, str]:
@@ -140,6 +213,7 @@ class Policy(msgspec.Struct, kw_only=True):
                 if getattr(self, k) != default
             }
         )
+        f.update(self.locality.fields())
         return f
 
     @classmethod
@@ -161,4 +235,5 @@ class Policy(msgspec.Struct, kw_only=True):
             ),
             static_nodes=f.get("static_nodes") == "1",
             **{k: int(f.get(k, default)) for k, default in BOUNDS_DEFAULTS.items()},
+            locality=Locality.of_fields(f),
         )

@@ -80,6 +80,16 @@ class NodeSnapshot(msgspec.Struct, kw_only=True):
     paused_sandbox_count: _Count = 0
     paused_allocated_cpu: _Cpu = 0
     paused_allocated_memory_bytes: _Bytes = 0
+    #: False: the node takes no new sandboxes (it is not chosen); None = absent = accepting
+    accepting_sandboxes: Annotated[bool | None, Field()] = None
+    #: why (scheduler/catalog.py ADMISSION_REASONS), as upstream's enum names it
+    admission_reason: Annotated[str, Field()] = "UNSPECIFIED"
+
+    def admission(self) -> str:
+        """The node record's ``admission`` field: "" while accepting, else the reason."""
+        if self.accepting_sandboxes is False:
+            return self.admission_reason or "UNSPECIFIED"
+        return ""
 
 
 @functools.cache
@@ -127,24 +137,68 @@ class HeartbeatResult(msgspec.Struct, kw_only=True):
     cpu_config_json: str = ""
 
 
+#: upstream's bound on ScheduleRequestHint.locality_requirements, and its error text
+MAX_LOCALITY_REQUIREMENTS = 32
+TOO_MANY_LOCALITY = "too many locality requirements"
+
+
+class LocalityRequirement(msgspec.Struct, kw_only=True, frozen=True):
+    """An artifact a creation needs (ScheduleRequestHint.locality_requirements):
+    ``key`` as the P2P artifact index names it, ``size_bytes`` what a node
+    without it pulls (0 = unknown)."""
+
+    key: str
+    size_bytes: int = 0
+
+
 class Request(msgspec.Struct, kw_only=True, frozen=True):
     """What a Schedule call asks for.  ``create=False`` routes a non-creating
     call: ranked the same way, nothing reserved, no capacity test.  An absent
-    dimension of a creation (None) projects the policy's default_request."""
+    dimension of a creation (None) projects the policy's default_request.
+
+    Locality (docs/design.md, "Locality"; on when the cell's
+    ``locality.weight`` > 0): ``locality`` lists the artifacts the sandbox
+    needs; without them, ``template_id`` (else the first of ``images``) names
+    the group whose recent starters are warm (affinity)."""
 
     create: bool = True
     cpu: int | None = None
     memory_bytes: int | None = None
+    locality: tuple[LocalityRequirement, ...] = ()
+    template_id: str = ""
+    images: tuple[str, ...] = ()
 
     @classmethod
-    def cold(cls, cpu: int | None, memory_mb: int | None) -> Request:
+    def cold(
+        cls,
+        cpu: int | None,
+        memory_mb: int | None,
+        images: tuple[str, ...] = (),
+        locality: tuple[LocalityRequirement, ...] = (),
+    ) -> Request:
         """POST /sandboxes-cold: 0 means absent, as on the wire."""
-        return cls(cpu=cpu or None, memory_bytes=memory_mb * MIB if memory_mb else None)
+        return cls(
+            cpu=cpu or None,
+            memory_bytes=memory_mb * MIB if memory_mb else None,
+            images=images,
+            locality=locality,
+        )
 
     @classmethod
-    def template(cls) -> Request:
+    def template(
+        cls, template_id: str = "", locality: tuple[LocalityRequirement, ...] = ()
+    ) -> Request:
         """POST /sandboxes: a creation whose size the policy's default_request gives."""
-        return cls()
+        return cls(template_id=template_id, locality=locality)
+
+    def group(self) -> str:
+        """What affinity and the same-template decay group by: ``template:<id>``,
+        else ``image:<first image>``, else "" (none)."""
+        if self.template_id.strip():
+            return "template:" + self.template_id.strip()
+        if self.images and self.images[0].strip():
+            return "image:" + self.images[0].strip()
+        return ""
 
     @classmethod
     def route(cls) -> Request:
@@ -160,6 +214,10 @@ class Placement(msgspec.Struct, kw_only=True):
     memory_bytes: int
     status: str
     now_ms: int
+    #: with locality: "full", "partial" or "cold" (what the chosen node holds); else ""
+    warmth: str = ""
+    #: with locality: bytes of the requirements the chosen node lacks (sizes given)
+    pull_bytes: int = 0
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -180,6 +238,12 @@ class Verdict(msgspec.Struct, kw_only=True):
     endpoint: str
     rank: int | None = None
     chosen: bool = False
+    #: with locality: the share of the request's artifacts the node holds (0..1)
+    coverage: float = 0.0
+    #: with locality: its bonus, in pressure units (weight x coverage, decayed)
+    bonus: float = 0.0
+    #: with locality: why this warm node did not win ("" = it won, or it is cold)
+    locality: str = ""
 
 
 class Explanation(msgspec.Struct, kw_only=True):

@@ -130,6 +130,9 @@ def parse_explanation(r: list[Any]) -> Explanation:
                 cpu_capacity=int(f[10]),
                 memory_capacity_bytes=int(f[11]),
                 endpoint=f[12],
+                coverage=float(f[13]) if len(f) > 13 else 0.0,
+                bonus=float(f[14]) if len(f) > 14 else 0.0,
+                locality=f[15] if len(f) > 15 else "",
             )
         )
     chosen = s(r[2]) or None

@@ -45,6 +45,7 @@ return cjson.encode({
   LIMIT_NAMES = LIMIT_NAMES, CEILING_CAPACITY = CEILING_CAPACITY,
   OBSERVED_CEILINGS = OBSERVED_CEILINGS, PACKED = PACKED, NOT_POLICY = NOT_POLICY,
   BOUNDS_DEFAULTS = BOUNDS_DEFAULTS, STRATEGIES = STRATEGIES,
+  LOCALITY_DEFAULTS = LOCALITY_DEFAULTS, ADMISSION_TEXT = ADMISSION_TEXT,
   DEFAULT_STRATEGY = DEFAULT_STRATEGY, STRATEGY_CHOICES = STRATEGY_CHOICES,
   EVENT_TYPES = EVENT_TYPES, LIVE = LIVE, SWEEP_BATCH = SWEEP_BATCH, NO_POLICY = NO_POLICY,
   SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_MOVERS = INDEX_MOVERS, WHOLE_FIELDS = WHOLE_FIELDS,
@@ -66,6 +67,8 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["PACKED_MATCH"] == list(catalog.PACKED)  # one capture per packed field
     assert got["NOT_POLICY"] == truth(catalog.BESIDE_POLICY)
     assert got["BOUNDS_DEFAULTS"] == catalog.BOUNDS_DEFAULTS
+    assert got["LOCALITY_DEFAULTS"] == catalog.LOCALITY_DEFAULTS
+    assert got["ADMISSION_TEXT"] == catalog.ADMISSION_TEXT
     assert got["STRATEGIES"] == truth(catalog.STRATEGIES)
     assert got["DEFAULT_STRATEGY"] == catalog.DEFAULT_STRATEGY == Policy().strategy
     assert got["STRATEGY_CHOICES"] == "least_loaded, round_robin or random"
@@ -79,6 +82,7 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["INDEX_MOVERS"] == {
         **{c.observed: c.name for c in catalog.CEILINGS if c.observed},
         **{n: True for n, f in fields.items() if f.index},
+        "admission": True,  # the heartbeat's word on admission (calls.heartbeat_fields)
     }
     assert got["WHOLE_FIELDS"] == truth(n for n, f in fields.items() if f.decides)
 
@@ -93,6 +97,7 @@ def test_python_tables_agree_with_each_other_and_the_wire() -> None:
     assert set(catalog.PACKED) == set(every.to_fields()) | {
         *catalog.BESIDE_POLICY,
         *catalog.BOUNDS_DEFAULTS,
+        *catalog.LOCALITY_DEFAULTS,
     } - {"packed"}
     for c in catalog.CEILINGS:
         assert (
@@ -115,7 +120,10 @@ def test_python_tables_agree_with_each_other_and_the_wire() -> None:
     assert heartbeat_fields(Heartbeat(node_id="n", service_instance_id="s"))[::2] == list(
         HEARTBEAT_FIELDS
     )
-    # statuses and event types: the wire enums without their prefixes
+    # statuses, admission reasons and event types: the wire enums without their prefixes
+    assert [
+        v.name.removeprefix("ADMISSION_REASON_") for v in pb.AdmissionReason.DESCRIPTOR.values
+    ] == list(catalog.ADMISSION_REASONS)
     assert [v.name.removeprefix("NODE_STATUS_") for v in pb.NodeStatus.DESCRIPTOR.values] == list(
         catalog.NODE_STATUSES
     )

@@ -54,6 +54,14 @@ local function load_policy(ctx)
       or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms,
     artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes)
       or BOUNDS_DEFAULTS.artifact_key_max_bytes,
+    -- locality-aware placement (includes/locality.lua); weight 0 = off
+    locality_weight = tonumber(raw.locality_weight) or LOCALITY_DEFAULTS.locality_weight,
+    locality_max_pressure_gap = tonumber(raw.locality_max_pressure_gap)
+      or LOCALITY_DEFAULTS.locality_max_pressure_gap,
+    locality_affinity_ttl_ms = tonumber(raw.locality_affinity_ttl_ms)
+      or LOCALITY_DEFAULTS.locality_affinity_ttl_ms,
+    locality_affinity_max_nodes = tonumber(raw.locality_affinity_max_nodes)
+      or LOCALITY_DEFAULTS.locality_affinity_max_nodes,
     -- Nodes last heard from at or before this instant are not placed on until
     -- they heartbeat again (for one report TTL): Redis may have lost placements
     -- made just before (a failover, a restart without data); see settle-5.lua.
@@ -102,7 +110,7 @@ end
 
 -- What ending a reservation reads of it (r[RES_READ.state], ...: a layout).
 -- @layout RES_READ
-local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes' }
+local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes', 'locality' }
 
 -- (ctx.held: a node record this call holds in hand, a read_node table plus
 -- `acked`, its acked_count, to write once at its end: ending one of its
@@ -157,6 +165,13 @@ local function end_reservation(ctx, rid, outcome, now, r)
   end
   redis.call('ZREM', node_res_key(node_id), rid)
   redis.call('ZREM', EXPIRY_KEY, rid)
+  -- (a locality placement: one start of its template fewer pending on the
+  -- node, includes/locality.lua)
+  local group = r[RES_READ.locality]
+  if group then
+    local lkey = BASE .. 'node-loc:' .. node_id
+    if redis.call('HINCRBY', lkey, group, '-1') <= 0 then redis.call('HDEL', lkey, group) end
+  end
   redis.call('HSET', rkey, 'state', outcome, 'ended_ms', instant_text(ctx, now))
   local P, counts = ctx[CTX.P], ctx[CTX.counts]
   redis.call('PEXPIRE', rkey, num_text(P and P.reservation_tombstone_ttl_ms

@@ -107,6 +107,7 @@ local function heartbeat_one(ctx, A)
     if key then n[key] = (WHOLE_FIELDS[name] and number_of(value) or tonumber(value)) or 0 end
   end
   if values.status then n.reported = values.status end
+  n.admission = values.admission or prev[o + HB_NODE_AT.admission] or ''
   -- @stage record_read
 
   -- Stage "roster", planned before the first write: bindings follow the

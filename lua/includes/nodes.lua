@@ -6,6 +6,7 @@
 ]]
 -- @exports remove_node forget_sweep
 -- @include bindings
+-- @include art_keys
 ---------------------------------------------------------------------------
 -- Removing a node
 ---------------------------------------------------------------------------
@@ -19,6 +20,7 @@ local function drop_holding(node_id, digest)
   if redis.call('EXISTS', akey) == 0 then
     redis.call('ZREM', BASE .. 'art-lru', digest)
     redis.call('HDEL', BASE .. 'art-names', digest)
+    art_key_drop(digest)
   end
 end
 
@@ -52,7 +54,7 @@ local function remove_node(ctx, node_id, now, last_seen)
   for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
     end_reservation(ctx, rid, 'cancelled', now)
   end
-  redis.call('DEL', node_res_key(node_id))
+  redis.call('DEL', node_res_key(node_id), BASE .. 'node-loc:' .. node_id)
   local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering',
     'cpucfg_cluster')
   if n[1] then redis.call('SREM', BASE .. 'p2p:' .. n[1], node_id) end

@@ -6,6 +6,7 @@
 ]]
 -- @exports finish_batch schedule_one
 -- @include index
+-- @include locality
 
 -- A whole number argument ("" = the default), or nil when it is not one.
 local function whole(arg, default)
@@ -73,7 +74,8 @@ local PICK = {
 }
 
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
-local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand)
+local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
+    loc_arg)
   -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
   local P = ctx[CTX.P] or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
@@ -96,6 +98,14 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   end
   if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
     return fail(ERR.BADARG, 'random must be in [0, 1)')
+  end
+  -- locality (includes/locality.lua): on for least_loaded creations that
+  -- carry it, in a cell whose locality.weight > 0; nil otherwise
+  local L = nil
+  if loc_arg ~= nil and loc_arg ~= '' then
+    L = LOCALITY.parse(P, loc_arg)
+    if L == false then return fail(ERR.BADARG, 'locality is not a locality argument') end
+    if not (req.create and strategy == 'least_loaded') then L = nil end
   end
 
   local now = ctx[CTX.now] or now_ms(P)
@@ -195,14 +205,25 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   else
     chosen = PICK[strategy](group, rr_next, rand)
   end
+  -- Stage "locality": a warm node may win within the pressure margin of
+  -- the node just chosen (includes/locality.lua).
+  local warm = NONE
+  if L and chosen ~= nil then chosen, warm = LOCALITY.choose(P, req, now, L, chosen) end
 
   if dry_run then
     local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),
       fmt(req.mem), refusal }
+    local warm_by = {}
+    for _, w in ipairs(warm) do warm_by[w.id] = w end
     for _, n in ipairs(evaluated) do
-      out[#out + 1] = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
+      local row = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
         fmt(n.starting), fmt(n.running), fmt(n.paused), fmt(n.proj_cpu), fmt(n.proj_mem),
         fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
+      local w = warm_by[n.id] or n
+      if L and w.coverage then
+        row[14], row[15], row[16] = fmt(w.coverage), fmt(w.bonus), w.lost or ''
+      end
+      out[#out + 1] = row
     end
     return out
   end
@@ -227,6 +248,10 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
       'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
       'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
+    if L and L.group then
+      redis.call('HSET', res_key(rid), 'locality', L.group)
+      LOCALITY.reserve(P, L, chosen, now)
+    end
     if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
@@ -248,6 +273,10 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   reindex_touched(ctx, P, now)
   -- @stage tail
   -- (whole numbers travel as integer replies; the pressure as exact text)
+  if L then
+    return { chosen.id, chosen.endpoint, out_rid, num_text(chosen.pressure), req.cpu, req.mem,
+      chosen.status, now, LOCALITY.note(chosen), chosen.pull }
+  end
   return { chosen.id, chosen.endpoint, out_rid, num_text(chosen.pressure), req.cpu, req.mem,
     chosen.status, now }
 end

@@ -21,7 +21,7 @@ local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_
 -- @layout HB_NODE_AT
 local HB_NODE_AT = { NODE_FIELDS.lingering, NODE_FIELDS.status, NODE_FIELDS.cpu_percent,
   NODE_FIELDS.memory_used_bytes, NODE_FIELDS.pending_count, NODE_FIELDS.pending_cpu,
-  NODE_FIELDS.pending_memory_bytes }
+  NODE_FIELDS.pending_memory_bytes, NODE_FIELDS.admission }
 local HB_READ = {}
 -- (plain loops: a library's load runs with no globals, not even ipairs)
 for i = 1, #PREV do HB_READ[i] = PREV[i] end

@@ -17,7 +17,7 @@ local NODE_FIELDS = {
   'allocated_cpu', 'allocated_memory_bytes', 'paused_allocated_cpu',
   'paused_allocated_memory_bytes', 'sandbox_count', 'sandbox_starting_count',
   'paused_sandbox_count', 'cpu_percent', 'memory_used_bytes', 'pending_count', 'pending_cpu',
-  'pending_memory_bytes', 'idx',
+  'pending_memory_bytes', 'idx', 'admission',
 }
 
 -- A node from its NODE_FIELDS values `v`, each read by name (a layout: the
@@ -44,6 +44,7 @@ local function node_from(id, v)
     pend_cpu = number_of(v[NODE_FIELDS.pending_cpu]) or 0,
     pend_mem = number_of(v[NODE_FIELDS.pending_memory_bytes]) or 0,
     idx = v[NODE_FIELDS.idx] or '',
+    admission = v[NODE_FIELDS.admission] or '',
   }
 end
 
@@ -110,6 +111,11 @@ local function check_status(n)
     return 'unhealthy'
   end
   if n.status ~= 'READY' and n.status ~= 'CONNECTING' then return 'not ready' end
+  -- (the node said it takes no new sandboxes: snapshot accepting_sandboxes false)
+  local admission = n.admission
+  if admission and admission ~= '' then
+    return 'not accepting: ' .. (ADMISSION_TEXT[admission] or 'unspecified')
+  end
   if n.settling then return 'awaiting heartbeat' end
   if n.endpoint == '' then return 'no endpoint' end
   return nil

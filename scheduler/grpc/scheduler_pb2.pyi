@@ -15,6 +15,14 @@ class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATUS_UNHEALTHY: _ClassVar[NodeStatus]
     NODE_STATUS_LINGERING: _ClassVar[NodeStatus]
 
+class AdmissionReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADMISSION_REASON_UNSPECIFIED: _ClassVar[AdmissionReason]
+    ADMISSION_REASON_READY: _ClassVar[AdmissionReason]
+    ADMISSION_REASON_DISK_CLEANUP: _ClassVar[AdmissionReason]
+    ADMISSION_REASON_DISK_HARD_LIMIT: _ClassVar[AdmissionReason]
+    ADMISSION_REASON_CLEANUP_DEBT: _ClassVar[AdmissionReason]
+
 class SandboxEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SANDBOX_EVENT_TYPE_UNSPECIFIED: _ClassVar[SandboxEventType]
@@ -28,6 +36,11 @@ NODE_STATUS_READY: NodeStatus
 NODE_STATUS_CONNECTING: NodeStatus
 NODE_STATUS_UNHEALTHY: NodeStatus
 NODE_STATUS_LINGERING: NodeStatus
+ADMISSION_REASON_UNSPECIFIED: AdmissionReason
+ADMISSION_REASON_READY: AdmissionReason
+ADMISSION_REASON_DISK_CLEANUP: AdmissionReason
+ADMISSION_REASON_DISK_HARD_LIMIT: AdmissionReason
+ADMISSION_REASON_CLEANUP_DEBT: AdmissionReason
 SANDBOX_EVENT_TYPE_UNSPECIFIED: SandboxEventType
 SANDBOX_EVENT_TYPE_CREATE: SandboxEventType
 SANDBOX_EVENT_TYPE_DELETE: SandboxEventType
@@ -44,12 +57,22 @@ class Node(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class ScheduleRequestHint(_message.Message):
-    __slots__ = ("new_cold_sandbox", "new_sandbox")
+    __slots__ = ("new_cold_sandbox", "new_sandbox", "locality_requirements")
     NEW_COLD_SANDBOX_FIELD_NUMBER: _ClassVar[int]
     NEW_SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     new_cold_sandbox: NewColdSandboxHint
     new_sandbox: NewSandboxHint
-    def __init__(self, new_cold_sandbox: _Optional[_Union[NewColdSandboxHint, _Mapping]] = ..., new_sandbox: _Optional[_Union[NewSandboxHint, _Mapping]] = ...) -> None: ...
+    locality_requirements: _containers.RepeatedCompositeFieldContainer[LocalityRequirement]
+    def __init__(self, new_cold_sandbox: _Optional[_Union[NewColdSandboxHint, _Mapping]] = ..., new_sandbox: _Optional[_Union[NewSandboxHint, _Mapping]] = ..., locality_requirements: _Optional[_Iterable[_Union[LocalityRequirement, _Mapping]]] = ...) -> None: ...
+
+class LocalityRequirement(_message.Message):
+    __slots__ = ("key", "size_bytes")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size_bytes: int
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class NewColdSandboxHint(_message.Message):
     __slots__ = ("cpu_count", "memory_mb", "images", "metadata")
@@ -71,7 +94,7 @@ class NewColdSandboxHint(_message.Message):
     def __init__(self, cpu_count: _Optional[int] = ..., memory_mb: _Optional[int] = ..., images: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class NewSandboxHint(_message.Message):
-    __slots__ = ("metadata",)
+    __slots__ = ("metadata", "template_id")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -80,8 +103,10 @@ class NewSandboxHint(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_ID_FIELD_NUMBER: _ClassVar[int]
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    template_id: str
+    def __init__(self, metadata: _Optional[_Mapping[str, str]] = ..., template_id: _Optional[str] = ...) -> None: ...
 
 class ScheduleRequest(_message.Message):
     __slots__ = ("hint",)
@@ -158,7 +183,7 @@ class DiskMetric(_message.Message):
     def __init__(self, mount_point: _Optional[str] = ..., device: _Optional[str] = ..., filesystem_type: _Optional[str] = ..., used_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeSnapshot(_message.Message):
-    __slots__ = ("status", "allocated_cpu", "allocated_memory_bytes", "cpu_percent", "cpu_count", "memory_used_bytes", "memory_total_bytes", "disks", "sandbox_count", "sandbox_starting_count", "create_successes", "create_fails", "reported_at_unix_ms", "paused_sandbox_count", "paused_allocated_cpu", "paused_allocated_memory_bytes")
+    __slots__ = ("status", "allocated_cpu", "allocated_memory_bytes", "cpu_percent", "cpu_count", "memory_used_bytes", "memory_total_bytes", "disks", "sandbox_count", "sandbox_starting_count", "create_successes", "create_fails", "reported_at_unix_ms", "paused_sandbox_count", "paused_allocated_cpu", "paused_allocated_memory_bytes", "accepting_sandboxes", "admission_reason")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_CPU_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +200,8 @@ class NodeSnapshot(_message.Message):
     PAUSED_SANDBOX_COUNT_FIELD_NUMBER: _ClassVar[int]
     PAUSED_ALLOCATED_CPU_FIELD_NUMBER: _ClassVar[int]
     PAUSED_ALLOCATED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTING_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_REASON_FIELD_NUMBER: _ClassVar[int]
     status: NodeStatus
     allocated_cpu: int
     allocated_memory_bytes: int
@@ -191,7 +218,9 @@ class NodeSnapshot(_message.Message):
     paused_sandbox_count: int
     paused_allocated_cpu: int
     paused_allocated_memory_bytes: int
-    def __init__(self, status: _Optional[_Union[NodeStatus, str]] = ..., allocated_cpu: _Optional[int] = ..., allocated_memory_bytes: _Optional[int] = ..., cpu_percent: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskMetric, _Mapping]]] = ..., sandbox_count: _Optional[int] = ..., sandbox_starting_count: _Optional[int] = ..., create_successes: _Optional[int] = ..., create_fails: _Optional[int] = ..., reported_at_unix_ms: _Optional[int] = ..., paused_sandbox_count: _Optional[int] = ..., paused_allocated_cpu: _Optional[int] = ..., paused_allocated_memory_bytes: _Optional[int] = ...) -> None: ...
+    accepting_sandboxes: bool
+    admission_reason: AdmissionReason
+    def __init__(self, status: _Optional[_Union[NodeStatus, str]] = ..., allocated_cpu: _Optional[int] = ..., allocated_memory_bytes: _Optional[int] = ..., cpu_percent: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., disks: _Optional[_Iterable[_Union[DiskMetric, _Mapping]]] = ..., sandbox_count: _Optional[int] = ..., sandbox_starting_count: _Optional[int] = ..., create_successes: _Optional[int] = ..., create_fails: _Optional[int] = ..., reported_at_unix_ms: _Optional[int] = ..., paused_sandbox_count: _Optional[int] = ..., paused_allocated_cpu: _Optional[int] = ..., paused_allocated_memory_bytes: _Optional[int] = ..., accepting_sandboxes: _Optional[bool] = ..., admission_reason: _Optional[_Union[AdmissionReason, str]] = ...) -> None: ...
 
 class P2pEndpoint(_message.Message):
     __slots__ = ("backend", "address")
