@@ -267,6 +267,12 @@ def parser() -> argparse.ArgumentParser:
         help="one more `ours` row with these locality settings (the sensitivity of the "
         "targets); repeatable",
     )
+    lo.add_argument(
+        "--scale-nodes",
+        type=_ints,
+        help="fleet sizes of the Redis-CPU-per-decision rows (default 1000,10000)",
+    )
+    lo.add_argument("--no-scale", action="store_true", help="skip those rows")
     lo.add_argument("--seed", type=int, default=1, help="seed of the fleet and the arrivals")
     lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
@@ -373,6 +379,10 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             for text in args.sweep or ()
         )
         lop = replace(lop, seed=args.seed, locality=tuple(pairs), sweep=sweep)
+        if args.scale_nodes:
+            lop = replace(lop, scale_nodes=args.scale_nodes)
+        if args.no_scale:
+            lop = replace(lop, scale_nodes=())
         return lambda t: locality.run(t, lop)
     if name == "stages":
         gp = _params(

@@ -845,7 +845,7 @@ def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict
             for cell, s, _ in cells.values():
                 s.close()
                 target.drop_cell(cell)
-    if not library_locality():
+    if not library_locality() and p.scale_nodes:
         rows.append(
             {
                 "strategy": "ours",
