@@ -17,6 +17,10 @@ What makes it the reference design, piece by piece:
   ``allocated_*`` moved past them acknowledges them, oldest first.  Nodes with
   a snapshot (known capacity) rank before nodes without; ties rotate on a
   per-replica counter.
+- Locality (its PR #51, unmerged): with ``coverage`` given, of the nodes that
+  pass the filters only those holding the most requirement keys (at least
+  one) stay, in input order, and the strategy picks among them; nobody
+  holding any keeps them all.  No pressure margin, no spread.
 - A creation must fit the projected capacity of a node with a snapshot; a
   node without one always fits.  The model takes the same overcommit factor
   as our policy in the run, so both systems face the same capacity rule (the
@@ -27,6 +31,7 @@ No Redis, no clock: the scenario drives it with the same workload as ours.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -154,8 +159,11 @@ class ReferenceReplica:
             pressure = max(pressure, (snap.allocated_memory_bytes + mem) / snap.memory_total_bytes)
         return (0, pressure, snap.sandbox_starting_count + pending_count, snap.sandbox_count)
 
-    def schedule(self, cpu: int, memory_bytes: int) -> str | None:
-        """The node chosen for a creation (now reserved in memory), or None."""
+    def schedule(
+        self, cpu: int, memory_bytes: int, coverage: Mapping[str, int] | None = None
+    ) -> str | None:
+        """The node chosen for a creation (now reserved in memory), or None.
+        ``coverage``: node -> requirement keys it holds (PR #51's preference)."""
         candidates = [n for n in self.node_ids if self._within_limit(n)]
         scored: list[tuple[tuple[int, float, int, int], str]] = []
         for n in candidates:
@@ -167,6 +175,10 @@ class ReferenceReplica:
             scored.append((self._load(snap, cpu + r_cpu, memory_bytes + r_mem, r_count), n))
         if not scored:
             return None
+        if coverage:
+            top = max(coverage.get(n, 0) for _, n in scored)
+            if top > 0:
+                scored = [(key, n) for key, n in scored if coverage.get(n, 0) == top]
         best = min(key for key, _ in scored)
         equals = [n for key, n in scored if key == best]
         chosen = equals[self.rotation % len(equals)]
@@ -212,5 +224,11 @@ class ReferenceCluster:
     def heartbeat(self, node_id: str, snap: RefSnapshot) -> None:
         self.pinned[node_id].heartbeat(node_id, snap)
 
-    def schedule(self, replica: int, cpu: int, memory_bytes: int) -> str | None:
-        return self.replicas[replica].schedule(cpu, memory_bytes)
+    def schedule(
+        self,
+        replica: int,
+        cpu: int,
+        memory_bytes: int,
+        coverage: Mapping[str, int] | None = None,
+    ) -> str | None:
+        return self.replicas[replica].schedule(cpu, memory_bytes, coverage)

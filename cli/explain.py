@@ -17,7 +17,7 @@ from rich.text import Text
 from scheduler.catalog import STRATEGIES, ceiling, ceiling_in
 from scheduler.client import Scheduler
 from scheduler.policy import Policy
-from scheduler.records import MIB, Explanation, NodeView, Request, Verdict
+from scheduler.records import MIB, Explanation, LocalityRequirement, NodeView, Request, Verdict
 
 from .nodes import ceiling_amount
 from .options import Target, cell_options, pass_target
@@ -122,6 +122,17 @@ def _ceiling_text(b: CeilingBreakdown) -> str:
     )
 
 
+def _locality_text(v: Verdict) -> str:
+    """What locality made of the node: its coverage and bonus, and why a warm
+    node did not win ("" for a cold node that locality did not consider)."""
+    if v.coverage == 0 and not v.locality:
+        return ""
+    text = f"; locality: coverage {v.coverage:.2f}, bonus {v.bonus:.3f}"
+    if v.locality and not v.chosen:
+        text += f", lost: {v.locality}"
+    return text
+
+
 def explain_node(
     v: Verdict,
     view: NodeView | None,
@@ -138,6 +149,7 @@ def explain_node(
         )
         if not v.known_capacity:
             out.detail += " (capacity unknown: fallback after every known node)"
+        out.detail += _locality_text(v)
         return out
     out.verdict = "excluded"
     out.detail = v.reason
@@ -167,7 +179,19 @@ def explain_node(
         )
     elif v.reason == "lingering":
         out.detail = "lingering: draining, takes no new placements"
+    elif v.reason.startswith("not accepting: "):
+        out.detail = f"{v.reason}: the node's heartbeat says it takes no new sandboxes"
+    if v.coverage > 0:
+        out.detail += f"; locality: coverage {v.coverage:.2f} (filtered: never chosen for it)"
     return out
+
+
+def _requirement(text: str) -> LocalityRequirement:
+    """``KEY`` or ``KEY=BYTES`` (the last ``=`` splits: keys may hold one)."""
+    key, sep, size = text.rpartition("=")
+    if not sep or not size.isdigit():
+        return LocalityRequirement(key=text)
+    return LocalityRequirement(key=key, size_bytes=int(size))
 
 
 def _order(v: ExplainedVerdict) -> tuple[int, int, str]:
@@ -310,12 +334,26 @@ def explain_report(s: Scheduler, req: Request, strategy: str | None = None) -> R
     default=None,
     help="Override the cell's strategy for this explanation.",
 )
+@click.option(
+    "--locality",
+    "requirements",
+    multiple=True,
+    metavar="KEY[=BYTES]",
+    help="An artifact the sandbox needs (repeatable; BYTES: what a node without it pulls).",
+)
+@click.option("--template", "template_id", default="", metavar="ID", help="Template id.")
+@click.option(
+    "--image", "images", multiple=True, metavar="IMAGE", help="Image (repeatable, in order)."
+)
 @pass_target
 def explain(
     target: Target,
     cpu: int | None,
     memory_mb: int | None,
     strategy: str | None,
+    requirements: tuple[str, ...],
+    template_id: str,
+    images: tuple[str, ...],
 ) -> None:
     """Dry-run Schedule at this instant: every node's verdict, nothing reserved.
 
@@ -323,6 +361,12 @@ def explain(
     what a Schedule would do now: the chosen node, the rank and tie-break
     values of every eligible node, and the exact reason for every excluded one.
     """
-    req = Request(cpu=cpu or None, memory_bytes=memory_mb * MIB if memory_mb else None)
+    req = Request(
+        cpu=cpu or None,
+        memory_bytes=memory_mb * MIB if memory_mb else None,
+        locality=tuple(_requirement(r) for r in requirements),
+        template_id=template_id,
+        images=images,
+    )
     report = explain_report(target.scheduler, req, strategy)
     target.out.emit(report, lambda: report_table(report, target.where, console().width))

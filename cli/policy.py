@@ -10,7 +10,13 @@ from rich.text import Text
 
 from scheduler.catalog import CEILING_NAMES, STRATEGIES
 from scheduler.errors import CellNotInitialised
-from scheduler.policy import MAX_ARTIFACT_KEY_BYTES, MAX_ROSTER_IDS, Overcommit, Policy
+from scheduler.policy import (
+    MAX_AFFINITY_NODES,
+    MAX_ARTIFACT_KEY_BYTES,
+    MAX_ROSTER_IDS,
+    Overcommit,
+    Policy,
+)
 
 from .nodes import ceiling_amount
 from .options import Duration, Target, cell_options, format_duration, pass_target
@@ -45,6 +51,14 @@ def policy_table(p: Policy, where: str) -> Table:
     )
     table.add_row("reservation_tombstone_ttl", format_duration(p.reservation_tombstone_ttl_ms))
     table.add_row("artifact_key_max_bytes", str(p.artifact_key_max_bytes))
+    loc = p.locality
+    table.add_row(
+        "locality",
+        f"weight {loc.weight:g}, max_pressure_gap {loc.max_pressure_gap:g}, affinity_ttl "
+        f"{format_duration(loc.affinity_ttl_ms)}, affinity_max_nodes {loc.affinity_max_nodes}"
+        if loc.weight > 0
+        else Text("off (weight 0)", style="dim"),
+    )
     return table
 
 
@@ -128,6 +142,26 @@ def _limit(text: str) -> tuple[str, int]:
     type=click.IntRange(1, MAX_ARTIFACT_KEY_BYTES),
     help="Longest P2P artifact key accepted (bytes).",
 )
+@click.option(
+    "--locality-weight",
+    type=click.FloatRange(0, 10),
+    help="Largest locality bonus, in pressure units (0 = locality off).",
+)
+@click.option(
+    "--locality-max-pressure-gap",
+    type=click.FloatRange(0, 10),
+    help="A warm node competes only within this pressure of the coolest.",
+)
+@click.option(
+    "--locality-affinity-ttl",
+    type=Duration(),
+    help="How long a start keeps its node warm for its template.",
+)
+@click.option(
+    "--locality-affinity-max-nodes",
+    type=click.IntRange(1, MAX_AFFINITY_NODES),
+    help="Most recent starters kept per template.",
+)
 @pass_target
 def set_(
     target: Target,
@@ -144,6 +178,10 @@ def set_(
     node_forget_after: int | None,
     reservation_tombstone_ttl: int | None,
     artifact_key_max_bytes: int | None,
+    locality_weight: float | None,
+    locality_max_pressure_gap: float | None,
+    locality_affinity_ttl: int | None,
+    locality_affinity_max_nodes: int | None,
 ) -> None:
     """Change fields of the cell's policy; every replica decides by it from the next call.
 
@@ -163,6 +201,16 @@ def set_(
         )
         if v is not None
     }
+    locality = {
+        k: v
+        for k, v in (
+            ("weight", locality_weight),
+            ("max_pressure_gap", locality_max_pressure_gap),
+            ("affinity_ttl_ms", locality_affinity_ttl),
+            ("affinity_max_nodes", locality_affinity_max_nodes),
+        )
+        if v is not None
+    }
     if (
         not any(
             x is not None
@@ -179,6 +227,7 @@ def set_(
         )
         and not given_limits
         and not bounds
+        and not locality
     ):
         raise click.UsageError("nothing to set: give at least one option (see --help)")
     s = target.scheduler
@@ -202,6 +251,7 @@ def set_(
             ),
         ),
         limits=msgspec.structs.replace(p.limits, **given_limits),
+        locality=msgspec.structs.replace(p.locality, **locality),
         **bounds,
     )
     outcome = s.sync_policy(new, overwrite=True)

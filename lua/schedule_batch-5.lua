@@ -8,8 +8,9 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   KEYS[6]     rr: the cell's round-robin counter
   ARGV[1]     n, the number of requests
-  ARGV[2..]   n times schedule-5.lua's ARGV[1..8] (kind, dry run (must be
-              "0"), strategy, cpu, memory bytes, reservation id, random, locality)
+  ARGV[2..]   n times schedule-5.lua's ARGV[1..7] (kind, dry run (must be
+              "0"), strategy, cpu, memory bytes, reservation id, random), or
+              n times its ARGV[1..8] (and locality, "" = none)
 
   Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
           fields...} or {"err", "<CODE> <message>"} (that request's own error)
@@ -20,8 +21,9 @@
 -- @include schedule
 -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
 local n = tonumber(ARGV[1])
-if n == nil or n < 1 or #ARGV ~= 1 + 8 * n then
-  return fail(ERR.BADARG, 'n must count the requests that follow, 8 arguments each')
+local w = n and n >= 1 and (#ARGV - 1) / n -- (7 arguments a request, or 8 with locality)
+if w ~= 7 and w ~= 8 then
+  return fail(ERR.BADARG, 'n must count the requests that follow, 7 or 8 arguments each')
 end
 if not load_policy(ctx) then return fail(ERR.NO_POLICY, NO_POLICY) end
 ctx[CTX.batch] = true
@@ -30,7 +32,7 @@ ctx[CTX.batch] = true
 -- this call reserves, which a repeated id must still find (schedule_one).
 local rkeys = {}
 for i = 1, n do
-  local a = 1 + 8 * (i - 1)
+  local a = 1 + w * (i - 1)
   if ARGV[a + 1] == 'create' and ARGV[a + 6] ~= '' then rkeys[#rkeys + 1] = res_key(ARGV[a + 6]) end
 end
 if #rkeys > 0 and #rkeys <= UNPACK_CHUNK and redis.call('EXISTS', unpack(rkeys)) == 0 then
@@ -39,11 +41,11 @@ end
 local out = {}
 -- @stage batch_setup
 for i = 1, n do
-  local a = 1 + 8 * (i - 1)
+  local a = 1 + w * (i - 1)
   if ARGV[a + 2] == '1' then return fail(ERR.BADARG, 'a batch holds no dry run') end
   -- @stage batch_loop
   local r = schedule_one(ctx, KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6], tonumber(ARGV[a + 7]), ARGV[a + 8])
+    ARGV[a + 6], tonumber(ARGV[a + 7]), w == 8 and ARGV[a + 8] or nil)
   if r.err then
     out[i] = { 'err', r.err }
   else

@@ -242,12 +242,10 @@ def _sha1(text_: str) -> str:
     return hashlib.sha1(text_.encode()).hexdigest()
 
 
-def locality_arg(req: Request, key_limit: int) -> str:
-    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
-    carries nothing locality can use, else the group's sha1 (or "") and one
-    line per distinct requirement, ``weight\tsize\tsha1(key)``.  A key's
-    weight is its size, or, when unknown (0), the mean of the request's known
-    sizes (1 when none is known).  Validated here, before Redis."""
+def locality_terms(req: Request, key_limit: int) -> list[tuple[str, int, int]]:
+    """The request's distinct requirements as (key, weight, size_bytes),
+    validated (before Redis).  A key's weight is its size or, when unknown
+    (0), the mean of the request's known sizes (1 when none is known)."""
     if len(req.locality) > MAX_LOCALITY_REQUIREMENTS:
         raise InvalidArgument("", TOO_MANY_LOCALITY)
     keys: dict[str, int] = {}
@@ -269,16 +267,25 @@ def locality_arg(req: Request, key_limit: int) -> str:
             raise InvalidArgument(f"{field}.size_bytes", f"must be 0..{MAX_LOCALITY_BYTES}")
         if key and key not in keys:  # (upstream: empty keys skipped, repeats once)
             keys[key] = size
+    known = [v for v in keys.values() if v > 0]
+    unknown_weight = sum(known) // len(known) if known else 1
+    return [(key, size or unknown_weight, size) for key, size in keys.items()]
+
+
+def locality_arg(req: Request, key_limit: int) -> str:
+    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
+    carries nothing locality can use, else the group's sha1 (or "") and one
+    line per distinct requirement, ``weight\tsize\tsha1(key)`` (the key's
+    sha1 as scheduler/p2p.py key_digest spells it)."""
+    terms = locality_terms(req, key_limit)
     at_most("images", req.images, MAX_IMAGES)
     group = req.group()
     if group:
         text("template_id" if req.template_id.strip() else "images", group)
-    if not req.create or (not keys and not group):
+    if not req.create or (not terms and not group):
         return ""
-    known = [v for v in keys.values() if v > 0]
-    unknown_weight = sum(known) // len(known) if known else 1
     lines = [_sha1(group) if group else ""]
-    lines += [f"{size or unknown_weight}\t{size}\t{_sha1(key)}" for key, size in keys.items()]
+    lines += [f"{weight}\t{size}\t{_sha1(key)}" for key, weight, size in terms]
     return "\n".join(lines) + "\n"
 
 
@@ -486,9 +493,10 @@ class Ops:
             if reservation_id
             else (secrets.token_hex(12) if req.create else "")
         )
-        args = [
-            base[0], "0", base[1], base[2], base[3], rid, repr(random.random()), self._locality(req)
-        ]  # fmt: skip
+        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+        loc = self._locality(req)
+        if loc:  # (ARGV[8]; absent without locality: the call main's scripts take)
+            args.append(loc)
 
         def parse(r: list[Any]) -> Placement:
             return Placement(
@@ -512,17 +520,22 @@ class Ops:
     ) -> Call[list[Placement | SchedulerError]]:
         """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
         decided in order; each gets its placement or its own error."""
+        # 7 arguments a request, or 8 (the locality argument) when one carries it
+        width = 8 if any(len(call.args) > 7 for call in calls) else 7
         args = [str(len(calls))]
         for call in calls:
             args += call.args
+            if len(call.args) < width:
+                args.append("")
         parses = [call.parse for call in calls]
         return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
         base = self._request_args(req, strategy)
-        args = [
-            base[0], "1", base[1], base[2], base[3], "", repr(random.random()), self._locality(req)
-        ]  # fmt: skip
+        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        loc = self._locality(req)
+        if loc:
+            args.append(loc)
         return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
 
     # -- lifecycle ---------------------------------------------------------

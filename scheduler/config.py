@@ -28,7 +28,7 @@ from scheduler.errors import InvalidArgument
 from scheduler.keys import DEFAULT_CELL, DEFAULT_PREFIX, CellKeys, validate_id
 from scheduler.limits import MAX_STATIC_NODES
 from scheduler.p2p import DEFAULT_STORE_CAPACITY
-from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
+from scheduler.policy import DefaultRequest, Limits, Locality, Overcommit, Policy
 from scheduler.tls import TlsFiles
 
 
@@ -77,6 +77,15 @@ class Discovery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat: HeartbeatDiscovery = msgspec.field(default_factory=HeartbeatDiscovery)
 
 
+class LocalitySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``scheduler.locality`` (ours; docs/design.md, "Locality"): weight 0 is off."""
+
+    weight: float = Locality().weight
+    max_pressure_gap: float = Locality().max_pressure_gap
+    affinity_ttl: str = "10m"
+    affinity_max_nodes: int = Locality().affinity_max_nodes
+
+
 class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the reference system's defaults: a gateway left on its own finds us
     grpc_listen_addr: str = ":9090"
@@ -96,6 +105,7 @@ class SchedulerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # ours
     overcommit: Overcommit = msgspec.field(default_factory=Overcommit)
     default_request: DefaultRequest = msgspec.field(default_factory=DefaultRequest)
+    locality: LocalitySection = msgspec.field(default_factory=LocalitySection)
     cell: str = DEFAULT_CELL
     key_prefix: str = DEFAULT_PREFIX
     drain_timeout: str = "10s"
@@ -470,6 +480,14 @@ def _settings(
                 "scheduler.reservation_tombstone_ttl", sec.reservation_tombstone_ttl
             ),
             artifact_key_max_bytes=sec.artifact_key_max_bytes,
+            locality=Locality(
+                weight=sec.locality.weight,
+                max_pressure_gap=sec.locality.max_pressure_gap,
+                affinity_ttl_ms=parse_duration_ms(
+                    "scheduler.locality.affinity_ttl", sec.locality.affinity_ttl
+                ),
+                affinity_max_nodes=sec.locality.affinity_max_nodes,
+            ),
         ).validate()
     except InvalidArgument as e:
         key = e.field if e.field.startswith("scheduler.") else f"scheduler.{e.field}"
@@ -562,6 +580,13 @@ def summary(s: Settings, target: str) -> list[str]:
         f"{p.node_forget_after_ms}ms{' (never)' if not p.node_forget_after_ms else ''}; "
         f"reservation_tombstone_ttl: {p.reservation_tombstone_ttl_ms}ms; "
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
+        (
+            f"locality: weight {p.locality.weight:g}, max_pressure_gap "
+            f"{p.locality.max_pressure_gap:g}, affinity_ttl {p.locality.affinity_ttl_ms}ms, "
+            f"affinity_max_nodes {p.locality.affinity_max_nodes}"
+            if p.locality.weight > 0
+            else "locality: off (weight 0)"
+        ),
         f"grpc: {s.grpc_listen} ({_tls_summary(s.grpc_tls)}); metrics: {s.metrics_listen or 'off'}",
         f"coalesce_schedules: {'on' if s.coalesce_schedules else 'off'}; coalesce_heartbeats: "
         f"{'on' if s.coalesce_heartbeats else 'off'}; "

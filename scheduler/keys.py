@@ -30,6 +30,10 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>node-art:<node>     set     artifact digests a node holds
     <base>art-lru             zset    artifact digest -> recency
     <base>art-names           hash    artifact digest -> "cluster\\nbackend\\nkey"
+    <base>art-key:<digest>    set     sha1 of an artifact key -> its digests (any cluster, backend)
+    <base>art-kd              hash    artifact digest -> the sha1 of its key (art-key's back link)
+    <base>aff:<digest>        zset    sha1 of a template / first image -> node -> last start (ms)
+    <base>node-loc:<node>     hash    sha1 of a template / first image -> the node's pending starts
     <base>replica:<replica>   hash    a replica serving the cell (version, host, pid; expires)
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
@@ -77,6 +81,11 @@ LIFETIMES: dict[str, str] = {
     "node-art:<node>": "sweep",
     "art-lru": "cell",
     "art-names": "cell",
+    # locality (lua/includes/locality.lua, art_keys.lua)
+    "art-key:<digest>": "sweep",
+    "art-kd": "cell",
+    "aff:<digest>": "ttl",
+    "node-loc:<node>": "sweep",
     "replica:<replica>": "ttl",
 }
 
@@ -185,6 +194,19 @@ class CellKeys:
 
     def node_art(self, node_id: str) -> str:
         return f"{self.base}node-art:{node_id}"
+
+    def art_key(self, key_digest: str) -> str:
+        return f"{self.base}art-key:{key_digest}"
+
+    @property
+    def art_kd(self) -> str:
+        return self.base + "art-kd"
+
+    def affinity(self, group_digest: str) -> str:
+        return f"{self.base}aff:{group_digest}"
+
+    def node_loc(self, node_id: str) -> str:
+        return f"{self.base}node-loc:{node_id}"
 
     def fixed(self) -> list[str]:
         """KEYS[1..5] common to every script: base, policy, nodes, stats, expiry."""

@@ -20,6 +20,10 @@ Ours:
     sched_placements_total                      Schedules answered with a node, this replica
     sched_refusals_total{reason}                Schedules refused: each counted reason of a
                                                 "no nodes available" answer, or ``redis``
+    sched_locality_placements_total{warmth}     placements with locality on, by what the chosen
+                                                node held: full, partial, cold (this replica)
+    sched_locality_pull_bytes_total             bytes of requirements those placements' nodes
+                                                lack (sizes given), this replica
     sched_build_info{version,commit}            1
     sched_reservations_pending                  gauge, whole cell
     sched_reservations_ended_total{outcome}     released / cancelled / expired, whole cell
@@ -56,7 +60,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from scheduler import version
-from scheduler.catalog import CEILING_NAMES, NODE_STATUSES, OUTCOMES
+from scheduler.catalog import ADMISSION_TEXT, CEILING_NAMES, NODE_STATUSES, OUTCOMES
 
 #: the reference's duration buckets (services/shared/observability/buckets.go)
 DURATION_BUCKETS = (
@@ -120,6 +124,7 @@ REFUSAL_REASONS = (
     "not ready",
     "awaiting heartbeat",
     "no endpoint",
+    *(f"not accepting: {text}" for text in ADMISSION_TEXT.values()),
     *(f"at {name}" for name in CEILING_NAMES),
     "insufficient cpu",
     "insufficient memory",
@@ -127,6 +132,8 @@ REFUSAL_REASONS = (
     "redis",
 )
 _NO_NODES_PREFIX = "no nodes available: "
+#: what a locality placement's node held (Placement.warmth)
+WARMTHS = ("full", "partial", "cold")
 
 
 def refusal_reasons(message: str) -> dict[str, int]:
@@ -245,6 +252,20 @@ class Metrics:
         )
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason)
+        self.warmth = Counter(
+            "sched_locality_placements",
+            "Placements with locality on, by what the chosen node held of the request's "
+            "artifacts (or its template's recent starts): full, partial or cold.",
+            ["warmth"],
+            registry=r,
+        )
+        for warmth in WARMTHS:
+            self.warmth.labels(warmth)
+        self.pull_bytes = Counter(
+            "sched_locality_pull_bytes",
+            "Bytes of locality requirements (sizes given) the chosen nodes lack.",
+            registry=r,
+        )
         Gauge(
             "sched_build_info",
             "This build: its version and commit (always 1).",

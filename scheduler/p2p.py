@@ -48,6 +48,13 @@ def artifact_digest(cluster_id: str, backend: str, key: str) -> str:
     return hashlib.sha1(f"{cluster_id}\n{backend}\n{key}".encode()).hexdigest()
 
 
+def key_digest(key: str) -> str:
+    """The sha1 of an artifact key alone: how a Schedule's locality
+    requirement finds the key's index entries in every cluster and backend
+    (art-key:<this>, lua/includes/art_keys.lua)."""
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
 class PeerOps:
     """``bounds``: the cell's policy as the caller knows it (artifact_key_max_bytes)."""
 
@@ -90,7 +97,8 @@ class PeerOps:
         return Call(
             "artifact_record",
             self._art_keys(),
-            [digest, name, node, str(capacity)],
+            # (the key's own sha1: the locality index by key, lua/includes/art_keys.lua)
+            [digest, name, node, str(capacity), key_digest(name.split("\n", 2)[2])],
             lambda r: int(r[0]),
         )
 

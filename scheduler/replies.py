@@ -11,7 +11,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
-from scheduler.catalog import CEILING_NAMES, NODE_STATUSES, Status, ceiling
+from scheduler.catalog import ADMISSION_REASONS, CEILING_NAMES, NODE_STATUSES, Status, ceiling
 from scheduler.errors import CorruptState
 from scheduler.records import (
     CeilingUse,
@@ -284,10 +284,14 @@ def observed_node(f: dict[str, str]) -> ObservedNode:
     except msgspec.DecodeError:
         disks = []
     status = f.get("derived_status", "")
+    admission = f.get("admission", "")
     snapshot = NodeSnapshot(
         status=cast(Status, status if status in NODE_STATUSES else "UNSPECIFIED"),
         disks=disks,
         **{name: i(name) for name in snapshot_numbers()},
+        # (stored as one field: "" while accepting, else the reason)
+        accepting_sandboxes=False if admission else None,
+        admission_reason=admission if admission in ADMISSION_REASONS else "UNSPECIFIED",
     )
     return ObservedNode(
         node_id=f.get("node_id", ""),

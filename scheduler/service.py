@@ -51,9 +51,12 @@ from scheduler.p2p import Peer
 from scheduler.records import (
     MAX_BYTES,
     MAX_CPU,
+    MAX_LOCALITY_REQUIREMENTS,
     MIB,
+    TOO_MANY_LOCALITY,
     DiskMetric,
     Heartbeat,
+    LocalityRequirement,
     MachineInfo,
     NodeSnapshot,
     ObservedNode,
@@ -162,6 +165,10 @@ def heartbeat_of(req: pb.HeartbeatRequest, endpoint: str) -> Heartbeat:
             status=cast(Status, status),
             disks=disks,
             **{name: getattr(snap, name) for name in snapshot_numbers()},
+            accepting_sandboxes=(
+                snap.accepting_sandboxes if snap.HasField("accepting_sandboxes") else None
+            ),
+            admission_reason=admission_name(snap.admission_reason),
         ),
         sandbox_ids=list(req.sandbox_ids),
         p2p_backend=req.p2p_endpoint.backend,
@@ -186,11 +193,25 @@ def request_of(req: pb.ScheduleRequest) -> Request:
             raise InvalidArgument(
                 "hint.new_cold_sandbox.memory_mb", f"must be at most {MAX_BYTES // MIB}"
             )
-        return Request.cold(cold.cpu_count, cold.memory_mb)
+        return Request.cold(
+            cold.cpu_count, cold.memory_mb, tuple(cold.images), _locality_of(req.hint)
+        )
     if kind == "new_sandbox":
         _metadata_map("hint.new_sandbox.metadata", req.hint.new_sandbox.metadata)
-        return Request.template()
+        return Request.template(
+            text("hint.new_sandbox.template_id", req.hint.new_sandbox.template_id),
+            _locality_of(req.hint),
+        )
     return Request.route()
+
+
+def _locality_of(hint: pb.ScheduleRequestHint) -> tuple[LocalityRequirement, ...]:
+    """hint.locality_requirements, bounded as upstream bounds them."""
+    if len(hint.locality_requirements) > MAX_LOCALITY_REQUIREMENTS:
+        raise InvalidArgument("", TOO_MANY_LOCALITY)
+    return tuple(
+        LocalityRequirement(key=r.key, size_bytes=r.size_bytes) for r in hint.locality_requirements
+    )
 
 
 def _metadata_map(field: str, m: Any) -> None:
@@ -223,8 +244,21 @@ def events_of(req: pb.ReportSandboxEventRequest) -> list[SandboxEvent]:
 # ---------------------------------------------------------------------------
 # records -> proto
 # ---------------------------------------------------------------------------
+def admission_name(value: int) -> str:
+    """AdmissionReason's name without its prefix; a number the wire does not
+    know is an error naming the field."""
+    try:
+        name = pb.AdmissionReason.Name(value)
+    except ValueError:
+        raise InvalidArgument(
+            "snapshot.admission_reason", f"is not an admission reason: {value}"
+        ) from None
+    return str(name).removeprefix("ADMISSION_REASON_")
+
+
 def snapshot_proto(snap: NodeSnapshot) -> pb.NodeSnapshot:
-    return pb.NodeSnapshot(
+    msg = pb.NodeSnapshot(
+        admission_reason=pb.AdmissionReason.Value("ADMISSION_REASON_" + snap.admission_reason),
         status=NODE_STATUS_VALUES.get(snap.status, pb.NODE_STATUS_UNSPECIFIED),
         disks=[
             pb.DiskMetric(
@@ -238,6 +272,9 @@ def snapshot_proto(snap: NodeSnapshot) -> pb.NodeSnapshot:
         ],
         **{name: getattr(snap, name) for name in snapshot_numbers()},
     )
+    if snap.accepting_sandboxes is not None:  # (optional on the wire: absent = accepting)
+        msg.accepting_sandboxes = snap.accepting_sandboxes
+    return msg
 
 
 def machine_proto(mi: MachineInfo) -> pb.MachineInfo:
@@ -414,6 +451,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self._schedule_ok.observe(done - placing)
         self._assigned.inc()
         self._placed.inc()
+        if placed.warmth:
+            self.metrics.warmth.labels(placed.warmth).inc()
+            self.metrics.pull_bytes.inc(placed.pull_bytes)
         logs.bind(node=placed.node_id, reservation=placed.reservation_id)
         if placed.reservation_id:
             context.set_trailing_metadata(((RESERVATION_METADATA, placed.reservation_id),))

@@ -15,6 +15,8 @@ import scheduler.keys
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.keys import LIFETIMES
+from scheduler.policy import Locality
+from scheduler.records import LocalityRequirement as LR
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request, records_name_only_registered_nodes
 
@@ -198,7 +200,7 @@ def test_lifetimes_cover_the_documented_layout() -> None:
 
 @pytest.fixture
 def replica(make_replica: Callable[..., ThreadedReplica]) -> ThreadedReplica:
-    return make_replica(Policy(reservation_tombstone_ttl_ms=60_000))
+    return make_replica(Policy(reservation_tombstone_ttl_ms=60_000, locality=Locality(weight=0.1)))
 
 
 def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client: Any) -> None:
@@ -222,6 +224,8 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
     stub.RecordP2pArtifact(
         pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="img", node_id="n1")
     )
+    # a placement with locality: affinity and the node's pending starts of its template
+    s.schedule(Request(cpu=1, memory_bytes=1, template_id="t", locality=(LR(key="img"),)))
     seen = {classify(s.keys.base, k) for k in keys_of(s)}
     # idx-tmp lives inside one Schedule only
     assert seen == set(LIFETIMES) - {"idx-tmp"}, set(LIFETIMES) - seen
@@ -238,9 +242,12 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
             continue
         assert kind == "cell", f"{key} ({kind}) outlived its sweep without a TTL"
         assert name in ("policy", "stats", "rr"), f"{key}: {name} still holds members"
-    # (the live replica's own roster entry stays: it refreshes it, with a TTL, checked above)
+    # (the live replica's own roster entry stays: it refreshes it, with a TTL, checked
+    # above; so does a template's affinity, whose TTL runs on Redis' own clock, not
+    # the drill clock this test moves)
     left = [classify(s.keys.base, k) for k in keys_of(s)]
-    assert {LIFETIMES[n] for n in left if n != "replica:<replica>"} <= {"cell", "ttl+sweep"}
+    ttl_only = ("replica:<replica>", "aff:<digest>")
+    assert {LIFETIMES[n] for n in left if n not in ttl_only} <= {"cell", "ttl+sweep"}
 
 
 def test_a_replica_sweeps_the_cell_with_its_metrics(

@@ -14,6 +14,7 @@ from scheduler.grpc import scheduler_pb2 as pb
 
 F = descriptor.FieldDescriptor
 S, U32, U64, I64 = F.TYPE_STRING, F.TYPE_UINT32, F.TYPE_UINT64, F.TYPE_INT64
+BOOL = F.TYPE_BOOL
 R = "repeated"
 # message -> [(number, name, type or message/enum name, "repeated" or "")]
 CONTRACT: dict[str, list[tuple[int, str, Any, str]]] = {
@@ -21,6 +22,7 @@ CONTRACT: dict[str, list[tuple[int, str, Any, str]]] = {
     "ScheduleRequestHint": [
         (1, "new_cold_sandbox", "NewColdSandboxHint", ""),
         (2, "new_sandbox", "NewSandboxHint", ""),
+        (3, "locality_requirements", "LocalityRequirement", R),  # upstream's PR #51
     ],
     "NewColdSandboxHint": [
         (1, "cpu_count", U32, ""),
@@ -28,7 +30,9 @@ CONTRACT: dict[str, list[tuple[int, str, Any, str]]] = {
         (3, "images", S, R),
         (4, "metadata", "MetadataEntry", R),
     ],
-    "NewSandboxHint": [(1, "metadata", "MetadataEntry", R)],
+    "NewSandboxHint": [(1, "metadata", "MetadataEntry", R), (2, "template_id", S, "")],
+    # upstream's PR #51 (key), and ours (size_bytes, wire-compatible)
+    "LocalityRequirement": [(1, "key", S, ""), (2, "size_bytes", U64, "")],
     "ScheduleRequest": [(2, "hint", "ScheduleRequestHint", "")],
     "ScheduleResponse": [(1, "node", "Node", "")],
     "ListNodesRequest": [],
@@ -68,6 +72,8 @@ CONTRACT: dict[str, list[tuple[int, str, Any, str]]] = {
         (14, "paused_sandbox_count", U32, ""),
         (15, "paused_allocated_cpu", U32, ""),
         (16, "paused_allocated_memory_bytes", U64, ""),
+        (17, "accepting_sandboxes", BOOL, ""),  # optional (upstream's admission)
+        (18, "admission_reason", "AdmissionReason", ""),
     ],
     "P2pEndpoint": [(1, "backend", S, ""), (2, "address", S, "")],
     "ObservedNode": [
@@ -149,6 +155,13 @@ ENUMS = {
         "NODE_STATUS_CONNECTING",
         "NODE_STATUS_UNHEALTHY",
         "NODE_STATUS_LINGERING",
+    ],
+    "AdmissionReason": [
+        "ADMISSION_REASON_UNSPECIFIED",
+        "ADMISSION_REASON_READY",
+        "ADMISSION_REASON_DISK_CLEANUP",
+        "ADMISSION_REASON_DISK_HARD_LIMIT",
+        "ADMISSION_REASON_CLEANUP_DEBT",
     ],
     "SandboxEventType": [
         "SANDBOX_EVENT_TYPE_UNSPECIFIED",

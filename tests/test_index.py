@@ -146,6 +146,8 @@ steps = st.lists(
         st.tuples(st.just("beat"), st.integers(0, 11), st.just(0)),
         st.tuples(st.just("created"), st.integers(0, 11), st.integers(1, 3)),
         st.tuples(st.just("linger"), st.integers(0, 11), st.just(0)),
+        # the node says it stops (or starts again) accepting sandboxes
+        st.tuples(st.just("admit"), st.integers(0, 11), st.integers(0, 2)),
     ),
     min_size=1,
     max_size=25,
@@ -213,6 +215,14 @@ def test_index_decides_like_the_model_while_the_fleet_changes(
                 create_successes=snap.create_successes + b,
                 sandbox_count=snap.sandbox_count + b,
                 allocated_cpu=snap.allocated_cpu + b,
+            )
+            s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b", snapshot=snap))
+        elif kind == "admit":
+            node_id = ids[a % len(ids)]
+            snaps[node_id] = snap = msgspec.structs.replace(
+                snaps[node_id],
+                accepting_sandboxes=(None, False, True)[b],
+                admission_reason=("UNSPECIFIED", "DISK_CLEANUP", "READY")[b],
             )
             s.heartbeat(Heartbeat(node_id=node_id, service_instance_id="b", snapshot=snap))
         else:

@@ -28,6 +28,7 @@ from scheduler import (
     Request,
     Scheduler,
 )
+from scheduler.records import LocalityRequirement
 from scheduler.testing.model import NodeState, decide
 from tests.helpers import GIB, node_states, rr_value
 
@@ -107,6 +108,15 @@ requests = st.one_of(
     ),
     st.just(Request.template()),
     st.just(Request.route()),
+    # locality inputs under these policies' locality.weight 0: decided exactly as without
+    st.builds(
+        Request,
+        cpu=st.sampled_from([None, 1, 4]),
+        memory_bytes=st.sampled_from([None, GIB]),
+        template_id=st.sampled_from(["", "tpl"]),
+        images=st.sampled_from([(), ("img",)]),
+        locality=st.sampled_from([(), (LocalityRequirement(key="snap", size_bytes=GIB),)]),
+    ),
 )
 
 

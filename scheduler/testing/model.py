@@ -17,9 +17,10 @@ decisions; any optimisation of the Lua path is judged against it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from scheduler.catalog import CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
+from scheduler.catalog import ADMISSION_TEXT, CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
 from scheduler.policy import Policy
 from scheduler.records import Request
 from scheduler.replies import rank_key
@@ -48,6 +49,8 @@ class NodeState:
     pending_count: int = 0
     pending_cpu: int = 0
     pending_memory_bytes: int = 0
+    #: "" while the node accepts sandboxes, else its admission reason
+    admission: str = ""
 
     @classmethod
     def from_record(cls, f: dict[str, str]) -> NodeState:
@@ -74,6 +77,7 @@ class NodeState:
             pending_count=i("pending_count"),
             pending_cpu=i("pending_cpu"),
             pending_memory_bytes=i("pending_memory_bytes"),
+            admission=f.get("admission", ""),
         )
 
     def with_reservation(self, cpu: int, memory_bytes: int, sign: int = 1) -> NodeState:
@@ -215,6 +219,8 @@ def evaluate(
         reason = "stale heartbeat" if stale else "unhealthy"
     elif status not in ("READY", "CONNECTING"):
         reason = "not ready"
+    elif n.admission:
+        reason = f"not accepting: {ADMISSION_TEXT.get(n.admission, 'unspecified')}"
     elif settling(n, policy, now_ms, settle_ms):
         reason = "awaiting heartbeat"
     elif not n.endpoint:
@@ -265,6 +271,86 @@ class Decision:
     chosen: str | None
     verdicts: list[ModelVerdict]
     refusal: str | None
+    #: with locality: "full", "partial" or "cold", and the bytes the chosen node pulls
+    warmth: str = ""
+    pull_bytes: int = 0
+    #: with locality: node -> (coverage, bonus)
+    scores: Mapping[str, tuple[float, float]] | None = None
+
+
+@dataclass(frozen=True)
+class LocalityState:
+    """What locality reads (docs/design.md, "Locality"), as plain maps."""
+
+    #: node -> the artifact keys it holds in its own cluster and backend
+    held: Mapping[str, frozenset[str]]
+    #: group ("template:<id>" / "image:<first>") -> node -> its last start (ms)
+    affinity: Mapping[str, Mapping[str, int]]
+    #: node -> group -> its pending starts of the group
+    pending: Mapping[str, Mapping[str, int]]
+
+
+def locality(
+    verdicts: list[ModelVerdict],
+    chosen: ModelVerdict,
+    policy: Policy,
+    req: Request,
+    now_ms: int,
+    loc: LocalityState,
+) -> Decision:
+    """The locality stage, a full scan: a warm eligible node of the chosen
+    one's kind of capacity, within max_pressure_gap of its pressure, wins
+    when pressure - bonus is lower than the chosen one's; the least such
+    (then by rank, then node id)."""
+    from scheduler.calls import locality_terms  # (calls imports this module's users)
+
+    terms = locality_terms(req, policy.artifact_key_max_bytes)
+    group = req.group()
+    lp = policy.locality
+    total = sum(w for _, w, _ in terms)
+
+    def coverage(node_id: str) -> tuple[float, int]:
+        if terms:
+            held = loc.held.get(node_id, frozenset())
+            got = sum(w for k, w, _ in terms if k in held)
+            pull = sum(size for k, _, size in terms if k not in held)
+            return got / total, pull
+        last = loc.affinity.get(group, {}).get(node_id)
+        return (1.0 if last is not None and last > now_ms - lp.affinity_ttl_ms else 0.0), 0
+
+    scores: dict[str, tuple[float, float]] = {}
+    for v in verdicts:
+        c, _ = coverage(v.node_id)
+        same = loc.pending.get(v.node_id, {}).get(group, 0) if group and c > 0 else 0
+        scores[v.node_id] = (c, lp.weight * c / (1 + same))
+
+    def score(v: ModelVerdict) -> float:
+        return v.pressure - scores[v.node_id][1]
+
+    rivals = [
+        v
+        for v in verdicts
+        if v.reason is None
+        and v.node_id != chosen.node_id
+        and scores[v.node_id][0] > 0
+        and v.known == chosen.known
+        and v.pressure <= chosen.pressure + lp.max_pressure_gap
+    ]
+    best = chosen
+    if rivals:
+        w = min(
+            rivals,
+            key=lambda v: (
+                score(v),
+                rank_key(v.known, v.pressure, v.starting, v.running, v.paused),
+                v.node_id.encode(),
+            ),
+        )
+        if score(w) < score(chosen):
+            best = w
+    c, pull = coverage(best.node_id)
+    warmth = "full" if c >= 1 else "partial" if c > 0 else "cold"
+    return Decision(best.node_id, verdicts, None, warmth, pull, scores)
 
 
 def decide(
@@ -276,11 +362,14 @@ def decide(
     rand: float = 0.0,
     strategy: str | None = None,
     settle_ms: int | None = None,
+    loc: LocalityState | None = None,
 ) -> Decision:
     """One Schedule: the node chosen (or the counted refusal).
 
     ``rr_next`` is the round-robin counter value this decision uses (the
-    stored counter plus one); ``rand`` the uniform number for ``random``.
+    stored counter plus one); ``rand`` the uniform number for ``random``;
+    ``loc`` what locality reads (on for least_loaded creations in a policy
+    with locality.weight > 0 that carry requirements, a template or images).
     """
     d = Demand.of(req, policy)
     ordered = sorted(nodes, key=lambda n: n.node_id.encode())
@@ -300,6 +389,13 @@ def decide(
             if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key
         ]
         chosen = equals[(rr_next - 1) % len(equals)]
+        if (
+            loc is not None
+            and req.create
+            and policy.locality.weight > 0
+            and (req.group() or any(r.key.strip() for r in req.locality))
+        ):
+            return locality(verdicts, chosen, policy, req, now_ms, loc)
     elif strategy == "round_robin":
         chosen = group[(rr_next - 1) % len(group)]
     elif strategy == "random":
