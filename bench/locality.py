@@ -73,7 +73,6 @@ start empty):
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import math
@@ -569,18 +568,6 @@ def _nodes(p: Params, clock: Callable[[], float]) -> tuple[list[SimNode], list[C
     return nodes, caches
 
 
-def record_call(s: Scheduler, key: str, node_id: str) -> Call[int]:
-    """RecordP2pArtifact of ``key`` on ``node_id``, as the library builds it,
-    plus the key's own sha1 (artifact_record-7.lua's ARGV[5], which the
-    locality branch's Lua reads to index artifacts by key) when the library
-    does not send it yet: without it locality would find no holder."""
-    call = s.peer_ops.record(CLUSTER, BACKEND, key, node_id)
-    if len(call.args) == 4:
-        digest = hashlib.sha1(key.strip().encode()).hexdigest()
-        call = Call(call.script, call.keys, [*call.args, digest], call.parse)
-    return call
-
-
 def _heartbeat(node: SimNode) -> Heartbeat:
     hb = node.heartbeat()
     hb.p2p_backend = BACKEND
@@ -645,7 +632,7 @@ def run_one(
                 elif kind == "pulled":
                     i, keys = data
                     for k in keys:
-                        side.run(record_call(side, k, nodes[i].node_id))
+                        side.record_artifact(CLUSTER, BACKEND, k, nodes[i].node_id)
                     for k in caches[i].arrived(keys, sizes):
                         side.forget_artifact(CLUSTER, BACKEND, k, nodes[i].node_id)
                 elif kind == "end":
@@ -808,7 +795,7 @@ def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict
                 run_pipelined(
                     s,
                     [
-                        record_call(s, key, node.node_id)
+                        s.peer_ops.record(CLUSTER, BACKEND, key, node.node_id)
                         for node, keys in zip(nodes, held, strict=True)
                         for key in keys
                     ],

@@ -73,13 +73,18 @@ def test_no_ceiling_broken_and_every_arrival_answered(result: Result) -> None:
         assert row["vs_least_loaded"] is not None and row["vs_least_loaded"] > 0
 
 
-def test_locality_helps_the_reference_rules_over_blind_ones(result: Result) -> None:
+def test_locality_helps_over_blind_rules(result: Result) -> None:
     """The replay's caches and index work: PR #51's max coverage, reading the
     index, starts warm more often and pulls less than round robin, which
     ignores it (a shape of the workload, not a timing)."""
     rows = {r["strategy"]: r for r in result.rows if r.get("replicas") == 3 and "placed" in r}
     assert rows["pr51"]["warm_pct"] > rows["round_robin"]["warm_pct"]
     assert rows["pr51"]["gib_pulled"] < rows["round_robin"]["gib_pulled"]
+    if locality.library_locality():
+        # and the library's own locality, reading the same index, pulls less
+        # than least_loaded without it
+        assert rows["ours"]["warm_pct"] > rows["least_loaded"]["warm_pct"]
+        assert rows["ours"]["gib_pulled"] < rows["least_loaded"]["gib_pulled"]
 
 
 def test_scale_rows_cover_each_fleet_size(result: Result) -> None:
