@@ -65,6 +65,8 @@ start empty):
   placements of the starts in flight on the chosen node, this one included;
 - ``refused``, ``violations`` (creates that took a node over the ceiling or
   its CPU), ``diverted``;
+- ``redis_calls_per_decision`` (the fleet-size rows): the ``redis.call``s
+  one Schedule makes, counted with MONITOR over ``scale_monitored`` of them;
 - ``redis_us_per_decision``: Redis time (INFO commandstats) of the
   decisions' script calls (the alternatives' explain and lookups
   included), per decision, and ``vs_least_loaded``: its ratio to ``least_loaded``'s in the
@@ -120,6 +122,7 @@ COLUMNS = [
     "diverted",
     "redis_us_per_decision",
     "vs_least_loaded",
+    "redis_calls_per_decision",
 ]
 
 
@@ -158,6 +161,8 @@ class Params:
     #: decisions per strategy and fleet size, in rounds of ``scale_batch``
     scale_decisions: int = 600
     scale_batch: int = 50
+    #: Schedules whose redis.calls MONITOR counts, per strategy and fleet size
+    scale_monitored: int = 20
     seed: int = 1
 
     @classmethod
@@ -171,6 +176,7 @@ class Params:
             scale_nodes=(30, 90),
             scale_decisions=40,
             scale_batch=20,
+            scale_monitored=5,
         )
 
 
@@ -711,6 +717,7 @@ def run_one(
         "diverted": tally.diverted,
         "redis_us_per_decision": round(tally.redis_us / max(1, tally.decisions), 1),
         "vs_least_loaded": None,
+        "redis_calls_per_decision": None,  # (counted in the fleet-size rows)
         "decisions": tally.decisions,
         "index_agrees": agrees,
         "per_node_peak_sandboxes": [n.peak_sandboxes for n in nodes],
@@ -758,6 +765,48 @@ def _scale_fleet(
         nodes.append(node)
         held.append(keys)
     return nodes, held
+
+
+def calls_per_decision(target: Target, s: Scheduler, calls: Sequence[Call[Placement]]) -> float:
+    """The ``redis.call``s one Schedule makes, on average over ``calls``,
+    counted with MONITOR (which lists each command a script runs); the
+    placements are cancelled after.  Nothing else may run meanwhile."""
+    import threading
+
+    seen: list[str] = []
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def listen() -> None:
+        with target.client.monitor() as m:
+            ready.set()
+            for line in m.listen():
+                if stop.is_set():
+                    return
+                seen.append(str(line["command"]))
+
+    watcher = threading.Thread(target=listen, daemon=True)
+    watcher.start()
+    ready.wait(10)
+    target.client.ping()  # (MONITOR is on once its first line arrives)
+    while not seen:
+        target.client.ping()
+    seen.clear()
+    placed = []
+    for c in calls:
+        try:
+            placed.append(s.run(c))
+        except SchedulerError as e:
+            _refused(e)
+    stop.set()
+    target.client.ping()  # wakes the watcher
+    watcher.join(10)
+    for pl in placed:
+        if pl.reservation_id:
+            s.cancel(pl.reservation_id)
+    top = [x for x in seen if x.startswith(("FCALL", "EVALSHA"))]
+    inner = [x for x in seen if not x.startswith(("FCALL", "EVALSHA", "PING"))]
+    return round(len(inner) / max(1, len(top)), 1)
 
 
 def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict[str, Any]]:
@@ -825,6 +874,13 @@ def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict
                         if pl.reservation_id:
                             s.cancel(pl.reservation_id)
             for strategy in strategies:
+                _, s, decider = cells[strategy]
+                sample = [
+                    s.ops.schedule(
+                        decider.request(Arrival(0, "", tpl, cpu, mib, 0.0)), LIBRARY[strategy]
+                    )
+                    for tpl, cpu, mib in stream[: p.scale_monitored]
+                ]
                 rows.append(
                     {
                         "strategy": strategy,
@@ -833,6 +889,7 @@ def scale_rows(p: Params, target: Target, tpls: Sequence[Template]) -> list[dict
                         "decisions": len(stream),
                         "redis_us_per_decision": round(spent[strategy] / len(stream), 1),
                         "vs_least_loaded": None,
+                        "redis_calls_per_decision": calls_per_decision(target, s, sample),
                     }
                 )
         finally:

@@ -96,6 +96,7 @@ def test_scale_rows_cover_each_fleet_size(result: Result) -> None:
     for row in scale:
         assert row["decisions"] == p.scale_decisions
         assert row["redis_us_per_decision"] > 0
+        assert row["redis_calls_per_decision"] > 0
 
 
 def test_a_pinned_decision_lands_on_its_node(target: Target) -> None:
