@@ -27,6 +27,8 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from scheduler import Heartbeat, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.policy import Locality
 from scheduler.records import LocalityRequirement
@@ -162,11 +164,91 @@ def replay(server: RedisServer, loc: Locality, minutes: float, seed: int) -> dic
 SETTINGS = [(0.0, 0.1), (0.05, 0.05), (0.1, 0.1), (0.2, 0.2), (0.3, 0.3), (0.1, 0.3)]
 
 
+def _fcall_usec(s: Scheduler) -> tuple[int, int]:
+    st = s.client.info("commandstats").get("cmdstat_fcall") or {}
+    return int(st.get("calls", 0)), int(st.get("usec", 0))
+
+
+def cost(server: RedisServer, nodes: int, rounds: int = 5, burst: int = 160) -> dict[str, float]:
+    """Redis CPU per placement (INFO commandstats, FCALL usec / calls) of a
+    template with two artifact keys against the same placement without
+    locality, alternating bursts, one cell of ``nodes`` mixed nodes; each key
+    held by 5 % of the nodes (so above 1,280 nodes a key's holders pass the
+    64 a decision reads).  ``--cost N``."""
+    from bench.fleet import mixed_fleet, run_pipelined, send_heartbeats
+
+    rng = random.Random(7)
+    s = Scheduler(server.client(), cell=f"cost{nodes}")
+    s.client.flushall()
+    s.sync_policy(Policy(locality=Locality(weight=0.1)), overwrite=True)
+    fleet = mixed_fleet(nodes, rng)
+    send_heartbeats(
+        s,
+        [
+            msgspec.structs.replace(
+                n.heartbeat(), cluster_id="c1", p2p_backend="bt", p2p_address=f"{n.node_id}:7"
+            )
+            for n in fleet
+        ],
+    )
+    ids = [n.node_id for n in fleet]
+    keys = [f"t{t}/a{j}" for t in range(20) for j in range(2)]
+    records = [
+        s.peer_ops.record("c1", "bt", k, node_id)
+        for k in keys
+        for node_id in rng.sample(ids, max(1, nodes // 20))
+    ]
+    run_pipelined(s, records)
+    seq = 0
+    usec = {"off": 0, "on": 0}
+    calls = {"off": 0, "on": 0}
+    for r in range(rounds):
+        for kind in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            reqs = []
+            for _ in range(burst):
+                t = rng.randrange(20)
+                loc = (
+                    LocalityRequirement(key=f"t{t}/a0", size_bytes=GIB),
+                    LocalityRequirement(key=f"t{t}/a1", size_bytes=2 * GIB),
+                )
+                reqs.append(
+                    Request(cpu=2, memory_bytes=4 * GIB, template_id=f"t{t}", locality=loc)
+                    if kind == "on"
+                    else Request(cpu=2, memory_bytes=4 * GIB)
+                )
+            rids = []
+            for _ in reqs:
+                seq += 1
+                rids.append(f"c{seq}")
+            before = _fcall_usec(s)
+            run_pipelined(
+                s,
+                [s.ops.schedule(q, reservation_id=rid) for q, rid in zip(reqs, rids, strict=True)],
+            )
+            after = _fcall_usec(s)
+            calls[kind] += after[0] - before[0]
+            usec[kind] += after[1] - before[1]
+            run_pipelined(s, [s.ops.cancel(rid) for rid in rids], errors=True)
+    off, on = usec["off"] / calls["off"], usec["on"] / calls["on"]
+    return {
+        "nodes": nodes,
+        "us_off": round(off, 1),
+        "us_on": round(on, 1),
+        "ratio": round(on / off, 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cost", type=int, nargs="*", metavar="NODES", help="measure cost instead")
     a = ap.parse_args()
+    if a.cost:
+        with RedisServer() as server:
+            for n in a.cost:
+                print(cost(server, n))
+        return
     with RedisServer() as server:
         rows = [
             replay(server, Locality(weight=w, max_pressure_gap=g), a.minutes, a.seed)

@@ -18,9 +18,10 @@ What makes it the reference design, piece by piece:
   a snapshot (known capacity) rank before nodes without; ties rotate on a
   per-replica counter.
 - Locality (its PR #51, unmerged): with ``coverage`` given, of the nodes that
-  pass the filters only those holding the most requirement keys (at least
-  one) stay, in input order, and the strategy picks among them; nobody
-  holding any keeps them all.  No pressure margin, no spread.
+  pass the limit filter only those holding the most requirement keys (at
+  least one) stay, in input order, and the strategy picks among them (its
+  capacity fit included: a full warm node is a refusal, not a fallback);
+  nobody holding any keeps them all.  No pressure margin, no spread.
 - A creation must fit the projected capacity of a node with a snapshot; a
   node without one always fits.  The model takes the same overcommit factor
   as our policy in the run, so both systems face the same capacity rule (the
@@ -165,6 +166,10 @@ class ReferenceReplica:
         """The node chosen for a creation (now reserved in memory), or None.
         ``coverage``: node -> requirement keys it holds (PR #51's preference)."""
         candidates = [n for n in self.node_ids if self._within_limit(n)]
+        if coverage:  # PR #51: after the limit filter, before the strategy's fit
+            top = max((coverage.get(n, 0) for n in candidates), default=0)
+            if top > 0:
+                candidates = [n for n in candidates if coverage.get(n, 0) == top]
         scored: list[tuple[tuple[int, float, int, int], str]] = []
         for n in candidates:
             r_cpu, r_mem, r_count = self._reserved(n)
@@ -175,10 +180,6 @@ class ReferenceReplica:
             scored.append((self._load(snap, cpu + r_cpu, memory_bytes + r_mem, r_count), n))
         if not scored:
             return None
-        if coverage:
-            top = max(coverage.get(n, 0) for _, n in scored)
-            if top > 0:
-                scored = [(key, n) for key, n in scored if coverage.get(n, 0) == top]
         best = min(key for key, _ in scored)
         equals = [n for key, n in scored if key == best]
         chosen = equals[self.rotation % len(equals)]

@@ -272,6 +272,16 @@ def locality_terms(req: Request, key_limit: int) -> list[tuple[str, int, int]]:
     return [(key, size or unknown_weight, size) for key, size in keys.items()]
 
 
+def locality_group(req: Request, terms: list[tuple[str, int, int]]) -> str:
+    """What the same-group decay (and affinity) groups by: the request's
+    template or first image (:meth:`Request.group`), else its keys
+    (``keys:`` and the sorted keys, one a line), else "" (none)."""
+    group = req.group()
+    if group or not terms:
+        return group
+    return "keys:" + "\n".join(sorted(k for k, _, _ in terms))
+
+
 def locality_arg(req: Request, key_limit: int) -> str:
     """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
     carries nothing locality can use, else the group's sha1 (or "") and one
@@ -279,9 +289,9 @@ def locality_arg(req: Request, key_limit: int) -> str:
     sha1 as scheduler/p2p.py key_digest spells it)."""
     terms = locality_terms(req, key_limit)
     at_most("images", req.images, MAX_IMAGES)
-    group = req.group()
-    if group:
-        text("template_id" if req.template_id.strip() else "images", group)
+    if req.group():
+        text("template_id" if req.template_id.strip() else "images", req.group())
+    group = locality_group(req, terms)
     if not req.create or (not terms and not group):
         return ""
     lines = [_sha1(group) if group else ""]

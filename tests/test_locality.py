@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler import Heartbeat, Limits, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.calls import _sha1
+from scheduler.calls import _sha1, locality_group, locality_terms
 from scheduler.errors import InvalidArgument
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.policy import Locality
@@ -47,10 +47,15 @@ def beat(s: Scheduler, node_id: str, cpu: int = 16, alloc: int = 0, **snap: Any)
     )
 
 
-def loc_state(s: Scheduler, held: dict[str, set[str]]) -> LocalityState:
-    """What the model reads, from Redis (the group counters) and the holdings
-    the test recorded (in each node's own cluster and backend)."""
-    by_digest = {_sha1(f"template:{g}"): f"template:{g}" for g in GROUPS}
+def groups_of(stream: list[Request]) -> list[str]:
+    return [locality_group(r, locality_terms(r, 512)) for r in stream]
+
+
+def loc_state(s: Scheduler, held: dict[str, set[str]], groups: list[str]) -> LocalityState:
+    """What the model reads, from Redis (the group counters, by the groups
+    the stream names) and the holdings the test recorded (in each node's own
+    cluster and backend)."""
+    by_digest = {_sha1(g): g for g in groups if g}
     pending: dict[str, dict[str, int]] = {}
     affinity: dict[str, dict[str, int]] = {}
     for n in node_states(s):
@@ -64,13 +69,16 @@ def loc_state(s: Scheduler, held: dict[str, set[str]]) -> LocalityState:
     )
 
 
-def check(s: Scheduler, policy: Policy, req: Request, held: dict[str, set[str]]) -> str | None:
+def check(
+    s: Scheduler, policy: Policy, req: Request, held: dict[str, set[str]], groups: list[str]
+) -> str | None:
     """One request through the dry run, the model and the real Schedule; the
     node chosen (None: refused)."""
     states = node_states(s)
     ex = s.explain(req)
     call = s.ops.schedule(req)
-    want = decide(states, policy, req, ex.now_ms, ex.rotation, loc=loc_state(s, held))
+    loc = loc_state(s, held, groups)
+    want = decide(states, policy, req, ex.now_ms, ex.rotation, loc=loc)
     assert ex.chosen == want.chosen
     if want.scores is not None:
         for v in ex.verdicts:
@@ -146,8 +154,9 @@ def build(s: Scheduler, sc: dict[str, Any]) -> None:
 def test_lua_and_model_agree_with_locality(redis_client: Any, sc: dict[str, Any]) -> None:
     s = Scheduler(redis_client, cell="loc")
     build(s, sc)
+    groups = groups_of(sc["stream"])
     for req in sc["stream"]:
-        check(s, sc["policy"], req, sc["held"])
+        check(s, sc["policy"], req, sc["held"], groups)
 
 
 @settings(
@@ -221,18 +230,20 @@ def test_locality_never_brings_back_a_filtered_node(redis_client: Any) -> None:
         s.schedule(req)
 
 
-def test_a_burst_spreads_over_the_warm_set_then_grows_it(redis_client: Any) -> None:
+@pytest.mark.parametrize("template", ["tA", ""])
+def test_a_burst_spreads_over_the_warm_set_then_grows_it(redis_client: Any, template: str) -> None:
     """Ten starts of one template on four equal nodes, two of them warm: the
-    bonus decays with the template's pending starts on a node, so the warm
-    pair takes the first starts in turn and the cold pair joins the burst
-    once the warm ones run ahead by more than the bonus left."""
+    bonus decays with the template's pending starts on a node (without a
+    template: of the same keys), so the warm pair takes the first starts in
+    turn and the cold pair joins the burst once the warm ones run ahead by
+    more than the bonus left."""
     s = Scheduler(redis_client, cell="burst")
     s.sync_policy(Policy(locality=Locality(weight=0.2, max_pressure_gap=0.5)))
     for n in ("c1n", "c2n", "w1", "w2"):
         beat(s, n, cpu=16)
     for n in ("w1", "w2"):
         s.record_artifact("c1", "bt", "snap", n)
-    req = Request(cpu=2, memory_bytes=GIB, template_id="tA", locality=(LR(key="snap"),))
+    req = Request(cpu=2, memory_bytes=GIB, template_id=template, locality=(LR(key="snap"),))
     placed = [s.schedule(req).node_id for _ in range(10)]
     assert placed[:2] in (["w1", "w2"], ["w2", "w1"])
     assert {"c1n", "c2n"} <= set(placed)
@@ -240,7 +251,7 @@ def test_a_burst_spreads_over_the_warm_set_then_grows_it(redis_client: Any) -> N
     assert per["w1"] + per["w2"] > per["c1n"] + per["c2n"]
     assert max(per.values()) - min(per.values()) <= 2
     # the same-template count follows the reservations: cancelling them empties it
-    d = _sha1("template:tA")
+    d = _sha1("template:tA" if template else "keys:snap")
     assert int(s.client.hget(f"{s.keys.base}node-loc:w1", d) or 0) == per["w1"]
     for r in s.reservations():
         s.cancel(r.reservation_id)
@@ -466,3 +477,19 @@ def test_policy_set_turns_locality_on_and_show_reads_it(real_url: str) -> None:
     assert json.loads(shown.stdout)["locality"]["weight"] == 0.2
     bad = runner.invoke(main, ["policy", "set", *where, "--locality-weight", "11"])
     assert bad.exit_code != 0 and "--locality-weight" in bad.output
+
+
+def test_the_reference_models_pr51_preference_piles_onto_the_warm_node() -> None:
+    """bench/reference_model.py with upstream's PR #51 rule: of the nodes
+    that pass its filters, the most covered ones only, pressure aside; so a
+    burst goes to the one warm node until its heartbeat shows it full (what
+    ours avoids: test_a_burst_spreads_over_the_warm_set_then_grows_it)."""
+    from bench.reference_model import ReferenceCluster, RefSnapshot
+
+    ref = ReferenceCluster(["a", "b", "c"], replicas=1, max_sandbox_count=100)
+    for n in ("a", "b", "c"):
+        ref.heartbeat(n, RefSnapshot(16, 64 * GIB, 0, 0, 0, 0, 0))
+    warm = {"b": 2, "c": 1}
+    assert [ref.schedule(0, 2, GIB, warm) for _ in range(8)] == ["b"] * 8
+    assert ref.schedule(0, 2, GIB, warm) is None  # b is full (16 CPUs); PR #51 does not fall back
+    assert ref.schedule(0, 2, GIB, {}) == "a"  # nobody holding any: all nodes, least loaded

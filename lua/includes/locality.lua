@@ -26,13 +26,13 @@
   it off node-loc.
 ]]
 -- @exports LOCALITY
--- @include stages
+-- @include index_bucket
 
 -- (one export, its functions as fields: the library's main chunk has room
 -- for few more locals, and a block's own names count while it loads)
 local LOCALITY = {
   HOLDERS = 64, -- holders read per artifact digest, at most
-  CANDIDATES = 32, -- warm nodes evaluated per decision, at most
+  CANDIDATES = 8, -- warm nodes evaluated per decision, at most
 }
 
 function LOCALITY.p3(x) return string.format('%.3f', x) end
@@ -65,14 +65,19 @@ function LOCALITY.parse(P, arg)
   return L
 end
 
--- cov[id] = {sum of weights held, held key positions (a set)}: the request's
--- keys the node holds in the index of its own cluster and backend (`ns` is
--- checked when the node is read: holders of every namespace are gathered).
+-- by[id] = {ns, weight held, keys held, ns, ...}: per cluster and backend
+-- of an index entry (a node's own is checked when it is read), the sum of
+-- the request's key weights the holder holds there and the keys as a bit
+-- set (key i: 2^(i-1); at most 32 keys, exact in a double): one table a
+-- holder.  `ids` the holders found; `sampled`: some digest had more holders
+-- than were read.
+local BIT = {}
+for i = 1, 32 do BIT[i] = 2 ^ (i - 1) end
 function LOCALITY.gather_keys(L)
-  local by = {} -- id -> ns -> {weight, held}
-  local ids = {}
+  local by, ids, sampled = {}, {}, false
   local names = BASE .. 'art-names'
   for i, k in ipairs(L.keys) do
+    local w, bit = k[1], BIT[i]
     for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
       local name = redis.call('HGET', names, digest)
       local ns = name and string.match(name, '^([^\n]*\n[^\n]*)\n')
@@ -82,60 +87,106 @@ function LOCALITY.gather_keys(L)
         if redis.call('SCARD', akey) <= LOCALITY.HOLDERS then
           holders = redis.call('SMEMBERS', akey)
         else
-          holders = redis.call('SRANDMEMBER', akey, LOCALITY.HOLDERS)
+          holders, sampled = redis.call('SRANDMEMBER', akey, LOCALITY.HOLDERS), true
         end
         for _, id in ipairs(holders) do
           local t = by[id]
           if not t then
-            t = {}
-            by[id] = t
+            by[id] = { ns, w, bit }
             ids[#ids + 1] = id
+          elseif t[1] == ns then -- (the common case: one namespace)
+            t[2], t[3] = t[2] + w, t[3] + bit
+          else
+            local found = false
+            for x = 4, #t, 3 do
+              if t[x] == ns then t[x + 1], t[x + 2], found = t[x + 1] + w, t[x + 2] + bit, true end
+            end
+            if not found then t[#t + 1], t[#t + 2], t[#t + 3] = ns, w, bit end
           end
-          local c = t[ns]
-          if not c then
-            c = { 0, {} }
-            t[ns] = c
-          end
-          if not c[2][i] then c[1], c[2][i] = c[1] + k[1], true end
         end
       end
     end
   end
-  return by, ids
+  return by, ids, sampled
 end
 
 -- The warm set: {id, by-namespace coverage or true (affinity)} in the order
 -- they are evaluated (most weight held first, then node id), at most
--- LOCALITY.CANDIDATES.
+-- LOCALITY.CANDIDATES; and what a node left out of it holds: `by` (keys),
+-- and whether one not found holds nothing (`complete`).
 function LOCALITY.warm_set(P, L, now)
   local out = {}
   if #L.keys > 0 then
-    local by, ids = LOCALITY.gather_keys(L)
-    local best = {}
-    for _, id in ipairs(ids) do
-      local m = 0
-      for _, c in pairs(by[id]) do
-        if c[1] > m then m = c[1] end
+    local by, ids, sampled = LOCALITY.gather_keys(L)
+    local K = LOCALITY.CANDIDATES
+    if #ids <= K then
+      for i = 1, #ids do out[i] = { ids[i], by[ids[i]] } end
+    else
+      -- the most weight held first (few distinct sums: one pass per sum);
+      -- among equals, the order the index's sets gave (no sort)
+      local best, sums = {}, {}
+      for i, id in ipairs(ids) do
+        local t, m = by[id], 0
+        for x = 2, #t, 3 do
+          if t[x] > m then m = t[x] end
+        end
+        best[i] = m
+        sums[m] = true
       end
-      best[id] = m
+      local order = {}
+      for m, _ in pairs(sums) do order[#order + 1] = m end
+      table.sort(order, function(a, b) return a > b end)
+      for _, m in ipairs(order) do
+        for i, id in ipairs(ids) do
+          if #out >= K then break end
+          if best[i] == m then out[#out + 1] = { id, by[id] } end
+        end
+      end
     end
-    table.sort(ids, function(a, b)
-      if best[a] ~= best[b] then return best[a] > best[b] end
-      return bytes_lt(a, b)
-    end)
-    for i = 1, math.min(#ids, LOCALITY.CANDIDATES) do out[i] = { ids[i], by[ids[i]] } end
-    return out
+    return out, by, not sampled
   end
   -- affinity: the group's starters within the TTL, most recent first
   local ids = redis.call('ZREVRANGEBYSCORE', LOCALITY.aff_key(L.group), '+inf',
     '(' .. fmt(now - P.locality_affinity_ttl_ms), 'LIMIT', '0', fmt(LOCALITY.CANDIDATES))
-  table.sort(ids, bytes_lt)
   for i, id in ipairs(ids) do out[i] = { id, true } end
-  return out
+  return out, nil, #ids < LOCALITY.CANDIDATES
 end
 
--- Node n's coverage (0..1) and the bytes it would pull, from what warm_set
--- gathered for it (`c`: by namespace, true for affinity, nil: read exactly).
+-- "cluster\nbackend" of a node's P2P index, or false (it has none).
+function LOCALITY.ns_of(cluster, backend)
+  if not cluster or cluster == '' or not backend or backend == '' then return false end
+  return cluster .. '\n' .. backend
+end
+
+-- Warm node `id` through the decision stages.  Decided through the index
+-- (fresh: no stale node in it), its bucket holds every decision input, as
+-- for the index's own pick: one read.  Otherwise (the full scan, a dry run)
+-- the whole record is read.
+function LOCALITY.candidate(P, req, now, id, via_index)
+  if not via_index then
+    local n = evaluate(id, P, req, now)
+    local v = redis.call('HMGET', node_key(id), 'cluster_id', 'p2p_backend')
+    n.ns = LOCALITY.ns_of(v[1], v[2])
+    return n
+  end
+  local v = redis.call('HMGET', node_key(id), 'idx', 'endpoint', 'last_seen_ms', 'lingering',
+    'status', 'cluster_id', 'p2p_backend')
+  if not v[1] or v[1] == '' then -- (not indexed: schedulable for no request)
+    return { id = id, reason = 'not schedulable', ns = false, pressure = 0, known = false }
+  end
+  local n = node_of_bucket(v[1])
+  n.id, n.idx, n.endpoint = id, v[1], v[2] or ''
+  n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+  read_status(n, P, now)
+  project(n, req)
+  n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
+  n.ns = LOCALITY.ns_of(v[6], v[7])
+  return n
+end
+
+-- Node n's coverage (0..1) and the bytes it would pull (n.ns: its
+-- namespace, read), from what warm_set gathered for it (`c`: by namespace,
+-- true for affinity, nil: read exactly).
 function LOCALITY.coverage_of(L, n, c)
   if #L.keys == 0 then
     if c == nil then
@@ -144,34 +195,33 @@ function LOCALITY.coverage_of(L, n, c)
     end
     return c and 1 or 0, 0
   end
-  local v = redis.call('HMGET', node_key(n.id), 'cluster_id', 'p2p_backend')
-  if not v[1] or v[1] == '' or not v[2] or v[2] == '' then return 0, L.pull_all end
-  local ns = v[1] .. '\n' .. v[2]
-  local held
+  local ns = n.ns
+  if not ns then return 0, L.pull_all end
+  local got, mask = 0, 0
   if c == nil then
-    held = { 0, {} }
     for i, k in ipairs(L.keys) do
       for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
         local name = redis.call('HGET', BASE .. 'art-names', digest)
         if name and string.sub(name, 1, #ns + 1) == ns .. '\n'
             and redis.call('SISMEMBER', BASE .. 'art:' .. digest, n.id) == 1 then
-          held[1], held[2][i] = held[1] + k[1], true
+          got, mask = got + k[1], mask + BIT[i]
         end
       end
     end
   else
-    held = c[ns] or { 0, {} }
+    for x = 1, #c, 3 do
+      if c[x] == ns then got, mask = c[x + 1], c[x + 2] end
+    end
   end
   local pull = 0
   for i, k in ipairs(L.keys) do
-    if not held[2][i] then pull = pull + k[2] end
+    if math.floor(mask / BIT[i]) % 2 == 0 then pull = pull + k[2] end
   end
-  return held[1] / L.total, pull
+  return got / L.total, pull
 end
 
--- Fill n's coverage, bonus and pull (n: an evaluated or indexed node).
-function LOCALITY.score(P, L, n, c)
-  n.coverage, n.pull = LOCALITY.coverage_of(L, n, c)
+-- n's bonus: weight x coverage, decayed by the group's starts pending on it.
+function LOCALITY.bonus(P, L, n)
   n.same = 0
   if L.group and n.coverage > 0 then
     n.same = tonumber(redis.call('HGET', LOCALITY.loc_key(n.id), L.group)) or 0
@@ -182,39 +232,54 @@ end
 -- The placement among B (the decision without locality) and the warm set:
 -- the chosen node (B or a warm one, each with coverage, bonus and pull), and
 -- the warm nodes evaluated, each with `lost` (why it did not win) set.
-function LOCALITY.choose(P, req, now, L, B)
+-- `via_index`: B was decided through a fresh index.  `explain`: every warm
+-- node's bonus is worked out (a decision needs only the competitors').
+function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   L.pull_all = 0
   for _, k in ipairs(L.keys) do L.pull_all = L.pull_all + k[2] end
   local floor = now - P.locality_affinity_ttl_ms
-  local warm = LOCALITY.warm_set(P, L, now)
-  local seen, evaluated = {}, {}
+  local warm, by, complete = LOCALITY.warm_set(P, L, now)
+  local evaluated, limit = {}, B.pressure + P.locality_max_pressure_gap
+  local Bc = nil
   for _, w in ipairs(warm) do
-    local n
-    if w[1] == B.id then n = B else n = evaluate(w[1], P, req, now) end
-    n.now_floor = floor
-    LOCALITY.score(P, L, n, w[2])
-    seen[n.id] = true
-    evaluated[#evaluated + 1] = n
+    if w[1] == B.id then
+      Bc = w[2]
+    else
+      local n = LOCALITY.candidate(P, req, now, w[1], via_index)
+      n.now_floor = floor
+      n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[2])
+      evaluated[#evaluated + 1] = n
+    end
   end
-  if not seen[B.id] then
-    B.now_floor = floor
-    LOCALITY.score(P, L, B, nil)
+  -- B: what it holds (nothing, when the gathering was complete and missed it)
+  B.now_floor = floor
+  if Bc == nil and by then Bc = by[B.id] end
+  if Bc == nil and complete then
+    B.coverage, B.pull = 0, L.pull_all
+  else
+    if B.ns == nil and #L.keys > 0 then
+      local v = redis.call('HMGET', node_key(B.id), 'cluster_id', 'p2p_backend')
+      B.ns = LOCALITY.ns_of(v[1], v[2])
+    end
+    B.coverage, B.pull = LOCALITY.coverage_of(L, B, Bc)
   end
+  LOCALITY.bonus(P, L, B)
   local best, best_score = B, B.pressure - B.bonus
-  local limit = B.pressure + P.locality_max_pressure_gap
   for _, n in ipairs(evaluated) do
-    if n ~= B then
+    if explain then LOCALITY.bonus(P, L, n) end
+    if n.reason then
+      n.lost = n.reason
+    elseif n.known ~= B.known then
+      n.lost = 'capacity unknown'
+    elseif n.coverage == 0 then
+      n.lost = 'holds none of it here'
+    elseif n.pressure > limit then
+      n.lost = 'pressure ' .. LOCALITY.p3(n.pressure) .. ' over ' .. LOCALITY.p3(B.pressure)
+        .. ' + max_pressure_gap ' .. LOCALITY.p3(P.locality_max_pressure_gap)
+    else
+      if not explain then LOCALITY.bonus(P, L, n) end
       local s = n.pressure - n.bonus
-      if n.reason then
-        n.lost = n.reason
-      elseif n.known ~= B.known then
-        n.lost = 'capacity unknown'
-      elseif n.coverage == 0 then
-        n.lost = 'holds none of it here'
-      elseif n.pressure > limit then
-        n.lost = 'pressure ' .. LOCALITY.p3(n.pressure) .. ' over ' .. LOCALITY.p3(B.pressure)
-          .. ' + max_pressure_gap ' .. LOCALITY.p3(P.locality_max_pressure_gap)
-      elseif s < best_score or (s == best_score and best ~= B
+      if s < best_score or (s == best_score and best ~= B
           and (ranks_before(n, best) or (not ranks_before(best, n) and bytes_lt(n.id, best.id)))) then
         if best ~= B then best.lost = 'a warmer or cooler node won' end
         best, best_score = n, s
@@ -224,6 +289,7 @@ function LOCALITY.choose(P, req, now, L, B)
     end
   end
   if best ~= B and B.coverage > 0 then B.lost = 'a warmer or cooler node won' end
+  if explain and Bc ~= nil then evaluated[#evaluated + 1] = B end
   return best, evaluated
 end
 

@@ -208,7 +208,9 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   -- Stage "locality": a warm node may win within the pressure margin of
   -- the node just chosen (includes/locality.lua).
   local warm = NONE
-  if L and chosen ~= nil then chosen, warm = LOCALITY.choose(P, req, now, L, chosen) end
+  if L and chosen ~= nil then
+    chosen, warm = LOCALITY.choose(P, req, now, L, chosen, #evaluated == 0, dry_run)
+  end
 
   if dry_run then
     local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),

@@ -284,7 +284,8 @@ class LocalityState:
 
     #: node -> the artifact keys it holds in its own cluster and backend
     held: Mapping[str, frozenset[str]]
-    #: group ("template:<id>" / "image:<first>") -> node -> its last start (ms)
+    #: group ("template:<id>", "image:<first>", "keys:<sorted keys>": calls.locality_group)
+    #: -> node -> its last start (ms)
     affinity: Mapping[str, Mapping[str, int]]
     #: node -> group -> its pending starts of the group
     pending: Mapping[str, Mapping[str, int]]
@@ -302,10 +303,10 @@ def locality(
     one's kind of capacity, within max_pressure_gap of its pressure, wins
     when pressure - bonus is lower than the chosen one's; the least such
     (then by rank, then node id)."""
-    from scheduler.calls import locality_terms  # (calls imports this module's users)
+    from scheduler.calls import locality_group, locality_terms  # (no import cycle at load)
 
     terms = locality_terms(req, policy.artifact_key_max_bytes)
-    group = req.group()
+    group = locality_group(req, terms)
     lp = policy.locality
     total = sum(w for _, w, _ in terms)
 
