@@ -23,8 +23,8 @@ from fractions import Fraction
 from bench.fleet import GIB, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Overcommit, Policy, Scheduler
-from scheduler.records import MIB
-from scheduler.simnode import SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
 from scheduler.testing.replicas import Creates, LibraryReplicas, Outcome
 
 COLUMNS = ["strategy", "replicas", "peak_pressure", "optimal_peak_pressure", "placed"]

@@ -32,8 +32,8 @@ from bench.fleet import GIB, send_heartbeats
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, machine
 from scheduler import Limits, Overcommit, Policy, Scheduler
-from scheduler.records import MIB
-from scheduler.simnode import Observed, SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import Observed, SimNode
 from scheduler.testing.replicas import Creates, LibraryReplicas, Outcome
 
 COLUMNS = [

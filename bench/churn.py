@@ -2,7 +2,7 @@
 creates, with the nodes' own state as the truth (issue #28's measurement).
 
 Per setting: one real ``redis-server``, three ``schedctl serve`` replica
-processes, simulated runtime nodes (:class:`~scheduler.simnode.SimNode`) and
+processes, simulated runtime nodes (:class:`~scheduler.ops.simnode.SimNode`) and
 gateways, all over gRPC:
 
 - **nodes** heartbeat every ``heartbeat_s`` (5 s, the reporter's default
@@ -58,9 +58,9 @@ import redis
 from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.keys import CellKeys
-from scheduler.service import heartbeat_request
-from scheduler.simnode import SimNode
+from scheduler.ops.simnode import SimNode
+from scheduler.server.service import heartbeat_request
+from scheduler.store.keys import CellKeys
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ServeProcess
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from bench.runner import Result, cpu_model, percentile
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request
-from scheduler.aio import AsyncScheduler
-from scheduler.connection import Durability
+from scheduler.client.aio import AsyncScheduler
+from scheduler.store.connection import Durability
 from scheduler.testing.redis_server import SentinelTopology
 
 GIB = 1 << 30

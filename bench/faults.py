@@ -59,8 +59,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.service import heartbeat_request
-from scheduler.simnode import SimNode
+from scheduler.ops.simnode import SimNode
+from scheduler.server.service import heartbeat_request
 from scheduler.testing.redis_server import ClusterTopology, RedisServer, SentinelTopology
 from scheduler.testing.replicas import ServeProcess
 
@@ -113,7 +113,7 @@ class Params:
 # The fleet: nodes that hold the truth, gateways that place
 # ---------------------------------------------------------------------------
 def fleet_node(k: int, params: Params) -> SimNode:
-    """A node of the fleet (:class:`~scheduler.simnode.SimNode`): 32 CPUs and
+    """A node of the fleet (:class:`~scheduler.ops.simnode.SimNode`): 32 CPUs and
     64 GiB; its sandboxes start for ``create_s``, then run for ``lifetime_s``."""
     node_id = f"node-{k + 1:02d}"
     return SimNode(

@@ -1,8 +1,8 @@
-"""Fleets of simulated nodes (:class:`scheduler.simnode.SimNode`, the one
+"""Fleets of simulated nodes (:class:`scheduler.ops.simnode.SimNode`, the one
 simulated node) and a fast way to deliver many heartbeats.
 
 Heartbeats go through the library's own operations
-(:class:`scheduler.calls.Ops`), only pipelined, so a 10,000-node fleet is set
+(:class:`scheduler.store.calls.Ops`), only pipelined, so a 10,000-node fleet is set
 up in seconds.  A node's heartbeat may report a past :class:`Observed` state:
 that is how the scenarios make heartbeats lag behind reality.
 """
@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from scheduler import Heartbeat, Scheduler
-from scheduler.calls import Call
-from scheduler.records import MIB
-from scheduler.simnode import SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
+from scheduler.store.calls import Call
 
 GIB = 1024 * MIB
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import Policy
-from scheduler.loops import LoopUnavailable, choose
+from scheduler.server.loops import LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import SCHEDCTL, ServeProcess, expect
 
@@ -229,17 +229,17 @@ def bare_main(port: int, loop: str, layer: str = "constant", url: str = "", cell
     until SIGTERM.  ``constant`` answers a constant: the floor of what one
     gRPC call costs in Python.  ``redis`` first sends one ``PING`` the way
     the replica sends its script calls (``url``: over the lean connection of
-    scheduler/wire.py, through redis-py until it is up); ``library`` places through
+    scheduler/store/wire.py, through redis-py until it is up); ``library`` places through
     ``AsyncScheduler.schedule`` in ``cell`` (coalescing on) and answers with
     the node: the replica without its servicer, metrics and deadline."""
     import grpc
 
-    from scheduler.aio import AsyncScheduler
-    from scheduler.connection import async_client
+    from scheduler.client.aio import AsyncScheduler
+    from scheduler.domain.records import Request
     from scheduler.grpc import scheduler_pb2 as pb
     from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-    from scheduler.records import Request
-    from scheduler.wire import ScriptWire, WireDown
+    from scheduler.store.connection import async_client
+    from scheduler.store.wire import ScriptWire, WireDown
 
     reply = pb.ScheduleResponse(node=pb.Node(node_id="node-0001", endpoint="10.0.0.1:5000"))
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from bench.runner import Result, Target, machine
 from scheduler import MachineInfo, Policy
-from scheduler.aio import AsyncScheduler
-from scheduler.records import Heartbeat
-from scheduler.simnode import SimNode
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.records import Heartbeat
+from scheduler.ops.simnode import SimNode
 
 COLUMNS = [
     "heartbeats",

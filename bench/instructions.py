@@ -40,7 +40,7 @@ from bench.fleet import SIZES, mixed_fleet, send_heartbeats
 from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Request, Scheduler
-from scheduler.scripts import Library, library
+from scheduler.store.scripts import Library, library
 from scheduler.testing.redis_server import free_port
 
 COLUMNS = ["operation", "base_per_call", "ours_per_call", "ratio", "ours_per_floor"]

@@ -51,9 +51,9 @@ from typing import Any
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine, percentile
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.records import MIB
-from scheduler.scripts import FUNCTION
-from scheduler.simnode import SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
+from scheduler.store.scripts import FUNCTION
 
 #: Nodes registered before the pending reservations are made (see run_size).
 SEED_NODES = 200

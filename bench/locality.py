@@ -89,11 +89,11 @@ import msgspec
 
 from bench.runner import Result, Target, machine, percentile
 from scheduler import Heartbeat, Overcommit, Policy, Request, Scheduler
-from scheduler.calls import Call
-from scheduler.errors import SchedulerError
-from scheduler.policy import Limits
-from scheduler.records import MIB, Explanation, Placement, Verdict
-from scheduler.simnode import SimNode
+from scheduler.domain.errors import SchedulerError
+from scheduler.domain.policy import Limits
+from scheduler.domain.records import MIB, Explanation, Placement, Verdict
+from scheduler.ops.simnode import SimNode
+from scheduler.store.calls import Call
 
 GIB = 1024 * MIB
 CLUSTER = "loc"
@@ -317,7 +317,7 @@ class Cache:
 # ---------------------------------------------------------------------------
 def library_locality() -> bool:
     """Does this tree's Request carry locality requirements?"""
-    import scheduler.records as records
+    import scheduler.domain.records as records
 
     fields = getattr(Request, "__struct_fields__", ())
     return "locality" in fields and hasattr(records, "LocalityRequirement")
@@ -326,7 +326,7 @@ def library_locality() -> bool:
 def our_request(tpl: Template, cpu: int, memory_mb: int) -> Request:
     """A creation carrying ``tpl``'s artifacts as locality requirements (with
     their sizes) and its template id."""
-    import scheduler.records as records
+    import scheduler.domain.records as records
 
     req_type: Any = getattr(records, "LocalityRequirement")  # noqa: B009 (newer trees only)
     reqs = tuple(req_type(key=k, size_bytes=b) for k, b in tpl.artifacts)

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from scheduler import Heartbeat, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.policy import Locality
-from scheduler.records import LocalityRequirement
+from scheduler.domain.policy import Locality
+from scheduler.domain.records import LocalityRequirement
 from scheduler.testing.redis_server import RedisServer
 
 GIB = 1 << 30

@@ -33,8 +33,8 @@ from typing import Any
 from bench.fleet import mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
-from scheduler.p2p import PeerOps
-from scheduler.records import DiskMetric, MachineInfo
+from scheduler.domain.records import DiskMetric, MachineInfo
+from scheduler.store.p2p import PeerOps
 
 COLUMNS = ["item", "count", "bytes_per_item", "memory_usage_one", "example_key"]
 

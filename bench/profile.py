@@ -18,7 +18,7 @@ then counts each sample by the innermost frame it can name:
 - **redis client**: ``redis/`` (redis-py and its pool).
 - **scheduler library**: ``scheduler/`` but the servicer: the client, the
   plans, the calls, the script registry.
-- **servicer**: ``scheduler/service.py`` (and ``replica.py``).
+- **servicer**: ``scheduler/server/service.py`` (and ``replica.py``).
 - **metrics**: ``prometheus_client``.  **protobuf**: ``google/protobuf``.
 
 Use it to compare two versions or two flag sets on the same machine; the
@@ -48,7 +48,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics", ("(prometheus_client/",)),
     ("protobuf", ("(google/protobuf/",)),
     ("redis client", ("(redis/",)),
-    ("servicer", ("(scheduler/service.py", "(scheduler/replica.py")),
+    ("servicer", ("(scheduler/server/service.py", "(scheduler/server/replica.py")),
     ("scheduler library", ("(scheduler/",)),
     ("gRPC poller thread", ("Thread.run (threading.py",)),
     (

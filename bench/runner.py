@@ -26,7 +26,7 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.keys import DEFAULT_PREFIX
+from scheduler.store.keys import DEFAULT_PREFIX
 from scheduler.testing.redis_server import RedisServer
 
 

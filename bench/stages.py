@@ -37,7 +37,7 @@ from bench.runner import Result, Target, machine
 from bench.versus import Params as VersusParams
 from bench.versus import _Run
 from scheduler import Policy, Request, Scheduler
-from scheduler.scripts import FUNCTION, Library, _files, build_library, library
+from scheduler.store.scripts import FUNCTION, Library, _files, build_library, library
 
 COLUMNS = ["operation", "stage", "us", "share"]
 OPERATIONS = ("coalesced placement", "changed heartbeat")

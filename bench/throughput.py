@@ -41,7 +41,7 @@ from bench import grpc_path
 from bench.fleet import mixed_fleet, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Scheduler
-from scheduler.loops import LoopUnavailable, choose
+from scheduler.server.loops import LoopUnavailable, choose
 from scheduler.testing.replicas import LibraryReplicas, ServeProcess, Stream, StreamResult
 
 COLUMNS = [

@@ -32,11 +32,12 @@ from typing import Any
 
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
-from scheduler import Policy, Request, Scheduler, lua_constants
-from scheduler.calls import Call, Resync
-from scheduler.records import MIB, snapshot_fields
-from scheduler.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
-from scheduler.simnode import SimNode
+from scheduler import Policy, Request, Scheduler
+from scheduler.domain.records import MIB, snapshot_fields
+from scheduler.ops.simnode import SimNode
+from scheduler.store import lua_constants
+from scheduler.store.calls import Call, Resync
+from scheduler.store.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["operation", "base_us", "ours_us", "ratio", "ratio_low", "ratio_high", "rounds"]

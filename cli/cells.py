@@ -8,10 +8,10 @@ import click
 import msgspec
 from rich.table import Table
 
-from scheduler.cells import CellSummary, cell_names, delete_cell, read_replicas, summarize
-from scheduler.connection import describe_target
-from scheduler.keys import CellKeys
-from scheduler.translate import translated
+from scheduler.ops.cells import CellSummary, cell_names, delete_cell, read_replicas, summarize
+from scheduler.store.connection import describe_target
+from scheduler.store.keys import CellKeys
+from scheduler.store.translate import translated
 
 from .options import Failure, Target, cell_options, complete_cells, pass_target
 

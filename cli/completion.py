@@ -18,10 +18,10 @@ import click
 from click.core import ParameterSource
 from click.shell_completion import get_completion_class
 
-from scheduler.cells import cell_names
-from scheduler.client import Scheduler
-from scheduler.errors import SchedulerError
-from scheduler.keys import DEFAULT_CELL
+from scheduler.client.sync import Scheduler
+from scheduler.domain.errors import SchedulerError
+from scheduler.ops.cells import cell_names
+from scheduler.store.keys import DEFAULT_CELL
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_VAR = "_SCHEDCTL_COMPLETE"

@@ -1,5 +1,5 @@
 """``schedctl doctor [--repair]``: check a cell's invariants and say what a
-repair would fix; with ``--repair``, fix what is derived (scheduler/doctor.py).
+repair would fix; with ``--repair``, fix what is derived (scheduler/ops/doctor.py).
 Exit 0 when the cell is consistent (or everything found was repaired), 1 when
 something is left."""
 
@@ -9,7 +9,7 @@ import click
 import msgspec
 from rich.table import Table
 
-from scheduler.doctor import Report, doctor
+from scheduler.ops.doctor import Report, doctor
 
 from .options import Failure, Target, cell_options, pass_target
 

@@ -14,10 +14,17 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.catalog import STRATEGIES, ceiling, ceiling_in
-from scheduler.client import Scheduler
-from scheduler.policy import Policy
-from scheduler.records import MIB, Explanation, LocalityRequirement, NodeView, Request, Verdict
+from scheduler.client.sync import Scheduler
+from scheduler.domain.catalog import STRATEGIES, ceiling, ceiling_in
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import (
+    MIB,
+    Explanation,
+    LocalityRequirement,
+    NodeView,
+    Request,
+    Verdict,
+)
 
 from .nodes import ceiling_amount
 from .options import Target, cell_options, pass_target

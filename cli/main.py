@@ -21,7 +21,7 @@ import msgspec
 import redis
 
 from scheduler import version as build
-from scheduler.errors import SchedulerError
+from scheduler.domain.errors import SchedulerError
 
 from .cells import cells
 from .completion import completion

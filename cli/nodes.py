@@ -13,12 +13,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.catalog import CEILINGS, ceiling
-from scheduler.errors import SchedulerError
-from scheduler.keys import validate_id
-from scheduler.policy import Policy
-from scheduler.records import NodeView
-from scheduler.translate import translated
+from scheduler.domain.catalog import CEILINGS, ceiling
+from scheduler.domain.errors import SchedulerError
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import NodeView
+from scheduler.store.keys import validate_id
+from scheduler.store.translate import translated
 
 from .completion import node_ids
 from .options import Target, cell_options, pass_target

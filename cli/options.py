@@ -25,11 +25,11 @@ import click
 import redis
 from click.core import ParameterSource
 
-from scheduler import embedded
-from scheduler.client import Scheduler, describe_target
-from scheduler.config import ConfigError, parse_duration_ms
-from scheduler.errors import InvalidArgument, SchedulerError
-from scheduler.keys import DEFAULT_CELL
+from scheduler.client.sync import Scheduler, describe_target
+from scheduler.domain.errors import InvalidArgument, SchedulerError
+from scheduler.server.config import ConfigError, parse_duration_ms
+from scheduler.store import embedded
+from scheduler.store.keys import DEFAULT_CELL
 
 from .output import Output
 
@@ -228,7 +228,7 @@ else:
 class Duration(_IntParamType):
     """A Go-style duration ("30s", "10m", "1m30s", "250ms", "1500us") as whole
     milliseconds: the configuration file's parser
-    (:func:`scheduler.config.parse_duration_ms`), so both accept the same text."""
+    (:func:`scheduler.server.config.parse_duration_ms`), so both accept the same text."""
 
     name = "duration"
 

@@ -8,9 +8,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.catalog import CEILING_NAMES, STRATEGIES
-from scheduler.errors import CellNotInitialised
-from scheduler.policy import (
+from scheduler.domain.catalog import CEILING_NAMES, STRATEGIES
+from scheduler.domain.errors import CellNotInitialised
+from scheduler.domain.policy import (
     MAX_AFFINITY_NODES,
     MAX_ARTIFACT_KEY_BYTES,
     MAX_ROSTER_IDS,

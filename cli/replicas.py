@@ -8,9 +8,9 @@ import click
 import msgspec
 from rich.table import Table
 
-from scheduler.calls import ReplicaEntry
-from scheduler.cells import read_replicas
-from scheduler.translate import translated
+from scheduler.ops.cells import read_replicas
+from scheduler.store.calls import ReplicaEntry
+from scheduler.store.translate import translated
 
 from .options import Target, cell_options, pass_target
 from .output import age

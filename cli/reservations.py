@@ -10,11 +10,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.calls import Call
-from scheduler.errors import FailedPrecondition, NotFound
-from scheduler.keys import validate_id
-from scheduler.records import Binding, Reservation
-from scheduler.translate import translated
+from scheduler.domain.errors import FailedPrecondition, NotFound
+from scheduler.domain.records import Binding, Reservation
+from scheduler.store.calls import Call
+from scheduler.store.keys import validate_id
+from scheduler.store.translate import translated
 
 from .completion import node_ids, reservation_ids
 from .options import Failure, Target, cell_options, pass_target

@@ -15,9 +15,15 @@ from typing import Any
 
 import click
 
-from scheduler import embedded, logs
-from scheduler.aio import AsyncScheduler
-from scheduler.config import (
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import (
+    PolicyConflict,
+    SchedulerError,
+    StaticNodesConflict,
+    StoreUnavailable,
+)
+from scheduler.server import logs
+from scheduler.server.config import (
     ConfigError,
     Overrides,
     Settings,
@@ -25,11 +31,11 @@ from scheduler.config import (
     resolve_log_format,
     summary,
 )
-from scheduler.connection import async_client, describe_target
-from scheduler.errors import PolicyConflict, SchedulerError, StaticNodesConflict, StoreUnavailable
-from scheduler.loops import CHOICES as LOOP_CHOICES
-from scheduler.loops import LoopUnavailable, choose
-from scheduler.replica import ListenError, Replica
+from scheduler.server.loops import CHOICES as LOOP_CHOICES
+from scheduler.server.loops import LoopUnavailable, choose
+from scheduler.server.replica import ListenError, Replica
+from scheduler.store import embedded
+from scheduler.store.connection import async_client, describe_target
 from scheduler.version import describe
 
 from .options import Target
@@ -50,11 +56,11 @@ KUBERNETES_UNAVAILABLE = (
 
 
 def check_kubernetes(settings: Settings) -> None:
-    """discovery kubernetes needs scheduler.kubernetes (ConfigError without it)."""
+    """discovery kubernetes needs scheduler.server.kubernetes (ConfigError without it)."""
     if settings.kubernetes is None or settings.query_only:
         return
     try:
-        importlib.import_module("scheduler.kubernetes")
+        importlib.import_module("scheduler.server.kubernetes")
     except ImportError:
         raise ConfigError(KUBERNETES_UNAVAILABLE) from None
 
@@ -160,7 +166,7 @@ async def run_replica(
         await replica.open()
         if settings.kubernetes is not None and not settings.query_only:
             try:
-                from scheduler.kubernetes import KubernetesWatcher  # type: ignore[import-not-found,unused-ignore]
+                from scheduler.server.kubernetes import KubernetesWatcher  # type: ignore[import-not-found,unused-ignore]
             except ImportError:
                 raise StartupError(f"configuration: {KUBERNETES_UNAVAILABLE}") from None
             watcher = KubernetesWatcher(settings.kubernetes, sched)

@@ -11,10 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from scheduler import simulate as engine
-from scheduler.catalog import STRATEGIES
-from scheduler.connection import describe_target
-from scheduler.errors import FailedPrecondition, InvalidArgument
+from scheduler.domain.catalog import STRATEGIES
+from scheduler.domain.errors import FailedPrecondition, InvalidArgument
+from scheduler.ops import simulate as engine
+from scheduler.store.connection import describe_target
 
 from .nodes import compact_table
 from .options import Failure, Target, cell_options, pass_target

@@ -17,10 +17,10 @@ from typing import Any, TypeVar, overload
 
 import redis
 
-from scheduler.calls import Call
-from scheduler.client import Scheduler
-from scheduler.errors import SchedulerError
-from scheduler.translate import reply_error, translated
+from scheduler.client.sync import Scheduler
+from scheduler.domain.errors import SchedulerError
+from scheduler.store.calls import Call
+from scheduler.store.translate import reply_error, translated
 
 A = TypeVar("A")
 B = TypeVar("B")

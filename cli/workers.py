@@ -38,8 +38,8 @@ from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
 
-from scheduler.config import Settings
-from scheduler.loops import Loop, choose
+from scheduler.server.config import Settings
+from scheduler.server.loops import Loop, choose
 
 log = logging.getLogger("scheduler.serve")
 
@@ -126,8 +126,8 @@ def _worker(
     settings: Settings, overwrite_policy: bool, index: int, loop_name: str, conn: Connection
 ) -> None:
     """One worker process: a replica on the shared port."""
-    from scheduler import logs
-    from scheduler.replica import Replica
+    from scheduler.server import logs
+    from scheduler.server.replica import Replica
 
     from .serve import StartupError, run_replica
 

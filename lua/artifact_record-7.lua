@@ -2,7 +2,7 @@
   artifact_record-7.lua: a node holds a P2P artifact (RecordP2pArtifact).
 
   The artifact index is an LRU over (cluster, backend, key), named by a digest
-  the client computes (scheduler/p2p.py).  Recording refreshes recency; past
+  the client computes (scheduler/store/p2p.py).  Recording refreshes recency; past
   the capacity the least recently used artifacts are forgotten, at most
   EVICT_BATCH per call (one call adds at most one, so the index converges).
 

@@ -6,7 +6,7 @@
   heartbeat; heartbeat-5.lua keeps it in node:<id> cpu_config_json.  Here each
   cluster tracks which nodes it has and the digest of each node's config.
   Once every member has one, the client computes the intersection (in
-  Python, scheduler/cpuconfig.py) and stores it for the current epoch; each
+  Python, scheduler/store/cpuconfig.py) and stores it for the current epoch; each
   member then gets it exactly once, on its next heartbeat.  A node joining
   the cluster or changing its config bumps the epoch, which drops the result
   and every delivery mark at once; a restarted node (new service instance)

@@ -11,7 +11,7 @@
               heartbeat-5.lua's ARGV (a heartbeat in full or as a delta),
               heartbeat_steady-5.lua's, or cpu_config-6.lua's (the step of the CPU
               config exchange a heartbeat RPC makes next; its cluster's key is
-              derived from the base, as scheduler/keys.py names it)
+              derived from the base, as scheduler/store/keys.py names it)
 
   Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
           (its RESYNC included) or {"err", "<CODE> <message>"} (that

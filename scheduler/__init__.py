@@ -1,8 +1,8 @@
 """A Redis-centric placement scheduler: shared state, atomic Lua decisions."""
 
-from scheduler.aio import AsyncScheduler
-from scheduler.client import Scheduler
-from scheduler.errors import (
+from scheduler.client.aio import AsyncScheduler
+from scheduler.client.sync import Scheduler
+from scheduler.domain.errors import (
     FailedPrecondition,
     InvalidArgument,
     NoNodesAvailable,
@@ -12,8 +12,8 @@ from scheduler.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.policy import DefaultRequest, Limits, Overcommit, Policy
-from scheduler.records import Heartbeat, MachineInfo, NodeSnapshot, Request, SandboxEvent
+from scheduler.domain.policy import DefaultRequest, Limits, Overcommit, Policy
+from scheduler.domain.records import Heartbeat, MachineInfo, NodeSnapshot, Request, SandboxEvent
 
 __all__ = [
     "AsyncScheduler",

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scheduler import Policy, Scheduler
-from scheduler.client import AsyncScheduler, async_client
+from scheduler.client.sync import AsyncScheduler, async_client
 from scheduler.testing.redis_server import RedisServer, in_ci
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
 

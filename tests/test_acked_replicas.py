@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from scheduler import Policy, Scheduler
-from scheduler.connection import Durability, async_client
+from scheduler.store.connection import Durability, async_client
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import cold, endpoint_md, hb_request

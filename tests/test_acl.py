@@ -27,7 +27,9 @@ from scheduler import (
     Request,
     Scheduler,
 )
-from scheduler.acl import (
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.records import Placement, SandboxEvent
+from scheduler.store.acl import (
     CLIENT_COMMANDS,
     COMMANDS,
     FUNCTION_COMMANDS,
@@ -36,12 +38,10 @@ from scheduler.acl import (
     PermissionDenied,
     setuser,
 )
-from scheduler.aio import AsyncScheduler
-from scheduler.connection import async_client
-from scheduler.cpuconfig import CpuConfigOps
-from scheduler.p2p import PeerOps
-from scheduler.records import Placement, SandboxEvent
-from scheduler.scripts import EVAL, FUNCTION, library, sources
+from scheduler.store.connection import async_client
+from scheduler.store.cpuconfig import CpuConfigOps
+from scheduler.store.p2p import PeerOps
+from scheduler.store.scripts import EVAL, FUNCTION, library, sources
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import cold, endpoint_md, hb_request
@@ -423,8 +423,8 @@ def test_the_reported_acl_fails_at_start_with_one_line(
 def test_min_replicas_acked_also_needs_wait(admin: redis.Redis, server: RedisServer) -> None:
     """WAIT follows each write only with min_replicas_acked > 0: the documented
     line leaves it out, and a user without it is told so in one line."""
-    from scheduler.connection import Durability
-    from scheduler.errors import NotReplicated
+    from scheduler.domain.errors import NotReplicated
+    from scheduler.store.connection import Durability
 
     acked = Durability(replicas=1, timeout_ms=50)
     url = make_user(admin, server, COMMANDS)

@@ -35,7 +35,7 @@ from click.testing import CliRunner
 import scheduler
 from scheduler import Heartbeat, Limits, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
 from scheduler.cli.main import main
-from scheduler.scripts import _files
+from scheduler.store.scripts import _files
 from scheduler.testing import model
 
 assert scheduler.__file__.startswith(sys.argv[1]), scheduler.__file__
@@ -78,7 +78,7 @@ def test_a_new_ceiling_is_a_row_and_two_formulas(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "lua", package / "lua", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "cli", package / "cli", ignore=shutil.ignore_patterns("__pycache__"))
     # the three edits
-    _insert_before(package / "catalog.py", '    Ceiling("max_cpu_used_percent"', ROW)
+    _insert_before(package / "domain" / "catalog.py", '    Ceiling("max_cpu_used_percent"', ROW)
     _insert_before(
         package / "lua" / "includes" / "stages.lua",
         "  max_cpu_used_percent = function(n)",

@@ -32,9 +32,9 @@ from bench import (
 from bench.reference_model import ReferenceCluster, RefSnapshot
 from bench.runner import Result, Target, percentile
 from scheduler import Policy, Scheduler
-from scheduler.records import MIB
-from scheduler.scripts import _files, build_library, library
-from scheduler.simnode import SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
+from scheduler.store.scripts import _files, build_library, library
 from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only

@@ -19,8 +19,8 @@ import pytest
 from bench import locality
 from bench.runner import Result, Target
 from scheduler import Overcommit, Policy, Request
-from scheduler.records import MIB
-from scheduler.simnode import SimNode
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
 from scheduler.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.real_only

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
-from scheduler.cpuconfig import CpuConfigOps, Outcome
-from scheduler.records import MachineInfo
+from scheduler.domain.records import MachineInfo
+from scheduler.store.cpuconfig import CpuConfigOps, Outcome
 
 CONFIG = '{"kvm_capabilities": ["a"]}'
 MEMBERS = 10_000  # 2 + 2 * 10,000 values: far past unpack()'s limit

@@ -1,6 +1,6 @@
 """State that goes away: nodes silent for node_forget_after are forgotten by
 bounded sweeps (static ones stay listed), tombstones keep for the policy's
-reservation_tombstone_ttl, and every key pattern of scheduler/keys.py either
+reservation_tombstone_ttl, and every key pattern of scheduler/store/keys.py either
 carries a TTL or is removed by a sweep."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-import scheduler.keys
+import scheduler.store.keys
 from scheduler import NoNodesAvailable, Policy, Request, Scheduler
+from scheduler.domain.policy import Locality
+from scheduler.domain.records import LocalityRequirement as LR
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.keys import LIFETIMES
-from scheduler.policy import Locality
-from scheduler.records import LocalityRequirement as LR
+from scheduler.store.keys import LIFETIMES
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request, records_name_only_registered_nodes
 
@@ -192,7 +192,7 @@ def classify(base: str, key: str) -> str:
 
 
 def test_lifetimes_cover_the_documented_layout() -> None:
-    doc = scheduler.keys.__doc__ or ""
+    doc = scheduler.store.keys.__doc__ or ""
     documented = re.findall(r"^\s+<base>(\S+)\s+\w+", doc, re.M)
     assert sorted(documented) == sorted(LIFETIMES)
     assert set(LIFETIMES.values()) <= {"ttl", "sweep", "ttl+sweep", "cell"}

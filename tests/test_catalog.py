@@ -1,7 +1,7 @@
 """One table per concept: the Lua, the Python and the CLI read the same lists.
 
-scheduler/catalog.py (ceilings, strategies, statuses, event types, policy
-fields) and scheduler/records.py NodeSnapshot (snapshot fields) are the only
+scheduler/domain/catalog.py (ceilings, strategies, statuses, event types, policy
+fields) and scheduler/domain/records.py NodeSnapshot (snapshot fields) are the only
 places they are spelled; the scripts get them from the generated include
 ``constants``.  Here the generated Lua is evaluated by Redis (real and fake)
 and compared with the Python tables, the wire enums and the CLI's choices,
@@ -22,18 +22,18 @@ from scheduler.cli import policy as policy_cli
 from scheduler.cli import simulate as simulate_cli
 from scheduler.cli.nodes import nodes_table
 
-from scheduler import catalog
-from scheduler.calls import HEARTBEAT_FIELDS, Ops, heartbeat_fields
-from scheduler.config import ConfigError, load
-from scheduler.errors import NO_POLICY, SCRIPT_CODES
+from scheduler.domain import catalog
+from scheduler.domain.errors import NO_POLICY, SCRIPT_CODES
+from scheduler.domain.policy import Limits, Policy
+from scheduler.domain.records import Heartbeat, NodeSnapshot, NodeView, snapshot_fields
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.keys import CellKeys
-from scheduler.lua_constants import render
-from scheduler.metrics import DERIVED_STATUSES
-from scheduler.policy import Limits, Policy
-from scheduler.records import Heartbeat, NodeSnapshot, NodeView, snapshot_fields
-from scheduler.replies import CAPACITY_FIELDS
-from scheduler.service import EVENT_NAMES, NODE_STATUS_NAMES
+from scheduler.server.config import ConfigError, load
+from scheduler.server.metrics import DERIVED_STATUSES
+from scheduler.server.service import EVENT_NAMES, NODE_STATUS_NAMES
+from scheduler.store.calls import HEARTBEAT_FIELDS, Ops, heartbeat_fields
+from scheduler.store.keys import CellKeys
+from scheduler.store.lua_constants import render
+from scheduler.store.replies import CAPACITY_FIELDS
 from scheduler.testing import model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def test_no_lua_file_spells_a_list(path: Path) -> None:
 
 @pytest.mark.parametrize("path", LUA_FILES, ids=lambda p: p.name)
 def test_no_lua_file_spells_an_error_code(path: Path) -> None:
-    """Error codes come from scheduler/errors.py through the include
+    """Error codes come from scheduler/domain/errors.py through the include
     ``constants`` (``ERR``): no Lua file writes one as a string, every failure
     names its code from ERR, and every ERR name a file reads exists."""
     text = path.read_text()

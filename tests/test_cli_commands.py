@@ -176,7 +176,7 @@ def test_nodes_watch_refreshes_until_ctrl_c(
 def test_nodes_watch_keeps_going_through_an_outage(
     fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scheduler.errors import StoreUnavailable
+    from scheduler.domain.errors import StoreUnavailable
 
     real_read = nodes_module.read_nodes
     reads: list[int] = []

@@ -156,7 +156,7 @@ def test_an_operator_command_without_a_target_writes_nothing_anywhere(
     command: list[str], as_json: bool
 ) -> None:
     """No --redis, no SCHEDULER_REDIS_ADDR: refused, not run on a throwaway store."""
-    from scheduler import embedded
+    from scheduler.store import embedded
 
     before = embedded.sync_client().keys("*")
     code, out, err = invoke([*command, *(["--json"] * as_json)])

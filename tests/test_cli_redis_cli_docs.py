@@ -2,7 +2,7 @@
 
 Every command of its table is run with the real ``redis-cli`` against a real
 Redis holding a node, an assigned reservation and a binding; every field the
-table names must come back.  The key layout table must match scheduler/keys.py.
+table names must come back.  The key layout table must match scheduler/store/keys.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import scheduler.keys
+import scheduler.store.keys
 from scheduler import Limits, Policy, Request, Scheduler
 from scheduler.testing.redis_server import in_ci
 from tests.helpers import hb
@@ -105,19 +105,19 @@ def test_every_documented_command_returns_the_documented_fields(
 
 def test_key_layout_table_matches_keys_module() -> None:
     documented = {row[0].strip("`") for row in table_rows("The layout")}
-    doc = scheduler.keys.__doc__ or ""
+    doc = scheduler.store.keys.__doc__ or ""
     names = re.findall(r"^\s+<base>(\S+)\s+(\w+)", doc, re.M)
     assert len(names) >= 10
     for name, kind in names:
         key = "sched:{default}:" + name
-        assert key in documented, f"{key} ({kind}) is in scheduler/keys.py, not in the docs"
+        assert key in documented, f"{key} ({kind}) is in scheduler/store/keys.py, not in the docs"
         row = next(r for r in table_rows("The layout") if r[0].strip("`") == key)
         assert row[1] == kind
     assert len(documented) == len(names)
 
 
 def test_documented_keys_are_the_ones_the_client_builds() -> None:
-    k = scheduler.keys.CellKeys("default")
+    k = scheduler.store.keys.CellKeys("default")
     built = {
         k.policy,
         k.nodes,

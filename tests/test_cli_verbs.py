@@ -18,7 +18,7 @@ from scheduler.cli.completion import COMPLETE_VAR
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler, version
-from scheduler.cells import DELETE_STEP, delete_cell
+from scheduler.ops.cells import DELETE_STEP, delete_cell
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import hb
 
@@ -219,7 +219,7 @@ def test_an_expired_binding_says_so(real_url: str) -> None:
     "text", ["30s", "1m30s", "250ms", "1500us", "2µs", "1h", "0.5s", "500us", "5x", "10", "0"]
 )
 def test_policy_set_reads_durations_as_the_config_does(real_url: str, text: str) -> None:
-    from scheduler.config import ConfigError, parse_duration_ms
+    from scheduler.server.config import ConfigError, parse_duration_ms
 
     try:
         expected: int | None = parse_duration_ms("scheduler.report_ttl", text)

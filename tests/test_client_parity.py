@@ -7,8 +7,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from scheduler.aio import AsyncScheduler
-from scheduler.client import Scheduler
+from scheduler.client.aio import AsyncScheduler
+from scheduler.client.sync import Scheduler
 
 #: asyncio-only parameters: a caller's deadline
 ASYNC_ONLY = {"timeout"}

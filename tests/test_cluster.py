@@ -17,7 +17,7 @@ from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler, StoreUnavailable
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.scripts import library
+from scheduler.store.scripts import library
 from scheduler.testing.redis_server import ClusterTopology, RedisServer, wait_until
 from scheduler.testing.replicas import ServeProcess, health_status
 from tests.helpers import cold, endpoint_md, hb, hb_request, places_on_a_fresh_node

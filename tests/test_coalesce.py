@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler import InvalidArgument, NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.aio import AsyncScheduler
-from scheduler.calls import Call
-from scheduler.errors import FailedPrecondition, SchedulerError
-from scheduler.records import Placement
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import FailedPrecondition, SchedulerError
+from scheduler.domain.records import Placement
+from scheduler.store.calls import Call
 from scheduler.testing.model import NodeState
 from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import GIB, hb, node_states, rr_value

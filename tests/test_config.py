@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Limits, Policy, Scheduler
-from scheduler.config import (
+from scheduler.server.config import (
     ConfigError,
     KubernetesDiscovery,
     Overrides,
@@ -22,8 +22,8 @@ from scheduler.config import (
     resolve_log_format,
     summary,
 )
-from scheduler.connection import describe_target
-from scheduler.service import peer_endpoint
+from scheduler.server.service import peer_endpoint
+from scheduler.store.connection import describe_target
 
 
 def write(tmp_path: Path, doc: Any) -> Path:

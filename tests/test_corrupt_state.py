@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.connection import async_client
-from scheduler.errors import CorruptState, FailedPrecondition
+from scheduler.domain.errors import CorruptState, FailedPrecondition
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.keys import CellKeys
-from scheduler.replies import parse_reservation, parsed, whole
+from scheduler.store.connection import async_client
+from scheduler.store.keys import CellKeys
+from scheduler.store.replies import parse_reservation, parsed, whole
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import endpoint_md, hb, hb_request
 

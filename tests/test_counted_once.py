@@ -35,9 +35,9 @@ from scheduler import (
     SandboxEvent,
     Scheduler,
 )
+from scheduler.domain.records import Placement
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.records import Placement
 from scheduler.testing.redis_server import RedisServer, free_port
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import cold, endpoint_md, hb, hb_request

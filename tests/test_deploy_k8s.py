@@ -26,7 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scheduler.config import load
+from scheduler.server.config import load
 from scheduler.testing.redis_server import free_port, in_ci
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,14 +21,14 @@ import redis
 
 from bench.versus import library_at
 from scheduler import Policy, Request, Scheduler
-from scheduler.calls import Call
-from scheduler.errors import NoNodesAvailable
-from scheduler.policy import Limits
-from scheduler.records import MIB
-from scheduler.scripts import FUNCTION, Library, library
-from scheduler.simnode import SimNode
+from scheduler.domain.errors import NoNodesAvailable
+from scheduler.domain.policy import Limits
+from scheduler.domain.records import MIB
+from scheduler.ops.simnode import SimNode
+from scheduler.store.calls import Call
+from scheduler.store.scripts import FUNCTION, Library, library
+from scheduler.store.translate import translated
 from scheduler.testing.redis_server import in_ci
-from scheduler.translate import translated
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -148,9 +148,9 @@ def test_the_design_names_the_four_files_of_a_schedule() -> None:
     section = text[text.index("## One Schedule") : text.index("## The package")]
     files = re.findall(r"^\d\. `([^`]+)`", section, re.M)
     assert files == [
-        "scheduler/service.py",
-        "scheduler/aio.py",
-        "scheduler/calls.py",
+        "scheduler/server/service.py",
+        "scheduler/client/aio.py",
+        "scheduler/store/calls.py",
         "lua/includes/schedule.lua",
     ]
     assert all((ROOT / f).exists() for f in files)

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.doctor import doctor
-from scheduler.records import SandboxEvent
+from scheduler.domain.records import SandboxEvent
+from scheduler.ops.doctor import doctor
 from tests.helpers import hb
 
 pytestmark = pytest.mark.real_only

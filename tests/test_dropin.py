@@ -380,7 +380,7 @@ def test_the_kubernetes_file_starts_the_watcher_beside_the_replica(
     kubeconfig (tests/test_dropin_kubernetes.py gives one naming the API
     double) the watcher says so and retries, and the replica serves all the
     while."""
-    pytest.importorskip("scheduler.kubernetes")
+    pytest.importorskip("scheduler.server.kubernetes")
     missing = tmp_path / "no-kubeconfig"
     u = Upstream(
         FIXTURES / "scheduler.json",

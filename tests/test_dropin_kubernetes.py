@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 import pytest
 
-pytest.importorskip("scheduler.kubernetes")
+pytest.importorskip("scheduler.server.kubernetes")
 
-from scheduler.aio import AsyncScheduler  # noqa: E402
-from scheduler.connection import async_client  # noqa: E402
+from scheduler.client.aio import AsyncScheduler  # noqa: E402
+from scheduler.domain.policy import Policy  # noqa: E402
 from scheduler.grpc import scheduler_pb2 as pb  # noqa: E402
-from scheduler.kubernetes import (  # noqa: E402
+from scheduler.server.kubernetes import (  # noqa: E402
     ConfigUnavailable,
     KubernetesWatcher,
     Timing,
@@ -34,7 +34,7 @@ from scheduler.kubernetes import (  # noqa: E402
     kubeconfig_paths,
     load_client_configuration,
 )
-from scheduler.policy import Policy  # noqa: E402
+from scheduler.store.connection import async_client  # noqa: E402
 from scheduler.testing.kube_api import (  # noqa: E402
     SLICES,
     KubeApiServer,
@@ -193,7 +193,7 @@ def test_a_watcher_outside_a_pod_finds_nodes_through_the_kubeconfig(
 
     ca = Authority()
     cert, key = ca.issue("127.0.0.1", server=True).write(tmp_path, "server")
-    caplog.set_level(logging.INFO, logger="scheduler.kubernetes")
+    caplog.set_level(logging.INFO, logger="scheduler.server.kubernetes")
     with KubeApiServer(token="laptop-token", certfile=str(cert), keyfile=str(key)) as api:
         api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
         kc = write_kubeconfig(

@@ -29,11 +29,11 @@ from scheduler import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.calls import Resync
-from scheduler.keys import CellKeys, validate_id
-from scheduler.records import DiskMetric, SandboxEvent
-from scheduler.scripts import _files as script_files
-from scheduler.scripts import library, sources
+from scheduler.domain.records import DiskMetric, SandboxEvent
+from scheduler.store.calls import Resync
+from scheduler.store.keys import CellKeys, validate_id
+from scheduler.store.scripts import _files as script_files
+from scheduler.store.scripts import library, sources
 from scheduler.testing.redis_server import free_port
 from tests.helpers import GIB, fleet, hb, rr_value, snapshot_keys
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from scheduler.errors import (
+from scheduler.domain.errors import (
     CODES,
     NO_POLICY,
     SCRIPT_CODES,

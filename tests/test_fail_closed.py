@@ -16,10 +16,10 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.connection import EvictionRisk, async_client
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.replica import READS_SERVICE_NAME, SERVICE_NAME
-from scheduler.scripts import FLAGS, library
+from scheduler.server.replica import READS_SERVICE_NAME, SERVICE_NAME
+from scheduler.store.connection import EvictionRisk, async_client
+from scheduler.store.scripts import FLAGS, library
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import cold, endpoint_md, hb_request

@@ -10,8 +10,8 @@ from typing import Any
 import fakeredis
 import pytest
 
-from scheduler.client import async_client
-from scheduler.cpuconfig import intersect
+from scheduler.client.sync import async_client
+from scheduler.store.cpuconfig import intersect
 from scheduler.testing.replicas import LoopThread, ThreadedReplica, settings_for
 from tests.helpers import endpoint_md, hb_request
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from scheduler import Policy, Scheduler
-from scheduler.client import async_client
+from scheduler.client.sync import async_client
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.testing.replicas import LoopThread, ThreadedReplica, settings_for
 from tests.helpers import endpoint_md, hb_request

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from scheduler import Policy
-from scheduler.acl import COMMANDS, setuser
-from scheduler.client import async_client
+from scheduler.client.sync import async_client
+from scheduler.store.acl import COMMANDS, setuser
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ThreadedReplica, settings_for
 from tests.helpers import endpoint_md, hb_request

@@ -235,7 +235,7 @@ def test_service_has_the_thirteen_rpcs() -> None:
     for rpc, (request, response) in methods.items():
         assert (request, response) == (f"{rpc}Request", f"{rpc}Response")
     from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-    from scheduler.service import SchedulerService
+    from scheduler.server.service import SchedulerService
 
     for rpc in RPCS:
         assert hasattr(pb_grpc.SchedulerServicer, rpc)

@@ -568,9 +568,10 @@ def test_a_cell_lost_by_redis_is_restored_by_the_next_call(
 def test_schedule_answers_are_built_once_per_node_and_kept_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from scheduler import embedded, service
-    from scheduler.aio import AsyncScheduler
-    from scheduler.metrics import Metrics
+    from scheduler.client.aio import AsyncScheduler
+    from scheduler.server import service
+    from scheduler.server.metrics import Metrics
+    from scheduler.store import embedded
 
     svc = service.SchedulerService(
         AsyncScheduler(embedded.async_client()),

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from scheduler import InvalidArgument, Limits, MachineInfo, Policy, Request, Scheduler
-from scheduler.aio import AsyncScheduler
-from scheduler.calls import Resync
-from scheduler.cpuconfig import digest
-from scheduler.errors import FailedPrecondition, SchedulerError
-from scheduler.records import Heartbeat, HeartbeatResult
-from scheduler.simnode import SimNode
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import FailedPrecondition, SchedulerError
+from scheduler.domain.records import Heartbeat, HeartbeatResult
+from scheduler.ops.simnode import SimNode
+from scheduler.store.calls import Resync
+from scheduler.store.cpuconfig import digest
 from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import (
     GIB,

@@ -14,10 +14,8 @@ import grpc
 import pytest
 
 from scheduler import Policy, Request, Scheduler
-from scheduler.config import ConfigError, load
-from scheduler.errors import InvalidArgument, StoreUnavailable
-from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.limits import (
+from scheduler.domain.errors import InvalidArgument, StoreUnavailable
+from scheduler.domain.limits import (
     MAX_DISKS,
     MAX_EVENTS,
     MAX_IMAGES,
@@ -25,7 +23,9 @@ from scheduler.limits import (
     MAX_STATIC_NODES,
     endpoint,
 )
-from scheduler.p2p import PeerOps
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.server.config import ConfigError, load
+from scheduler.store.p2p import PeerOps
 from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request, snapshot_keys
@@ -121,7 +121,7 @@ def test_the_static_node_list_is_bounded(tmp_path: Path) -> None:
 
 
 def test_events_are_bounded_in_the_client_too(make_scheduler: Make) -> None:
-    from scheduler.records import SandboxEvent
+    from scheduler.domain.records import SandboxEvent
 
     s = make_scheduler()
     s.heartbeat(hb("n1"))

@@ -1,4 +1,4 @@
-"""Kubernetes discovery (scheduler/kubernetes.py) against the API server
+"""Kubernetes discovery (scheduler/server/kubernetes.py) against the API server
 double (scheduler/testing/kube_api.py, the real list/watch wire on a real HTTP
 server) and a real Redis: no Kubernetes API server can run here."""
 
@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.aio import AsyncScheduler
-from scheduler.connection import async_client
-from scheduler.errors import InvalidArgument
-from scheduler.kubernetes import (
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import InvalidArgument
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import Request
+from scheduler.server.kubernetes import (
     EndpointSlice,
     KubernetesWatcher,
     Timing,
@@ -27,8 +28,7 @@ from scheduler.kubernetes import (
     parse_selector,
     selector_matches,
 )
-from scheduler.policy import Policy
-from scheduler.records import Request
+from scheduler.store.connection import async_client
 from scheduler.testing.kube_api import (
     PODS,
     SLICES,
@@ -140,7 +140,7 @@ def test_nodes_are_derived_as_the_reference_derives_them() -> None:
 
 
 def test_the_script_applies_a_view_only_if_no_stored_position_is_ahead(redis_client: Any) -> None:
-    from scheduler.client import Scheduler
+    from scheduler.client.sync import Scheduler
 
     s = Scheduler(redis_client, cell="kube")
     s.sync_policy(Policy(static_nodes=True))
@@ -436,7 +436,7 @@ def test_api_server_down_keeps_the_list_and_recovers(
     api: KubeApiServer, real_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
-    caplog.set_level(logging.WARNING, logger="scheduler.kubernetes")
+    caplog.set_level(logging.WARNING, logger="scheduler.server.kubernetes")
 
     async def go() -> None:
         s = await _sched(real_url)
@@ -479,7 +479,7 @@ def test_a_wrong_token_writes_nothing_and_says_so(
     api: KubeApiServer, real_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
-    caplog.set_level(logging.WARNING, logger="scheduler.kubernetes")
+    caplog.set_level(logging.WARNING, logger="scheduler.server.kubernetes")
 
     async def go() -> None:
         s = await _sched(real_url)
@@ -637,7 +637,7 @@ def test_redis_down_then_back_empty_gets_the_list_again(
     from scheduler.testing.redis_server import RedisServer
 
     api.put(SLICES, endpoint_slice("nodes-a", SERVICE, [endpoint("node-1", "10.0.0.1")]))
-    caplog.set_level(logging.WARNING, logger="scheduler.kubernetes")
+    caplog.set_level(logging.WARNING, logger="scheduler.server.kubernetes")
     timing = Timing(
         backoff_s=0.05, max_backoff_s=0.2, watch_timeout_s=30, request_timeout_s=2, resync_s=0.2
     )
@@ -674,7 +674,7 @@ def test_redis_down_then_back_empty_gets_the_list_again(
 def test_outside_a_pod_the_watcher_says_why_and_stops_when_told(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="scheduler.kubernetes")
+    caplog.set_level(logging.ERROR, logger="scheduler.server.kubernetes")
 
     async def go() -> None:
         w = KubernetesWatcher(
@@ -688,7 +688,7 @@ def test_outside_a_pod_the_watcher_says_why_and_stops_when_told(
 
 
 def test_resource_versions_are_read_as_etcd_revisions() -> None:
-    from scheduler.kubernetes import NotComparable, resource_version
+    from scheduler.server.kubernetes import NotComparable, resource_version
 
     assert resource_version("12746") == 12746
     for bad in ("", "01", "abc", "-1", "1.5"):
@@ -749,7 +749,7 @@ def test_a_replica_over_grpc_places_on_nodes_kubernetes_found(
     import grpc
 
     from scheduler.grpc import scheduler_pb2 as pb
-    from scheduler.replica import Replica
+    from scheduler.server.replica import Replica
     from scheduler.testing.replicas import ThreadedReplica, settings_for
     from tests.helpers import cold, hb_request
 

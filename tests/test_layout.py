@@ -42,10 +42,10 @@ def runtime_modules() -> list[str]:
 def test_runtime_modules_import_no_test_or_benchmark_code() -> None:
     names = runtime_modules()
     assert {
-        "scheduler.client",
-        "scheduler.service",
-        "scheduler.simulate",
-        "scheduler.simnode",
+        "scheduler.client.sync",
+        "scheduler.server.service",
+        "scheduler.ops.simulate",
+        "scheduler.ops.simnode",
         "scheduler.cli.main",
         "scheduler.lua",
     } <= set(names)

@@ -12,8 +12,8 @@ import fakeredis
 import pytest
 
 from scheduler import AsyncScheduler, Heartbeat, Limits, MachineInfo, Policy, Scheduler
-from scheduler.client import async_client
-from scheduler.errors import CellNotInitialised
+from scheduler.client.sync import async_client
+from scheduler.domain.errors import CellNotInitialised
 from tests.helpers import hb
 
 KVM_A = json.dumps({"kvm_capabilities": ["9", "171"]})
@@ -80,7 +80,7 @@ def test_a_kept_cell_is_put_back_when_redis_lost_it(make_scheduler: Any, redis_c
 
 
 def test_prepare_cell_refuses_another_static_node_list(make_scheduler: Any) -> None:
-    from scheduler.errors import StaticNodesConflict
+    from scheduler.domain.errors import StaticNodesConflict
 
     s: Scheduler = make_scheduler()
     s.keep_cell(Policy(static_nodes=True), [("n1", "n1:1")])

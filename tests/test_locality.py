@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler import Heartbeat, Limits, NodeSnapshot, NoNodesAvailable, Policy, Request, Scheduler
-from scheduler.calls import _sha1, locality_group, locality_terms
-from scheduler.errors import InvalidArgument
+from scheduler.domain.errors import InvalidArgument
+from scheduler.domain.policy import Locality
+from scheduler.domain.records import LocalityRequirement as LR
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.policy import Locality
-from scheduler.records import LocalityRequirement as LR
+from scheduler.store.calls import _sha1, locality_group, locality_terms
 from scheduler.testing.model import LocalityState, NodeState, decide
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import GIB, endpoint_md, hb_request, node_states, rr_value

@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from scheduler import logs, version
+from scheduler import version
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.server import logs
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import cold, endpoint_md, hb_request
 
@@ -102,7 +103,7 @@ def test_the_decision_log_is_off_by_default(processes: list[ServeProcess], real_
 
 
 # ---------------------------------------------------------------------------
-# scheduler.logs in-process
+# scheduler.server.logs in-process
 # ---------------------------------------------------------------------------
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
@@ -181,7 +182,7 @@ def test_third_party_loggers_stay_at_warning_unless_asked(
 ) -> None:
     monkeypatch.delenv(logs.THIRD_PARTY_ENV, raising=False)
     logs.configure("debug", "json", cell="c", stream=io.StringIO())
-    assert logging.getLogger("scheduler.replica").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("scheduler.server.replica").isEnabledFor(logging.DEBUG)
     for name in ("grpc._cython.cygrpc", "redis.asyncio.connection", "asyncio", "urllib3"):
         assert not logging.getLogger(name).isEnabledFor(logging.INFO)
         assert logging.getLogger(name).isEnabledFor(logging.WARNING)
@@ -191,7 +192,7 @@ def test_third_party_loggers_stay_at_warning_unless_asked(
     monkeypatch.setenv(logs.THIRD_PARTY_ENV, "debug")
     logs.configure("warn", "text", cell="c", decision_log=True, stream=io.StringIO())
     assert logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.DEBUG)
-    assert not logging.getLogger("scheduler.replica").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("scheduler.server.replica").isEnabledFor(logging.INFO)
     # on, it writes at info whatever the level of the rest
     assert logging.getLogger(logs.DECISIONS).isEnabledFor(logging.INFO)
 
@@ -210,7 +211,7 @@ def test_a_caller_given_field_cannot_forge_a_line(restore_logging: None) -> None
 
     async def call() -> None:
         logs.call("Heartbeat")
-        logs.bind(node="n1\n2026-12-01 00:00:00,000 ERROR scheduler.replica [forged]: x")
+        logs.bind(node="n1\n2026-12-01 00:00:00,000 ERROR scheduler.server.replica [forged]: x")
         logging.getLogger("scheduler.test").warning("refused")
         logs.bind(node="n" * 1000)
         logging.getLogger("scheduler.test").warning("long")
@@ -218,7 +219,7 @@ def test_a_caller_given_field_cannot_forge_a_line(restore_logging: None) -> None
     asyncio.run(call())
     forged, long = out.getvalue().splitlines()
     assert forged.endswith(
-        "node='n1\\n2026-12-01 00:00:00,000 ERROR scheduler.replica [forged]: x'"
+        "node='n1\\n2026-12-01 00:00:00,000 ERROR scheduler.server.replica [forged]: x'"
     )
     assert long.endswith(f"node='{'n' * logs.FIELD_MAX}'...")
 

@@ -18,10 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from scheduler import Limits, Policy, version
-from scheduler.catalog import CEILING_NAMES
+from scheduler.domain.catalog import CEILING_NAMES
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.metrics import DURATION_BUCKETS, REFUSAL_REASONS, refusal_reasons, status_label
+from scheduler.server.metrics import (
+    DURATION_BUCKETS,
+    REFUSAL_REASONS,
+    refusal_reasons,
+    status_label,
+)
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica
 from tests.helpers import cold, endpoint_md, hb_request
 

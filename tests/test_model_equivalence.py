@@ -28,7 +28,7 @@ from scheduler import (
     Request,
     Scheduler,
 )
-from scheduler.records import LocalityRequirement
+from scheduler.domain.records import LocalityRequirement
 from scheduler.testing.model import NodeState, decide
 from tests.helpers import GIB, node_states, rr_value
 

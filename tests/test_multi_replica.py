@@ -21,8 +21,8 @@ import pytest
 from scheduler import Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.service import heartbeat_request
-from scheduler.simnode import SimNode
+from scheduler.ops.simnode import SimNode
+from scheduler.server.service import heartbeat_request
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import cold, endpoint_md
 

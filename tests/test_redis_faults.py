@@ -20,9 +20,9 @@ from scheduler import (
     Scheduler,
     StoreUnavailable,
 )
-from scheduler.client import AsyncScheduler
-from scheduler.connection import Durability, describe_target, parse_address, sentinel_url
-from scheduler.errors import NotReplicated
+from scheduler.client.sync import AsyncScheduler
+from scheduler.domain.errors import NotReplicated
+from scheduler.store.connection import Durability, describe_target, parse_address, sentinel_url
 from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
 from tests.helpers import hb
 from tests.tcp_proxy import ReplyDroppingProxy

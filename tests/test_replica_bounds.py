@@ -14,13 +14,13 @@ import grpc
 import pytest
 
 from scheduler import Policy
-from scheduler.aio import AsyncScheduler
-from scheduler.calls import Beat
-from scheduler.frames import CLIENT_MAX_BYTES, fit_observed
+from scheduler.client.aio import AsyncScheduler
+from scheduler.client.plans import BeatMemo
+from scheduler.domain.limits import MAX_CPU_CONFIG, MAX_DISKS, MAX_TEXT
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.limits import MAX_CPU_CONFIG, MAX_DISKS, MAX_TEXT
-from scheduler.plans import BeatMemo
+from scheduler.server.frames import CLIENT_MAX_BYTES, fit_observed
+from scheduler.store.calls import Beat
 from scheduler.testing.replicas import ThreadedReplica
 from tests.helpers import endpoint_md, hb, hb_request
 

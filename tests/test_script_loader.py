@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from scheduler.lua_modules import analyse
-from scheduler.scripts import IncludeError, build_library
+from scheduler.store.lua_modules import analyse
+from scheduler.store.scripts import IncludeError, build_library
 
 
 def test_an_include_cycle_names_the_chain() -> None:
@@ -204,8 +204,8 @@ def test_a_layout_must_be_a_list_of_names() -> None:
 def test_no_lua_file_reads_a_record_by_number() -> None:
     """Records read with a layout are read by name: no ``prev[17]`` or
     ``v[o + 5]``, and no layout indexed by a number."""
-    from scheduler.lua_modules import layouts
-    from scheduler.scripts import _files
+    from scheduler.store.lua_modules import layouts
+    from scheduler.store.scripts import _files
 
     includes, scripts = _files()
     known = {n for name, t in includes.items() for n in layouts(t, name)}
@@ -222,8 +222,8 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
 def test_the_ctx_constructor_fills_its_layout_in_order() -> None:
     """ctx is an array read by name (the layout CTX): each slot of the
     constructor names the field it fills, in the layout's order."""
-    from scheduler.lua_modules import layouts
-    from scheduler.scripts import _files
+    from scheduler.store.lua_modules import layouts
+    from scheduler.store.scripts import _files
 
     text = _files()[0]["ctx"]
     fields = layouts(text, "ctx")["CTX"]

@@ -19,9 +19,9 @@ from scheduler import (
     Policy,
     Request,
     Scheduler,
-    lua_modules,
 )
-from scheduler.scripts import EVAL, FUNCTION, _files, library
+from scheduler.store import lua_modules
+from scheduler.store.scripts import EVAL, FUNCTION, _files, library
 from scheduler.testing.redis_server import RedisServer
 from tests.helpers import fleet, hb
 
@@ -127,7 +127,7 @@ def _loads_with(admin: redis.Redis, text: str, pads: int) -> bool:
 def test_the_library_leaves_room_below_luas_200_locals(redis_server: RedisServer) -> None:
     """Lua refuses a function of more than 200 locals ("main function has more
     than 200 local variables"); the library's main chunk holds the includes'
-    exports (each include is a block, scheduler/lua_modules.py).  Prints each
+    exports (each include is a block, scheduler/store/lua_modules.py).  Prints each
     include's exports and the headroom Redis measures: locals added at the
     top, live through every block, that the library still loads with."""
     includes, _ = _files()

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler import Scheduler
-from scheduler.config import ConfigError, load
-from scheduler.errors import SchedulerError
+from scheduler.domain.errors import SchedulerError
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.redact import redact
+from scheduler.server.config import ConfigError, load
+from scheduler.store.redact import redact
 from scheduler.testing.redis_server import RedisServer, free_port
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import endpoint_md, hb_request
@@ -140,7 +140,7 @@ def test_a_replica_logs_and_exports_no_password(
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from scheduler.connection import describe_target, parse_address  # noqa: E402
+from scheduler.store.connection import describe_target, parse_address  # noqa: E402
 
 #: what unencoded passwords hold (base64 has / and +; people type # ? @ % :)
 _SPECIAL = "/#?@%:+="

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from scheduler.cli.main import main
 
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.loops import Loop, LoopUnavailable, choose
+from scheduler.server.loops import Loop, LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import ServeProcess
 from tests.helpers import cold, endpoint_md, hb_request, places_on_a_fresh_node

@@ -1,4 +1,4 @@
-"""The simulation engine (scheduler/simulate.py) on real Redis and on the embedded store.
+"""The simulation engine (scheduler/ops/simulate.py) on real Redis and on the embedded store.
 
 Small fleets, fast heartbeats: each run takes well under a second on real Redis.
 Expected numbers follow from the scenario (nodes x ceiling, capacity / request),
@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import redis
 
-from scheduler.errors import FailedPrecondition, InvalidArgument
-from scheduler.simulate import NodeShape, Scenario, SimulationResult, parse_shapes, run
+from scheduler.domain.errors import FailedPrecondition, InvalidArgument
+from scheduler.ops.simulate import NodeShape, Scenario, SimulationResult, parse_shapes, run
 from scheduler.testing.redis_server import RedisServer
 
 FAST = {"heartbeat_interval": 0.05, "heartbeat_lag": 0.03, "create_delay": 0.01, "rate": 0.0}

@@ -19,12 +19,12 @@ import pytest
 from click.testing import CliRunner
 from scheduler.cli.main import main
 
-from scheduler import embedded
-from scheduler.config import ConfigError, Overrides, load
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+from scheduler.server.config import ConfigError, Overrides, load
+from scheduler.server.tls import TlsError, TlsFiles, is_loopback, load_config
+from scheduler.store import embedded
 from scheduler.testing.replicas import ThreadedReplica, settings_for
-from scheduler.tls import TlsError, TlsFiles, is_loopback, load_config
 from tests.certs import Authority, Pair
 
 pytestmark = pytest.mark.fake_only  # the transport is under test, not the store
@@ -134,7 +134,7 @@ def test_a_rotated_certificate_is_taken_without_a_restart(
     secret = b"-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"
     pki.key_file.write_bytes(secret)
     _bump(pki.key_file)
-    with caplog.at_level(logging.WARNING, logger="scheduler.tls"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.server.tls"):
         assert list_nodes(pki.channel(port)) == grpc.StatusCode.OK
     assert any("keeping the previous certificate" in m for m in caplog.messages)
     assert not any("TOPSECRET" in m for m in caplog.messages)
@@ -168,7 +168,7 @@ def test_a_rotated_certificate_outside_its_validity_is_not_loaded(
     port = port_of(r)
     pki.ca.issue("replica", server=True, begins=begins, ends=ends).write(pki.dir, "server")
     _bump(pki.cert_file, pki.key_file)
-    with caplog.at_level(logging.WARNING, logger="scheduler.tls"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.server.tls"):
         for _ in range(3):  # new connections, each asking for the certificate
             assert list_nodes(pki.channel(port)) == grpc.StatusCode.OK
     refused = [m for m in caplog.messages if "keeping the previous certificate" in m]
@@ -182,10 +182,10 @@ def test_a_rotated_certificate_outside_its_validity_is_not_loaded(
 def test_plaintext_off_loopback_warns(
     serve: Callable[..., ThreadedReplica], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="scheduler.replica"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.server.replica"):
         serve(None, "127.0.0.1:0")
     assert not [m for m in caplog.messages if "plaintext" in m]
-    with caplog.at_level(logging.WARNING, logger="scheduler.replica"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.server.replica"):
         serve(None, "0.0.0.0:0")
     [warning] = [m for m in caplog.messages if "plaintext" in m]
     assert warning.startswith("gRPC on 0.0.0.0:0 is plaintext and not loopback-only")

@@ -1,4 +1,4 @@
-"""The lean connection of the asyncio client's FCALLs (scheduler/wire.py):
+"""The lean connection of the asyncio client's FCALLs (scheduler/store/wire.py):
 it carries the calls once the library is known, answers and fails exactly as
 redis-py does, and whenever it cannot carry a call, redis-py does."""
 
@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from scheduler import Policy, Request
-from scheduler.aio import AsyncScheduler
-from scheduler.errors import NoNodesAvailable, NotFound, StoreUnavailable
+from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import NoNodesAvailable, NotFound, StoreUnavailable
+from scheduler.store.wire import ScriptWire, pack, usable
 from scheduler.testing.redis_server import RedisServer, free_port
-from scheduler.wire import ScriptWire, pack, usable
 from tests.certs import Authority
 from tests.helpers import hb
 

@@ -3,13 +3,13 @@
   number formatting and the clock.  Kept small: a script that needs nothing
   more (heartbeat_steady) pays for nothing more on every call.
 
-  Key convention (scheduler/keys.py has the full layout):
+  Key convention (scheduler/store/keys.py has the full layout):
     KEYS[1] base    "<prefix>:{<cell>}:"  typed keys are derived from it
     KEYS[2] policy  hash
     KEYS[3] nodes   zset of node ids, all scored 0 so ZRANGE is byte order by id
     KEYS[4] stats   hash of counters
     KEYS[5] expiry  zset reservation id -> expiry ms
-  Error replies are "<CODE> <message>", codes from scheduler/errors.py.
+  Error replies are "<CODE> <message>", codes from scheduler/domain/errors.py.
 ]]
 -- @exports KEYS ARGV BASE POLICY_KEY NODES_KEY STATS_KEY EXPIRY_KEY IDX_SEEN
 -- @exports SEEN_KEY IDX_SHAPES IDX_TMP bind_call node_key node_res_key
@@ -20,7 +20,7 @@
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
 -- bind_call (the library is defined once per server, Redis Functions, so no
--- include may read them at load time: scheduler/scripts.py).  They are the
+-- include may read them at load time: scheduler/store/scripts.py).  They are the
 -- call's, like ctx, but every key a script names is built from BASE, so they
 -- stay plain upvalues rather than ctx fields.
 local KEYS, ARGV
@@ -44,7 +44,7 @@ local function node_roster_key(id) return BASE .. 'node-roster:' .. id end
 local function res_key(id) return BASE .. 'res:' .. id end
 local function bind_key(id) return BASE .. 'bind:' .. id end
 
--- `code`: one of ERR (includes/constants, from scheduler/errors.py).
+-- `code`: one of ERR (includes/constants, from scheduler/domain/errors.py).
 local function fail(code, message)
   return redis.error_reply(code .. ' ' .. message)
 end
@@ -111,7 +111,7 @@ end
 -- SADD or SREM (`add`) every member of `list`, UNPACK_CHUNK at a time:
 -- unpack() of a long table fails past Lua's stack limit (about 8,000).  (Each
 -- command is spelled at its call: an ACL refusal names the line, and
--- scheduler/acl.py reads the command there.)
+-- scheduler/store/acl.py reads the command there.)
 local UNPACK_CHUNK = 1000
 local function set_all(add, key, list)
   for i = 1, #list, UNPACK_CHUNK do

@@ -12,7 +12,7 @@
 ---------------------------------------------------------------------------
 -- The node no longer holds artifact `digest`; an artifact nobody holds
 -- leaves the LRU as ForgetP2pArtifact's would (artifact_forget-7.lua; the
--- fixed keys derived here are the same ones, scheduler/keys.py).
+-- fixed keys derived here are the same ones, scheduler/store/keys.py).
 local function drop_holding(node_id, digest)
   local akey = BASE .. 'art:' .. digest
   redis.call('SREM', akey, node_id)

@@ -52,7 +52,7 @@ end
 -- An empty list nobody writes to.
 local NONE = {}
 
--- The full scan's pick, one per strategy of scheduler/catalog.py STRATEGIES
+-- The full scan's pick, one per strategy of scheduler/domain/catalog.py STRATEGIES
 -- (tests/test_catalog.py holds the names to the catalog's): one node of
 -- `group` (the eligible nodes, those of known capacity if any), given the
 -- rotation counter's turn `rr_next` and the request's random number in [0, 1).

@@ -3,7 +3,7 @@
   defined once (a library's includes load once per server; a script body
   runs per call).  The heartbeat's field tables (SNAPSHOT_FIELDS,
   INDEX_MOVERS, WHOLE_FIELDS) are in includes/constants, generated from
-  scheduler/records.py NodeSnapshot.
+  scheduler/domain/records.py NodeSnapshot.
 ]]
 -- @exports PREV HB_NODE_AT HB_READ
 -- @include index

@@ -21,7 +21,7 @@ local NODE_FIELDS = {
 }
 
 -- A node from its NODE_FIELDS values `v`, each read by name (a layout: the
--- positions are resolved when the library is built, scheduler/lua_modules.py).
+-- positions are resolved when the library is built, scheduler/store/lua_modules.py).
 local function node_from(id, v)
   return {
     id = id,
@@ -128,7 +128,7 @@ end
 -- starting: a roster lists a sandbox while it is being created (and releases
 -- its reservation), and a Redis that lost the reservations still has the
 -- node's own numbers from its next heartbeat.
--- One formula per ceiling of scheduler/catalog.py CEILINGS: what the ceiling
+-- One formula per ceiling of scheduler/domain/catalog.py CEILINGS: what the ceiling
 -- compares with its limit for node n after request req, or nil where it does
 -- not apply (tests/test_catalog.py holds the names to the catalog's).
 local CEILING_USE = {

@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from scheduler.kubernetes import SERVICE_NAME_LABEL, parse_selector, selector_matches
+from scheduler.server.kubernetes import SERVICE_NAME_LABEL, parse_selector, selector_matches
 
 SLICES = "endpointslices"
 PODS = "pods"

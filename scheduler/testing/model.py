@@ -20,10 +20,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from scheduler.catalog import ADMISSION_TEXT, CEILING_NAMES, SWEEP_BATCH, ceiling, ceiling_reason
-from scheduler.policy import Policy
-from scheduler.records import Request
-from scheduler.replies import rank_key
+from scheduler.domain.catalog import (
+    ADMISSION_TEXT,
+    CEILING_NAMES,
+    SWEEP_BATCH,
+    ceiling,
+    ceiling_reason,
+)
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import Request
+from scheduler.store.replies import rank_key
 
 
 @dataclass(frozen=True)
@@ -303,7 +309,7 @@ def locality(
     one's kind of capacity, within max_pressure_gap of its pressure, wins
     when pressure - bonus is lower than the chosen one's; the least such
     (then by rank, then node id)."""
-    from scheduler.calls import locality_group, locality_terms  # (no import cycle at load)
+    from scheduler.store.calls import locality_group, locality_terms  # (no import cycle at load)
 
     terms = locality_terms(req, policy.artifact_key_max_bytes)
     group = locality_group(req, terms)

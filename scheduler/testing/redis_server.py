@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from scheduler.connection import sentinel_url
+from scheduler.store.connection import sentinel_url
 
 
 def free_port() -> int:

@@ -34,15 +34,15 @@ import grpc
 import msgspec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scheduler.aio import AsyncScheduler
-from scheduler.client import Scheduler
-from scheduler.config import Overrides, Settings, load
-from scheduler.connection import sync_client
-from scheduler.errors import NoNodesAvailable
+from scheduler.client.aio import AsyncScheduler
+from scheduler.client.sync import Scheduler
+from scheduler.domain.errors import NoNodesAvailable
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import Request
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-from scheduler.policy import Policy
-from scheduler.records import Request
-from scheduler.replica import Replica
+from scheduler.server.config import Overrides, Settings, load
+from scheduler.server.replica import Replica
+from scheduler.store.connection import sync_client
 from scheduler.testing.redis_server import free_port
 
 #: ``schedctl`` in a fresh interpreter of this one

@@ -1,0 +1,1 @@
+"""The clients: the sans-IO plans and the synchronous and asyncio clients that drive them."""

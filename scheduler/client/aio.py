@@ -1,0 +1,555 @@
+"""The asyncio client of one cell: the operations of
+:class:`~scheduler.client.sync.Scheduler`, awaitable, each Redis call bounded by a
+caller's deadline (``timeout``, or a :meth:`~scheduler.client.plans.BaseClient.scoped`
+block's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Generic, TypeVar, cast
+
+from scheduler.client.plans import _SCOPE, SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, log
+from scheduler.domain.errors import (
+    CellNotInitialised,
+    FailedPrecondition,
+    InvalidArgument,
+    NoNodesAvailable,
+    NotFound,
+    SchedulerError,
+    StoreUnavailable,
+    UnknownNode,
+)
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import (
+    AssignResult,
+    Binding,
+    EventsResult,
+    Explanation,
+    Heartbeat,
+    HeartbeatResult,
+    ListedNode,
+    NodeView,
+    ObservedNode,
+    Placement,
+    Request,
+    Reservation,
+    SandboxEvent,
+    Stats,
+)
+from scheduler.store.calls import HEARTBEAT_SCRIPTS, Call, Plan
+from scheduler.store.connection import (
+    DEFAULT_TIMEOUT_S,
+    Durability,
+    async_client,
+)
+from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
+from scheduler.store.p2p import DEFAULT_STORE_CAPACITY, Peer
+from scheduler.store.replies import parsed
+from scheduler.store.scripts import EVAL, AsyncScriptRegistry
+from scheduler.store.translate import translated
+
+T = TypeVar("T")
+
+#: A script's own refusals: it answers them before its first write
+#: (lua/includes/base.lua ``fail``), so a Schedule refused so reserved nothing.
+_REFUSED_BEFORE_WRITING = (InvalidArgument, NoNodesAvailable, UnknownNode, NotFound)
+
+
+def wrote_nothing(e: BaseException) -> bool:
+    """Did a Schedule that raised ``e`` surely leave no reservation?  True for
+    the scripts' own refusals (no policy, bad input, nothing eligible); False
+    for everything else: a lost answer, a cancelled caller, an ACL refusal or
+    a runtime error in the middle of a script or of a batch."""
+    if isinstance(e, FailedPrecondition):
+        return type(e) in (FailedPrecondition, CellNotInitialised)
+    return isinstance(e, _REFUSED_BEFORE_WRITING)
+
+
+class AsyncScheduler(BaseClient):
+    """asyncio client of one cell; the same operations as :class:`Scheduler`."""
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | None = None,
+        *,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        policy: Policy | None = None,
+        overwrite_policy: bool = False,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> AsyncScheduler:
+        s = cls(async_client(url, timeout_s), cell, prefix, url, durability, timeout_s)
+        if policy is not None:
+            await s.sync_policy(policy, overwrite=overwrite_policy)
+        return s
+
+    def __init__(
+        self,
+        client: Any,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        url: str | None = None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(client, cell, prefix, url, durability, timeout_s)
+        self.scripts = AsyncScriptRegistry(client)
+        self._reaper: asyncio.Task[None] | None = None
+        #: Schedules, and heartbeats, that arrive while one is on its way go
+        #: together as one call
+        self.coalescer: Coalescer[Placement] = Coalescer(
+            self, "schedule", self.ops.schedule_batch, frozenset({"schedule"})
+        )
+        #: (heartbeats and the CPU config exchange's steps: results of either kind)
+        self.beat_coalescer: Coalescer[Any] = Coalescer(
+            self, "heartbeat", self.ops.heartbeat_batch, frozenset(HEARTBEAT_SCRIPTS)
+        )
+
+    async def run(self, call: Call[T], timeout: float | None = None) -> T:
+        """Run one call, bounded by ``timeout`` (a caller's deadline, also a
+        :meth:`scoped` one) and the client's own timeout, whichever is shorter."""
+        left = self._deadline_left()
+        if left is not None:
+            timeout = left if timeout is None else min(timeout, left)
+        limit = self.timeout_s if timeout is None else max(0.0, min(timeout, self.timeout_s))
+        start = time.perf_counter()
+        try:
+            self._fenced(call)
+            try:
+                unsettled: list[Exception] = []
+                async with _deadline(limit):
+                    with translated(self.target):
+                        reply = await self._send(call, unsettled)
+            except TimeoutError:
+                if unsettled:
+                    raise StoreUnavailable(
+                        f"Redis at {self.target} cannot serve: its slot is moving or its "
+                        f"primary is failing over ({type(unsettled[-1]).__name__} for "
+                        f"{limit:.3g}s)"
+                    ) from None
+                raise StoreUnavailable(
+                    f"Redis at {self.target} did not answer within {limit:.3g}s"
+                ) from None
+            with translated(self.target):
+                result = parsed(call.script, call.parse, reply)
+        except BaseException as e:
+            self._observe(call.script, start, e)
+            raise
+        self._observe(call.script, start, None)
+        return result
+
+    async def _send(self, call: Call[Any], unsettled: list[Exception]) -> Any:
+        while True:
+            try:
+                if self._waits(call):
+                    wanted = self._wait_for()
+                    reply, acked = await self.scripts.call_acked(
+                        call.script,
+                        call.keys,
+                        call.args,
+                        wanted,
+                        self.durability.timeout_ms,
+                    )
+                    self._check_acked(acked, wanted)
+                    return reply
+                return await self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED as e:
+                if not self.cluster:
+                    raise
+                unsettled.append(e)
+                await asyncio.sleep(SLOT_RETRY_S)  # (the caller's deadline bounds the loop)
+
+    async def _drive(self, plan: Plan[T], via: Coalescer[Any] | None = None) -> T:
+        """Run a plan's calls one after another; its value is the answer.
+        ``via``: a coalescer its calls of that kind go through."""
+        try:
+            call = next(plan)
+            while True:
+                try:
+                    if via is not None and via.enabled and call.script in via.takes:
+                        reply = await via.submit(call)
+                    else:
+                        reply = await self.run(call)
+                except Exception as e:  # the plan may handle it (Resync, a lost cell)
+                    call = plan.throw(e)
+                else:
+                    call = plan.send(reply)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    def _one(self, call: Call[T]) -> Awaitable[T]:
+        return self._drive(self._step(call))
+
+    def forget(self, reservation_id: str) -> None:
+        """Cancel this placement in the background: its caller gave up, or its
+        answer was lost.  Retried until Redis answers (idempotent)."""
+        self._remember(reservation_id)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._cancel_forgotten(), name="forget")
+
+    async def _cancel_forgotten(self) -> None:
+        self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
+        delay = 0.05
+        while self.forgotten:
+            self._stale_forgotten()
+            for rid, since in list(self.forgotten.items()):
+                try:
+                    await self.run(self.ops.forget(rid))
+                except StoreUnavailable:
+                    break
+                except SchedulerError as e:
+                    log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+                if self.forgotten.get(rid) == since:
+                    del self.forgotten[rid]
+            else:
+                continue
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+    async def close(self) -> None:
+        if self._reaper is not None and not self._reaper.done():
+            # a last chance for abandoned placements, then give up on them
+            await asyncio.wait([self._reaper], timeout=1.0)
+            self._reaper.cancel()
+        await self.scripts.close()
+        await self.client.aclose()
+
+    async def ping(self) -> None:
+        with translated(self.target):
+            await self.client.ping()
+
+    # -- the cell ------------------------------------------------------------
+    def prepare_cell(self, overwrite: bool = False) -> Awaitable[str]:
+        """Store or check the kept policy and static node list (a replica's
+        start-up): "created", "same" or "overwritten"; PolicyConflict or
+        StaticNodesConflict when the cell says otherwise (unless ``overwrite``)."""
+        return self._drive(self._prepare(overwrite))
+
+    def restore_cell(self) -> Awaitable[None]:
+        """Put the kept policy and node list back if Redis lost them."""
+        return self._drive(self._restore())
+
+    def sync_policy(
+        self, policy: Policy, overwrite: bool = False, restore: bool = False
+    ) -> Awaitable[str]:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
+        return self._one(self.ops.sync_nodes(nodes))
+
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Awaitable[tuple[bool, int, int]]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
+
+    def policy(self) -> Awaitable[Policy | None]:
+        return self._one(self.ops.policy())
+
+    def settle(self) -> Awaitable[int]:
+        return self._one(self.ops.settle())
+
+    def sweep(self) -> Awaitable[tuple[int, int]]:
+        return self._one(self.ops.sweep())
+
+    def advance_clock(self, ms: int, mode: str = "") -> Awaitable[int]:
+        return self._one(self.ops.advance_clock(ms, mode))
+
+    def probe(self, timeout: float | None = None) -> Awaitable[bool]:
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
+
+    # -- nodes ---------------------------------------------------------------
+    def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> Awaitable[HeartbeatResult]:
+        """Record a node's heartbeat.  ``cpu_config``: also run the cluster's
+        CPU config exchange; the result then carries what to hand the node."""
+        return self._drive(self._heartbeat(hb, cpu_config), self.beat_coalescer)
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> Awaitable[EventsResult]:
+        return self._one(self.ops.events(node_id, events))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
+        return self._drive(self._unregister(node_id, service_instance_id))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> Awaitable[bool]:
+        return self._one(self.ops.set_lingering(node_id, lingering))
+
+    def nodes(self) -> Awaitable[list[NodeView]]:
+        return self._drive(self._nodes())
+
+    def list_nodes(self) -> Awaitable[list[ListedNode]]:
+        return self._one(self.ops.listed())
+
+    def observed_nodes(self, cluster_id: str = "") -> Awaitable[list[ObservedNode]]:
+        return self._one(self.ops.observed("", cluster_id))
+
+    def observed_node(self, node_id: str, cluster_id: str = "") -> Awaitable[ObservedNode]:
+        return self._drive(self._observed_node(node_id, cluster_id))
+
+    # -- placement -----------------------------------------------------------
+    async def schedule(
+        self,
+        req: Request,
+        strategy: str | None = None,
+        reservation_id: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Placement:
+        """Place (and for a creation, reserve), within ``timeout``.  When the
+        caller gives up (cancelled, deadline), the answer is lost (Redis
+        unreachable mid-call, or not replicated as asked), or the call failed
+        after it may have written (a batch refused a command mid-way: Redis
+        keeps what a script wrote before its error), the reservation is
+        cancelled in the background, so none outlives a Schedule answered
+        anything but a placement."""
+        call = self.ops.schedule(req, strategy, reservation_id)
+        rid = call.args[5]
+        try:
+            if timeout is None:
+                return await self.coalescer.submit(call)
+            with self.scoped(timeout=timeout):
+                return await self.coalescer.submit(call)
+        except (Exception, asyncio.CancelledError) as e:
+            if rid and not wrote_nothing(e):
+                self.forget(rid)
+            raise
+
+    def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
+        return self._one(self.ops.explain(req, strategy))
+
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> Awaitable[AssignResult]:
+        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+
+    def cancel(self, reservation_id: str) -> Awaitable[str]:
+        return self._one(self.ops.cancel(reservation_id))
+
+    def reservations(self, node_id: str | None = None) -> Awaitable[list[Reservation]]:
+        return self._one(self.ops.reservations(node_id))
+
+    def reservation(self, reservation_id: str) -> Awaitable[Reservation]:
+        return self._drive(self._reservation(reservation_id))
+
+    def lookup(self, sandbox_id: str) -> Awaitable[Binding]:
+        return self._one(self.ops.lookup(sandbox_id))
+
+    def stats(self) -> Awaitable[Stats]:
+        return self._one(self.ops.stats())
+
+    # -- P2P -----------------------------------------------------------------
+    def peers(
+        self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
+    ) -> Awaitable[list[Peer]]:
+        return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
+
+    def record_artifact(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> Awaitable[int]:
+        return self._one(self.peer_ops.record(cluster_id, backend, key, node_id, capacity))
+
+    def forget_artifact(
+        self, cluster_id: str, backend: str, key: str, node_id: str
+    ) -> Awaitable[bool]:
+        return self._one(self.peer_ops.forget(cluster_id, backend, key, node_id))
+
+    def lookup_artifact(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> Awaitable[list[Peer]]:
+        return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
+
+
+class Coalescer(Generic[T]):
+    """Calls of one kind go to Redis together, as one batch script call that
+    runs them in order exactly as if they had come one by one, each getting
+    its own answer or error: Schedules (lua/schedule_batch-5.lua) and
+    heartbeats (lua/heartbeat_batch-5.lua).  A call queues and wakes the
+    batch task, which starts once the event loop has run what was ready when
+    the call came, so calls that arrived in the same wake-up go together;
+    while its batch is in flight, and for one turn of the loop after it
+    answered, more queue, and go together next (a batch in flight longer
+    than OVERDUE_S lets the next go behind it).  No timer delays a call: a
+    lone call goes at once (one turn of the loop later), by itself, within
+    its caller's deadline.  ``enabled`` False sends each on its own."""
+
+    #: most calls in one batch call
+    MAX = 64
+    #: most arguments in one (a call with more goes alone): a batch holds
+    #: Redis for as long as its calls' work, so heartbeats in full with long
+    #: rosters (every node's, after Redis lost its data) go a few at a time,
+    #: letting other clients' calls in between, as they would one by one
+    MAX_ARGS = 4096
+    #: a batch in flight this long lets the next one go, pipelined behind it:
+    #: a Redis that stalled still receives what queues meanwhile, as it did
+    #: one call at a time (it runs it when it resumes), instead of the queue
+    #: holding it past its callers' deadlines
+    OVERDUE_S = 0.05
+
+    def __init__(
+        self,
+        sched: AsyncScheduler,
+        name: str,
+        batch: Callable[[list[Call[T]]], Call[list[Any]]],
+        takes: frozenset[str],
+        enabled: bool = True,
+    ) -> None:
+        self.sched = sched
+        self.name = name  # (of the single call, for metrics and errors)
+        self.batch = batch
+        #: the scripts whose calls ``batch`` runs
+        self.takes = takes
+        self.enabled = enabled
+        self.busy = False
+        self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []
+        self.task: asyncio.Task[None] | None = None  # (referenced: the loop's is weak)
+        #: batch calls sent, the calls they carried, the most in one (to see it work)
+        self.batches = 0
+        self.batched = 0
+        self.largest = 0
+
+    async def submit(self, call: Call[T]) -> T:
+        if not self.enabled:
+            return await self.sched._one(call)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        scope = _SCOPE.get()
+        self.queue.append((call, fut, scope))
+        if not self.busy:
+            self.busy = True
+            self.task = loop.create_task(self._drain(), name=f"{self.name}-batch")
+        left = self.sched._deadline_left()
+        # a call may wait for the batch before its own, then for its own
+        limit = 2 * self.sched.timeout_s if left is None else max(0.0, left)
+        start = time.perf_counter()
+        # (a timer on the future, not asyncio.timeout: no Timeout, no shielded future)
+        timer = loop.call_later(limit, self._expire, fut, scope, limit, start)
+        try:
+            return await fut
+        except asyncio.CancelledError as e:  # the caller gave up: not sent, if not yet
+            if scope is not None and scope.observe is not None:
+                scope.observe(call.script, time.perf_counter() - start, e)
+            raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, fut: asyncio.Future[T], scope: Any, limit: float, start: float) -> None:
+        if fut.done():
+            return
+        error = StoreUnavailable(f"Redis at {self.sched.target} did not answer within {limit:.3g}s")
+        if scope is not None and scope.observe is not None:
+            scope.observe(self.name, time.perf_counter() - start, error)
+        fut.set_exception(error)
+
+    async def _drain(self) -> None:
+        self.sched._unscoped()  # each waiting call keeps its own deadline
+        flying: list[tuple[asyncio.Task[None], float]] = []  # (batch, when it went)
+        try:
+            while self.queue or flying:
+                flying = [(task, at) for task, at in flying if not task.done()]
+                now = time.perf_counter()
+                if self.queue and (not flying or now - flying[-1][1] >= self.OVERDUE_S):
+                    taken, self.queue = self._take()
+                    batch = [x for x in taken if not x[1].done()]
+                    if batch:
+                        flying.append((asyncio.ensure_future(self._send(batch)), now))
+                    await asyncio.sleep(0)  # (the call is written before anything else)
+                    continue
+                if not flying:
+                    continue
+                # until a batch answers, or the last one sent is overdue (then,
+                # while it stays so, every OVERDUE_S for what queued meanwhile)
+                age = now - flying[-1][1]
+                _, pending = await asyncio.wait(
+                    [task for task, _ in flying],
+                    return_when=asyncio.FIRST_COMPLETED,
+                    timeout=self.OVERDUE_S - age if age < self.OVERDUE_S else self.OVERDUE_S,
+                )
+                if len(pending) < len(flying):
+                    # one turn of the loop before the next call: the callers just
+                    # answered finish their RPCs, and what arrives meanwhile joins
+                    # the next batch (about 2.2 Schedules a call at 32 in flight
+                    # instead of 1.7, docs/performance.md)
+                    await asyncio.sleep(0)
+        finally:
+            self.busy = False
+            for task, _ in flying:
+                task.cancel()
+            if self.queue:  # (only if this task was cancelled with calls waiting)
+                for _, fut, _ in self.queue:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable("the scheduler client closed"))
+                self.queue = []
+
+    async def _send(self, batch: list[tuple[Call[T], asyncio.Future[T], Any]]) -> None:
+        """One batch call (a lone call as itself); each caller gets its answer."""
+        start = time.perf_counter()
+        results: list[Any]  # (each a T or the exception it raised)
+        try:
+            if len(batch) == 1:
+                results = [await self.sched._one(batch[0][0])]
+            else:
+                self.batches += 1
+                self.batched += len(batch)
+                self.largest = max(self.largest, len(batch))
+                together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
+                results = await self.sched._one(together)
+        except Exception as e:  # the whole call failed: every request with it
+            results = [e] * len(batch)
+        elapsed = time.perf_counter() - start
+        # (a call that gave up meanwhile was told, and metered, already)
+        for (call, fut, scope), result in zip(batch, results, strict=True):
+            if fut.done():
+                continue
+            error = result if isinstance(result, BaseException) else None
+            if scope is not None and scope.observe is not None:
+                scope.observe(call.script if len(batch) == 1 else self.batch_name, elapsed, error)
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    def _take(
+        self,
+    ) -> tuple[
+        list[tuple[Call[T], asyncio.Future[T], Any]], list[tuple[Call[T], asyncio.Future[T], Any]]
+    ]:
+        """The next batch off the queue (at least one call), and what stays."""
+        args = 0
+        for i, (call, _, _) in enumerate(self.queue):
+            args += len(call.args)
+            if i == self.MAX or (i > 0 and args > self.MAX_ARGS):
+                return self.queue[:i], self.queue[i:]
+        return self.queue, []
+
+    @property
+    def batch_name(self) -> str:
+        return f"{self.name}_batch"
+
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+
+    @asynccontextmanager
+    async def _deadline(seconds: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if handle.cancelled() or asyncio.get_running_loop().time() < handle.when():
+                raise
+            raise TimeoutError from None
+        finally:
+            handle.cancel()

@@ -1,0 +1,370 @@
+"""What both clients share: their state, and every operation written once as a plan.
+
+A *plan* is a generator that yields the :class:`~scheduler.store.calls.Call` s an
+operation needs and gets their results back (or their errors thrown in).
+That is where the behaviour lives: the heartbeat's RESYNC retry and its
+CPU-config exchange, a cell that Redis lost put back from the configuration
+the client keeps, and the placements whose answers were lost, to cancel.
+:class:`~scheduler.client.sync.Scheduler` and
+:class:`~scheduler.client.aio.AsyncScheduler` only differ in how they run one call
+and drive a plan (tests/test_client_parity.py holds them to the same
+methods).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import msgspec
+import redis
+from redis.crc import key_slot
+
+from scheduler.domain.errors import (
+    CellNotInitialised,
+    NotFound,
+    NotReplicated,
+    PolicyConflict,
+    StaticNodesConflict,
+    StoreUnavailable,
+)
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import (
+    Heartbeat,
+    HeartbeatResult,
+    NodeView,
+    ObservedNode,
+    Reservation,
+)
+from scheduler.store.calls import Beat, Call, Ops, Plan, Resync
+from scheduler.store.connection import (
+    DEFAULT_TIMEOUT_S,
+    Durability,
+    Fence,
+    describe_target,
+    is_cluster_client,
+)
+from scheduler.store.cpuconfig import CpuConfigOps, exchange
+from scheduler.store.keys import CellKeys, validate_id
+from scheduler.store.p2p import PeerOps
+
+T = TypeVar("T")
+log = logging.getLogger("scheduler.client.sync")
+
+#: Placements whose callers gave up are cancelled for at most this long (their
+#: reservations expire by then anyway) and at most this many are remembered.
+FORGET_FOR_S = 15 * 60
+FORGET_MAX = 10_000
+
+#: What a Redis Cluster answers while a slot moves, a shard fails over or the
+#: cluster is down: nothing ran, so the call is sent again until its deadline.
+SLOT_UNSETTLED = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,
+)
+SLOT_RETRY_S = 0.05
+
+#: Told of every script call made in a :meth:`BaseClient.scoped` block: the
+#: script's name, the seconds it took, and the error it raised (None: it answered).
+Observer = Callable[[str, float, "BaseException | None"], None]
+
+
+@dataclass(frozen=True)
+class _Scope:
+    deadline: float | None  # time.monotonic() instant
+    observe: Observer | None
+
+
+_SCOPE: ContextVar[_Scope | None] = ContextVar("scheduler_scope", default=None)
+
+
+@dataclass(frozen=True)
+class CellSetup:
+    """What a client that keeps its cell stores there: the policy and the
+    static node list ([] = nodes register by heartbeat)."""
+
+    policy: Policy
+    nodes: tuple[tuple[str, str], ...] = ()
+    #: the node list is discovery's (scheduler.server.kubernetes writes it): this
+    #: client neither checks nor replaces it
+    discovered: bool = False
+
+
+def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str, str]]) -> str:
+    lines = [
+        "the cell's stored static node list differs from this replica's configuration",
+        "  stored:     " + (", ".join(f"{i}={e}" for i, e in stored) or "-"),
+        "  configured: " + (", ".join(f"{i}={e}" for i, e in wanted) or "-"),
+        "start with --overwrite-policy to replace the stored node list",
+    ]
+    return "\n".join(lines)
+
+
+class BeatMemo(dict[str, Beat]):
+    """The heartbeat memo: what this client last wrote per node.  A delta
+    heartbeat needs its node's entry; a missing one only costs that node one
+    heartbeat in full.  So it is bounded: at most ``max_entries`` nodes (the
+    one written longest ago goes first) and ``max_age_s`` since an entry was
+    written (a node silent that long is stale, and forgotten by the cell
+    later: its entry is of no use), and dropped on unregister.  Without the
+    bounds 1,000 ghost nodes with 200-id rosters kept about 66 MB for good."""
+
+    MAX_ENTRIES = 10_000
+    MAX_AGE_S = 600.0
+
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        max_age_s: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+        self.max_age_s = max_age_s
+        self.clock = clock
+        #: node -> when its entry was written (insertion order = write order)
+        self.written: dict[str, float] = {}
+
+    def __setitem__(self, node_id: str, beat: Beat) -> None:
+        now = self.clock()
+        super().__setitem__(node_id, beat)
+        self.written.pop(node_id, None)
+        self.written[node_id] = now
+        self._expire(now)
+        while len(self) > self.max_entries:
+            self.pop(next(iter(self.written)), None)
+
+    def get(self, node_id: str, default: Any = None) -> Any:
+        at = self.written.get(node_id)
+        if at is not None and self.clock() - at > self.max_age_s:
+            self.pop(node_id, None)
+            return default
+        return super().get(node_id, default)
+
+    def pop(self, node_id: str, default: Any = None) -> Any:
+        self.written.pop(node_id, None)
+        return super().pop(node_id, default)
+
+    def _expire(self, now: float) -> None:
+        """Drop entries older than max_age_s (the oldest first; stops at the
+        first young one, so a write costs O(1) amortised)."""
+        while self.written:
+            node_id, at = next(iter(self.written.items()))
+            if now - at <= self.max_age_s:
+                break
+            self.pop(node_id, None)
+
+
+class BaseClient:
+    """State and plans both clients share: every operation, written once."""
+
+    scripts: Any
+
+    def __init__(
+        self,
+        client: Any,
+        cell: str,
+        prefix: str,
+        url: str | None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.client = client
+        self.keys = CellKeys(cell, prefix)
+        self.ops = Ops(self.keys)
+        self.peer_ops = PeerOps(self.keys, lambda: self.ops.bounds)
+        self.cpu_ops = CpuConfigOps(self.keys)
+        self.url = url
+        self.target = describe_target(url)
+        self.cluster = is_cluster_client(client)
+        if self.cluster:  # a cell is one hash slot: name it in every error
+            self.target += f" (slot {key_slot(self.keys.policy.encode())} of cell {cell})"
+        self.durability = durability or Durability()
+        #: Redis replicas connected to the primary, as a replica's monitor last
+        #: read them (INFO replication); writes wait for all of them
+        self.replicas_connected = 0
+        self.timeout_s = timeout_s
+        #: what this client last wrote per node (bases of delta heartbeats),
+        #: bounded by size and age, dropped when the node is unregistered
+        self.beats: BeatMemo = BeatMemo()
+        #: reservation id -> since (monotonic): placements to cancel once Redis answers
+        self.forgotten: dict[str, float] = {}
+        #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
+        self.fence = Fence()
+        #: the cell this client keeps (keep_cell): put back when Redis lost it
+        self.kept: CellSetup | None = None
+
+    # -- what every call goes through --------------------------------------
+    @contextmanager
+    def scoped(
+        self, *, timeout: float | None = None, observe: Observer | None = None
+    ) -> Iterator[None]:
+        """Calls made inside this block (in this thread or asyncio task) are
+        bounded by ``timeout`` seconds from now (the asyncio client; a
+        caller's deadline) and reported to ``observe``: how a replica bounds
+        and meters the calls of one RPC."""
+        outer = _SCOPE.get()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if outer is not None:  # an inner block keeps the outer deadline and observer
+            if outer.deadline is not None:
+                deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
+            observe = observe or outer.observe
+        token = _SCOPE.set(_Scope(deadline, observe))
+        try:
+            yield
+        finally:
+            _SCOPE.reset(token)
+
+    @staticmethod
+    def _deadline_left() -> float | None:
+        """Seconds left of the :meth:`scoped` deadline (None: none)."""
+        scope = _SCOPE.get()
+        if scope is None or scope.deadline is None:
+            return None
+        return scope.deadline - time.monotonic()
+
+    @staticmethod
+    def _unscoped() -> None:
+        """Calls from here on (this task) belong to no RPC: no deadline, not metered."""
+        _SCOPE.set(None)
+
+    @staticmethod
+    def _observe(script: str, start: float, error: BaseException | None) -> None:
+        scope = _SCOPE.get()
+        if scope is not None and scope.observe is not None:
+            scope.observe(script, time.perf_counter() - start, error)
+
+    def _fenced(self, call: Call[Any]) -> None:
+        why = self.fence.held() if call.acked else ""
+        if why:
+            raise StoreUnavailable(f"Redis at {self.target}: {why}")
+
+    def _waits(self, call: Call[Any]) -> bool:
+        return self.durability.replicas > 0 and call.acked
+
+    def _wait_for(self) -> int:
+        """How many Redis replicas a write waits for: every replica connected
+        to the primary when last counted (``replicas_connected``; whichever
+        Sentinel promotes then has it), and never fewer than min_replicas_acked."""
+        return max(self.durability.replicas, self.replicas_connected)
+
+    def _check_acked(self, acked: int, wanted: int | None = None) -> None:
+        d = self.durability
+        wanted = d.replicas if wanted is None else wanted
+        if acked < wanted:
+            every = "" if wanted == d.replicas else " (every connected replica)"
+            raise NotReplicated(
+                f"Redis at {self.target}: the write reached {acked} of the {wanted} "
+                f"replica(s){every} min_replicas_acked asks for within {d.timeout_ms}ms"
+            )
+
+    def _remember(self, rid: str) -> None:
+        if len(self.forgotten) >= FORGET_MAX:
+            self.forgotten.pop(next(iter(self.forgotten)))
+        self.forgotten.setdefault(rid, time.monotonic())
+
+    def _stale_forgotten(self) -> None:
+        horizon = time.monotonic() - FORGET_FOR_S
+        for rid in [r for r, since in self.forgotten.items() if since < horizon]:
+            del self.forgotten[rid]
+
+    # -- the cell this client keeps -----------------------------------------
+    def keep_cell(
+        self, policy: Policy, nodes: Sequence[tuple[str, str]] = (), *, discovered: bool = False
+    ) -> None:
+        """Keep the cell: :meth:`prepare_cell` stores this policy and static
+        node list, and a call that finds the cell without a policy (Redis
+        lost its data) puts them back (:meth:`restore_cell`) and is sent again.
+        ``discovered``: the node list is Kubernetes discovery's; preparing
+        and restoring leave it alone (an empty list would remove every
+        discovered node, with its bindings and reservations)."""
+        self.kept = CellSetup(policy, tuple(nodes), discovered)
+
+    def _kept(self) -> CellSetup:
+        if self.kept is None:
+            raise RuntimeError("keep_cell() first: this client keeps no cell")
+        return self.kept
+
+    def _step(self, call: Call[T]) -> Plan[T]:
+        """One call; a cell Redis lost is restored first when this client keeps it."""
+        try:
+            return cast(T, (yield call))
+        except CellNotInitialised:
+            if self.kept is None:
+                raise
+            log.warning("the cell's policy is gone from Redis (data lost?); restoring it")
+            yield from self._restore()
+            return cast(T, (yield call))
+
+    def _prepare(self, overwrite: bool) -> Plan[str]:
+        setup = self._kept()
+        outcome = cast(str, (yield self.ops.sync_policy(setup.policy, overwrite=overwrite)))
+        if setup.discovered:
+            return outcome
+        if setup.nodes and not overwrite:
+            _, views = cast(tuple[int, list[NodeView]], (yield self.ops.nodes()))
+            stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
+            if stored and stored != sorted(setup.nodes):
+                raise StaticNodesConflict(nodes_conflict(stored, sorted(setup.nodes)))
+        yield self.ops.sync_nodes(list(setup.nodes))
+        return outcome
+
+    def _restore(self) -> Plan[None]:
+        setup = self._kept()
+        try:
+            outcome = yield self.ops.sync_policy(setup.policy, overwrite=False, restore=True)
+        except PolicyConflict:
+            return  # another replica restored (and changed) it first; the stored one rules
+        if outcome == "created":
+            log.warning(
+                "restored the cell's policy in Redis (its data was lost); nodes take "
+                "placements again once they heartbeat"
+            )
+            if not setup.discovered:
+                yield self.ops.sync_nodes(list(setup.nodes))
+
+    # -- plans of more than one call ----------------------------------------
+    def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
+        try:
+            result = yield from self._step(self.ops.heartbeat(hb, self.beats))
+        except Resync:  # another writer came between: this one goes in full (even
+            # if meanwhile another heartbeat of the node gave the memo a new base)
+            result = yield from self._step(self.ops.heartbeat(hb, self.beats, full=True))
+        if cpu_config:
+            config = yield from exchange(
+                self._step,
+                self.cpu_ops,
+                hb.node_id.strip(),
+                hb.cluster_id.strip(),
+                hb.machine_info.cpu_config_json,
+                result.restarted,
+            )
+            result = msgspec.structs.replace(result, cpu_config_json=config)
+        return result
+
+    def _unregister(self, node_id: str, service_instance_id: str) -> Plan[bool]:
+        removed = yield from self._step(self.ops.unregister(node_id, service_instance_id))
+        self.beats.pop(node_id.strip(), None)  # (whatever the answer: the next one goes in full)
+        return removed
+
+    def _reservation(self, reservation_id: str) -> Plan[Reservation]:
+        found = yield from self._step(self.ops.reservations(None, reservation_id))
+        if not found:
+            raise NotFound(f"reservation {reservation_id} not found")
+        return found[0]
+
+    def _observed_node(self, node_id: str, cluster_id: str) -> Plan[ObservedNode]:
+        rows = yield from self._step(self.ops.observed(validate_id("node_id", node_id), cluster_id))
+        if not rows:
+            raise NotFound("observed node not found")
+        return rows[0]
+
+    def _nodes(self) -> Plan[list[NodeView]]:
+        _, views = yield from self._step(self.ops.nodes())
+        return views

@@ -1,0 +1,319 @@
+"""The client API of one cell: :class:`Scheduler` (synchronous) here,
+:class:`~scheduler.client.aio.AsyncScheduler` (asyncio) beside it, both with the same
+operations, written once as plans (:mod:`scheduler.client.plans`).
+
+Failures reach callers as :mod:`scheduler.domain.errors` (see
+:mod:`scheduler.store.translate`); calls are built by :mod:`scheduler.store.calls`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar, cast
+
+from scheduler.client.aio import AsyncScheduler, wrote_nothing
+from scheduler.client.plans import (
+    SLOT_RETRY_S,
+    SLOT_UNSETTLED,
+    BaseClient,
+    CellSetup,
+    Observer,
+    log,
+)
+from scheduler.domain.errors import (
+    SchedulerError,
+    StoreUnavailable,
+)
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import (
+    AssignResult,
+    Binding,
+    EventsResult,
+    Explanation,
+    Heartbeat,
+    HeartbeatResult,
+    ListedNode,
+    NodeView,
+    ObservedNode,
+    Placement,
+    Request,
+    Reservation,
+    SandboxEvent,
+    Stats,
+)
+from scheduler.store.calls import Call, Ops, Plan
+from scheduler.store.connection import (
+    DEFAULT_TIMEOUT_S,
+    Durability,
+    PrimaryCheck,
+    async_client,
+    describe_target,
+    is_sentinel_client,
+    sync_client,
+)
+from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
+from scheduler.store.p2p import DEFAULT_STORE_CAPACITY, Peer
+from scheduler.store.replies import parsed
+from scheduler.store.scripts import EVAL, ScriptRegistry
+from scheduler.store.translate import translated
+
+T = TypeVar("T")
+
+
+class Scheduler(BaseClient):
+    """Synchronous client of one cell."""
+
+    @classmethod
+    def connect(
+        cls,
+        url: str | None = None,
+        *,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        policy: Policy | None = None,
+        overwrite_policy: bool = False,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Scheduler:
+        with translated(describe_target(url)):  # (a cluster client connects at once)
+            client = sync_client(url, timeout_s)
+        s = cls(client, cell, prefix, url, durability, timeout_s)
+        if policy is not None:
+            s.sync_policy(policy, overwrite=overwrite_policy)
+        return s
+
+    def __init__(
+        self,
+        client: Any,
+        cell: str = DEFAULT_CELL,
+        prefix: str = DEFAULT_PREFIX,
+        url: str | None = None,
+        durability: Durability | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(client, cell, prefix, url, durability, timeout_s)
+        self.scripts = ScriptRegistry(client)
+        self._primary_check = PrimaryCheck(client) if is_sentinel_client(client) else None
+
+    def run(self, call: Call[T]) -> T:
+        """Run one call."""
+        start = time.perf_counter()
+        try:
+            self._fenced(call)
+            if self._primary_check is not None:
+                with translated(self.target):
+                    self._primary_check()
+            if self.forgotten:
+                self._cancel_forgotten()
+            with translated(self.target):
+                result = parsed(call.script, call.parse, self._send(call))
+        except BaseException as e:
+            self._observe(call.script, start, e)
+            raise
+        self._observe(call.script, start, None)
+        return result
+
+    def _send(self, call: Call[Any]) -> Any:
+        give_up = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                if self._waits(call):
+                    wanted = self._wait_for()
+                    reply, acked = self.scripts.call_acked(
+                        call.script,
+                        call.keys,
+                        call.args,
+                        wanted,
+                        self.durability.timeout_ms,
+                    )
+                    self._check_acked(acked, wanted)
+                    return reply
+                return self.scripts[call.script](keys=call.keys, args=call.args)
+            except SLOT_UNSETTLED:
+                if not self.cluster or time.monotonic() + SLOT_RETRY_S > give_up:
+                    raise
+                time.sleep(SLOT_RETRY_S)
+
+    def _drive(self, plan: Plan[T]) -> T:
+        """Run a plan's calls one after another; its value is the answer."""
+        try:
+            call = next(plan)
+            while True:
+                try:
+                    reply = self.run(call)
+                except BaseException as e:  # the plan may handle it (Resync, a lost cell)
+                    call = plan.throw(e)
+                else:
+                    call = plan.send(reply)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    def _one(self, call: Call[T]) -> T:
+        return self._drive(self._step(call))
+
+    def _cancel_forgotten(self) -> None:
+        """Cancel the placements whose callers gave up, now that Redis may answer."""
+        self._stale_forgotten()
+        pending, self.forgotten = self.forgotten, {}
+        for rid, since in pending.items():
+            try:
+                self.run(self.ops.forget(rid))
+            except StoreUnavailable:
+                self.forgotten[rid] = since
+            except SchedulerError as e:
+                log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def ping(self) -> None:
+        with translated(self.target):
+            self.client.ping()
+
+    # -- the cell ------------------------------------------------------------
+    def prepare_cell(self, overwrite: bool = False) -> str:
+        """Store or check the kept policy and static node list (a replica's
+        start-up): "created", "same" or "overwritten"; PolicyConflict or
+        StaticNodesConflict when the cell says otherwise (unless ``overwrite``)."""
+        return self._drive(self._prepare(overwrite))
+
+    def restore_cell(self) -> None:
+        """Put the kept policy and node list back if Redis lost them."""
+        self._drive(self._restore())
+
+    def sync_policy(self, policy: Policy, overwrite: bool = False, restore: bool = False) -> str:
+        return self.run(self.ops.sync_policy(policy, overwrite, restore))
+
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> tuple[int, int]:
+        return self._one(self.ops.sync_nodes(nodes))
+
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> tuple[bool, int, int]:
+        return self._one(self.ops.sync_discovered(positions, nodes))
+
+    def policy(self) -> Policy | None:
+        return self._one(self.ops.policy())
+
+    def settle(self) -> int:
+        return self._one(self.ops.settle())
+
+    def sweep(self) -> tuple[int, int]:
+        return self._one(self.ops.sweep())
+
+    def advance_clock(self, ms: int, mode: str = "") -> int:
+        return self._one(self.ops.advance_clock(ms, mode))
+
+    def probe(self) -> bool:
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
+
+    # -- nodes ---------------------------------------------------------------
+    def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> HeartbeatResult:
+        """Record a node's heartbeat.  ``cpu_config``: also run the cluster's
+        CPU config exchange; the result then carries what to hand the node."""
+        return self._drive(self._heartbeat(hb, cpu_config))
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> EventsResult:
+        return self._one(self.ops.events(node_id, events))
+
+    def unregister(self, node_id: str, service_instance_id: str) -> bool:
+        return self._drive(self._unregister(node_id, service_instance_id))
+
+    def set_lingering(self, node_id: str, lingering: bool) -> bool:
+        return self._one(self.ops.set_lingering(node_id, lingering))
+
+    def nodes(self) -> list[NodeView]:
+        return self._drive(self._nodes())
+
+    def list_nodes(self) -> list[ListedNode]:
+        return self._one(self.ops.listed())
+
+    def observed_nodes(self, cluster_id: str = "") -> list[ObservedNode]:
+        return self._one(self.ops.observed("", cluster_id))
+
+    def observed_node(self, node_id: str, cluster_id: str = "") -> ObservedNode:
+        return self._drive(self._observed_node(node_id, cluster_id))
+
+    # -- placement -----------------------------------------------------------
+    def schedule(
+        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
+    ) -> Placement:
+        """Place (and for a creation, reserve).  When the answer is lost (Redis
+        unreachable mid-call, or the placement not replicated as asked), the
+        reservation is cancelled, now or on a later call, so none stays behind."""
+        call = self.ops.schedule(req, strategy, reservation_id)
+        try:
+            return self._one(call)
+        except Exception as e:
+            if call.args[5] and not wrote_nothing(e):
+                self._remember(call.args[5])
+            raise
+
+    def forget(self, reservation_id: str) -> None:
+        """Cancel this placement, now or on a later call: its caller gave up."""
+        self._remember(reservation_id)
+        with contextlib.suppress(StoreUnavailable):
+            self._cancel_forgotten()
+
+    def explain(self, req: Request, strategy: str | None = None) -> Explanation:
+        return self._one(self.ops.explain(req, strategy))
+
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> AssignResult:
+        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+
+    def cancel(self, reservation_id: str) -> str:
+        return self._one(self.ops.cancel(reservation_id))
+
+    def reservations(self, node_id: str | None = None) -> list[Reservation]:
+        return self._one(self.ops.reservations(node_id))
+
+    def reservation(self, reservation_id: str) -> Reservation:
+        return self._drive(self._reservation(reservation_id))
+
+    def lookup(self, sandbox_id: str) -> Binding:
+        return self._one(self.ops.lookup(sandbox_id))
+
+    def stats(self) -> Stats:
+        return self._one(self.ops.stats())
+
+    # -- P2P -----------------------------------------------------------------
+    def peers(
+        self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
+    ) -> list[Peer]:
+        return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
+
+    def record_artifact(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> int:
+        return self._one(self.peer_ops.record(cluster_id, backend, key, node_id, capacity))
+
+    def forget_artifact(self, cluster_id: str, backend: str, key: str, node_id: str) -> bool:
+        return self._one(self.peer_ops.forget(cluster_id, backend, key, node_id))
+
+    def lookup_artifact(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> list[Peer]:
+        return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
+
+
+__all__ = [
+    "AsyncScheduler",
+    "Call",
+    "CellSetup",
+    "Observer",
+    "Ops",
+    "Scheduler",
+    "SchedulerError",
+    "async_client",
+    "describe_target",
+    "sync_client",
+]

@@ -1,0 +1,1 @@
+"""Operations tools: the simulated fleet, the simulated node, cells, and the doctor."""

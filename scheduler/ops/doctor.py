@@ -1,0 +1,444 @@
+"""Check a cell's invariants, and repair what is derived (``schedctl doctor``).
+
+Read-only unless asked to repair.  The cell's keys are found with SCAN (a
+bounded ``COUNT`` per step, never ``KEYS``) and read in pipelined chunks; the
+checks compare what the scripts keep in step:
+
+* ``type``      every key holds the type the layout says (scheduler/store/keys.py)
+* ``record``    a node record's numbers are integers >= 0
+* ``registry``  the nodes zset and the node records name each other
+* ``counts``    a node's pending_count / pending_cpu / pending_memory_bytes /
+                acked_count against its live reservations
+* ``node-res``  a node's pending set against the reservation records
+* ``expiry``    the expiry set against the live reservations
+* ``bindings``  node-sbx / node-roster members against the bindings
+* ``index``     the placement index against the node records
+
+``repair`` fixes what is derived and nothing else: a dangling member of
+node-res, expiry, node-sbx or node-roster is removed, a live reservation
+missing from expiry is put back at its expires_ms, and an index that is
+inconsistent (or of the wrong type) is rebuilt through the scripts' own
+rebuild path (sync_policy rebuilds an index whose ``index_format`` is not
+its own: the repair drops the index keys and that field, then calls it).
+Records themselves (a corrupt node record, counts that disagree) are
+reported only: the node's next full heartbeat rewrites them.
+
+Concurrent calls may change the cell while it is read: run it against a
+quiet cell for exact answers; a repair only removes members whose record is
+absent or ended, which no live call re-adds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from scheduler.client.sync import Scheduler
+from scheduler.domain.catalog import LIVE_STATES
+from scheduler.domain.errors import CellNotInitialised, FailedPrecondition
+from scheduler.domain.records import snapshot_numbers
+from scheduler.store.translate import translated
+
+SCAN_COUNT = 500
+CHUNK = 500
+
+#: key kind (the layout's name before the id) -> Redis type
+TYPES = {
+    "policy": "hash",
+    "nodes": "zset",
+    "stats": "hash",
+    "rr": "string",
+    "expiry": "zset",
+    "seen": "zset",
+    "node": "hash",
+    "node-res": "zset",
+    "node-sbx": "set",
+    "node-roster": "set",
+    "res": "hash",
+    "bind": "hash",
+    "idx-shapes": "set",
+    "idx-cpu": "zset",
+    "idx-mem": "zset",
+    "idx-bucket": "zset",
+    "idx-seen": "zset",
+    "idx-tmp": "zset",
+    "cpucfg": "hash",
+    "p2p": "set",
+    "art": "set",
+    "node-art": "set",
+    "art-lru": "zset",
+    "art-names": "hash",
+}
+INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen", "idx-tmp")
+PENDING_FIELDS = ("pending_count", "pending_cpu", "pending_memory_bytes", "acked_count")
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    check: str
+    key: str
+    problem: str
+    #: what --repair does about it ("" = nothing: reported only)
+    fix: str = ""
+    repaired: bool = False
+
+
+class Report(msgspec.Struct, kw_only=True):
+    cell: str
+    keys: int
+    nodes: int
+    reservations: int
+    findings: list[Finding]
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _int(v: str | None) -> int | None:
+    """An integer >= 0, or None (absent, not a number, negative)."""
+    if v is None:
+        return None
+    try:
+        x = int(v)
+    except ValueError:
+        return None
+    return x if x >= 0 else None
+
+
+def kind_of(key: str, base: str) -> tuple[str, str]:
+    """(the layout's kind, the id) of one of the cell's keys."""
+    rest = key[len(base) :]
+    for kind in sorted(TYPES, key=len, reverse=True):  # (node-res before node)
+        if rest == kind:
+            return kind, ""
+        if rest.startswith(kind + ":"):
+            return kind, rest[len(kind) + 1 :]
+    return "", rest
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+class Doctor:
+    def __init__(self, sched: Scheduler) -> None:
+        self.s = sched
+        self.c = sched.client
+        self.k = sched.keys
+        self.findings: list[Finding] = []
+        self._index_bad = False
+
+    def _find(self, check: str, key: str, problem: str, fix: str = "") -> None:
+        self.findings.append(Finding(check=check, key=key, problem=problem, fix=fix))
+        if check == "index" or (check == "type" and fix.startswith("rebuild")):
+            self._index_bad = True
+
+    def _read(self, command: str, keys: list[str], *extra: Any) -> list[Any]:
+        out: list[Any] = []
+        for part in _chunks(keys):
+            pipe = self.c.pipeline(transaction=False)
+            for key in part:
+                pipe.execute_command(command, key, *extra)
+            out += pipe.execute(raise_on_error=False)
+        return out
+
+    def run(self, repair: bool = False) -> Report:
+        with translated(self.s.target):
+            if not self.c.exists(self.k.policy):
+                # a cell nobody initialised (a typo of its name, or one Redis
+                # lost) is not "consistent": there is nothing to check
+                raise CellNotInitialised()
+            report = self._check()
+            if repair and report.findings:
+                self._repair(report)
+        return report
+
+    # -- reading -------------------------------------------------------------
+    def _check(self) -> Report:
+        base = self.k.base
+        keys = sorted(_text(k) for k in self.c.scan_iter(match=_glob(base) + "*", count=SCAN_COUNT))
+        by_kind: dict[str, list[str]] = defaultdict(list)
+        for key in keys:
+            kind, _ = kind_of(key, base)
+            by_kind[kind].append(key)
+        types = dict(zip(keys, (_text(t) for t in self._read("TYPE", keys)), strict=True))
+        wrong: set[str] = set()
+        for key in keys:
+            kind, _ = kind_of(key, base)
+            want = TYPES.get(kind)
+            if want is None:
+                self._find("type", key, "is not a key of the cell's layout")
+            elif types[key] != want:
+                wrong.add(key)
+                derived = kind in INDEX_KINDS
+                self._find(
+                    "type",
+                    key,
+                    f"holds a {types[key]}, not a {want}",
+                    "rebuild the placement index" if derived else "",
+                )
+
+        def ids(kind: str) -> list[str]:
+            return [kind_of(k, base)[1] for k in by_kind[kind] if k not in wrong]
+
+        registered = (
+            set()
+            if self.k.nodes in wrong
+            else {_text(m) for m in self.c.zrange(self.k.nodes, 0, -1)}
+        )
+        node_ids = ids("node")
+        records = {
+            n: {_text(a): _text(b) for a, b in (h or {}).items()}
+            for n, h in zip(
+                node_ids, self._read("HGETALL", [self.k.node(n) for n in node_ids]), strict=True
+            )
+            if isinstance(h, dict)
+        }
+        res_ids = ids("res")
+        reservations = {
+            r: {_text(a): _text(b) for a, b in (h or {}).items()}
+            for r, h in zip(
+                res_ids, self._read("HGETALL", [self.k.res(r) for r in res_ids]), strict=True
+            )
+            if isinstance(h, dict)
+        }
+        live = {r: f for r, f in reservations.items() if f.get("state") in LIVE_STATES}
+        self._records(records, registered)
+        self._counts(records, live, ids("node-res"))
+        self._expiry(live, reservations, wrong)
+        self._bindings(ids("node-sbx"), ids("node-roster"), ids("bind"))
+        self._index(records, registered, by_kind, wrong)
+        return Report(
+            cell=self.k.cell,
+            keys=len(keys),
+            nodes=len(registered),
+            reservations=len(live),
+            findings=self.findings,
+        )
+
+    def _records(self, records: dict[str, dict[str, str]], registered: set[str]) -> None:
+        for node_id, f in records.items():
+            key = self.k.node(node_id)
+            for name in (*snapshot_numbers(), *PENDING_FIELDS):
+                v = f.get(name)
+                if v is not None and _int(v) is None:
+                    self._find(
+                        "record",
+                        key,
+                        f"field {name} is {v!r}, not an integer >= 0",
+                        "",
+                    )
+            if f.get("node_id") and node_id not in registered:
+                self._find("registry", key, "names its node, which the nodes zset lacks")
+        for node_id in sorted(registered - set(records)):
+            self._find("registry", self.k.nodes, f"member {node_id!r} has no node record")
+
+    def _counts(
+        self,
+        records: dict[str, dict[str, str]],
+        live: dict[str, dict[str, str]],
+        pending_sets: list[str],
+    ) -> None:
+        members = dict(
+            zip(
+                pending_sets,
+                self._read("ZRANGE", [self.k.node_res(n) for n in pending_sets], 0, -1),
+                strict=True,
+            )
+        )
+        by_node: dict[str, list[dict[str, str]]] = defaultdict(list)
+        for rid, f in live.items():
+            by_node[f.get("node_id", "")].append(f)
+            held = {_text(m) for m in members.get(f.get("node_id", ""), [])}
+            if rid not in held:
+                self._find(
+                    "node-res",
+                    self.k.node_res(f.get("node_id", "")),
+                    f"lacks live reservation {rid}",
+                )
+        for node_id, got in members.items():
+            for m in got if isinstance(got, list) else []:
+                rid = _text(m)
+                if rid not in live or live[rid].get("node_id") != node_id:
+                    self._find(
+                        "node-res",
+                        self.k.node_res(node_id),
+                        f"member {rid} is not a live reservation of the node",
+                        "remove the member",
+                    )
+        for node_id, f in records.items():
+            mine = by_node.get(node_id, [])
+            want = {
+                "pending_count": len(mine),
+                "pending_cpu": sum(_int(r.get("cpu")) or 0 for r in mine),
+                "pending_memory_bytes": sum(_int(r.get("memory_bytes")) or 0 for r in mine),
+                "acked_count": sum(1 for r in mine if r.get("state") == "acked"),
+            }
+            if "pending_count" not in f and not mine:
+                continue  # (a bare record: a static node not heard from yet)
+            for name, expected in want.items():
+                got_v = _int(f.get(name)) if f.get(name) is not None else 0
+                if got_v != expected:
+                    self._find(
+                        "counts",
+                        self.k.node(node_id),
+                        f"field {name} is {f.get(name)!r}, its live reservations make {expected}",
+                    )
+
+    def _expiry(
+        self,
+        live: dict[str, dict[str, str]],
+        reservations: dict[str, dict[str, str]],
+        wrong: set[str],
+    ) -> None:
+        if self.k.expiry in wrong:
+            return
+        due = {_text(m) for m in self.c.zrange(self.k.expiry, 0, -1)}
+        for rid in sorted(due - set(live)):
+            state = reservations.get(rid, {}).get("state")
+            self._find(
+                "expiry",
+                self.k.expiry,
+                f"member {rid} is "
+                + (f"a reservation in state {state!r}" if state else "no reservation"),
+                "remove the member",
+            )
+        for rid in sorted(set(live) - due):
+            expires = _int(live[rid].get("expires_ms"))
+            self._find(
+                "expiry",
+                self.k.res(rid),
+                "is live but not in the expiry set: it would never expire",
+                f"add it at its expires_ms {expires}" if expires is not None else "",
+            )
+
+    def _bindings(self, sbx_nodes: list[str], roster_nodes: list[str], bound: list[str]) -> None:
+        bindings = dict(
+            zip(
+                bound,
+                self._read("HMGET", [self.k.bind(b) for b in bound], "node_id", "deleted"),
+                strict=True,
+            )
+        )
+        for kind, nodes, key_of in (
+            ("node-sbx", sbx_nodes, self.k.node_sbx),
+            ("node-roster", roster_nodes, self.k.node_roster),
+        ):
+            sets = self._read("SMEMBERS", [key_of(n) for n in nodes])
+            for node_id, got in zip(nodes, sets, strict=True):
+                for m in sorted(_text(x) for x in got) if isinstance(got, (set, list)) else []:
+                    b = bindings.get(m)
+                    holder = _text(b[0]) if isinstance(b, list) and b[0] is not None else None
+                    if holder != node_id and kind == "node-sbx":
+                        self._find(
+                            "bindings",
+                            key_of(node_id),
+                            f"member {m} is not bound to the node"
+                            + (f" (bound to {holder})" if holder else " (no binding)"),
+                            "remove the member",
+                        )
+                    elif holder is not None and holder != node_id:
+                        # a roster lists what the node runs; a binding elsewhere is the
+                        # other node's (c148e98): reported, the next roster decides
+                        self._find(
+                            "bindings",
+                            key_of(node_id),
+                            f"member {m} is bound to {holder}",
+                        )
+
+    def _index(
+        self,
+        records: dict[str, dict[str, str]],
+        registered: set[str],
+        by_kind: dict[str, list[str]],
+        wrong: set[str],
+    ) -> None:
+        entry = {n: f.get("idx", "") for n, f in records.items() if f.get("idx")}
+        buckets = [k for k in by_kind["idx-bucket"] if k not in wrong]
+        bucket_ids = [kind_of(k, self.k.base)[1] for k in buckets]
+        for key, bucket, got in zip(
+            buckets, bucket_ids, self._read("ZRANGE", buckets, 0, -1), strict=True
+        ):
+            for m in (_text(x) for x in got) if isinstance(got, list) else []:
+                if m not in registered or entry.get(m) != bucket:
+                    self._find(
+                        "index",
+                        key,
+                        f"member {m!r} is not a node indexed in this bucket",
+                        "rebuild the placement index",
+                    )
+        seen_key = self.k.base + "idx-seen"
+        if seen_key in by_kind["idx-seen"] and seen_key not in wrong:
+            for m in (_text(x) for x in self.c.zrange(seen_key, 0, -1)):
+                if m not in registered:
+                    self._find(
+                        "index",
+                        seen_key,
+                        f"member {m!r} is not a registered node",
+                        "rebuild the placement index",
+                    )
+        present = set(bucket_ids)
+        for node_id, bucket in sorted(entry.items()):
+            if node_id in registered and bucket not in present:
+                self._find(
+                    "index",
+                    self.k.node(node_id),
+                    f"is indexed in bucket {bucket!r}, which does not exist",
+                    "rebuild the placement index",
+                )
+
+    # -- repairing -----------------------------------------------------------
+    def _repair(self, report: Report) -> None:
+        for f in report.findings:
+            if f.fix == "remove the member":
+                member = f.problem.split()[1]
+                cmd = "ZREM" if f.check in ("node-res", "expiry") else "SREM"
+                self.c.execute_command(cmd, f.key, member)
+                f.repaired = True
+            elif f.fix.startswith("add it at its expires_ms"):
+                rid = f.key[len(self.k.res("")) :]
+                self.c.zadd(self.k.expiry, {rid: int(f.fix.rsplit(" ", 1)[1])})
+                f.repaired = True
+        if self._index_bad:
+            self._rebuild_index()
+            for f in report.findings:
+                if f.fix == "rebuild the placement index":
+                    f.repaired = True
+        report.repaired = True
+
+    def _rebuild_index(self) -> None:
+        """Drop the index (its keys, the nodes' entries and the policy's
+        index_format), then let sync_policy build it anew."""
+        policy = self.s.policy()
+        if policy is None:
+            raise FailedPrecondition("the cell has no policy: nothing to rebuild the index for")
+        self.c.hdel(self.k.policy, "index_format")  # (Schedules stop reading the index)
+        base = self.k.base
+        doomed = [_text(k) for k in self.c.scan_iter(match=_glob(base) + "idx-*", count=SCAN_COUNT)]
+        for part in _chunks(doomed):
+            self.c.delete(*part)
+        for node_id in [_text(n) for n in self.c.zrange(self.k.nodes, 0, -1)]:
+            if self.c.type(self.k.node(node_id)) == b"hash":
+                self.c.hset(self.k.node(node_id), "idx", "")
+        self.s.sync_policy(policy)  # (index_format absent: upgrade_index builds it)
+
+
+def _glob(text: str) -> str:
+    """``text`` with SCAN's pattern characters escaped (a cell's braces)."""
+    out = []
+    for ch in text:
+        out.append("\\" + ch if ch in "*?[]\\" else ch)
+    return "".join(out)
+
+
+def doctor(sched: Scheduler, repair: bool = False) -> Report:
+    return Doctor(sched).run(repair)

@@ -1,0 +1,1 @@
+"""The server: the gRPC adapter, the replica process, its configuration, metrics and loops."""

@@ -1,0 +1,783 @@
+"""Every operation as a :class:`Call`: script, KEYS, ARGV and the parser of its
+reply.  No I/O here: the clients (:mod:`scheduler.client.sync`) run calls, and so
+do pipelines (``schedctl``'s one-instant reads, the benchmarks).
+
+Input is validated before anything reaches Redis
+(:class:`~scheduler.domain.errors.InvalidArgument` names the field).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec.json
+
+from scheduler.domain.catalog import (
+    ADMISSION_REASONS,
+    BESIDE_POLICY,
+    EVENT_TYPES,
+    NODE_STATUSES,
+    STRATEGIES,
+)
+from scheduler.domain.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
+from scheduler.domain.limits import (
+    MAX_CPU_CONFIG,
+    MAX_EVENTS,
+    MAX_IMAGES,
+    MAX_STATIC_NODES,
+    at_most,
+    text,
+)
+from scheduler.domain.policy import Policy
+from scheduler.domain.records import (
+    MAX_BYTES,
+    MAX_CPU,
+    MAX_LOCALITY_REQUIREMENTS,
+    TOO_MANY_LOCALITY,
+    AssignResult,
+    Binding,
+    EventsResult,
+    Explanation,
+    Heartbeat,
+    HeartbeatResult,
+    ListedNode,
+    NodeView,
+    ObservedNode,
+    Placement,
+    Request,
+    Reservation,
+    SandboxEvent,
+    Stats,
+    snapshot_numbers,
+)
+from scheduler.store.keys import CellKeys, validate_id
+from scheduler.store.replies import (
+    pairs,
+    parse_explanation,
+    parse_listed,
+    parse_nodes_view,
+    parse_observed,
+    parse_reservation,
+    s,
+)
+
+T = TypeVar("T")
+
+#: Scripts that never write: no WAIT after them (min_replicas_acked).
+READ_ONLY_SCRIPTS = frozenset(
+    {"lookup", "nodes_view", "observed", "peer_list", "reservations", "stats"}
+)
+
+
+#: How long a replica's roster entry lives unless its monitor loop refreshes it.
+REPLICA_TTL_MS = 15_000
+
+
+class ReplicaEntry(msgspec.Struct, kw_only=True):
+    """One replica in the cell's roster (``<base>replica:<id>``, expires)."""
+
+    replica_id: str
+    version: str
+    commit: str
+    host: str
+    pid: int
+    #: the gRPC address it listens on
+    grpc: str
+    started_ms: int
+    #: Redis time of its last refresh (0 until written)
+    seen_ms: int = 0
+
+
+_STARTED_MS = int(time.time() * 1000)
+
+
+def this_replica(listen: str, port: int) -> ReplicaEntry:
+    """This process as a roster entry (id ``host/pid``), listening for gRPC on
+    ``listen`` (host:port; ``port`` is the one it really got)."""
+    from scheduler import version
+
+    host = socket.gethostname() or "localhost"
+    safe = re.sub(r"[^A-Za-z0-9._@+=~-]", "-", host)[:200]
+    return ReplicaEntry(
+        replica_id=f"{safe}/{os.getpid()}",
+        version=version.version(),
+        commit=version.commit(),
+        host=host,
+        pid=os.getpid(),
+        grpc=f"{listen.rpartition(':')[0] or '[::]'}:{port}",
+        started_ms=_STARTED_MS,
+    )
+
+
+def _whole(field: str, value: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(field, f"must be a whole number in 0..{maximum}, not {value!r}")
+    return value
+
+
+class Resync(Exception):
+    """A delta heartbeat met a record it was not based on: send it in full."""
+
+
+#: The scripts a heartbeat batch holds, by the kind it names them: heartbeats,
+#: and the step of the CPU config exchange a heartbeat RPC makes next.
+HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady", "cpu_config": "cpucfg"}
+
+
+def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list[Any]:
+    """A batch script's replies ({"ok", reply...} or {"err", "<CODE> message"}),
+    each parsed by its own call's parser: its answer, or its own error (a
+    Resync among them)."""
+    out: list[Any] = []
+    for parse_one, item in zip(parses, replies, strict=True):
+        if s(item[0]) == "err":
+            text = s(item[1])
+            out.append(from_reply(text) or SchedulerError(text))
+        else:
+            try:
+                out.append(parse_one(item[1:]))
+            except Resync as e:
+                out.append(e)
+    return out
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a replica last wrote for a node: the base of its next delta."""
+
+    base: str  # "<incarnation>:<generation>" of the record this replica wrote
+    service_instance_id: str
+    endpoint: str
+    fields: dict[str, str]
+    roster_digest: str
+    #: the roster it wrote (a later roster is sent as what joined and left)
+    roster: frozenset[str] = frozenset()
+
+
+def roster_digest(roster: list[str]) -> str:
+    return hashlib.blake2b("\n".join(sorted(roster)).encode(), digest_size=12).hexdigest()
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    script: str
+    keys: list[str]
+    args: list[str]
+    parse: Callable[[Any], T]
+    #: False: this call writes nothing (no WAIT after it)
+    writes: bool = True
+
+    @property
+    def acked(self) -> bool:
+        """Must Redis replicas have this call's writes before it is answered?"""
+        return self.writes and self.script not in READ_ONLY_SCRIPTS
+
+
+#: An operation of several calls: a generator that yields each call and is sent
+#: its result (or thrown its error); its return value is the operation's.  The
+#: clients drive plans (scheduler/client/plans.py), so each is written once for both.
+Plan = Generator[Call[Any], Any, T]
+
+
+def heartbeat_fields(hb: Heartbeat) -> list[str]:
+    """The node-record fields a full heartbeat writes, as field, value pairs in
+    the order it sends them (validated)."""
+    snap = hb.snapshot
+    fields: list[str] = []
+    for name, spec in snapshot_numbers().items():
+        fields += [name, str(_whole(f"snapshot.{name}", getattr(snap, name), spec.maximum))]
+    if snap.status not in NODE_STATUSES:
+        raise InvalidArgument("snapshot.status", f"is not a node status: {snap.status!r}")
+    if snap.admission_reason not in ADMISSION_REASONS:
+        raise InvalidArgument(
+            "snapshot.admission_reason", f"is not an admission reason: {snap.admission_reason!r}"
+        )
+    cluster = validate_id("cluster_id", hb.cluster_id) if hb.cluster_id.strip() else ""
+    mi = hb.machine_info
+    fields += [
+        "status",
+        snap.status,
+        "cluster_id",
+        cluster,
+        "version",
+        text("version", hb.version),
+        "commit",
+        text("commit", hb.commit),
+        "disks",
+        msgspec.json.encode(snap.disks).decode(),
+        "cpu_family",
+        text("machine_info.cpu_family", mi.cpu_family),
+        "cpu_model",
+        text("machine_info.cpu_model", mi.cpu_model),
+        "cpu_model_name",
+        text("machine_info.cpu_model_name", mi.cpu_model_name),
+        "cpu_architecture",
+        text("machine_info.cpu_architecture", mi.cpu_architecture),
+        "cpu_config_json",
+        text("machine_info.cpu_config_json", mi.cpu_config_json, MAX_CPU_CONFIG),
+        "p2p_backend",
+        text("p2p_endpoint.backend", hb.p2p_backend),
+        "p2p_address",
+        text("p2p_endpoint.address", hb.p2p_address),
+        "admission",
+        snap.admission(),
+    ]
+    return fields
+
+
+#: A requirement's size_bytes at most: 32 of them sum below 2**53, exact in Lua.
+MAX_LOCALITY_BYTES = 1 << 47
+
+
+def _sha1(text_: str) -> str:
+    return hashlib.sha1(text_.encode()).hexdigest()
+
+
+def locality_terms(req: Request, key_limit: int) -> list[tuple[str, int, int]]:
+    """The request's distinct requirements as (key, weight, size_bytes),
+    validated (before Redis).  A key's weight is its size or, when unknown
+    (0), the mean of the request's known sizes (1 when none is known)."""
+    if len(req.locality) > MAX_LOCALITY_REQUIREMENTS:
+        raise InvalidArgument("", TOO_MANY_LOCALITY)
+    keys: dict[str, int] = {}
+    for i, lr in enumerate(req.locality):
+        field = f"locality_requirements[{i}]"
+        key = lr.key.strip()
+        if len(key.encode()) > key_limit:
+            raise InvalidArgument(
+                f"{field}.key", f"is longer than {key_limit} bytes (artifact_key_max_bytes)"
+            )
+        if "\n" in key or "\r" in key:
+            raise InvalidArgument(f"{field}.key", "contains a line break")
+        size = lr.size_bytes
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not 0 <= size <= MAX_LOCALITY_BYTES
+        ):
+            raise InvalidArgument(f"{field}.size_bytes", f"must be 0..{MAX_LOCALITY_BYTES}")
+        if key and key not in keys:  # (upstream: empty keys skipped, repeats once)
+            keys[key] = size
+    known = [v for v in keys.values() if v > 0]
+    unknown_weight = sum(known) // len(known) if known else 1
+    return [(key, size or unknown_weight, size) for key, size in keys.items()]
+
+
+def locality_group(req: Request, terms: list[tuple[str, int, int]]) -> str:
+    """What the same-group decay (and affinity) groups by: the request's
+    template or first image (:meth:`Request.group`), else its keys
+    (``keys:`` and the sorted keys, one a line), else "" (none)."""
+    group = req.group()
+    if group or not terms:
+        return group
+    return "keys:" + "\n".join(sorted(k for k, _, _ in terms))
+
+
+def locality_arg(req: Request, key_limit: int) -> str:
+    """Schedule's ARGV[8] (lua/includes/locality.lua): "" when the request
+    carries nothing locality can use, else the group's sha1 (or "") and one
+    line per distinct requirement, ``weight\tsize\tsha1(key)`` (the key's
+    sha1 as scheduler/store/p2p.py key_digest spells it)."""
+    terms = locality_terms(req, key_limit)
+    at_most("images", req.images, MAX_IMAGES)
+    if req.group():
+        text("template_id" if req.template_id.strip() else "images", req.group())
+    group = locality_group(req, terms)
+    if not req.create or (not terms and not group):
+        return ""
+    lines = [_sha1(group) if group else ""]
+    lines += [f"{weight}\t{size}\t{_sha1(key)}" for key, weight, size in terms]
+    return "\n".join(lines) + "\n"
+
+
+#: What a heartbeat may write to a node record (lua/heartbeat-5.lua refuses
+#: any other field): the names heartbeat_fields sends.
+HEARTBEAT_FIELDS: tuple[str, ...] = tuple(
+    heartbeat_fields(Heartbeat(node_id="n", service_instance_id="s"))[::2]
+)
+
+
+class Ops:
+    """Builds every operation as a :class:`Call`.  No I/O here."""
+
+    def __init__(self, keys: CellKeys) -> None:
+        self.k = keys
+        #: the cell's policy as this client last stored or read it; its input
+        #: bounds are checked here, before Redis (the scripts check the stored one)
+        self.known_policy: Policy | None = None
+
+    @property
+    def bounds(self) -> Policy:
+        return self.known_policy or _DEFAULT_POLICY
+
+    def _call(
+        self,
+        script: str,
+        args: list[str],
+        parse: Callable[[Any], T],
+        extra_keys: tuple[str, ...] = (),
+    ) -> Call[T]:
+        return Call(script, [*self.k.fixed(), *extra_keys], args, parse)
+
+    # -- heartbeat ---------------------------------------------------------
+    def heartbeat(
+        self, hb: Heartbeat, memo: dict[str, Beat] | None = None, full: bool = False
+    ) -> Call[HeartbeatResult]:
+        """The heartbeat in full, or, given the ``memo`` of what this replica
+        last wrote, as a delta: only changed fields, the roster only if its
+        digest changed.  The script applies a delta only to the record it was
+        based on (same generation); otherwise the parser raises Resync and
+        the caller sends it again in full.  A changed roster goes as what
+        joined and what left since the base (the script checks that the
+        roster it holds is still the base's: same generation and digest).
+        Either way the memo learns the result.  ``full``: in full whatever the
+        memo holds (it cannot meet RESYNC)."""
+        at_most(
+            "sandbox_ids",
+            hb.sandbox_ids,
+            self.bounds.max_roster_ids,
+            f"max_roster_ids ({self.bounds.max_roster_ids})",
+        )
+        node_id = validate_id("node_id", hb.node_id)
+        sid = validate_id("service_instance_id", hb.service_instance_id)
+        fields = heartbeat_fields(hb)
+        roster: list[str] = []
+        seen: set[str] = set()
+        for i, sb in enumerate(hb.sandbox_ids):
+            if not sb.strip():
+                continue  # blanks are ignored, as by the reference
+            sb = validate_id(f"sandbox_ids[{i}]", sb)
+            if sb not in seen:
+                seen.add(sb)
+                roster.append(sb)
+        endpoint = text("endpoint", hb.endpoint.strip())
+        values = dict(zip(fields[::2], fields[1::2], strict=True))
+        digest = roster_digest(roster)
+        base = memo.get(node_id) if memo is not None and not full else None
+        if (
+            memo is not None
+            and base is not None
+            and (base.service_instance_id, base.endpoint) == (sid, endpoint)
+        ):
+            # reported_at 0 is stamped with the receive time: always send it
+            changed = [
+                x
+                for k, v in values.items()
+                if base.fields.get(k) != v or (k == "reported_at_unix_ms" and v == "0")
+                for x in (k, v)
+            ]
+            same_roster = base.roster_digest == digest
+            if same_roster and set(changed[::2]) <= {"reported_at_unix_ms"}:
+                return self._steady_heartbeat(
+                    node_id, sid, endpoint, base, values, changed[1] if changed else "", memo
+                )
+            args = [
+                node_id,
+                sid,
+                endpoint,
+                base.base,
+                digest,
+                "0" if same_roster else "2",
+                str(len(changed) // 2),
+                *changed,
+            ]
+            if not same_roster:
+                joined = [sb for sb in roster if sb not in base.roster]
+                left = sorted(base.roster.difference(seen))
+                args += [base.roster_digest, str(len(joined)), *joined, *left]
+        else:
+            args = [
+                node_id,
+                sid,
+                endpoint,
+                "",
+                digest,
+                "1",
+                str(len(fields) // 2),
+                *fields,
+                *roster,
+            ]
+
+        def parse(r: list[Any]) -> HeartbeatResult:
+            if s(r[0]) == "RESYNC":
+                if memo is not None:
+                    memo.pop(node_id, None)
+                raise Resync(node_id)
+            result = HeartbeatResult(
+                generation=int(r[0]),
+                restarted=r[1] == 1,
+                released=int(r[2]),
+                roster_mode=r[3] == 1,
+                now_ms=int(r[4]),
+            )
+            if memo is not None:
+                memo[node_id] = Beat(
+                    f"{s(r[5])}:{result.generation}", sid, endpoint, values, digest, frozenset(seen)
+                )
+            return result
+
+        return self._call("heartbeat", args, parse)
+
+    def _steady_heartbeat(
+        self,
+        node_id: str,
+        sid: str,
+        endpoint: str,
+        base: Beat,
+        values: dict[str, str],
+        reported: str,
+        memo: dict[str, Beat],
+    ) -> Call[HeartbeatResult]:
+        """Nothing changed since this replica's last write: only the clock moves
+        (lua/heartbeat_steady-5.lua), or RESYNC sends it in full."""
+
+        def parse(r: list[Any]) -> HeartbeatResult:
+            if s(r[0]) == "RESYNC":
+                memo.pop(node_id, None)
+                raise Resync(node_id)
+            result = HeartbeatResult(
+                generation=int(r[0]),
+                restarted=False,
+                released=0,
+                roster_mode=r[1] == 1,
+                now_ms=int(r[2]),
+            )
+            memo[node_id] = Beat(
+                f"{s(r[3])}:{result.generation}",
+                sid,
+                endpoint,
+                values,
+                base.roster_digest,
+                base.roster,
+            )
+            return result
+
+        return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
+
+    def heartbeat_batch(self, calls: Sequence[Call[Any]]) -> Call[list[Any]]:
+        """Several :meth:`heartbeat` calls (full, delta or steady), and steps of
+        the CPU config exchange, as one (lua/heartbeat_batch-5.lua), applied
+        in order; each gets its result or its own error (:class:`Resync`
+        among them)."""
+        args = [str(len(calls))]
+        for call in calls:
+            if call.script not in HEARTBEAT_SCRIPTS:
+                raise ValueError(f"a heartbeat batch holds heartbeats, not {call.script}")
+            args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
+        parses = [call.parse for call in calls]
+        return self._call("heartbeat_batch", args, lambda r: _each_answer(parses, r))
+
+    # -- schedule / explain ------------------------------------------------
+    def _request_args(self, req: Request, strategy: str | None) -> list[str]:
+        cpu = "" if req.cpu is None else str(_whole("cpu", req.cpu, MAX_CPU))
+        mem = (
+            ""
+            if req.memory_bytes is None
+            else str(_whole("memory_bytes", req.memory_bytes, MAX_BYTES))
+        )
+        if strategy is not None and strategy not in STRATEGIES:
+            raise InvalidArgument(
+                "strategy",
+                f"must be {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}, not {strategy!r}",
+            )
+        return ["create" if req.create else "route", strategy or "", cpu, mem]
+
+    def _locality(self, req: Request) -> str:
+        return locality_arg(req, self.bounds.artifact_key_max_bytes)
+
+    def schedule(
+        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
+    ) -> Call[Placement]:
+        base = self._request_args(req, strategy)
+        rid = (
+            validate_id("reservation_id", reservation_id)
+            if reservation_id
+            else (secrets.token_hex(12) if req.create else "")
+        )
+        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
+        loc = self._locality(req)
+        if loc:  # (ARGV[8]; absent without locality: the call main's scripts take)
+            args.append(loc)
+
+        def parse(r: list[Any]) -> Placement:
+            return Placement(
+                node_id=s(r[0]),
+                endpoint=s(r[1]),
+                reservation_id=s(r[2]) or None,
+                pressure=float(r[3]),
+                cpu=int(r[4]),
+                memory_bytes=int(r[5]),
+                status=s(r[6]),
+                now_ms=int(r[7]),
+                warmth=s(r[8]) if len(r) > 8 else "",
+                pull_bytes=int(r[9]) if len(r) > 9 else 0,
+            )
+
+        return self._call("schedule", args, parse, (self.k.rr,))
+
+    def schedule_batch(
+        self,
+        calls: Sequence[Call[Placement]],
+    ) -> Call[list[Placement | SchedulerError]]:
+        """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
+        decided in order; each gets its placement or its own error."""
+        # 7 arguments a request, or 8 (the locality argument) when one carries it
+        width = 8 if any(len(call.args) > 7 for call in calls) else 7
+        args = [str(len(calls))]
+        for call in calls:
+            args += call.args
+            if len(call.args) < width:
+                args.append("")
+        parses = [call.parse for call in calls]
+        return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
+
+    def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
+        base = self._request_args(req, strategy)
+        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
+        loc = self._locality(req)
+        if loc:
+            args.append(loc)
+        return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
+
+    # -- lifecycle ---------------------------------------------------------
+    def assign(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> Call[AssignResult]:
+        sb = validate_id("sandbox_id", sandbox_id)
+        if not node_id.strip() or not endpoint.strip():
+            raise InvalidArgument("", "node_id and endpoint are required")
+        nid = validate_id("node_id", node_id)
+        rid = validate_id("reservation_id", reservation_id) if reservation_id else ""
+        args = [sb, nid, text("endpoint", endpoint.strip()), rid]
+        return self._call(
+            "assign",
+            args,
+            lambda r: AssignResult(reservation_id=s(r[0]) or None, released=r[1] == 1),
+        )
+
+    def cancel(self, reservation_id: str) -> Call[str]:
+        rid = validate_id("reservation_id", reservation_id)
+        return self._call("cancel", [rid, "0"], lambda r: s(r[0]))
+
+    def forget(self, reservation_id: str) -> Call[str]:
+        """Cancel a placement whose caller gave up, whether or not its Schedule
+        reached Redis yet (lua/cancel-5.lua, forget mode)."""
+        rid = validate_id("reservation_id", reservation_id)
+        return self._call("cancel", [rid, "1"], lambda r: s(r[0]))
+
+    def probe(self, write: bool = False) -> Call[bool]:
+        """A call that Redis refuses wherever it would refuse a write (health);
+        ``write`` makes it really write (needed when scripts run by EVALSHA).
+        True when the cell has its policy."""
+        return self._call("probe", ["1" if write else "0"], lambda r: s(r[1]) == "1")
+
+    def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
+        nid = validate_id("node_id", node_id)
+        at_most("events", events, MAX_EVENTS)
+        args = [nid]
+        for i, ev in enumerate(events):
+            if ev.event_type not in EVENT_TYPES:
+                raise InvalidArgument(f"events[{i}].event_type", f"is not known: {ev.event_type!r}")
+            args += [validate_id(f"events[{i}].sandbox_id", ev.sandbox_id), ev.event_type]
+        return self._call(
+            "events", args, lambda r: EventsResult(acked=int(r[0]), released=int(r[1]))
+        )
+
+    def lookup(self, sandbox_id: str) -> Call[Binding]:
+        sb = validate_id("sandbox_id", sandbox_id)
+        return self._call(
+            "lookup",
+            [sb],
+            lambda r: Binding(
+                sandbox_id=sb,
+                node_id=s(r[0]),
+                endpoint=s(r[1]),
+                expires_ms=int(r[2]),
+                reservation_id=s(r[3]) or None,
+                listed=s(r[4]) == "1",
+            ),
+        )
+
+    def unregister(self, node_id: str, service_instance_id: str) -> Call[bool]:
+        if not node_id.strip() or not service_instance_id.strip():
+            raise InvalidArgument("", "node_id and service_instance_id are required")
+        args = [
+            validate_id("node_id", node_id),
+            validate_id("service_instance_id", service_instance_id),
+        ]
+        return self._call("unregister", args, lambda r: r[0] == 1)
+
+    # -- fleet and policy --------------------------------------------------
+    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Call[tuple[int, int]]:
+        at_most("nodes", nodes, MAX_STATIC_NODES)
+        args: list[str] = []
+        for i, (nid, endpoint) in enumerate(nodes):
+            if not endpoint.strip():
+                raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
+            args += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
+        return self._call("sync_nodes", args, lambda r: (int(r[0]), int(r[1])))
+
+    def sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Call[tuple[bool, int, int]]:
+        """Write a discovered node list (id, endpoint, lingering) computed from
+        watches at ``positions`` (3 resourceVersions as integers); applied only
+        if no stored position is ahead (see sync_discovered-5.lua).  Returns
+        (applied, nodes added or changed, nodes removed)."""
+        if len(positions) != 3 or any(
+            not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in positions
+        ):
+            raise InvalidArgument("positions", "must be 3 whole numbers (resourceVersions)")
+        at_most("nodes", nodes, MAX_STATIC_NODES)
+        args = [str(p) for p in positions]
+        for i, (nid, endpoint, lingering) in enumerate(nodes):
+            if not endpoint.strip():
+                raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
+            args += [
+                validate_id(f"nodes[{i}].id", nid),
+                text("endpoint", endpoint.strip()),
+                "1" if lingering else "0",
+            ]
+        return self._call(
+            "sync_discovered", args, lambda r: (s(r[0]) == "applied", int(r[1]), int(r[2]))
+        )
+
+    def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
+        args = [validate_id("node_id", node_id), "1" if lingering else "0"]
+        return self._call("set_lingering", args, lambda r: s(r[0]) == "1")
+
+    def sync_policy(
+        self, policy: Policy, overwrite: bool = False, restore: bool = False
+    ) -> Call[str]:
+        """Store or check the policy.  ``restore``: a replica puts back a policy
+        Redis lost; the cell then settles in the same step (see settle)."""
+        wanted = policy.validate().to_fields()
+        flat = [x for kv in wanted.items() for x in kv]
+
+        def parse(r: list[Any]) -> str:
+            outcome = s(r[0])
+            if outcome == "conflict":
+                stored = pairs(r[1:])
+                for name in BESIDE_POLICY:
+                    stored.pop(name, None)
+                raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
+            self.known_policy = policy
+            return outcome
+
+        mode = "1" if overwrite else "r" if restore else "0"
+        return self._call("sync_policy", [mode, *flat], parse)
+
+    def settle(self) -> Call[int]:
+        """Redis may have lost placements just made (a failover): nodes not heard
+        from since must heartbeat again before placements go to them."""
+        return self._call("settle", [], int)
+
+    def nodes(self) -> Call[tuple[int, list[NodeView]]]:
+        return self._call("nodes_view", [], parse_nodes_view)
+
+    def reservations(
+        self,
+        node_id: str | None = None,
+        reservation_id: str | None = None,
+    ) -> Call[list[Reservation]]:
+        args = [
+            validate_id("node_id", node_id) if node_id else "",
+            validate_id("reservation_id", reservation_id) if reservation_id else "",
+        ]
+        return self._call(
+            "reservations", args, lambda r: [parse_reservation(pairs(row)) for row in r]
+        )
+
+    def stats(self) -> Call[Stats]:
+        def parse(r: list[Any]) -> Stats:
+            f = pairs(r[1:])
+            return Stats(
+                pending=int(r[0]),
+                **{
+                    name: int(f.get(name, 0))
+                    for name in (
+                        "reserved_total",
+                        "assigned_total",
+                        "released_total",
+                        "cancelled_total",
+                        "expired_total",
+                        "refused_total",
+                        "forgotten_total",
+                    )
+                },
+            )
+
+        return self._call("stats", [], parse)
+
+    def policy(self) -> Call[Policy | None]:
+        def parse(r: list[Any]) -> Policy | None:
+            if not r:
+                return None
+            self.known_policy = Policy.from_fields(pairs(r))
+            return self.known_policy
+
+        return self._call("stats", ["policy"], parse)
+
+    def listed(self) -> Call[list[ListedNode]]:
+        """Every known node, lingering and never heard from included (ListNodes)."""
+        return Call("observed", self.k.fixed(), ["", "", "1", "brief"], parse_listed, writes=False)
+
+    def observed(self, node_id: str = "", cluster_id: str = "") -> Call[list[ObservedNode]]:
+        """Nodes that have heartbeated (lua/observed-5.lua), of one cluster when
+        ``cluster_id`` is given; only ``node_id`` when it is given."""
+        cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
+        return Call(
+            "observed",
+            self.k.fixed(),
+            [node_id, cluster, "0", "full"],
+            parse_observed,
+            writes=False,
+        )
+
+    def sweep(self) -> Call[tuple[int, int]]:
+        """The cell's bounded sweeps (lua/sweep-5.lua): (nodes forgotten,
+        reservations expired)."""
+        return self._call("sweep", [], lambda r: (int(r[0]), int(r[1])))
+
+    def replica_seen(self, entry: ReplicaEntry, interval_s: float = 1.0) -> Call[int]:
+        """Refresh this replica's entry of the cell's replica roster
+        (lua/replica_seen-5.lua), refreshed every ``interval_s``: it lives
+        :data:`REPLICA_TTL_MS` or 5 intervals, whichever is longer.  Redis time
+        back.  No WAIT after it: an entry lost in a failover is written again
+        at the next refresh."""
+        rid = validate_id("replica_id", entry.replica_id)
+        args = [rid, str(max(REPLICA_TTL_MS, int(interval_s * 5000)))]
+        for name in ("version", "commit", "host", "pid", "grpc", "started_ms"):
+            args += [name, str(getattr(entry, name))]
+        return Call("replica_seen", self.k.fixed(), args, lambda r: int(r[0]), writes=False)
+
+    def advance_clock(self, ms: int, mode: str = "") -> Call[int]:
+        """Move the cell's clock forward; ``mode`` "freeze" stops it first, "thaw"
+        lets it run again (drills and tests only)."""
+        if mode not in ("", "freeze", "thaw"):
+            raise InvalidArgument("mode", "must be freeze, thaw or empty")
+        return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40)), mode], int)
+
+
+_DEFAULT_POLICY = Policy()
+
+
+def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:
+    lines = [
+        "the cell's stored policy differs from this replica's configuration",
+        f"  {'field':<44} {'stored':>16} {'configured':>16}",
+    ]
+    for name in sorted(set(stored) | set(wanted)):
+        if stored.get(name) != wanted.get(name):
+            lines.append(f"  {name:<44} {stored.get(name, '-'):>16} {wanted.get(name, '-'):>16}")
+    lines.append("start with --overwrite-policy to replace the stored policy")
+    return "\n".join(lines)

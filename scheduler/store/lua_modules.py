@@ -1,0 +1,397 @@
+"""Lua includes as modules: what each one exports, and what each one uses.
+
+An include declares its exports in header lines ``-- @exports name ...``
+(several such lines add up).  Every exported name must be declared by a
+``local`` statement (or ``local function``) at the include's top level; the
+script loader (:mod:`scheduler.store.scripts`) hoists the exported names as locals
+of the main chunk, just before the include, drops the ``local`` keyword of
+their declarations (so they assign the hoisted locals: the same variable, the
+same cost at run time) and wraps the include in a ``do ... end`` block of its
+own.  Everything else an include declares is private to its block, so the
+main chunk holds only exports and Lua's limit of 200 locals per function
+bounds the exports plus one include's private names, not the sum of all.
+
+:func:`analyse` reads a file's names with a small Lua lexer and a scope
+walk: the names it uses that it does not declare (free names), and its
+top-level ``local`` statements.  The loader checks that every free name is a
+Lua or Redis global or an export of an include the file names (directly, or
+through the includes those name).  The scope walk is conservative where Lua
+is subtle: the branches of one ``if`` share a scope, a ``local`` is in scope
+from its own statement on, and a ``repeat`` block's locals stay in scope after
+its ``until``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+
+EXPORTS = re.compile(r"^-- @exports((?:[ \t]+\w+)*)[ \t]*$", re.M)
+
+#: Names Redis's Lua 5.1 defines: the base library, its modules, Redis's own.
+GLOBALS = frozenset(
+    [
+        "assert",
+        "error",
+        "ipairs",
+        "next",
+        "pairs",
+        "pcall",
+        "print",
+        "rawequal",
+        "rawget",
+        "rawset",
+        "select",
+        "setmetatable",
+        "getmetatable",
+        "tonumber",
+        "tostring",
+        "type",
+        "unpack",
+        "xpcall",
+        "loadstring",
+        "string",
+        "table",
+        "math",
+        "os",
+        "coroutine",
+        "_G",
+        "_VERSION",
+        "bit",
+        "cjson",
+        "cmsgpack",
+        "struct",
+        "redis",
+        "KEYS",
+        "ARGV",
+    ]
+)
+
+_KEYWORDS = frozenset(
+    [
+        "and",
+        "break",
+        "do",
+        "else",
+        "elseif",
+        "end",
+        "false",
+        "for",
+        "function",
+        "if",
+        "in",
+        "local",
+        "nil",
+        "not",
+        "or",
+        "repeat",
+        "return",
+        "then",
+        "true",
+        "until",
+        "while",
+    ]
+)
+
+_TOKEN = re.compile(
+    r"""
+    (?P<space>\s+)
+  | (?P<comment>--(?:\[(?P<ceq>=*)\[[\s\S]*?\](?P=ceq)\]|[^\n]*))
+  | (?P<long>\[(?P<leq>=*)\[[\s\S]*?\](?P=leq)\])
+  | (?P<string>'(?:\\[\s\S]|[^'\\\n])*'|"(?:\\[\s\S]|[^"\\\n])*")
+  | (?P<number>0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<name>[A-Za-z_]\w*)
+  | (?P<op>\.\.\.|\.\.|==|~=|<=|>=|[-+*/%^\#<>=(){}\[\];:,.])
+    """,
+    re.X,
+)
+
+
+class LuaSyntaxError(Exception):
+    """Text the lexer or the scope walk cannot read."""
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # "name", "keyword", "op" or "value"
+    text: str
+    start: int  # offset in the file
+    line: int
+
+
+def tokens(text: str) -> list[Token]:
+    """The file's tokens, without spaces and comments."""
+    out: list[Token] = []
+    pos, line = 0, 1
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise LuaSyntaxError(f"line {line}: cannot read {text[pos : pos + 20]!r}")
+        kind = m.lastgroup
+        if kind in ("ceq", "leq"):  # (inner groups: the outer one matched)
+            kind = "comment" if m.group("comment") else "long"
+        s = m.group()
+        if kind == "name":
+            out.append(Token("keyword" if s in _KEYWORDS else "name", s, pos, line))
+        elif kind == "op":
+            out.append(Token("op", s, pos, line))
+        elif kind in ("long", "string", "number"):
+            out.append(Token("value", s, pos, line))
+        line += s.count("\n")
+        pos = m.end()
+    return out
+
+
+@dataclass(frozen=True)
+class Local:
+    """A ``local`` statement at the file's top level."""
+
+    start: int  # offset of its ``local`` keyword
+    line: int
+    names: tuple[str, ...]
+    #: offset past its last name when it assigns nothing (``local a, b``)
+    bare_end: int | None = None
+
+
+@dataclass
+class Names:
+    #: names used and not declared in scope -> the first line using each
+    free: dict[str, int] = field(default_factory=dict)
+    #: the top-level local statements, in order
+    top: list[Local] = field(default_factory=list)
+
+
+_BLOCKS = {"function", "do", "if", "repeat"}
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+
+
+@cache
+def analyse(text: str) -> Names:
+    """The free names and the top-level locals of one Lua file."""
+    toks = tokens(text)
+    out = Names()
+    # frames: (opener, names declared in it); brackets declare nothing
+    stack: list[tuple[str, set[str]]] = [("chunk", set())]
+    pending: set[str] = set()  # a for's names, declared in its `do`
+
+    def top_level() -> bool:
+        return len(stack) == 1
+
+    def declare(name: str) -> None:
+        for opener, names in reversed(stack):
+            if opener not in _OPEN:
+                names.add(name)
+                return
+
+    def use(tok: Token) -> None:
+        if any(tok.text in names for _, names in stack):
+            return
+        out.free.setdefault(tok.text, tok.line)
+
+    def pop(closer: str, line: int) -> None:
+        if len(stack) == 1:
+            raise LuaSyntaxError(f"line {line}: {closer!r} closes nothing")
+        opener = stack.pop()[0]
+        wanted = _OPEN.get(opener) or ("until" if opener == "repeat" else "end")
+        if wanted != closer:
+            raise LuaSyntaxError(f"line {line}: {closer!r} closes {opener!r}")
+
+    def params(i: int) -> int:
+        """Declare the parameter list at toks[i] ("("), return the index after it."""
+        if toks[i].text != "(":
+            raise LuaSyntaxError(f"line {toks[i].line}: a function without parameters")
+        i += 1
+        while toks[i].text != ")":
+            if toks[i].kind == "name":
+                declare(toks[i].text)
+            i += 1
+        return i + 1
+
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        prev = toks[i - 1].text if i else ""
+        if t.kind == "keyword":
+            if t.text == "local":
+                at_top = top_level()
+                if toks[i + 1].text == "function":
+                    name = toks[i + 2].text
+                    declare(name)
+                    if at_top:
+                        out.top.append(Local(t.start, t.line, (name,)))
+                    stack.append(("function", set()))
+                    i = params(i + 3)
+                    continue
+                names = [toks[i + 1].text]
+                j = i + 2
+                while j + 1 < len(toks) and toks[j].text == ",":
+                    names.append(toks[j + 1].text)
+                    j += 2
+                for name in names:
+                    declare(name)
+                if at_top:
+                    last = toks[j - 1]
+                    bare = (
+                        None
+                        if j < len(toks) and toks[j].text == "="
+                        else last.start + len(last.text)
+                    )
+                    out.top.append(Local(t.start, t.line, tuple(names), bare))
+                i = j
+                continue
+            if t.text == "function":
+                j = i + 1
+                method = False
+                if toks[j].kind == "name":  # function a.b:c(...): `a` is a use
+                    use(toks[j])
+                    j += 1
+                    while toks[j].text in (".", ":"):
+                        method = method or toks[j].text == ":"
+                        j += 2
+                stack.append(("function", {"self"} if method else set()))
+                i = params(j)
+                continue
+            if t.text == "for":
+                j = i + 1
+                while toks[j].text not in ("=", "in"):
+                    if toks[j].kind == "name":
+                        pending.add(toks[j].text)
+                    j += 1
+                i = j
+                continue
+            if t.text == "do":
+                stack.append(("do", pending))
+                pending = set()
+            elif t.text in ("if", "repeat"):
+                stack.append((t.text, set()))
+            elif t.text == "end":
+                pop(t.text, t.line)
+            elif t.text == "until":  # (its condition sees the block's locals)
+                inner = stack[-1][1]
+                pop(t.text, t.line)
+                stack[-1][1].update(inner)
+        elif t.kind == "op":
+            if t.text in _OPEN:
+                stack.append((t.text, set()))
+            elif t.text in (")", "]", "}"):
+                pop(t.text, t.line)
+        elif t.kind == "name":
+            nxt = toks[i + 1].text if i + 1 < len(toks) else ""
+            key = nxt == "=" and stack[-1][0] == "{"
+            if prev not in (".", ":") and not key:
+                use(t)
+        i += 1
+    if len(stack) != 1:
+        raise LuaSyntaxError(f"{stack[-1][0]!r} is not closed at the end of the file")
+    return out
+
+
+def exports(text: str) -> list[str] | None:
+    """The names the file's ``-- @exports`` lines declare; None without any."""
+    found = EXPORTS.findall(text)
+    if not found:
+        return None
+    return [name for names in found for name in names.split()]
+
+
+def strip_exports(text: str) -> str:
+    return EXPORTS.sub("", text)
+
+
+def hoisted(text: str, names: list[str], where: str) -> str:
+    """The include's text with the ``local`` of its exported declarations
+    dropped; an exported name without a top-level declaration, or a statement
+    declaring exported and private names together, is an error naming
+    ``where`` and the line."""
+    wanted = set(names)
+    declared: set[str] = set()
+    cuts: list[tuple[int, int]] = []
+    for loc in analyse(text).top:
+        mine = wanted.intersection(loc.names)
+        if not mine:
+            continue
+        if len(mine) != len(loc.names):
+            private = ", ".join(n for n in loc.names if n not in wanted)
+            raise ExportError(
+                f"{where} line {loc.line}: one local statement declares exported "
+                f"and private names ({private} not exported): split it"
+            )
+        declared |= mine
+        # (`local a = ...` becomes `a = ...`; a bare `local a, b` goes: hoisted)
+        cuts.append((loc.start, loc.bare_end or loc.start + len("local")))
+    missing = [n for n in names if n not in declared]
+    if missing:
+        raise ExportError(
+            f"{where}: exports {', '.join(missing)}, which it does not declare "
+            "with a top-level local"
+        )
+    for start, end in reversed(cuts):
+        text = text[:start] + text[end:]
+    return text
+
+
+class ExportError(Exception):
+    """An include's exports that do not match what it declares or uses."""
+
+
+LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
+
+
+def layouts(text: str, where: str) -> dict[str, list[str]]:
+    """The record layouts the file declares: a ``-- @layout NAME`` line, then
+    ``local NAME = { ... }``, a list whose entries are field names (strings)
+    or ``OTHER.field`` (a position in layout OTHER, named by that field).
+    NAME -> its fields in order."""
+    out: dict[str, list[str]] = {}
+    toks = tokens(text)
+    for m in LAYOUT.finditer(text):
+        name, line = m.group(1), text.count("\n", 0, m.start()) + 1
+        i = next((k for k, t in enumerate(toks) if t.start > m.start()), len(toks))
+        head = [t.text for t in toks[i : i + 4]]
+        if head != ["local", name, "=", "{"]:
+            raise ExportError(
+                f"{where} line {line}: @layout {name} must precede `local {name} = {{`"
+            )
+        fields: list[str] = []
+        i += 4
+        while toks[i].text != "}":
+            t = toks[i]
+            if t.kind == "value" and t.text[0] in "'\"":
+                fields.append(t.text[1:-1])
+                i += 1
+            elif t.kind == "name" and toks[i + 1].text == "." and toks[i + 2].kind == "name":
+                fields.append(toks[i + 2].text)
+                i += 3
+            else:
+                raise ExportError(
+                    f"{where} line {t.line}: layout {name} holds {t.text!r}, "
+                    "not a field name or a LAYOUT.field"
+                )
+            if toks[i].text == ",":
+                i += 1
+        if len(set(fields)) != len(fields):
+            raise ExportError(f"{where} line {line}: layout {name} names a field twice")
+        out[name] = fields
+    return out
+
+
+def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
+    """The text with every ``LAYOUT.field`` of a known layout replaced by the
+    field's position (1-based): a name in the source, a number at run time.
+    A field the layout does not hold is an error naming ``where`` and the line."""
+    toks = tokens(text)
+    spans: list[tuple[int, int, str]] = []
+    for i, t in enumerate(toks[:-2]):
+        if t.kind != "name" or t.text not in known or toks[i + 1].text != ".":
+            continue
+        if i and toks[i - 1].text in (".", ":"):
+            continue
+        field = toks[i + 2]
+        fields = known[t.text]
+        if field.kind != "name" or field.text not in fields:
+            raise ExportError(f"{where} line {t.line}: {t.text} has no field {field.text!r}")
+        spans.append((t.start, field.start + len(field.text), str(fields.index(field.text) + 1)))
+    for start, end, number in reversed(spans):
+        text = text[:start] + number + text[end:]
+    return text

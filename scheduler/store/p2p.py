@@ -1,0 +1,120 @@
+"""P2P peers and the artifact index (ListP2pPeers, Record / Forget / Lookup
+P2pArtifact), kept in Redis so every replica answers the same.
+
+An artifact is named by (cluster, backend, key); its index entry is the sha1
+of ``cluster\\nbackend\\nkey`` (scheduler/store/keys.py: art:<digest>, node-art:<node>,
+art-lru, art-names).  :class:`PeerOps` builds the calls; the clients run
+them (``peers``, ``record_artifact``, ``forget_artifact``, ``lookup_artifact``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from scheduler.domain.errors import InvalidArgument
+from scheduler.domain.policy import MAX_ARTIFACT_KEY_BYTES, Policy
+from scheduler.store.calls import Call
+from scheduler.store.keys import CellKeys, validate_id
+from scheduler.store.replies import s
+
+DEFAULT_STORE_CAPACITY = 1_000_000
+MAX_KEY = MAX_ARTIFACT_KEY_BYTES
+MAX_BACKEND = 256
+
+
+class Peer(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    backend: str
+    address: str
+
+
+def _peers(r: list[Any]) -> list[Peer]:
+    return [Peer(node_id=s(row[0]), backend=s(row[1]), address=s(row[2])) for row in r[1:]]
+
+
+def _name_part(field: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"is longer than {limit} characters")
+    if "\n" in value or "\r" in value:
+        raise InvalidArgument(field, "contains a line break")
+    return value
+
+
+def artifact_digest(cluster_id: str, backend: str, key: str) -> str:
+    return hashlib.sha1(f"{cluster_id}\n{backend}\n{key}".encode()).hexdigest()
+
+
+def key_digest(key: str) -> str:
+    """The sha1 of an artifact key alone: how a Schedule's locality
+    requirement finds the key's index entries in every cluster and backend
+    (art-key:<this>, lua/includes/art_keys.lua)."""
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+class PeerOps:
+    """``bounds``: the cell's policy as the caller knows it (artifact_key_max_bytes)."""
+
+    def __init__(self, keys: CellKeys, bounds: Callable[[], Policy] = Policy) -> None:
+        self.k = keys
+        self.bounds = bounds
+
+    def _artifact(self, cluster_id: str, backend: str, key: str) -> tuple[str, str, str]:
+        cluster = validate_id("cluster_id", cluster_id)
+        backend = _name_part("backend", backend.strip(), MAX_BACKEND)
+        key = _name_part("key", key.strip(), MAX_KEY)
+        limit = self.bounds().artifact_key_max_bytes
+        if len(key.encode()) > limit:
+            raise InvalidArgument("key", f"is longer than {limit} bytes (artifact_key_max_bytes)")
+        return artifact_digest(cluster, backend, key), f"{cluster}\n{backend}\n{key}", cluster
+
+    def _art_keys(self) -> list[str]:
+        return [*self.k.fixed(), self.k.art_lru, self.k.art_names]
+
+    def peers(self, cluster_id: str, backend: str, exclude_node_id: str) -> Call[list[Peer]]:
+        cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
+        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        args = [cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude]
+        return Call("peer_list", self.k.fixed(), args, _peers)
+
+    def record(
+        self,
+        cluster_id: str,
+        backend: str,
+        key: str,
+        node_id: str,
+        capacity: int = DEFAULT_STORE_CAPACITY,
+    ) -> Call[int]:
+        if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
+            raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
+        digest, name, _ = self._artifact(cluster_id, backend, key)
+        node = validate_id("node_id", node_id)
+        if capacity < 1:
+            raise InvalidArgument("artifact_store_capacity", "must be at least 1")
+        return Call(
+            "artifact_record",
+            self._art_keys(),
+            # (the key's own sha1: the locality index by key, lua/includes/art_keys.lua)
+            [digest, name, node, str(capacity), key_digest(name.split("\n", 2)[2])],
+            lambda r: int(r[0]),
+        )
+
+    def forget(self, cluster_id: str, backend: str, key: str, node_id: str) -> Call[bool]:
+        if not (cluster_id.strip() and backend.strip() and key.strip() and node_id.strip()):
+            raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
+        digest, _, _ = self._artifact(cluster_id, backend, key)
+        node = validate_id("node_id", node_id)
+        return Call("artifact_forget", self._art_keys(), [digest, node], lambda r: r[0] == 1)
+
+    def lookup(
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
+    ) -> Call[list[Peer]]:
+        if not (cluster_id.strip() and backend.strip() and key.strip()):
+            raise InvalidArgument("", "cluster_id, backend, and key are required")
+        digest, _, cluster = self._artifact(cluster_id, backend, key)
+        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        args = [digest, cluster, backend.strip(), exclude, str(max(limit, 0))]
+        return Call("artifact_lookup", self._art_keys(), args, _peers)
