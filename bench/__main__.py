@@ -25,6 +25,7 @@ from bench import (
     heartbeats,
     instructions,
     latency,
+    locality,
     memory,
     roster,
     scale,
@@ -34,7 +35,7 @@ from bench import (
 )
 from bench.runner import Result, Target, markdown, redis_target, show, write_json
 
-PLOTTABLE = ("ceiling", "latency")
+PLOTTABLE = ("ceiling", "latency", "locality")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -261,6 +262,43 @@ def parser() -> argparse.ArgumentParser:
     )
     _burst_options(v, versus.Params(), "rounds of bursts per library", "calls per burst", base=True)
 
+    lo = sub.add_parser(
+        "locality",
+        parents=[common],
+        help="warm starts, GiB pulled, pressure and Redis CPU by placement strategy, "
+        "a replay in simulated time (issue #32)",
+    )
+    lo.add_argument("--nodes-per-shape", type=int, help="nodes of each CPU size (default 4)")
+    lo.add_argument("--seconds", type=int, help="simulated seconds of arrivals (default 3000)")
+    lo.add_argument("--replicas", type=int, help="library replicas (default 3)")
+    lo.add_argument(
+        "--strategies",
+        type=_names(locality.STRATEGIES),
+        help=f"comma-separated, of {','.join(locality.STRATEGIES)} (default all)",
+    )
+    lo.add_argument(
+        "--locality",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a locality policy setting for `ours` (JSON value), e.g. max_pressure_gap=0.1; "
+        "repeatable",
+    )
+    lo.add_argument(
+        "--sweep",
+        action="append",
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more `ours` row with these locality settings (the sensitivity of the "
+        "targets); repeatable",
+    )
+    lo.add_argument(
+        "--scale-nodes",
+        type=_ints,
+        help="fleet sizes of the Redis-CPU-per-decision rows (default 1000,10000)",
+    )
+    lo.add_argument("--no-scale", action="store_true", help="skip those rows")
+    lo.add_argument("--seed", type=int, default=1, help="seed of the fleet and the arrivals")
+    lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
+
     g = sub.add_parser(
         "stages",
         parents=[common],
@@ -278,6 +316,14 @@ def parser() -> argparse.ArgumentParser:
     )
     _burst_options(n, instructions.Params(), "rounds of bursts", "calls per burst", base=True)
     return p
+
+
+def _setting(item: str) -> tuple[str, str]:
+    """A locality setting ``KEY=VALUE`` (the value JSON: 0.1, 600000)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        parser().error(f"--locality and --sweep take KEY=VALUE, not {item!r}")
+    return key.strip(), value.strip()
 
 
 def _params(args: argparse.Namespace, base: Any, mapping: dict[str, str]) -> Any:
@@ -339,6 +385,28 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             {"nodes": "nodes", "reservations": "reservations"},
         )
         return lambda t: memory.run(t, mp)
+    if name == "locality":
+        lop = _params(
+            args,
+            locality.Params.quick() if args.quick else locality.Params(),
+            {
+                "nodes_per_shape": "nodes_per_shape",
+                "seconds": "seconds",
+                "replicas": "replicas",
+                "strategies": "strategies",
+            },
+        )
+        pairs = [_setting(item) for item in args.locality or ()]
+        sweep = tuple(
+            tuple(_setting(item) for item in text.split(",") if item.strip())
+            for text in args.sweep or ()
+        )
+        lop = replace(lop, seed=args.seed, locality=tuple(pairs), sweep=sweep)
+        if args.scale_nodes:
+            lop = replace(lop, scale_nodes=args.scale_nodes)
+        if args.no_scale:
+            lop = replace(lop, scale_nodes=())
+        return lambda t: locality.run(t, lop)
     if name == "stages":
         gp = _params(
             args,

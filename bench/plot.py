@@ -30,6 +30,8 @@ def draw(result: Result, path: str | Path) -> None:
         _latency(result, path)
     elif result.scenario == "ceiling":
         _ceiling(result, path)
+    elif result.scenario == "locality":
+        _locality(result, path)
     else:
         raise ValueError(f"no chart for scenario {result.scenario!r}")
 
@@ -84,6 +86,41 @@ def _ceiling(result: Result, path: str | Path) -> None:
         ax.set_title("paced, lagging heartbeats" if paced else "full speed")
     axes[0].set_ylabel("most sandboxes on one node")
     axes[0].legend(fontsize=8)
+    _footer(fig, result)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _locality(result: Result, path: str | Path) -> None:
+    """Four panels, one bar per strategy of the replay (at the run's replica
+    count): warm starts, GiB pulled, peak pressure, Redis time per decision."""
+    plt = _pyplot()
+    replicas = result.params.get("replicas")
+    nodes = result.params.get("nodes_per_shape", 0) * len(result.params.get("node_cpus", ()))
+    rows = [
+        r
+        for r in result.rows
+        if "placed" in r and r.get("replicas") == replicas and r.get("nodes") == nodes
+    ]
+    labels = [r["strategy"] + (f"\n{r['setting']}" if r.get("setting") else "") for r in rows]
+    colors = ["tab:blue" if r["strategy"] == "ours" else "tab:gray" for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (key, title) in zip(
+        axes.flat,
+        (
+            ("warm_pct", "warm starts (%)"),
+            ("gib_pulled", "GiB pulled"),
+            ("peak_pressure", "peak pressure"),
+            ("redis_us_per_decision", "Redis us per decision"),
+        ),
+        strict=True,
+    ):
+        ax.bar(range(len(rows)), [r[key] for r in rows], color=colors)
+        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30, ha="right")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"locality replay: the same arrivals, {replicas} replicas")
+    fig.tight_layout()
     _footer(fig, result)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
