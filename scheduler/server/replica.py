@@ -477,10 +477,10 @@ class Replica:
             except EvictionRisk as e:
                 await self._set_serving(False, e.message)
             except StoreUnavailable as e:
-                # (a restarted or replaced server is held by the RestartGuard:
-                # refusals of the same server, OOM or READONLY, hold nothing)
+                self._hold_writes()
                 await self._set_serving(False, e.message)
             except asyncio.TimeoutError:
+                self._hold_writes()
                 await self._set_serving(False)
             except SchedulerError as e:
                 log.warning("monitor: %s", e.message)
@@ -503,12 +503,12 @@ class Replica:
         self.check_now()
 
     def _hold_writes(self) -> None:
-        """Another Redis server answers: it may be another history (an old
-        snapshot, a replica that was behind) or another clock; writes wait
-        until the monitor has compared (:meth:`check_history`)."""
+        """Redis did not answer: when it does again, it may be another
+        history (an old snapshot, a replica that was behind) or another clock;
+        writes wait until the monitor has compared (:meth:`check_history`)."""
         if not self.settings.query_only:
             self.sched.unchecked = (
-                f"Redis at {self.sched.target} is another server: writes wait until this "
+                f"Redis at {self.sched.target} was unreachable: writes wait until this "
                 "replica has checked its data"
             )
 
