@@ -80,7 +80,7 @@ class _Scope:
 
 
 _SCOPE: ContextVar[_Scope | None] = ContextVar("scheduler_scope", default=None)
-#: set inside checking(): the calls that check Redis's data pass
+#: set inside BaseClient.checking(): the calls that check Redis's data pass
 #: the hold (``unchecked``) that keeps every other write out until then
 _CHECKING: ContextVar[bool] = ContextVar("scheduler_checking", default=False)
 
@@ -105,21 +105,6 @@ def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str
         "start with --overwrite-policy to replace the stored node list",
     ]
     return "\n".join(lines)
-
-
-@contextmanager
-def checking() -> Iterator[None]:
-    """Calls made inside this block (this task) pass a client's ``unchecked``
-    hold, not its fence: a replica checking a Redis's data before writes go on."""
-    token = _CHECKING.set(True)
-    try:
-        yield
-    finally:
-        _CHECKING.reset(token)
-
-
-def is_checking() -> bool:
-    return _CHECKING.get()
 
 
 class BeatMemo(dict[str, Beat]):
@@ -263,6 +248,20 @@ class BaseClient:
         scope = _SCOPE.get()
         if scope is not None and scope.observe is not None:
             scope.observe(script, time.perf_counter() - start, error)
+
+    @staticmethod
+    @contextmanager
+    def checking() -> Iterator[None]:
+        """Calls made inside this block pass the ``unchecked`` hold (not the fence)."""
+        token = _CHECKING.set(True)
+        try:
+            yield
+        finally:
+            _CHECKING.reset(token)
+
+    @staticmethod
+    def is_checking() -> bool:
+        return _CHECKING.get()
 
     def _fenced(self, call: Call[Any]) -> None:
         why = ""

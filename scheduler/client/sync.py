@@ -26,7 +26,6 @@ from scheduler.domain.errors import (
     SchedulerError,
     StoreUnavailable,
 )
-from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -204,18 +203,7 @@ class Scheduler(BaseClient):
         return self._one(self.ops.advance_clock(ms, mode))
 
     def probe(self) -> bool:
-        return self.probe_cell().has_policy
-
-    def probe_cell(self) -> Probe:
-        return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
-
-    def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
-    ) -> tuple[bool, int, int, int, int]:
-        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
-
-    def reconcile_rewound(self, before_ms: int, most: int) -> tuple[int, bool]:
-        return self.run(self.ops.reconcile_rewound(before_ms, most))
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL)).has_policy
 
     # -- nodes ---------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> HeartbeatResult:

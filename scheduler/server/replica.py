@@ -38,7 +38,6 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler.client.aio import AsyncScheduler
-from scheduler.client.plans import checking, is_checking
 from scheduler.domain.errors import FailedPrecondition, SchedulerError, StoreUnavailable
 from scheduler.domain.history import RECONCILE_BATCH, REWOUND_GRACE_MS, HistoryWatch, Probe
 from scheduler.domain.limits import max_message_bytes
@@ -188,7 +187,7 @@ class Replica:
         #: new connections to another Redis server hold writes until checked
         self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
         if self.restart_guard is not None and not settings.query_only:
-            self.restart_guard.bypass = is_checking
+            self.restart_guard.bypass = sched.is_checking
             self.restart_guard.on_other = self._other_server
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
@@ -242,7 +241,7 @@ class Replica:
             "a new primary: writes wait until this replica has checked its data and clock"
         )
         try:
-            with checking():
+            with self.sched.checking():
                 run_id = None
                 if self.restart_guard is not None:
                     with translated(self.sched.target):
@@ -513,7 +512,7 @@ class Replica:
             )
 
     async def _check_redis(self, refresh_stats: bool) -> None:
-        with checking():
+        with self.sched.checking():
             await self._check_redis_data(refresh_stats)
         self.sched.unchecked = ""
 
@@ -592,7 +591,7 @@ class Replica:
                         verdict.sequence,
                         verdict.expected_sequence,
                         age / 1000,
-                        f"; its clock moved by {moved:+d} ms" if moved else "",
+                        f"; its clock moved back by {-moved} ms" if moved else "",
                     )
                 else:
                     log.warning(
