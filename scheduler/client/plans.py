@@ -80,9 +80,6 @@ class _Scope:
 
 
 _SCOPE: ContextVar[_Scope | None] = ContextVar("scheduler_scope", default=None)
-#: set inside BaseClient.checking(): the calls that check Redis's data pass
-#: the hold (``unchecked``) that keeps every other write out until then
-_CHECKING: ContextVar[bool] = ContextVar("scheduler_checking", default=False)
 
 
 @dataclass(frozen=True)
@@ -152,10 +149,6 @@ class BeatMemo(dict[str, Beat]):
         self.written.pop(node_id, None)
         return super().pop(node_id, default)
 
-    def clear(self) -> None:
-        self.written.clear()
-        super().clear()
-
     def _expire(self, now: float) -> None:
         """Drop entries older than max_age_s (the oldest first; stops at the
         first young one, so a write costs O(1) amortised)."""
@@ -202,10 +195,6 @@ class BaseClient:
         self.forgotten: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
         self.fence = Fence()
-        #: writes held (this reason; "" = not) until a replica has checked the
-        #: data of a Redis that was unreachable or is a new primary (the
-        #: cell's history, scheduler/domain/history.py); its own checks pass (checking())
-        self.unchecked = ""
         #: the cell this client keeps (keep_cell): put back when Redis lost it
         self.kept: CellSetup | None = None
 
@@ -249,24 +238,8 @@ class BaseClient:
         if scope is not None and scope.observe is not None:
             scope.observe(script, time.perf_counter() - start, error)
 
-    @staticmethod
-    @contextmanager
-    def checking() -> Iterator[None]:
-        """Calls made inside this block pass the ``unchecked`` hold (not the fence)."""
-        token = _CHECKING.set(True)
-        try:
-            yield
-        finally:
-            _CHECKING.reset(token)
-
-    @staticmethod
-    def is_checking() -> bool:
-        return _CHECKING.get()
-
     def _fenced(self, call: Call[Any]) -> None:
-        why = ""
-        if call.acked:
-            why = self.fence.held() or ("" if _CHECKING.get() else self.unchecked)
+        why = self.fence.held() if call.acked else ""
         if why:
             raise StoreUnavailable(f"Redis at {self.target}: {why}")
 

@@ -203,7 +203,7 @@ class Scheduler(BaseClient):
         return self._one(self.ops.advance_clock(ms, mode))
 
     def probe(self) -> bool:
-        return self.run(self.ops.probe(write=self.scripts.mode == EVAL)).has_policy
+        return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
 
     # -- nodes ---------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> HeartbeatResult:
