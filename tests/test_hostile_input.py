@@ -222,7 +222,7 @@ def test_grpc_bounds_name_the_field_and_write_nothing(
 ) -> None:
     stub = replica.stub
     stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1.local:5000"))
-    before = snapshot_keys(redis_client)
+    before = snapshot_keys(redis_client, monitor=True)
     big = hb_request("n1", roster=roster(4097))
     assert refused(lambda: stub.Heartbeat(big)).startswith(
         "sandbox_ids has 4097 entries, more than max_roster_ids (4096)"
@@ -271,7 +271,7 @@ def test_grpc_bounds_name_the_field_and_write_nothing(
     assert refused(lambda: stub.RecordP2pArtifact(art)).startswith(
         "key is longer than 512 bytes (artifact_key_max_bytes)"
     )
-    assert snapshot_keys(redis_client) == before
+    assert snapshot_keys(redis_client, monitor=True) == before
     # a good endpoint is taken
     stub.Heartbeat(hb_request("n2"), metadata=endpoint_md("https://[::1]:8443"))
     assert (
