@@ -55,6 +55,7 @@ from scheduler.domain.records import (
     NodeView,
     ObservedNode,
     Placement,
+    RebuildStep,
     Request,
     Reservation,
     SandboxEvent,
@@ -90,6 +91,13 @@ LIST_PAGE = 256
 
 #: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
 Page = tuple[str, list[T]]
+
+#: Nodes one step of an index rebuild reindexes (lua/index_rebuild-5.lua),
+#: about 2 ms of Redis; a replica's monitor takes steps until the rebuild ends.
+REBUILD_STEP = 128
+MAX_REBUILD_STEP = 10_000
+#: What a rebuild step may be asked to do first (lua/index_rebuild-5.lua ARGV[1]).
+REBUILD_MODES = ("step", "start", "fresh")
 
 #: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
 #: replica's monitor takes one step a tick, all replicas sharing the pass.
@@ -786,6 +794,28 @@ class Ops:
 
         # (no WAIT after it: a census step lost in a failover is taken again)
         return Call("census", self.k.fixed(), [str(step)], parse, writes=False)
+
+    def index_rebuild(self, mode: str = "step", step: int = REBUILD_STEP) -> Call[RebuildStep]:
+        """One bounded step of the placement index's rebuild
+        (lua/index_rebuild-5.lua): at most ``step`` nodes reindexed; with
+        ``mode`` "start" a new rebuild first, "fresh" after the index keys were
+        dropped (doctor's repair)."""
+        if mode not in REBUILD_MODES:
+            raise InvalidArgument(
+                "mode", f"must be one of {', '.join(REBUILD_MODES)}, not {mode!r}"
+            )
+        if not 1 <= step <= MAX_REBUILD_STEP:
+            raise InvalidArgument(
+                "step", f"must be a whole number in 1..{MAX_REBUILD_STEP}, not {step!r}"
+            )
+
+        def parse(r: list[Any]) -> RebuildStep:
+            return RebuildStep(
+                done=int(r[0]) == 1, reindexed=int(r[1]), epoch=s(r[2]), cursor=s(r[3])
+            )
+
+        # (no WAIT after it: a step lost in a failover is taken again)
+        return Call("index_rebuild", self.k.fixed(), [mode, str(step)], parse, writes=False)
 
     def policy(self) -> Call[Policy | None]:
         def parse(r: list[Any]) -> Policy | None:
