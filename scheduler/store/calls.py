@@ -86,8 +86,9 @@ READ_ONLY_SCRIPTS = frozenset(
 REPLICA_TTL_MS = 15_000
 
 #: Nodes one page of ListNodes / ListObservedNodes reads (lua/observed-5.lua):
-#: a few ms of Redis at most in the full form; the client stitches the pages.
-LIST_PAGE = 256
+#: about 4 ms of Redis CPU on a busy host in the full form (256 took 7.5-8.4,
+#: past the 5 ms every call must stay under); the client stitches the pages.
+LIST_PAGE = 128
 
 #: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
 Page = tuple[str, list[T]]
