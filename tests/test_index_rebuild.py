@@ -22,16 +22,20 @@ from typing import Any
 import pytest
 
 from scheduler import Limits, Policy, Request, Scheduler
-from scheduler.testing.model import Demand, evaluate
-from tests.helpers import hb, node_states
+from scheduler.store.calls import REBUILD_STEP
+from scheduler.store.scripts import library
+from scheduler.testing.model import Demand, decide, evaluate
+from tests.helpers import hb, node_states, rr_value
 from tests.test_index import index_is_consistent
 from tests.test_model_equivalence import check_stream
 
 pytestmark = pytest.mark.real_only
 
-#: The fleet: more nodes than a sync_policy's first step takes (128), so a
-#: rebuild is still under way when the change returns.
+#: The fleet: more nodes than a sync_policy's first step takes
+#: (REBUILD_STEP), so a rebuild is still under way when the change returns.
 FLEET = 500
+#: Nodes a placement's own step reindexes (REBUILD.PLACEMENT_STEP).
+PLACEMENT_STEP = 32
 HOT = 90  # cpu_percent of every third node: out under a ceiling of 80
 
 
@@ -71,6 +75,12 @@ def _cell(redis_client: Any, policy: Policy, name: str) -> tuple[Scheduler, int]
     return s, now
 
 
+def test_the_step_sizes_are_the_scripts_own() -> None:
+    text = library().text
+    assert f"STEP = {REBUILD_STEP}," in text
+    assert f"PLACEMENT_STEP = {PLACEMENT_STEP}," in text
+
+
 def test_each_step_reindexes_at_most_its_budget_and_the_pass_ends_whole(
     redis_client: Any,
 ) -> None:
@@ -83,7 +93,7 @@ def test_each_step_reindexes_at_most_its_budget_and_the_pass_ends_whole(
     assert s.sync_policy(tight, overwrite=True) == "overwritten"
     # the change itself took one step of REBUILD_STEP nodes, no more
     first = _hmgets(s) - before
-    assert first <= 128 + 8, first
+    assert first <= REBUILD_STEP + 8, first
     assert _stale(s)
     budget, steps, total = 50, 0, 0
     cursors: list[str] = []
@@ -100,8 +110,8 @@ def test_each_step_reindexes_at_most_its_budget_and_the_pass_ends_whole(
             break
         cursors.append(step.cursor)
     assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
-    assert total == FLEET - 128
-    assert steps == (FLEET - 128) // budget + 1
+    assert total == FLEET - REBUILD_STEP
+    assert steps == (FLEET - REBUILD_STEP) // budget + 1
     assert not _stale(s)
     index_is_consistent(s, tight, now)
     # a step with nothing under way reads nothing of the fleet
@@ -130,8 +140,38 @@ def test_placement_during_a_tightening_rebuild_decides_like_the_model(
         # (each placement takes one step of 32 nodes itself)
         check_stream(s, tight, [Request.cold(2, 1024)])
         assert decided_stale < FLEET
-    assert decided_stale >= (FLEET - 128) // 32
+    assert decided_stale >= (FLEET - REBUILD_STEP) // PLACEMENT_STEP
     check_stream(s, tight, [Request.cold(2, 1024)] * 4)
+    index_is_consistent(s, tight, now)
+
+
+def test_a_batch_of_placements_during_a_tightening_rebuild_decides_like_the_model(
+    redis_client: Any,
+) -> None:
+    """The coalesced path (one call, 16 decisions, one rebuild step): the
+    picks it keeps from one decision to the next, the members it knows and
+    the nodes the stale checks take out of the index all stay exact."""
+    loose = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, loose, "batch")
+    _fleet(s)
+    tight = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    s.sync_policy(tight, overwrite=True)
+    batches = 0
+    while _stale(s):
+        batches += 1
+        assert batches < FLEET
+        states, rr = node_states(s), rr_value(s)
+        reqs = [Request.cold(*size) for size in [(1, 512), (2, 1024), (4, 4096), (1, 512)] * 4]
+        calls = [s.ops.schedule(req) for req in reqs]
+        placed = s.run(s.ops.schedule_batch(calls))
+        for i, (req, call, got) in enumerate(zip(reqs, calls, placed, strict=True)):
+            want = decide(states, tight, req, now, rr + 1 + i, float(call.args[6]))
+            assert not isinstance(got, Exception), got
+            assert got.node_id == want.chosen, i
+            states = [
+                n.with_reservation(got.cpu, got.memory_bytes) if n.node_id == got.node_id else n
+                for n in states
+            ]
     index_is_consistent(s, tight, now)
 
 
@@ -237,7 +277,7 @@ def test_a_rebuild_interrupted_by_a_killed_caller_resumes_from_its_cursor(
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     child = subprocess.Popen([sys.executable, "-c", STEPPER, redis_server.url, "killed"], env=env)
     try:
-        # (it takes one node a step: kill it once it has taken a few)
+        # (it takes one node a step: kill it once it has taken one)
         deadline = time.monotonic() + 60
         while s.client.hget(s.keys.base + "idx-rebuild", "cursor").decode() <= start:
             assert child.poll() is None and time.monotonic() < deadline

@@ -181,6 +181,12 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       local tries = stale and STALE_PICK_TRIES or 1
       for _ = 1, tries do
         local picked, among = pick_indexed(ctx, P, req, rr_next)
+        -- (and the members of its equals the pass has not reached yet, so
+        -- that the turn among them is the full scan's)
+        for _ = 1, tries do
+          if not (stale and picked and REBUILD.check(ctx, P, now, among)) then break end
+          picked, among = pick_indexed(ctx, P, req, rr_next)
+        end
         -- @stage pick
         if not picked then break end
         -- The record must sit in one of the buckets it was chosen among; its

@@ -93,16 +93,20 @@ LIST_PAGE = 128
 #: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
 Page = tuple[str, list[T]]
 
-#: Nodes one step of an index rebuild reindexes (lua/index_rebuild-5.lua),
-#: about 2 ms of Redis; a replica's monitor takes steps until the rebuild ends.
-REBUILD_STEP = 128
+#: Nodes one step of an index rebuild reindexes (lua/index_rebuild-5.lua;
+#: its REBUILD.STEP, tests/test_index_rebuild.py holds them equal): steps of
+#: 128 took up to 6.1 ms of Redis CPU at 100,000 nodes on a busy host, these
+#: about half; a replica's monitor takes steps until the rebuild ends.
+REBUILD_STEP = 64
 MAX_REBUILD_STEP = 10_000
 #: What a rebuild step may be asked to do first (lua/index_rebuild-5.lua ARGV[1]).
 REBUILD_MODES = ("step", "start", "fresh")
 
-#: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
-#: replica's monitor takes one step a tick, all replicas sharing the pass.
-CENSUS_STEP = 512
+#: Nodes one census step reads (lua/census-5.lua), about 1-2 ms of Redis (512
+#: took up to 4.5 ms of CPU on a busy host, close to the 5 ms no call may
+#: pass); each replica's monitor takes one step a tick, all replicas sharing
+#: the pass.
+CENSUS_STEP = 256
 MAX_CENSUS_STEP = 10_000
 
 
