@@ -316,3 +316,32 @@ def test_a_replicas_monitor_drives_a_rebuild_to_its_end(
         assert time.monotonic() < deadline, "the monitor never ended the rebuild"
         time.sleep(0.05)
     index_is_consistent(s, tight, now)
+
+
+def test_a_change_during_a_rebuild_starts_the_pass_over(redis_client: Any) -> None:
+    """Nodes the pass under way reindexed went by the policy it started
+    under: a second change starts a new epoch from the first node, and the
+    index ends as the last policy implies."""
+    first = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, first, "again")
+    _fleet(s)
+    mid = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=50))
+    s.sync_policy(mid, overwrite=True)
+    s.index_rebuild("step", 100)
+    key = s.keys.base + "idx-rebuild"
+    epoch, cursor = (x.decode() for x in s.client.hmget(key, "epoch", "cursor"))
+    assert cursor != ""
+    last = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=95))
+    s.sync_policy(last, overwrite=True)
+    again = s.client.hmget(key, "epoch", "cursor")
+    assert int(again[0]) == int(epoch) + 1
+    # the new pass's first step (in the change) reached fewer nodes than the old one had
+    assert again[1].decode() < cursor
+    total = REBUILD_STEP
+    while True:
+        step = s.index_rebuild("step", 100)
+        total += step.reindexed
+        if step.done:
+            break
+    assert total == FLEET
+    index_is_consistent(s, last, now)
