@@ -36,7 +36,8 @@ the figure the core share uses.
 Then the bounded calls that are not periodic: a census step, a ListNodes and
 a ListObservedNodes page, ``sync_nodes []`` (start-up in
 heartbeat-registration mode), a policy change (which takes the first step of
-the index rebuild it starts) and the rebuild's steps, taken until the index
+the index rebuild it starts), a batch of 16 placements while the index is
+stale, and the rebuild's steps, taken until the index
 is whole as a replica's monitor takes them (the longest step, and how many);
 and, apart, one that still reads the fleet: the unpaged list the monitor
 used to make every 5 s.  The
@@ -278,6 +279,15 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         changed = Policy(strategy="least_loaded", report_ttl_ms=3_600_001)
         oneoff["policy change (its first rebuild step)"] = _one(
             target, s, s.ops.sync_policy(changed, overwrite=True)
+        )
+        # placements while the index is stale: a batch of 16 takes one step of
+        # 32 nodes and checks what it picks among (lua/includes/schedule.lua)
+        oneoff["coalesced placements (16) while stale"] = _one(
+            target,
+            s,
+            s.ops.schedule_batch(
+                [s.ops.schedule(Request.cold(*rng.choice(SIZES))) for _ in range(COALESCED)]
+            ),
         )
         oneoff["index rebuild step (the longest)"] = _rebuild_steps(target, s)
         off_ms, off_call = _slowest(target)
