@@ -16,7 +16,8 @@ pending reservations (one per 50 nodes).  Then ``rounds`` rounds, each:
    (``bench.latency.FLOOR_LIBRARY``, the floor the other benches use);
 5. **periodic work** of ``replicas`` replicas over 5 s of their monitor
    loops, driven by the bench (the calls a replica's monitor makes: each
-   1 s tick a probe, a replica-roster refresh and a census step; each 5 s
+   1 s tick a probe, a replica-roster refresh, a census step and a step of
+   an index rebuild (none under way: two fields read); each 5 s
    the sweeps, the policy, the counters and a census step), not replica
    processes: their Redis cost is what is measured here.
 
@@ -177,6 +178,8 @@ def _periodic(s: Scheduler, replicas: int) -> list[Call[Any]]:
                 s.ops.probe(write=False),
                 s.ops.replica_seen(entry, 1.0),
                 s.ops.census(CENSUS_STEP),
+                # (a step of an index rebuild: none under way, two fields read)
+                s.ops.index_rebuild("step", REBUILD_STEP),
             ]
         calls += [s.ops.sweep(), s.ops.policy(), s.ops.stats()]
     return calls
