@@ -70,7 +70,14 @@ from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
 from scheduler.domain.records import MachineInfo
-from scheduler.store.calls import CENSUS_STEP, LIST_PAGE, REBUILD_STEP, Call, ReplicaEntry
+from scheduler.store.calls import (
+    CENSUS_STEP,
+    LIST_PAGE,
+    OBSERVED_PAGE,
+    REBUILD_STEP,
+    Call,
+    ReplicaEntry,
+)
 from scheduler.store.cpuconfig import CpuConfigOps
 from scheduler.store.scripts import FUNCTION, library
 
@@ -273,7 +280,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         oneoff = {
             "census step": _one(target, s, s.ops.census(CENSUS_STEP)),
             "ListNodes page": _one(target, s, s.ops.listed("", LIST_PAGE)),
-            "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", LIST_PAGE)),
+            "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", OBSERVED_PAGE)),
             "sync_nodes [] (start-up)": _one(target, s, s.ops.sync_nodes([])),
         }
         # a changed policy: the change takes the index rebuild's first step,
