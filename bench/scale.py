@@ -16,7 +16,8 @@ pending reservations (one per 50 nodes).  Then ``rounds`` rounds, each:
    (``bench.latency.FLOOR_LIBRARY``, the floor the other benches use);
 5. **periodic work** of ``replicas`` replicas over 5 s of their monitor
    loops, driven by the bench (the calls a replica's monitor makes: each
-   1 s tick a probe, a replica-roster refresh and a census step; each 5 s
+   1 s tick a probe, a replica-roster refresh, a census step and a step of
+   an index rebuild (none under way: two fields read); each 5 s
    the sweeps, the policy, the counters and a census step), not replica
    processes: their Redis cost is what is measured here.
 
@@ -34,10 +35,13 @@ over the same pipelined burst (``INFO cpu``: parsing and replies included),
 the figure the core share uses.
 
 Then the bounded calls that are not periodic: a census step, a ListNodes and
-a ListObservedNodes page and ``sync_nodes []`` (start-up in
-heartbeat-registration mode); and, apart, two that still read the fleet: the
-unpaged list the monitor used to make every 5 s, and a policy change (its
-index rebuild is one call).  The
+a ListObservedNodes page, ``sync_nodes []`` (start-up in
+heartbeat-registration mode), a policy change (which takes the first step of
+the index rebuild it starts), a batch of 16 placements while the index is
+stale, and the rebuild's steps, taken until the index
+is whole as a replica's monitor takes them (the longest step, and how many);
+and, apart, one that still reads the fleet: the unpaged list the monitor
+used to make every 5 s.  The
 longest single call comes from ``SLOWLOG`` (every call over 1 ms logged,
 reset before the measured rounds): the longest of the periodic and hot-path
 calls, and of the start-up and one-off ones, reported apart.
@@ -66,7 +70,14 @@ from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
 from scheduler.domain.records import MachineInfo
-from scheduler.store.calls import CENSUS_STEP, LIST_PAGE, Call, ReplicaEntry
+from scheduler.store.calls import (
+    CENSUS_STEP,
+    LIST_PAGE,
+    OBSERVED_PAGE,
+    REBUILD_STEP,
+    Call,
+    ReplicaEntry,
+)
 from scheduler.store.cpuconfig import CpuConfigOps
 from scheduler.store.scripts import FUNCTION, library
 
@@ -174,6 +185,8 @@ def _periodic(s: Scheduler, replicas: int) -> list[Call[Any]]:
                 s.ops.probe(write=False),
                 s.ops.replica_seen(entry, 1.0),
                 s.ops.census(CENSUS_STEP),
+                # (a step of an index rebuild: none under way, two fields read)
+                s.ops.index_rebuild("step", REBUILD_STEP),
             ]
         calls += [s.ops.sweep(), s.ops.policy(), s.ops.stats()]
     return calls
@@ -196,6 +209,29 @@ def _one(target: Target, s: Scheduler, call: Call[Any]) -> dict[str, float]:
     s.run(call)
     ms = target.script_stats_since(before)[1] / 1000
     return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
+
+
+def _rebuild_steps(target: Target, s: Scheduler) -> dict[str, float]:
+    """Steps of the index rebuild under way until it ends: the longest one's
+    Redis time and CPU (ms), how many steps, and all of them together."""
+    longest: dict[str, float] = {"ms": 0.0, "cpu_ms": 0.0}
+    steps, total_ms, total_cpu = 0, 0.0, 0.0
+    while True:
+        cpu, before = target.cpu_seconds(), target.script_stats()
+        step = s.run(s.ops.index_rebuild("step", REBUILD_STEP))
+        ms = target.script_stats_since(before)[1] / 1000
+        cpu_ms = (target.cpu_seconds() - cpu) * 1000
+        steps, total_ms, total_cpu = steps + 1, total_ms + ms, total_cpu + cpu_ms
+        longest = {"ms": max(longest["ms"], ms), "cpu_ms": max(longest["cpu_ms"], cpu_ms)}
+        if step.done:
+            break
+    return {
+        "ms": round(longest["ms"], 2),
+        "cpu_ms": round(longest["cpu_ms"], 2),
+        "steps": steps,
+        "all_steps_ms": round(total_ms, 1),
+        "all_steps_cpu_ms": round(total_cpu, 1),
+    }
 
 
 def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
@@ -244,18 +280,30 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         oneoff = {
             "census step": _one(target, s, s.ops.census(CENSUS_STEP)),
             "ListNodes page": _one(target, s, s.ops.listed("", LIST_PAGE)),
-            "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", LIST_PAGE)),
+            "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", OBSERVED_PAGE)),
             "sync_nodes [] (start-up)": _one(target, s, s.ops.sync_nodes([])),
         }
+        # a changed policy: the change takes the index rebuild's first step,
+        # then steps of REBUILD_STEP nodes, as a replica's monitor takes them,
+        # until the index is whole (lua/index_rebuild-5.lua)
+        changed = Policy(strategy="least_loaded", report_ttl_ms=3_600_001)
+        oneoff["policy change (its first rebuild step)"] = _one(
+            target, s, s.ops.sync_policy(changed, overwrite=True)
+        )
+        # placements while the index is stale: a batch of 16 takes one step of
+        # 32 nodes and checks what it picks among (lua/includes/schedule.lua)
+        oneoff["coalesced placements (16) while stale"] = _one(
+            target,
+            s,
+            s.ops.schedule_batch(
+                [s.ops.schedule(Request.cold(*rng.choice(SIZES))) for _ in range(COALESCED)]
+            ),
+        )
+        oneoff["index rebuild step (the longest)"] = _rebuild_steps(target, s)
         off_ms, off_call = _slowest(target)
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
-        )
-        # (still one call: a changed policy rebuilds the whole index)
-        changed = Policy(strategy="least_loaded", report_ttl_ms=3_600_001)
-        oneoff["policy change (index rebuild, one call)"] = _one(
-            target, s, s.ops.sync_policy(changed, overwrite=True)
         )
     finally:
         target.client.config_set("slowlog-log-slower-than", 10000)
@@ -430,11 +478,10 @@ def run(target: Target, p: Params | None = None) -> Result:
         "projection",
         f"longest_*: SLOWLOG (calls over {SLOW_US / 1000:g} ms): hot = the rounds above "
         "(placements, heartbeats, periodic work), oneoff = "
-        + ", ".join(k for k in rows[0]["oneoff"] if "one call" not in k and "old" not in k)
-        + " (each row's oneoff gives each one's FCALL time and redis-server CPU, and those of "
-        "the unpaged list, the old monitor's call, and of a policy change, whose index "
-        "rebuild is still one call); SLOWLOG durations are wall-clock, so a busy host "
-        "inflates them",
+        + ", ".join(k for k in rows[0]["oneoff"] if "old" not in k)
+        + " (each row's oneoff gives each one's FCALL time and redis-server CPU, those of "
+        "the unpaged list, the old monitor's call, and the rebuild's step count and total); "
+        "SLOWLOG durations are wall-clock, so a busy host inflates them",
         "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "
         "members without a config: "
         + "; ".join(

@@ -15,7 +15,8 @@
 
   Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
   Writes: policy (unless "same" or "conflict"; settle_ms when restoring), and
-          rebuilds the placement index;
+          starts a rebuild of the placement index (index_rebuild, idx-rebuild:
+          bounded steps, the first one in this call; includes/index_moves.lua);
           an index built by another version (policy field index_format) is
           dropped and built anew, even when the policy is the same
 ]]
@@ -63,6 +64,7 @@ if outcome == 'created' or outcome == 'overwritten' then
       fmt(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
   end
   if format then redis.call('HSET', POLICY_KEY, 'index_format', format) end
+  -- (a rebuild under way went with the old policy: REBUILD.start below starts over)
   repack_policy()
 end
 if outcome ~= 'conflict' then
@@ -72,8 +74,11 @@ if outcome ~= 'conflict' then
     upgrade_index(ctx, P, now_ms(P))
     repack_policy()
   elseif outcome ~= 'same' then
-    -- indexability depends on policy (observed ceilings, report TTL)
-    rebuild_index(ctx, P, now_ms(P))
+    -- indexability depends on policy (observed ceilings, report TTL): the
+    -- index is rebuilt in bounded steps, the first one here (a cell of at
+    -- most REBUILD.STEP nodes is whole again when this call returns)
+    REBUILD.start()
+    REBUILD.step(ctx, load_policy(ctx), now_ms(P), REBUILD.STEP)
   end
 end
 local out = { outcome }

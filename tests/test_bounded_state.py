@@ -227,6 +227,7 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
         pb.RecordP2pArtifactRequest(cluster_id="c1", backend="bt", key="img", node_id="n1")
     )
     s.census()  # (what replicas' monitors take a step of, a tick)
+    s.index_rebuild("start")  # (what a policy change starts: an index rebuild in steps)
     # a placement with locality: affinity and the node's pending starts of its template
     s.schedule(Request(cpu=1, memory_bytes=1, template_id="t", locality=(LR(key="img"),)))
     seen = {classify(s.keys.base, k) for k in keys_of(s)}
@@ -245,8 +246,11 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
         if "ttl" in kind and s.client.pttl(key) > 0:
             continue
         assert kind == "cell", f"{key} ({kind}) outlived its sweep without a TTL"
-        # (census: a cursor and a count per status, whatever the fleet)
-        assert name in ("policy", "stats", "rr", "census"), f"{key}: {name} still holds members"
+        # (census: a cursor and a count per status, whatever the fleet; idx-rebuild
+        # an epoch and a cursor)
+        assert name in ("policy", "stats", "rr", "census", "idx-rebuild"), (
+            f"{key}: {name} still holds members"
+        )
     # (the live replica's own roster entry stays: it refreshes it, with a TTL, checked
     # above; so does a template's affinity, whose TTL runs on Redis' own clock, not
     # the drill clock this test moves)

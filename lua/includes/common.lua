@@ -48,6 +48,8 @@ local function load_policy(ctx)
     time_offset_ms = tonumber(raw.time_offset_ms) or 0,
     frozen_now_ms = tonumber(raw.frozen_now_ms),
     index_format = raw.index_format, -- of the placement index (includes/index.lua)
+    -- the index rebuild under way, its epoch (includes/index_moves.lua), or nil
+    index_rebuild = raw.index_rebuild,
     -- bounds; absent = the default
     max_roster_ids = tonumber(raw.max_roster_ids) or BOUNDS_DEFAULTS.max_roster_ids,
     node_forget_after_ms = tonumber(raw.node_forget_after_ms)

@@ -16,7 +16,7 @@
 local CTX = {
   'P', 'now', 'heard', 'more_due', 'fresh', 'batch', 'rr', 'seq', 'new_ids',
   'counts', 'touched', 'held', 'instants', 'shapes', 'shape_set', 'firsts',
-  'firsts_more', 'sizes', 'members', 'picks', 'shape_desc',
+  'firsts_more', 'sizes', 'members', 'picks', 'shape_desc', 'rebuilt', 'checked',
 }
 
 local function new_ctx()
@@ -76,5 +76,10 @@ local function new_ctx()
     false, -- ctx[CTX.picks]
     -- Shape -> its description (capacities, stream keys, pick streams).
     {}, -- ctx[CTX.shape_desc]
+    -- This call took its step of the index rebuild under way (schedule_one).
+    false, -- ctx[CTX.rebuilt]
+    -- While the index is rebuilt: the buckets whose members this call
+    -- checked (REBUILD.check, includes/index_moves.lua), or false.
+    false, -- ctx[CTX.checked]
   }
 end

@@ -5,8 +5,8 @@
   the whole index rebuilt or upgraded.
 ]]
 -- @exports shapes shape_gone move_index index_entry reindex unindex
--- @exports reindex_touched sweep_stale rebuild_index INDEX_FORMAT
--- @exports upgrade_index idx_remove
+-- @exports reindex_touched sweep_stale INDEX_FORMAT upgrade_index idx_remove
+-- @exports REBUILD
 -- @include index_bucket
 
 -- (The index as this call read and moved it is the call's: ctx.shapes,
@@ -232,6 +232,7 @@ local function reindex(ctx, node_id, P, now, registered)
   else
     redis.call('ZREM', IDX_SEEN, node_id)
   end
+  return n.idx, n
 end
 
 local function unindex(ctx, node_id)
@@ -265,9 +266,113 @@ local function sweep_stale(ctx, P, now)
   return #stale < STALE_BATCH
 end
 
--- Rebuild every entry (after a policy change: observed ceilings, report TTL).
-local function rebuild_index(ctx, P, now)
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(ctx, node_id, P, now) end
+-- The index rebuilt in bounded steps (after a policy change: observed
+-- ceilings, report TTL, settle; or when a pick found it inconsistent).
+-- REBUILD.start marks it stale: the policy field index_rebuild names the
+-- rebuild under way (an epoch), and <base>idx-rebuild keeps its cursor, the
+-- last node id it reindexed (node-id byte order, ZRANGEBYLEX).  Each
+-- REBUILD.step reindexes at most `budget` nodes after the cursor under the
+-- policy as it now is; the step that finds fewer left ends the rebuild
+-- (index_rebuild dropped).  A node added, removed or moved by another call
+-- meanwhile is reindexed by that call under the same policy, so when the
+-- pass ends every entry is what its record implies.  While stale, a pick
+-- checks the node it chose against its record under this policy
+-- (includes/schedule.lua), so no ceiling is ever passed; a node the old
+-- policy kept out and the new one lets in is placed on once the pass
+-- reaches it (or its own next move).
+-- (one table: REBUILD.start, REBUILD.step and the step sizes)
+local REBUILD = {
+  STEP = 64, -- nodes a replica's step reindexes, at most (1.5-3 ms of Redis at 100,000 nodes)
+  PLACEMENT_STEP = 32, -- nodes a placement's step reindexes, at most
+}
+local function rebuild_key() return BASE .. 'idx-rebuild' end
+
+-- The members of the buckets `among` (of equal rank: a pick rotates among
+-- all of them) that the pass under way has not reached (after its cursor),
+-- reindexed, at most STALE_CHECK of them in a call; buckets done are not
+-- read again in the call (ctx.checked: nothing this call moves into them is
+-- the old policy's).  True when that took a node out of one of them (the
+-- rotation among them changed: pick again).  With more than STALE_CHECK
+-- left to check it checks none: the picked node alone is checked, its rank
+-- is the best, and only its turn among its equals may differ.
+local STALE_CHECK = 64
+function REBUILD.check(ctx, P, now, among)
+  local checked = ctx[CTX.checked]
+  if not checked then
+    checked = {}
+    ctx[CTX.checked] = checked
+  end
+  local from = checked['']
+  if from == nil then
+    local st = redis.call('HMGET', rebuild_key(), 'epoch', 'cursor')
+    from = '-'
+    if st[1] == P.index_rebuild and st[2] and st[2] ~= '' then from = '(' .. st[2] end
+    checked[''] = from -- (bucket ids are never '')
+  end
+  local todo, owners = {}, {}
+  for _, bucket in ipairs(among) do
+    if not checked[bucket] then
+      local ids = redis.call('ZRANGEBYLEX', bucket_key(bucket), from, '+', 'LIMIT', '0',
+        fmt(STALE_CHECK + 1 - #todo))
+      for _, id in ipairs(ids) do
+        todo[#todo + 1], owners[#todo + 1] = id, bucket
+      end
+      if #todo > STALE_CHECK then return false end
+    end
+  end
+  local moved = false
+  for _, bucket in ipairs(among) do checked[bucket] = true end
+  for i, id in ipairs(todo) do
+    if reindex(ctx, id, P, now, true) ~= owners[i] then moved = true end
+  end
+  return moved
+end
+
+-- Mark the index stale and start a new pass from the first node (any pass
+-- under way starts over: its nodes were reindexed under the old policy).
+-- The caller holds a policy read before: load it again (repacked here).
+function REBUILD.start()
+  local key = rebuild_key()
+  local epoch = redis.call('HINCRBY', key, 'epoch', '1')
+  redis.call('HSET', key, 'cursor', '')
+  redis.call('HSET', POLICY_KEY, 'index_rebuild', fmt(epoch))
+  repack_policy()
+  return epoch
+end
+
+-- One bounded step of the rebuild under way (P.index_rebuild; none: done at
+-- once).  Returns whether the index is whole again, and the nodes this step
+-- reindexed (at most `budget`).  When it ends the pass it repacks the
+-- policy: the caller loads it again.
+function REBUILD.step(ctx, P, now, budget)
+  local epoch = P.index_rebuild
+  if not epoch then return true, 0 end
+  local key = rebuild_key()
+  local st = redis.call('HMGET', key, 'epoch', 'cursor')
+  local cursor = ''
+  -- (another pass's cursor, or none: this pass starts from the first node)
+  if st[1] == epoch then cursor = st[2] or '' end
+  local from = '-'
+  if cursor ~= '' then from = '(' .. cursor end
+  local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(budget))
+  for i = 1, #ids do
+    local id = ids[i]
+    local idx, n = reindex(ctx, id, P, now, true)
+    -- (the record names its bucket; a bucket that lost the member, a
+    -- foreign write, gets it back: the rebuild goes by the records)
+    if idx ~= '' and not redis.call('ZSCORE', bucket_key(idx), id) then
+      ctx[CTX.picks] = false
+      idx_add(ctx, id, idx, n, '')
+    end
+  end
+  if #ids < budget then
+    redis.call('HSET', key, 'epoch', epoch, 'cursor', '', 'done_ms', fmt(now))
+    redis.call('HDEL', POLICY_KEY, 'index_rebuild')
+    repack_policy()
+    return true, #ids
+  end
+  redis.call('HSET', key, 'epoch', epoch, 'cursor', ids[#ids])
+  return false, #ids
 end
 
 -- The layout of the index keys and bucket ids; the policy hash records the
@@ -291,6 +396,7 @@ local function upgrade_index(ctx, P, now)
     end
   end
   redis.call('DEL', IDX_SHAPES, IDX_SEEN)
-  rebuild_index(ctx, P, now)
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(ctx, node_id, P, now) end
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
+  redis.call('HDEL', POLICY_KEY, 'index_rebuild') -- (built whole: nothing stale)
 end

@@ -68,6 +68,10 @@ end
 -- An empty list nobody writes to.
 local NONE = {}
 
+-- Picks a decision makes while the index is rebuilt before the full scan
+-- decides (each one that fails takes a node out of the index it had left).
+local STALE_PICK_TRIES = 8
+
 -- The full scan's pick, one per strategy of scheduler/domain/catalog.py STRATEGIES
 -- (tests/test_catalog.py holds the names to the catalog's): one node of
 -- `group` (the eligible nodes, those of known capacity if any), given the
@@ -156,16 +160,35 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     -- nothing for the next decision of the same call)
     if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
     reindex_touched(ctx, P, now)
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and not ctx[CTX.fresh] then
-      ctx[CTX.fresh] = sweep_stale(ctx, P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
+      -- a rebuild under way (includes/index_moves.lua): one bounded step a
+      -- call; the step that ends it leaves a policy without index_rebuild
+      if P.index_rebuild and not ctx[CTX.rebuilt] then
+        ctx[CTX.rebuilt] = true
+        if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
+      end
+      if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
     end
     -- @stage sweeps
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
-      local picked, among = pick_indexed(ctx, P, req, rr_next)
-      -- @stage pick
-      if picked then
+      -- While the index is rebuilt, an entry may still be the old policy's:
+      -- the chosen node is reindexed from its record first, and one that
+      -- leaves its bucket (out of the index, or elsewhere) is not taken; the
+      -- pick runs again without it, a bounded number of times.
+      local stale = P.index_rebuild ~= nil
+      local tries = stale and STALE_PICK_TRIES or 1
+      for _ = 1, tries do
+        local picked, among = pick_indexed(ctx, P, req, rr_next)
+        -- (and the members of its equals the pass has not reached yet, so
+        -- that the turn among them is the full scan's)
+        for _ = 1, tries do
+          if not (stale and picked and REBUILD.check(ctx, P, now, among)) then break end
+          picked, among = pick_indexed(ctx, P, req, rr_next)
+        end
+        -- @stage pick
+        if not picked then break end
         -- The record must sit in one of the buckets it was chosen among; its
         -- bucket then holds every decision input, so nothing else is read.
         local v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
@@ -174,7 +197,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
         for i = 1, #among do
           if among[i] == v[1] then listed = true end
         end
-        if listed then
+        if listed and not (stale and reindex(ctx, picked, P, now, true) ~= v[1]) then
           local n = node_of_bucket(v[1])
           n.id, n.idx, n.endpoint = picked, v[1], v[2] or ''
           n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
@@ -182,14 +205,18 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
           project(n, req)
           if not check_status(n) then chosen = n end
         end
-        if chosen == nil then
+        if chosen then break end
+        if not (stale and listed) then
           -- (a member its record does not place there, a foreign write among
-          -- them, leaves those buckets: the rebuild goes by the records)
+          -- them, leaves those buckets: the rebuild goes by the records; this
+          -- decision is the full scan's)
           if not listed then
             for i = 1, #among do idx_remove(ctx, picked, among[i]) end
           end
           redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
-          rebuild_index(ctx, P, now)
+          REBUILD.start()
+          load_policy(ctx)
+          break
         end
       end
     end
@@ -232,7 +259,10 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   -- the node just chosen (includes/locality.lua).
   local warm = NONE
   if L and chosen ~= nil then
-    chosen, warm = LOCALITY.choose(P, req, now, L, chosen, #evaluated == 0, dry_run)
+    -- (while the index is rebuilt a warm node's bucket may be the old
+    -- policy's: its record is evaluated whole)
+    chosen, warm = LOCALITY.choose(P, req, now, L, chosen, #evaluated == 0 and not P.index_rebuild,
+      dry_run)
   end
 
   if dry_run then

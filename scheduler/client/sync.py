@@ -39,13 +39,14 @@ from scheduler.domain.records import (
     NodeView,
     ObservedNode,
     Placement,
+    RebuildStep,
     Request,
     Reservation,
     SandboxEvent,
     Stats,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import CENSUS_STEP, Call, Ops, Plan
+from scheduler.store.calls import CENSUS_STEP, REBUILD_STEP, Call, Ops, Plan
 from scheduler.store.connection import async_client, sync_client
 from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
@@ -279,6 +280,11 @@ class Scheduler(BaseClient):
     def census(self, step: int = CENSUS_STEP) -> Census:
         """One bounded step of the cell's node census; the last finished pass back."""
         return self._one(self.ops.census(step))
+
+    def index_rebuild(self, mode: str = "step", step: int = REBUILD_STEP) -> RebuildStep:
+        """One bounded step of the placement index's rebuild (``mode`` "start":
+        a new rebuild first); whether the index is whole again."""
+        return self._one(self.ops.index_rebuild(mode, step))
 
     # -- P2P -----------------------------------------------------------------
     def peers(

@@ -153,9 +153,18 @@ CLOCK_FIELDS = ("time_offset_ms", "frozen_now_ms")
 #: The placement index's layout, and the instant the cell last settled.
 INDEX_FORMAT_FIELD = "index_format"
 SETTLE_FIELD = "settle_ms"
+#: While the placement index is rebuilt in bounded steps: the rebuild's epoch
+#: (lua/includes/index_moves.lua start_rebuild; absent = the index is whole).
+INDEX_REBUILD_FIELD = "index_rebuild"
 #: Kept in the policy hash beside the policy, not part of it: a stored policy
 #: is compared without them, and an overwrite keeps them.
-BESIDE_POLICY = (*CLOCK_FIELDS, "packed", INDEX_FORMAT_FIELD, SETTLE_FIELD)
+BESIDE_POLICY = (
+    *CLOCK_FIELDS,
+    "packed",
+    INDEX_FORMAT_FIELD,
+    SETTLE_FIELD,
+    INDEX_REBUILD_FIELD,
+)
 #: The policy hash's fields in the order the scripts keep them packed into one
 #: string (lua/includes/common.lua raw_policy).  A packed string of another
 #: order or length is never misread: the scripts then read the named fields.
@@ -165,6 +174,7 @@ PACKED = (
     *CEILING_NAMES,
     INDEX_FORMAT_FIELD,
     SETTLE_FIELD,
+    INDEX_REBUILD_FIELD,
     *BOUNDS_DEFAULTS,
     *LOCALITY_DEFAULTS,
 )

@@ -374,6 +374,20 @@ class Census(msgspec.Struct, kw_only=True):
     nodes: dict[str, int]
 
 
+class RebuildStep(msgspec.Struct, kw_only=True):
+    """One bounded step of the placement index's rebuild
+    (lua/index_rebuild-5.lua)."""
+
+    #: the index is whole: no rebuild under way after this step
+    done: bool
+    #: nodes this step reindexed (at most the step's budget)
+    reindexed: int
+    #: the rebuild's epoch ("" when none ever ran) and the last node id it
+    #: reindexed ("" at the start or the end of a pass)
+    epoch: str = ""
+    cursor: str = ""
+
+
 class Stats(msgspec.Struct, kw_only=True):
     pending: int
     reserved_total: int

@@ -32,8 +32,9 @@ reservations (under WATCH: a call that changes them meanwhile makes it
 read again), a rotation counter that is not an integer starts over, and an
 index that is
 inconsistent (or of the wrong type) is rebuilt through the scripts' own
-rebuild path (sync_policy rebuilds an index whose ``index_format`` is not
-its own: the repair drops the index keys and that field, then calls it).
+rebuild path (the repair drops the index keys, the nodes' entries and
+``index_format``, then takes the bounded steps of lua/index_rebuild-5.lua
+until the index is whole).
 The static set, a round's cpucfg-missing set and its missing count are
 rewritten from the records.  Records themselves (a corrupt node record,
 reservation, binding, policy or stats counter) are reported only: a node's
@@ -86,6 +87,7 @@ TYPES = {
     "cpucfg": "hash",
     "cpucfg-missing": "set",
     "census": "hash",
+    "idx-rebuild": "hash",
     "static": "set",
     "p2p": "set",
     "art": "set",
@@ -680,7 +682,7 @@ class Doctor:
 
     def _rebuild_index(self) -> None:
         """Drop the index (its keys, the nodes' entries and the policy's
-        index_format), then let sync_policy build it anew."""
+        index_format), then build it anew in bounded steps."""
         policy = self.s.policy()
         if policy is None:
             raise FailedPrecondition("the cell has no policy: nothing to rebuild the index for")
@@ -692,7 +694,11 @@ class Doctor:
         for node_id in [_text(n) for n in self.c.zrange(self.k.nodes, 0, -1)]:
             if self.c.type(self.k.node(node_id)) == b"hash":
                 self.c.hset(self.k.node(node_id), "idx", "")
-        self.s.sync_policy(policy)  # (index_format absent: upgrade_index builds it)
+        # built again in bounded steps (lua/index_rebuild-5.lua), as a policy
+        # change does: no call holds Redis for more than a step
+        step = self.s.index_rebuild("fresh")
+        while not step.done:
+            step = self.s.index_rebuild()
 
 
 def _glob(text: str) -> str:

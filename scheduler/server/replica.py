@@ -477,7 +477,21 @@ class Replica:
                 await self.take_census()
         except FailedPrecondition:
             await self.restore_cell()  # Redis lost the cell between two probes
+        await self.rebuild_index()
         await self._set_serving(True)
+
+    async def rebuild_index(self) -> None:
+        """Steps of the placement index's rebuild under way (a policy change
+        starts one, lua/index_rebuild-5.lua) until it ends, each call bounded
+        (REBUILD_STEP nodes, about 2 ms of Redis), other calls served between
+        them; at most one tick's time, the rest at the next tick.  With none
+        under way, one call that reads two fields."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.monitor_interval_s
+        while not (await self.sched.index_rebuild()).done:
+            if self._stopping or loop.time() >= until:
+                return
+            await asyncio.sleep(0)
 
     async def refresh_cell_metrics(self) -> None:
         # the cell's bounded sweeps, for cells whose calls all take cheap paths;

@@ -55,6 +55,7 @@ from scheduler.domain.records import (
     NodeView,
     ObservedNode,
     Placement,
+    RebuildStep,
     Request,
     Reservation,
     SandboxEvent,
@@ -85,15 +86,30 @@ READ_ONLY_SCRIPTS = frozenset(
 REPLICA_TTL_MS = 15_000
 
 #: Nodes one page of ListNodes / ListObservedNodes reads (lua/observed-5.lua):
-#: a few ms of Redis at most in the full form; the client stitches the pages.
-LIST_PAGE = 256
+#: about 4 ms of Redis CPU on a busy host in the full form (256 took 7.5-8.4,
+#: past the 5 ms every call must stay under); the client stitches the pages.
+LIST_PAGE = 128
+#: ... and one page of ListObservedNodes, whose rows are whole records: 128
+#: took 3.5-5.1 ms of Redis CPU at 100,000 nodes on a busy host (bench scale).
+OBSERVED_PAGE = 64
 
 #: A page of a list: the ``after`` of the next page ("" when this is the last), its rows.
 Page = tuple[str, list[T]]
 
-#: Nodes one census step reads (lua/census-5.lua), about 1 ms of Redis; each
-#: replica's monitor takes one step a tick, all replicas sharing the pass.
-CENSUS_STEP = 512
+#: Nodes one step of an index rebuild reindexes (lua/index_rebuild-5.lua;
+#: its REBUILD.STEP, tests/test_index_rebuild.py holds them equal): steps of
+#: 128 took up to 6.1 ms of Redis CPU at 100,000 nodes on a busy host, these
+#: about half; a replica's monitor takes steps until the rebuild ends.
+REBUILD_STEP = 64
+MAX_REBUILD_STEP = 10_000
+#: What a rebuild step may be asked to do first (lua/index_rebuild-5.lua ARGV[1]).
+REBUILD_MODES = ("step", "start", "fresh")
+
+#: Nodes one census step reads (lua/census-5.lua), about 1-2 ms of Redis (512
+#: took up to 4.5 ms of CPU on a busy host, close to the 5 ms no call may
+#: pass); each replica's monitor takes one step a tick, all replicas sharing
+#: the pass.
+CENSUS_STEP = 256
 MAX_CENSUS_STEP = 10_000
 
 
@@ -787,6 +803,28 @@ class Ops:
         # (no WAIT after it: a census step lost in a failover is taken again)
         return Call("census", self.k.fixed(), [str(step)], parse, writes=False)
 
+    def index_rebuild(self, mode: str = "step", step: int = REBUILD_STEP) -> Call[RebuildStep]:
+        """One bounded step of the placement index's rebuild
+        (lua/index_rebuild-5.lua): at most ``step`` nodes reindexed; with
+        ``mode`` "start" a new rebuild first, "fresh" after the index keys were
+        dropped (doctor's repair)."""
+        if mode not in REBUILD_MODES:
+            raise InvalidArgument(
+                "mode", f"must be one of {', '.join(REBUILD_MODES)}, not {mode!r}"
+            )
+        if not 1 <= step <= MAX_REBUILD_STEP:
+            raise InvalidArgument(
+                "step", f"must be a whole number in 1..{MAX_REBUILD_STEP}, not {step!r}"
+            )
+
+        def parse(r: list[Any]) -> RebuildStep:
+            return RebuildStep(
+                done=int(r[0]) == 1, reindexed=int(r[1]), epoch=s(r[2]), cursor=s(r[3])
+            )
+
+        # (no WAIT after it: a step lost in a failover is taken again)
+        return Call("index_rebuild", self.k.fixed(), [mode, str(step)], parse, writes=False)
+
     def policy(self) -> Call[Policy | None]:
         def parse(r: list[Any]) -> Policy | None:
             if not r:
@@ -808,7 +846,7 @@ class Ops:
         )
 
     def observed(
-        self, node_id: str = "", cluster_id: str = "", after: str = "", page: int = LIST_PAGE
+        self, node_id: str = "", cluster_id: str = "", after: str = "", page: int = OBSERVED_PAGE
     ) -> Call[Page[ObservedNode]]:
         """Nodes that have heartbeated (lua/observed-5.lua), of one cluster when
         ``cluster_id`` is given; only ``node_id`` when it is given; else one

@@ -24,6 +24,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>idx-mem:<C>:<M>     zset    the same buckets, scored by memory load
     <base>idx-bucket:<bucket> zset    interchangeable nodes of one bucket, scored 0
     <base>idx-seen            zset    indexed node -> a recent heartbeat (ms), for the stale sweep
+    <base>idx-rebuild         hash    the index rebuild's epoch and cursor (lua/index_rebuild-5.lua)
     <base>seen                zset    node -> a recent full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
     <base>cpucfg-missing:<cluster> set  members of that round without a CPU config yet
@@ -78,6 +79,7 @@ LIFETIMES: dict[str, str] = {
     "idx-mem:<C>:<M>": "sweep",
     "idx-bucket:<bucket>": "sweep",
     "idx-seen": "cell",
+    "idx-rebuild": "cell",
     "cpucfg:<cluster>": "sweep",
     "cpucfg-missing:<cluster>": "sweep",
     "p2p:<cluster>": "sweep",

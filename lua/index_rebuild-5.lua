@@ -1,0 +1,55 @@
+--[[
+  index_rebuild-5.lua: one bounded step of the placement index's rebuild
+  (includes/index_moves.lua): at most ARGV[2] nodes reindexed, in node-id
+  byte order from the stored cursor, under the policy as it now is.  A
+  policy change, or a pick that found the index inconsistent, starts a
+  rebuild; every replica's monitor takes steps until it ends, and each
+  placement one small step.  With no rebuild under way a step reads two
+  fields and returns.
+
+  KEYS[1..5]  base, policy, nodes, stats, expiry
+  ARGV[1]     "step": a step of the rebuild under way (none: nothing);
+              "start": start a new rebuild (the pass starts over), then a step;
+              "fresh": the caller dropped every index key and every node's idx
+              (schedctl doctor --repair): the index is of this layout and
+              empty, so start a rebuild, then a step
+  ARGV[2]     nodes reindexed per step, at most (1..10000)
+
+  Returns {done, nodes reindexed by this step, epoch, cursor}: done 1 when
+  the index is whole (no rebuild under way after this step); epoch the
+  rebuild's ("" when none ever ran), cursor the last node id it reindexed
+  ("" at the start or end of a pass)
+  Errors: NO_POLICY (no policy), BADARG (ARGV), PRECONDITION ("start" when the
+          index is another layout's: sync_policy upgrades it)
+  Writes: index entries (idx-*, node:<id> idx and pending numbers counted
+          again), idx-rebuild (epoch, cursor, done_ms), the policy's
+          index_rebuild and packed copy at the start and the end of a pass
+]]
+-- @include index
+local mode = ARGV[1]
+if mode ~= 'step' and mode ~= 'start' and mode ~= 'fresh' then
+  return fail(ERR.BADARG, 'ARGV[1] (mode): want step, start or fresh')
+end
+local budget = tonumber(ARGV[2])
+if not budget or budget < 1 or budget > 10000 or budget % 1 ~= 0 then
+  return fail(ERR.BADARG, 'ARGV[2] (nodes per step): want 1..10000')
+end
+local P = load_policy(ctx)
+if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+if mode == 'fresh' then
+  redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
+  REBUILD.start()
+  P = load_policy(ctx)
+elseif mode == 'start' then
+  if P.index_format ~= INDEX_FORMAT then
+    return fail(ERR.PRECONDITION, 'the placement index is of another layout (index_format '
+      .. (P.index_format or 'absent') .. '): a replica\'s sync_policy builds it anew')
+  end
+  REBUILD.start()
+  P = load_policy(ctx)
+end
+local now = now_ms(P)
+local done, moved = true, 0
+if P.index_format == INDEX_FORMAT then done, moved = REBUILD.step(ctx, P, now, budget) end
+local st = redis.call('HMGET', BASE .. 'idx-rebuild', 'epoch', 'cursor')
+return { done and 1 or 0, moved, st[1] or '', st[2] or '' }

@@ -1,0 +1,347 @@
+"""The placement index rebuilt in bounded steps (lua/index_rebuild-5.lua).
+
+A policy change (or a pick that finds the index inconsistent) no longer
+rebuilds the whole index in one call: it marks the index stale and bounded
+steps reindex the nodes by a shared cursor.  Here, against a real Redis:
+each step's work is bounded (nodes read, counted by Redis itself); while a
+rebuild is under way placement never passes a ceiling, and after a change
+that only tightens it decides exactly like the model; an interrupted
+rebuild resumes from its cursor; a replica's monitor drives a rebuild to its
+end; and index_is_consistent holds once it has.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from scheduler import Limits, Policy, Request, Scheduler
+from scheduler.store.calls import REBUILD_STEP
+from scheduler.store.scripts import library
+from scheduler.testing.model import Demand, decide, evaluate
+from tests.helpers import hb, node_states, rr_value
+from tests.test_index import index_is_consistent
+from tests.test_model_equivalence import check_stream
+
+pytestmark = pytest.mark.real_only
+
+#: The fleet: more nodes than a sync_policy's first step takes
+#: (REBUILD_STEP), so a rebuild is still under way when the change returns.
+FLEET = 500
+#: Nodes a placement's own step reindexes (REBUILD.PLACEMENT_STEP).
+PLACEMENT_STEP = 32
+HOT = 90  # cpu_percent of every third node: out under a ceiling of 80
+
+
+def _fleet(s: Scheduler, n: int = FLEET) -> list[str]:
+    ids = [f"r{i:04d}" for i in range(n)]
+    pipe = s.client.pipeline(transaction=False)
+    for i, node_id in enumerate(ids):
+        beat = hb(
+            node_id,
+            cpu=16 if i % 2 else 32,
+            mem_gib=64,
+            allocated_cpu=i % 9,
+            sandbox_count=i % 5,
+            cpu_percent=HOT if i % 3 == 0 else 10,
+        )
+        call = s.ops.heartbeat(beat)
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    pipe.execute()
+    return ids
+
+
+def _stale(s: Scheduler) -> bool:
+    return s.client.hget(s.keys.policy, "index_rebuild") is not None
+
+
+def _hmgets(s: Scheduler) -> int:
+    """HMGET calls Redis has served (every node a step reindexes reads its
+    record with one)."""
+    stats = s.client.info("commandstats")
+    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+
+def _cell(redis_client: Any, policy: Policy, name: str) -> tuple[Scheduler, int]:
+    s = Scheduler(redis_client, cell=name)
+    s.sync_policy(policy, overwrite=True)
+    now = s.advance_clock(0, "freeze")
+    return s, now
+
+
+def test_the_step_sizes_are_the_scripts_own() -> None:
+    text = library().text
+    assert f"STEP = {REBUILD_STEP}," in text
+    assert f"PLACEMENT_STEP = {PLACEMENT_STEP}," in text
+
+
+def test_each_step_reindexes_at_most_its_budget_and_the_pass_ends_whole(
+    redis_client: Any,
+) -> None:
+    loose = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, loose, "steps")
+    _fleet(s)
+    index_is_consistent(s, loose, now)
+    tight = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    before = _hmgets(s)
+    assert s.sync_policy(tight, overwrite=True) == "overwritten"
+    # the change itself took one step of REBUILD_STEP nodes, no more
+    first = _hmgets(s) - before
+    assert first <= REBUILD_STEP + 8, first
+    assert _stale(s)
+    budget, steps, total = 50, 0, 0
+    cursors: list[str] = []
+    while True:
+        before = _hmgets(s)
+        step = s.index_rebuild("step", budget)
+        read = _hmgets(s) - before
+        assert step.reindexed <= budget
+        # one HMGET per node reindexed, plus the step's own reads
+        assert read <= step.reindexed + 2, (read, step.reindexed)
+        total += step.reindexed
+        steps += 1
+        if step.done:
+            break
+        cursors.append(step.cursor)
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+    assert total == FLEET - REBUILD_STEP
+    assert steps == (FLEET - REBUILD_STEP) // budget + 1
+    assert not _stale(s)
+    index_is_consistent(s, tight, now)
+    # a step with nothing under way reads nothing of the fleet
+    before = _hmgets(s)
+    assert s.index_rebuild().done
+    assert _hmgets(s) - before <= 1
+
+
+def test_placement_during_a_tightening_rebuild_decides_like_the_model(
+    redis_client: Any,
+) -> None:
+    """A ceiling on observed CPU that a third of the fleet breaks: while the
+    rebuild is under way those nodes still sit in the index, yet no placement
+    goes to one, and every decision is the model's (full scan) under the new
+    policy."""
+    loose = Policy(report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=6))
+    s, now = _cell(redis_client, loose, "tighten")
+    _fleet(s)
+    tight = Policy(
+        report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=6, max_cpu_used_percent=80)
+    )
+    s.sync_policy(tight, overwrite=True)
+    decided_stale = 0
+    while _stale(s):
+        decided_stale += 1
+        # (each placement takes one step of 32 nodes itself)
+        check_stream(s, tight, [Request.cold(2, 1024)])
+        assert decided_stale < FLEET
+    assert decided_stale >= (FLEET - REBUILD_STEP) // PLACEMENT_STEP
+    check_stream(s, tight, [Request.cold(2, 1024)] * 4)
+    index_is_consistent(s, tight, now)
+
+
+def test_a_batch_of_placements_during_a_tightening_rebuild_decides_like_the_model(
+    redis_client: Any,
+) -> None:
+    """The coalesced path (one call, 16 decisions, one rebuild step): the
+    picks it keeps from one decision to the next, the members it knows and
+    the nodes the stale checks take out of the index all stay exact."""
+    loose = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, loose, "batch")
+    _fleet(s)
+    tight = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    s.sync_policy(tight, overwrite=True)
+    batches = 0
+    while _stale(s):
+        batches += 1
+        assert batches < FLEET
+        states, rr = node_states(s), rr_value(s)
+        reqs = [Request.cold(*size) for size in [(1, 512), (2, 1024), (4, 4096), (1, 512)] * 4]
+        calls = [s.ops.schedule(req) for req in reqs]
+        placed = s.run(s.ops.schedule_batch(calls))
+        for i, (req, call, got) in enumerate(zip(reqs, calls, placed, strict=True)):
+            want = decide(states, tight, req, now, rr + 1 + i, float(call.args[6]))
+            assert not isinstance(got, Exception), got
+            assert got.node_id == want.chosen, i
+            states = [
+                n.with_reservation(got.cpu, got.memory_bytes) if n.node_id == got.node_id else n
+                for n in states
+            ]
+    index_is_consistent(s, tight, now)
+
+
+def test_placement_during_a_loosening_rebuild_never_passes_a_ceiling(
+    redis_client: Any,
+) -> None:
+    """The ceiling goes: nodes it kept out join the index as the pass reaches
+    them.  Until then a placement may go elsewhere, but always to a node the
+    model finds eligible, of the least pressure among the nodes indexed;
+    once the pass ends, the model's choice exactly."""
+    tight = Policy(
+        report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=6, max_cpu_used_percent=80)
+    )
+    s, now = _cell(redis_client, tight, "loosen")
+    _fleet(s)
+    loose = Policy(report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=6))
+    s.sync_policy(loose, overwrite=True)
+    rounds = 0
+    while _stale(s):
+        rounds += 1
+        assert rounds < FLEET
+        req = Request.cold(2, 1024)
+        ex = s.explain(req)
+        states = {n.node_id: n for n in node_states(s)}
+        indexed = [
+            k for k in states if (s.client.hget(s.keys.node(k), "idx") or b"").decode() != ""
+        ]
+        placed = s.schedule(req)
+        verdict = evaluate(states[placed.node_id], loose, Demand.of(req, loose), ex.now_ms)
+        assert verdict.reason is None, (placed.node_id, verdict.reason)
+        assert placed.pressure == verdict.pressure
+        # no node the index held before this call was a better choice (its own
+        # step may only have added nodes: the change lets more in)
+        best_indexed = min(
+            v.pressure
+            for v in (evaluate(states[k], loose, Demand.of(req, loose), ex.now_ms) for k in indexed)
+            if v.reason is None
+        )
+        assert placed.pressure <= best_indexed
+        # and no node anywhere was better than the model's optimum
+        assert placed.pressure >= min(v.pressure for v in ex.verdicts if v.reason is None)
+    check_stream(s, loose, [Request.cold(2, 1024)] * 4)
+    index_is_consistent(s, loose, now)
+
+
+def test_an_inconsistent_index_is_rebuilt_in_steps_and_the_decision_is_the_models(
+    redis_client: Any,
+) -> None:
+    """A foreign write puts a node in a bucket its record does not name: the
+    pick that finds it decides by the full scan, takes the member out and
+    starts a rebuild; steps end it and the index is whole."""
+    policy = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, policy, "foreign")
+    _fleet(s)
+    c, base = s.client, s.keys.base
+    # the bucket of the model's choice holds, instead of its nodes, one whose
+    # record names another bucket
+    req = Request.cold(1, 512)
+    chosen = s.explain(req).chosen
+    assert chosen is not None
+    bucket = c.hget(s.keys.node(chosen), "idx").decode()
+    stray = next(
+        x.decode()
+        for x in c.zrange(s.keys.nodes, 0, -1)
+        if c.hget(s.keys.node(x.decode()), "idx").decode() not in ("", bucket)
+    )
+    c.delete(base + "idx-bucket:" + bucket)
+    c.zadd(base + "idx-bucket:" + bucket, {stray: 0})
+    for _ in range(40):
+        ex = s.explain(req)
+        placed = s.schedule(req)
+        # (the index may be wrong here: the placement never is)
+        assert {v.node_id: v.reason for v in ex.verdicts}[placed.node_id] is None
+        if _stale(s):
+            break
+    assert _stale(s), "the stray was never picked"
+    assert c.zscore(base + "idx-bucket:" + bucket, stray) is None
+    while not s.index_rebuild().done:
+        pass
+    index_is_consistent(s, policy, now)
+    check_stream(s, policy, [Request.cold(1, 512)] * 3)
+
+
+STEPPER = """
+import sys, time
+from scheduler import Scheduler
+s = Scheduler.connect(sys.argv[1], cell=sys.argv[2])
+while not s.index_rebuild("step", 1).done:
+    time.sleep(0.01)
+"""
+
+
+def test_a_rebuild_interrupted_by_a_killed_caller_resumes_from_its_cursor(
+    redis_client: Any, redis_server: Any
+) -> None:
+    loose = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, loose, "killed")
+    _fleet(s)
+    tight = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    s.sync_policy(tight, overwrite=True)
+    epoch = s.client.hget(s.keys.base + "idx-rebuild", "epoch")
+    start = s.client.hget(s.keys.base + "idx-rebuild", "cursor").decode()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    child = subprocess.Popen([sys.executable, "-c", STEPPER, redis_server.url, "killed"], env=env)
+    try:
+        # (it takes one node a step: kill it once it has taken one)
+        deadline = time.monotonic() + 60
+        while s.client.hget(s.keys.base + "idx-rebuild", "cursor").decode() <= start:
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert _stale(s)
+    assert s.client.hget(s.keys.base + "idx-rebuild", "epoch") == epoch
+    cursor = s.client.hget(s.keys.base + "idx-rebuild", "cursor").decode()
+    assert cursor > start
+    left = sum(1 for x in s.client.zrange(s.keys.nodes, 0, -1) if x.decode() > cursor)
+    # another caller resumes where the killed one stopped: no node again
+    total = 0
+    while True:
+        step = s.index_rebuild("step", 64)
+        total += step.reindexed
+        if step.done:
+            break
+    assert total == left
+    index_is_consistent(s, tight, now)
+
+
+def test_a_replicas_monitor_drives_a_rebuild_to_its_end(
+    redis_client: Any, make_replica: Any
+) -> None:
+    loose = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, loose, "test")
+    _fleet(s, 2_000)
+    tight = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    s.sync_policy(tight, overwrite=True)
+    assert _stale(s)
+    make_replica(tight)  # (the fixture stops it after the test)
+    deadline = time.monotonic() + 60
+    while _stale(s):
+        assert time.monotonic() < deadline, "the monitor never ended the rebuild"
+        time.sleep(0.05)
+    index_is_consistent(s, tight, now)
+
+
+def test_a_change_during_a_rebuild_starts_the_pass_over(redis_client: Any) -> None:
+    """Nodes the pass under way reindexed went by the policy it started
+    under: a second change starts a new epoch from the first node, and the
+    index ends as the last policy implies."""
+    first = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, first, "again")
+    _fleet(s)
+    mid = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=50))
+    s.sync_policy(mid, overwrite=True)
+    s.index_rebuild("step", 100)
+    key = s.keys.base + "idx-rebuild"
+    epoch, cursor = (x.decode() for x in s.client.hmget(key, "epoch", "cursor"))
+    assert cursor != ""
+    last = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=95))
+    s.sync_policy(last, overwrite=True)
+    again = s.client.hmget(key, "epoch", "cursor")
+    assert int(again[0]) == int(epoch) + 1
+    # the new pass's first step (in the change) reached fewer nodes than the old one had
+    assert again[1].decode() < cursor
+    total = REBUILD_STEP
+    while True:
+        step = s.index_rebuild("step", 100)
+        total += step.reindexed
+        if step.done:
+            break
+    assert total == FLEET
+    index_is_consistent(s, last, now)
