@@ -496,6 +496,42 @@ def test_an_older_heartbeat_through_another_replica_changes_no_count(
     assert "no nodes available" in (e.value.details() or "")
 
 
+def test_a_gone_sandbox_gives_its_slot_back_through_two_replicas(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    """The issue's starved fleet, small: a roster node at its ceiling of 2,
+    one creation on its way (its create never comes) and one created,
+    recorded as the reference gateway does (no reservation id) and gone
+    before any roster listed it, its DELETE lost.  The node's stamped
+    heartbeats, through the two replicas in turn, give the slot back at the
+    second; the creation on its way keeps its own."""
+    a, b = stubs
+    node, md = "gone-hb", endpoint_md("gone-hb:5000")
+    stamp = iter(range(1_000_000, 2_000_000, 5_000))
+
+    def beat(stub: pb_grpc.SchedulerStub, roster: list[str], created: int) -> None:
+        stub.Heartbeat(
+            hb_request(
+                node, roster=roster, create_successes=created, reported_at_unix_ms=next(stamp)
+            ),
+            metadata=md,
+        )
+
+    beat(a, ["keep"], 1)
+    beat(b, [], 1)  # keep ended, its DELETE lost: an empty roster, roster mode stays
+    on_its_way = b.Schedule(cold(1, 1024), timeout=5)
+    assert on_its_way.node.node_id == node
+    _place_and_create(a, "sb1", node)
+    assert counted(cell_view, node) == 2
+    with pytest.raises(grpc.RpcError):
+        a.Schedule(cold(1, 1024), timeout=5)  # at its ceiling
+    beat(b, [], 2)  # sb1 was created and is gone
+    assert counted(cell_view, node) == 2  # one heartbeat is not yet two
+    beat(a, [], 2)
+    assert counted(cell_view, node) == 1  # the creation on its way
+    assert b.Schedule(cold(1, 1024), timeout=5).node.node_id == node
+
+
 @xfail28(
     "events carry and check service_instance_id: a late DELETE of the node's previous "
     "instance leaves the sandbox its current instance lists"
