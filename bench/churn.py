@@ -6,7 +6,8 @@ processes, simulated runtime nodes (:class:`~scheduler.ops.simnode.SimNode`) and
 gateways, all over gRPC:
 
 - **nodes** heartbeat every ``heartbeat_s`` (5 s, the reporter's default
-  ``interval_secs``) with their whole roster, as the reference system's
+  ``interval_secs``), one call at a time, each stamped
+  (``reported_at_unix_ms``, the wall clock), with their whole roster, as the reference system's
   node reporter does (its whole sandbox store every time; in ``counter``
   mode no roster, only the counters), each
   heartbeat through the next replica (a load balancer's rotation).  Their
@@ -173,7 +174,11 @@ class Run:
     async def heartbeats(self, node: SimNode) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
         while not self.stop.is_set():
-            hb = node.heartbeat(roster=self.mode == "roster")
+            # (stamped from the wall clock once the snapshot is taken, one call
+            # at a time, as the reference reporter does)
+            hb = node.heartbeat(
+                roster=self.mode == "roster", reported_at_unix_ms=int(time.time() * 1000)
+            )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub().Heartbeat(
                     heartbeat_request(hb),

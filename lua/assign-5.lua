@@ -18,7 +18,7 @@
   Returns {reservation id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
-          absent_cs), node:<node> absent_watch, stats
+          absent_cs, absent_rt), node:<node> absent_watch, stats
 ]]
 -- @include bindings
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.
@@ -102,16 +102,19 @@ end
 local released = 0
 if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
 if attached and not already_listed then
-  -- The two-heartbeat rule (includes/heartbeat.lua): the node's rosters that
-  -- count as "after the assignment" are those whose create_successes reached
-  -- absent_cs, the stored count plus every live reservation of the node
-  -- (this one included): no creation of the scheduler's since the stored
-  -- heartbeat can be past that, so a roster that reached it was taken
-  -- after this sandbox was created, however late it arrives.
+  -- The two-heartbeat rule (includes/heartbeat.lua) counts the node's
+  -- rosters that were taken after this sandbox was created: those whose
+  -- create_successes reached absent_cs, the stored count plus every live
+  -- reservation of the node (this one included): no creation of the
+  -- scheduler's since the stored heartbeat can be past that, so a roster
+  -- that reached it was taken after this sandbox was created, however late
+  -- it arrives; and, of the stamped heartbeats received from now on, each
+  -- with a stamp other than the last counted (absent_rt: at first the
+  -- stored one, reported_order_ms), the second and later.
   local nd = redis.call('HMGET', node_key(node_id), 'create_successes', 'pending_count',
-    'roster_mode', 'absent_watch')
+    'roster_mode', 'absent_watch', 'reported_order_ms')
   redis.call('HSET', res_key(attached), 'absent_cs',
-    fmt((tonumber(nd[1]) or 0) + (tonumber(nd[2]) or 1)))
+    fmt((tonumber(nd[1]) or 0) + (tonumber(nd[2]) or 1)), 'absent_rt', nd[5] or '0')
   if nd[3] == '1' and nd[4] ~= '1' then redis.call('HSET', node_key(node_id), 'absent_watch', '1') end
 end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)

@@ -42,8 +42,10 @@
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed, and
-            those whose sandbox two rosters taken after its creation did
-            not list (absent_cs, lua/assign-5.lua);
+            those whose sandbox two rosters that count did not list (taken
+            after its creation by their counter, absent_cs; or stamped
+            heartbeats received after its assignment, absent_rt:
+            lua/assign-5.lua, includes/heartbeat.lua);
           - counter mode: as many as create_successes rose, those
             acknowledged by a CREATE/FORK event first, then assigned ones,
             then the oldest (and so does the switch to roster mode);

@@ -17,7 +17,9 @@
   ARGV[3]     "<incarnation>:<generation>" the replica last wrote
   ARGV[4]     reported_at_unix_ms: "" = unchanged, "0" = stamp with Redis time
 
-  Returns {generation, roster mode 1/0, now_ms, incarnation} or {"RESYNC"}
+  Returns {generation, roster mode 1/0, now_ms, incarnation} or {"RESYNC"};
+          a heartbeat older than the newest its instance sent writes nothing
+          and answers incarnation "" (the replica's next one goes in full)
   Errors: NO_POLICY (no policy)
   Writes: node:<id> last_seen_ms, generation (reported_at_unix_ms), and
           idx-seen when its score lags (includes/base.lua seen_lags)

@@ -119,6 +119,79 @@ def test_late_rosters_taken_before_an_assigned_sandbox_was_created_keep_it(
     assert state(s, p) == "released"
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["named", "without-id"])
+def test_a_gone_sandbox_is_released_while_another_creation_is_on_its_way(
+    make_scheduler: Make, named: bool
+) -> None:
+    """Stamped heartbeats (reported_at_unix_ms, as the reference reporter
+    stamps every one): of two received after the assignment, the second was
+    taken after the first was answered, so after the assignment.  Another
+    creation still on its way (its create never returns), or the one an
+    assignment without id left unclaimed, no longer holds the release back."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    keep = {"roster": ["keep"], "sandbox_count": 1}
+    s.heartbeat(hb("n1", **keep, create_successes=1, reported_at_unix_ms=1_000))
+    s.schedule(Request.cold(1, 1024))  # its create never comes
+    p = s.schedule(Request.cold(1, 1024))
+    charged = s.assign("sb1", "n1", EP, p.reservation_id if named else None).reservation_id
+    assert charged  # (without id: the oldest unclaimed, the other creation's)
+    assert counted(s) == 3
+    # sb1 was created (create_successes 2) and is gone, its DELETE lost
+    s.heartbeat(hb("n1", **keep, create_successes=2, reported_at_unix_ms=6_000))
+    assert s.reservation(charged).state == "assigned"  # one heartbeat is not yet two
+    s.heartbeat(hb("n1", **keep, create_successes=2, reported_at_unix_ms=11_000))
+    assert s.reservation(charged).state == "released"
+    assert counted(s) == 2  # keep + the creation still on its way
+
+
+def test_a_gone_sandbox_is_released_across_a_restart_of_the_nodes_agent(
+    make_scheduler: Make,
+) -> None:
+    """The new instance counts from 0, so its counter never reaches the
+    creation's; its stamped heartbeats still count as received after the
+    assignment."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    keep = {"roster": ["keep"], "sandbox_count": 1}
+    s.heartbeat(hb("n1", sid="boot-1", **keep, create_successes=5, reported_at_unix_ms=1_000))
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP, p.reservation_id)
+    s.heartbeat(hb("n1", sid="boot-1", **keep, create_successes=6, reported_at_unix_ms=6_000))
+    assert state(s, p) == "assigned"
+    s.heartbeat(hb("n1", sid="boot-2", **keep, create_successes=0, reported_at_unix_ms=11_000))
+    assert state(s, p) == "released"
+    assert counted(s) == 1
+
+
+def test_a_stamped_heartbeat_taken_before_the_sandbox_started_counts_once(
+    make_scheduler: Make,
+) -> None:
+    """The heartbeat on its way at the assignment, taken before sb1 started,
+    does not list it: it counts as one absence, and nothing more when it
+    comes again (a retry: the same stamp).  The next one, taken after its
+    answer, lists sb1: the creation is never dropped early."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    keep = {"roster": ["keep"], "sandbox_count": 1}
+    s.heartbeat(hb("n1", **keep, create_successes=1, reported_at_unix_ms=1_000))
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP, p.reservation_id)
+    on_its_way = hb("n1", **keep, create_successes=1, reported_at_unix_ms=6_000)
+    for _ in range(3):
+        s.heartbeat(on_its_way)
+    assert state(s, p) == "assigned"
+    assert counted(s) == 2
+    s.heartbeat(
+        hb(
+            "n1",
+            roster=["keep", "sb1"],
+            sandbox_count=2,
+            create_successes=2,
+            reported_at_unix_ms=11_000,
+        )
+    )
+    assert state(s, p) == "released"
+    assert counted(s) == 2
+
+
 def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete(
     make_scheduler: Make,
 ) -> None:
@@ -339,6 +412,23 @@ def test_a_delete_before_a_restarted_instances_first_heartbeat_counts_once(
     assert counted(s) == 1
 
 
+def test_the_same_late_heartbeat_twice_through_one_replica_changes_nothing(
+    make_scheduler: Make,
+) -> None:
+    """The lossy lifecycle machine's shrunk failure: a late heartbeat goes as
+    a steady one (only its stamp differs from what the replica last wrote);
+    its answer must not let the replica take it for the record, or the same
+    late heartbeat again goes steady without its stamp and moves the clock."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    older = hb("n1", create_successes=0, reported_at_unix_ms=3_000)
+    s.heartbeat(older)
+    s.heartbeat(hb("n1", create_successes=0, reported_at_unix_ms=6_000))
+    before = s.client.hgetall(s.keys.node("n1"))
+    for _ in range(3):
+        s.heartbeat(older)
+    assert s.client.hgetall(s.keys.node("n1")) == before
+
+
 # ---------------------------------------------------------------------------
 # Through real replicas: order across replicas, fields only the wire carries
 # ---------------------------------------------------------------------------
@@ -404,6 +494,42 @@ def test_an_older_heartbeat_through_another_replica_changes_no_count(
     with pytest.raises(grpc.RpcError) as e:
         a.Schedule(cold(1, 1024), timeout=5)  # the node holds 2 of 2
     assert "no nodes available" in (e.value.details() or "")
+
+
+def test_a_gone_sandbox_gives_its_slot_back_through_two_replicas(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    """The issue's starved fleet, small: a roster node at its ceiling of 2,
+    one creation on its way (its create never comes) and one created,
+    recorded as the reference gateway does (no reservation id) and gone
+    before any roster listed it, its DELETE lost.  The node's stamped
+    heartbeats, through the two replicas in turn, give the slot back at the
+    second; the creation on its way keeps its own."""
+    a, b = stubs
+    node, md = "gone-hb", endpoint_md("gone-hb:5000")
+    stamp = iter(range(1_000_000, 2_000_000, 5_000))
+
+    def beat(stub: pb_grpc.SchedulerStub, roster: list[str], created: int) -> None:
+        stub.Heartbeat(
+            hb_request(
+                node, roster=roster, create_successes=created, reported_at_unix_ms=next(stamp)
+            ),
+            metadata=md,
+        )
+
+    beat(a, ["keep"], 1)
+    beat(b, [], 1)  # keep ended, its DELETE lost: an empty roster, roster mode stays
+    on_its_way = b.Schedule(cold(1, 1024), timeout=5)
+    assert on_its_way.node.node_id == node
+    _place_and_create(a, "sb1", node)
+    assert counted(cell_view, node) == 2
+    with pytest.raises(grpc.RpcError):
+        a.Schedule(cold(1, 1024), timeout=5)  # at its ceiling
+    beat(b, [], 2)  # sb1 was created and is gone
+    assert counted(cell_view, node) == 2  # one heartbeat is not yet two
+    beat(a, [], 2)
+    assert counted(cell_view, node) == 1  # the creation on its way
+    assert b.Schedule(cold(1, 1024), timeout=5).node.node_id == node
 
 
 @xfail28(

@@ -371,24 +371,32 @@ local function heartbeat_one(ctx, A)
     end
   end
   -- Roster mode: an assigned reservation whose sandbox this node's rosters
-  -- do not list, for two heartbeats taken after its sandbox was created
-  -- (create_successes reached the reservation's absent_cs, assign-5.lua; a
-  -- late heartbeat taken before does not count), is released: the sandbox
-  -- ended, its DELETE lost.  A sandbox is listed from the moment its VM
-  -- starts (starting), before its create returns and it is assigned.  Only
-  -- while the node has such reservations (absent_watch: its steady
+  -- do not list, for two heartbeats that count, is released: the sandbox
+  -- ended, its DELETE lost (a sandbox is listed from the moment its VM
+  -- starts, before its create returns and it is assigned).  A heartbeat
+  -- counts when its create_successes reached the reservation's absent_cs
+  -- (assign-5.lua: taken after the sandbox was created, however late it
+  -- arrives), or when it is stamped (reported_at_unix_ms) with another stamp
+  -- than the last one counted for it (absent_rt, at first the node's stored
+  -- one at the assignment): an accepted heartbeat received after the
+  -- assignment.  Of two such, the second was taken after the first was
+  -- answered (the reporter sends one at a time), so after the assignment.
+  -- Only while the node has such reservations (absent_watch: its steady
   -- heartbeats go in full meanwhile, includes/heartbeat_steady.lua).
   if roster_mode and prev[PREV.absent_watch] == '1' then
     local watching = false
     for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-      local r = redis.call('HMGET', res_key(rid), 'state', 'absent_cs', 'absent_beats', 'sandbox_id')
+      local r = redis.call('HMGET', res_key(rid), 'state', 'absent_cs', 'absent_beats', 'sandbox_id',
+        'absent_rt')
       if (r[1] == 'assigned' or r[1] == 'acked') and r[2] then
-        if not restarted and successes >= (tonumber(r[2]) or 0) and not listed_on(r[4] or '', node_id) then
+        local fresh = order and order ~= (r[5] or '0')
+        if (fresh or not restarted and successes >= (tonumber(r[2]) or 0))
+            and not listed_on(r[4] or '', node_id) then
           local beats = (tonumber(r[3]) or 0) + 1
           if beats >= 2 then
             if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
           else
-            redis.call('HSET', res_key(rid), 'absent_beats', fmt(beats))
+            redis.call('HSET', res_key(rid), 'absent_beats', fmt(beats), 'absent_rt', fresh and order or r[5] or '0')
             watching = true
           end
         else

@@ -64,11 +64,13 @@ local function steady_one(ctx, A, P, now, swept)
     end
   end
   now = now or heard_ms(P)
-  -- (older than the newest the instance sent: nothing moves, answered OK;
-  -- includes/heartbeat.lua)
+  -- (older than the newest the instance sent: nothing moves, answered OK,
+  -- naming no incarnation, as includes/heartbeat.lua does: the replica must
+  -- not take the late heartbeat's fields for the record's, or the same late
+  -- heartbeat again would go as steady without its stamp and move the clock)
   local order = (reported ~= '' and reported ~= '0') and reported or false
   if order and (tonumber(order) or 0) < (tonumber(v[7]) or 0) then
-    return { tonumber(v[3]), v[5] == '1' and 1 or 0, instant_text(ctx, now), v[2] }
+    return { tonumber(v[3]), v[5] == '1' and 1 or 0, instant_text(ctx, now), '' }
   end
   if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }

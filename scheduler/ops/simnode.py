@@ -182,9 +182,13 @@ class SimNode:
                 self.create_fails,
             )
 
-    def heartbeat(self, seen: Observed | None = None, roster: bool = True) -> Heartbeat:
+    def heartbeat(
+        self, seen: Observed | None = None, roster: bool = True, reported_at_unix_ms: int = 0
+    ) -> Heartbeat:
         """The heartbeat this node sends, reporting ``seen`` (default: now);
-        ``roster`` False: a node in counter mode (no roster)."""
+        ``roster`` False: a node in counter mode (no roster);
+        ``reported_at_unix_ms``: its stamp (0: none), as the reference
+        reporter stamps each heartbeat once its snapshot is taken."""
         o = seen or self.observe()
         return Heartbeat(
             node_id=self.node_id,
@@ -203,6 +207,7 @@ class SimNode:
                 sandbox_starting_count=o.starting,
                 create_successes=o.create_successes,
                 create_fails=o.create_fails,
+                reported_at_unix_ms=reported_at_unix_ms,
             ),
             sandbox_ids=list(o.sandboxes) if roster else [],
         )

@@ -429,8 +429,10 @@ class ResModel:
     sandbox_id: str | None = None
     created_ms: int = 0
     #: the two-heartbeat rule: the create_successes a roster must reach to
-    #: count (set by its assignment), and the rosters counted
+    #: count (set by its assignment), the stamp of the last heartbeat counted
+    #: (the node's stored one at the assignment), and the rosters counted
     absent_cs: int | None = None
+    absent_rt: int = 0
     absent_beats: int = 0
 
 
@@ -655,15 +657,18 @@ class CellModel:
             for r in self.live_of(node_id):
                 if r.state not in ("assigned", "acked") or r.absent_cs is None:
                     continue
+                # (counts: taken after the sandbox was created, by its
+                # counter; or a stamped heartbeat other than the last counted)
+                fresh = bool(reported) and reported != r.absent_rt
                 if (
-                    not restarted
-                    and create_successes >= r.absent_cs
-                    and not self.listed_on(r.sandbox_id or "", node_id)
-                ):
+                    fresh or not restarted and create_successes >= r.absent_cs
+                ) and not self.listed_on(r.sandbox_id or "", node_id):
                     r.absent_beats += 1
                     if r.absent_beats >= 2:
                         released += self.end(r.rid, "released")
                         continue
+                    if fresh:
+                        r.absent_rt = reported
                 watching = True
             meta.absent_watch = watching
         meta.reported_cs = create_successes
@@ -737,6 +742,7 @@ class CellModel:
                 if not already_listed:
                     meta = self.meta[node_id]
                     got.absent_cs = meta.reported_cs + len(self.live_of(node_id))
+                    got.absent_rt = meta.reported
                     meta.absent_watch = meta.absent_watch or meta.roster_mode
         if rid is not None and already_listed:
             self.end(rid, "released")
