@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 import redis
+from grpc_health.v1 import health_pb2
 
 from bench import clockshift
 from scheduler import Policy, Scheduler
@@ -22,7 +23,12 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.store.connection import async_client
 from scheduler.testing.lag import LaggingLink
 from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
-from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
+from scheduler.testing.replicas import (
+    ServeProcess,
+    ThreadedReplica,
+    health_status,
+    settings_for,
+)
 from tests.helpers import cold, endpoint_md, hb_request
 
 pytestmark = pytest.mark.real_only
@@ -40,6 +46,20 @@ def server(redis_server: object) -> Iterator[RedisServer]:  # (skips without red
 def replica(server: RedisServer) -> Iterator[ThreadedReplica]:
     settings = settings_for(Policy(), cell=CELL)
     with ThreadedReplica(settings, lambda: async_client(server.url), server.url) as r:
+        yield r
+
+
+@pytest.fixture
+def served(server: RedisServer) -> Iterator[ThreadedReplica]:
+    """A replica whose Redis client is made as ``schedctl serve`` makes it
+    (cli/runtime.py): no socket timeout on its connections, every call
+    bounded by its caller."""
+    settings = settings_for(Policy(), cell=CELL)
+
+    def client() -> Any:
+        return async_client(server.url, caller_bounds=True)
+
+    with ThreadedReplica(settings, client, server.url) as r:
         yield r
 
 
@@ -123,6 +143,41 @@ def test_a_restart_from_an_old_snapshot_settles_and_ends_what_came_back(
         assert rewinds(r, "rewound") == 1 and rewinds(r, "clock") == 0  # settled once
     finally:
         s.close()
+
+
+def health(r: ThreadedReplica) -> int | None:
+    assert r.replica is not None
+    try:
+        return health_status(f"127.0.0.1:{r.replica.port}")
+    except grpc.RpcError:
+        return None  # (no answer is no status)
+
+
+def test_health_is_not_serving_while_redis_is_stopped(
+    server: RedisServer, served: ThreadedReplica
+) -> None:
+    """The health check reads the server's run_id (INFO server: the restart
+    guard's) before its probe.  That read went through the bare client, which
+    in ``schedctl serve`` has no socket timeout: with Redis stopped (SIGSTOP)
+    it waited as long as Redis was stopped, and health said SERVING all along
+    (tests/test_faults.py's pause scenario).  Every read of the check is now
+    bounded like the probe."""
+    r = served
+    r.stub.Heartbeat(hb_request("n1"), metadata=MD, timeout=5)
+    seen_by_probe(r, server.url)  # (the guard knows this server's run_id)
+    assert health(r) == health_pb2.HealthCheckResponse.SERVING
+    server.pause()
+    try:
+        wait_until(
+            lambda: health(r) == health_pb2.HealthCheckResponse.NOT_SERVING,
+            15,
+            "NOT_SERVING while Redis is stopped",
+        )
+    finally:
+        server.resume()
+    wait_until(lambda: health(r) == health_pb2.HealthCheckResponse.SERVING, 15, "SERVING again")
+    assert r.stub.Schedule(cold(1, 16), timeout=5).node.node_id == "n1"
+    assert rewinds(r, "rewound") == 0 and rewinds(r, "clock") == 0  # a pause is no rewind
 
 
 @pytest.mark.parametrize("offset_ms", [15 * 60_000, -15 * 60_000], ids=["ahead", "behind"])

@@ -27,8 +27,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
@@ -55,6 +55,7 @@ from scheduler.store.sentinel import SentinelWatch, is_sentinel_client
 from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")
+T = TypeVar("T")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
@@ -243,11 +244,8 @@ class Replica:
         )
         try:
             with checking():
-                run_id = None
-                if self.restart_guard is not None:
-                    with translated(self.sched.target):
-                        run_id = server_run_id(await self.sched.client.info("server"))
-                probe = await self.sched.probe_cell(max(self.monitor_interval_s, 1.0))
+                run_id = await self._server_run_id()
+                probe = await self.sched.probe_cell(self._probe_timeout_s)
                 if probe.has_policy:
                     await self.check_history(probe)
                     if run_id is not None and self.restart_guard is not None:
@@ -531,14 +529,11 @@ class Replica:
             else:
                 if moved:
                     await self.after_failover()
-        await self._count_replicas()
-        run_id = None
-        if self.restart_guard is not None:  # (read before the data it vouches for)
-            with translated(self.sched.target):
-                run_id = server_run_id(await self.sched.client.info("server"))
-        probe = await self.sched.probe_cell(max(self.monitor_interval_s, 1.0))
+        await self._bounded(self._count_replicas())
+        run_id = await self._server_run_id()  # (read before the data it vouches for)
+        probe = await self.sched.probe_cell(self._probe_timeout_s)
         has_policy = probe.has_policy
-        await self._check_eviction()
+        await self._bounded(self._check_eviction())
         if not was_ok or not has_policy:
             await self.restore_cell()
         if has_policy:
@@ -555,6 +550,32 @@ class Replica:
         except FailedPrecondition:
             await self.restore_cell()  # Redis lost the cell between two probes
         await self._set_serving(True)
+
+    @property
+    def _probe_timeout_s(self) -> float:
+        return max(self.monitor_interval_s, 1.0)
+
+    async def _bounded(self, read: Awaitable[T]) -> T:
+        """A read of the health check that is not a script call (INFO), bounded
+        like the probe: a Redis that stops answering (SIGSTOP, a hung host)
+        fails the check within the bound, and health goes NOT_SERVING, instead
+        of the check waiting (the client's timeout, then its retry) until Redis
+        answers again while health still says SERVING."""
+        limit = self._probe_timeout_s
+        try:
+            return await asyncio.wait_for(read, limit)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(
+                f"Redis at {self.sched.target} did not answer within {limit:.3g}s"
+            ) from None
+
+    async def _server_run_id(self) -> str | None:
+        """The run_id of the server that answers, for the restart guard (None
+        without one), bounded like the probe."""
+        if self.restart_guard is None:
+            return None
+        with translated(self.sched.target):
+            return server_run_id(await self._bounded(self.sched.client.info("server")))
 
     async def check_history(self, probe: Probe) -> None:
         """Compare a probe with the history this replica saw
