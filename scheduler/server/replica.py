@@ -559,8 +559,10 @@ class Replica:
         """A read of the health check that is not a script call (INFO), bounded
         like the probe: a Redis that stops answering (SIGSTOP, a hung host)
         fails the check within the bound, and health goes NOT_SERVING, instead
-        of the check waiting (the client's timeout, then its retry) until Redis
-        answers again while health still says SERVING."""
+        of the check waiting until Redis answers again while health still says
+        SERVING (``schedctl serve``'s connections have no socket timeout: every
+        call through AsyncScheduler.run is bounded by its caller, a bare
+        redis-py command is not)."""
         limit = self._probe_timeout_s
         try:
             return await asyncio.wait_for(read, limit)
