@@ -28,6 +28,18 @@ The fault comes after a few seconds of load:
   overwritten, the rotation counter not an integer), as an operator's
   script would; ``doctor_left`` is what ``schedctl doctor`` still finds
   after the settle (the nodes' heartbeats and the scripts heal the rest).
+- ``rdb-rollback-20s`` / ``rdb-rollback-120s``: ``BGSAVE`` under load, the
+  load goes on 20 s / 120 s, then kill -9 and a restart that loads that
+  snapshot (Debian's default persistence: RDB only);
+- ``lagging-promotion``: ``min_replicas_acked`` 1, a primary and two
+  replicas; the one Sentinel prefers (``replica-priority`` 1) replicates
+  through a link that holds the primary's stream for 1 s (it stays
+  connected and falls behind), then the primary is killed and Sentinel
+  promotes the replica that is behind;
+- ``clock-skew-ahead`` / ``clock-skew-behind``: ``min_replicas_acked`` 1, a
+  primary and two replicas; the preferred replica's wall clock runs 15 min
+  ahead / behind (``bench/clockshift.c``, an LD_PRELOAD shim), and
+  ``SENTINEL FAILOVER`` promotes it.
 
 What each row reports (invariants first):
 
@@ -37,7 +49,17 @@ What each row reports (invariants first):
   the final primary does not have (a failover at 0, or data loss, may lose
   them; their sandboxes are still counted by the nodes' own numbers);
 - ``phantoms``: live reservations no gateway was ever answered, counted
-  ``settle`` seconds after the load stopped;
+  ``settle`` seconds after the load stopped; ``stuck``: answered ones still
+  live then (after a rollback: those that came back from the past);
+- ``rewinds`` / ``rewound``: times the cell settled for data from the past
+  or a clock that jumped (stats ``rewinds``), and reservations that came
+  back from the past and were ended (stats ``rewound_total``);
+- clock skew: ``cell_clock_off_s``: the cell's clock against this host's
+  after the failover.  Redis itself expires every key with a TTL by its own
+  clock, so on a primary 15 min ahead the tombstones of ended reservations
+  (10 min) would vanish and read as lost placements: these rows keep them
+  1 h (``reservation_tombstone_ttl``); bindings (30 s) do vanish, and the
+  nodes' next heartbeats write them again;
 - ``to_first_ok_s``: from the fault to the first successful Schedule that
   started after it (for failovers also ``after_switch_s``: from Sentinel's
   announcement of the new primary);
@@ -63,12 +85,19 @@ import redis
 import redis.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import clockshift
 from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.ops.simnode import SimNode
 from scheduler.server.service import heartbeat_request
-from scheduler.testing.redis_server import ClusterTopology, RedisServer, SentinelTopology
+from scheduler.testing.lag import LaggingLink
+from scheduler.testing.redis_server import (
+    ClusterTopology,
+    RedisServer,
+    SentinelTopology,
+    wait_until,
+)
 from scheduler.testing.replicas import ServeProcess
 
 SCENARIOS = (
@@ -82,7 +111,16 @@ SCENARIOS = (
     "cluster-failover",
     "eviction",
     "corrupt",
+    "rdb-rollback-20s",
+    "rdb-rollback-120s",
+    "lagging-promotion",
+    "clock-skew-ahead",
+    "clock-skew-behind",
 )
+#: the clock-skew scenarios: the promoted replica's wall clock offset
+SKEW_MS = {"clock-skew-ahead": 15 * 60_000, "clock-skew-behind": -15 * 60_000}
+#: how long the lagging replica's link holds the primary's stream before the primary dies
+LAG_S = 1.0
 GIB = 1 << 30
 CELL = "faults"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -111,10 +149,18 @@ class Params:
     #: phantom reservations are counted this long after the load stopped
     settle_s: float = 5.0
     seed: int = 1
+    #: the rollback snapshot's age is the scenario's (20 s, 120 s), at most this
+    snapshot_cap_s: float | None = None
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0)
+        # (a rollback of 12 s still outlasts the 10 s grace: every reservation
+        # of the snapshot came back from the past)
+        return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0, snapshot_cap_s=12.0)
+
+    def snapshot_age_s(self, scenario: str) -> float:
+        age = float(scenario.removeprefix("rdb-rollback-").removesuffix("s"))
+        return age if self.snapshot_cap_s is None else min(age, self.snapshot_cap_s)
 
 
 # ---------------------------------------------------------------------------
@@ -213,7 +259,7 @@ class Run:
                 )
             await asyncio.sleep(self.p.heartbeat_s)
 
-    async def gateway(self, w: int, t0: float, counter: list[int], until: float) -> None:
+    async def gateway(self, w: int, t0: float, counter: list[int], until: list[float]) -> None:
         req = pb.ScheduleRequest(
             hint=pb.ScheduleRequestHint(
                 new_cold_sandbox=pb.NewColdSandboxHint(cpu_count=1, memory_mb=1024)
@@ -223,7 +269,7 @@ class Run:
             i = counter[0]
             counter[0] += 1
             at = t0 + i / self.p.rate
-            if at >= until:
+            if at >= until[0]:
                 return
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             try:
@@ -290,6 +336,7 @@ class Topology:
         self.switched_at: float | None = None
         self.slot = 0
         self.corruptions = 0
+        self.link: LaggingLink | None = None
         if scenario in ("slot-move", "cluster-failover"):
             self.cluster = ClusterTopology(3, 1 if scenario == "cluster-failover" else 0)
         elif scenario.startswith("failover"):
@@ -298,6 +345,23 @@ class Topology:
             self.sentinels = SentinelTopology(
                 replicas=2 if scenario == "failover-1" else 1, sentinels=3
             )
+        elif scenario == "lagging-promotion":
+            # (failover-timeout: Sentinel re-points a replica whose primary is another
+            # address, the link, only that long after it last changed)
+            self.sentinels = SentinelTopology(replicas=2, sentinels=3, failover_timeout_ms=120_000)
+            preferred = self.sentinels.replicas[1]
+            self.link = LaggingLink(self.sentinels.primary.port)
+            preferred.extra_args = (
+                *preferred.extra_args[:-1],
+                str(self.link.port),
+                "--replica-priority",
+                "1",
+            )
+        elif scenario in SKEW_MS:
+            self.sentinels = SentinelTopology(replicas=2, sentinels=3)
+            preferred = self.sentinels.replicas[1]
+            preferred.extra_args = (*preferred.extra_args, "--replica-priority", "1")
+            preferred.env = clockshift.environment(SKEW_MS[scenario])
         else:
             extra = ["--appendonly", "yes"] if scenario == "kill-aof" else []
             if scenario == "eviction":  # (a managed Redis's default)
@@ -309,6 +373,8 @@ class Topology:
             self.cluster.start()
             self.slot = self.cluster.keyslot(f"sched:{{{CELL}}}:policy")
         elif self.sentinels is not None:
+            if self.link is not None:
+                self.link.start()
             self.sentinels.start()
         else:
             assert self.server is not None
@@ -351,7 +417,32 @@ class Topology:
         """Apply the fault (blocking); returns (fault start, fault over)."""
         start = time.monotonic()
         s = self.scenario
-        if s in ("kill-empty", "kill-aof"):
+        if s.startswith("rdb-rollback"):
+            assert self.server is not None
+            admin = self.server.client()
+            admin.bgsave()
+            while int(admin.info("persistence")["rdb_bgsave_in_progress"]):
+                time.sleep(0.01)
+            admin.close()
+            time.sleep(self.params.snapshot_age_s(s))  # the load goes on
+            start = time.monotonic()
+            self.server.kill()
+            self.server.start()  # it loads the snapshot
+        elif s == "lagging-promotion":
+            assert self.sentinels is not None and self.link is not None
+            behind = self.sentinels.replicas[1]
+            self.link.hold()  # connected, and behind from now on
+            time.sleep(LAG_S)
+            self.sentinels.primary.kill()
+            self.link.cut()  # what it held never arrives
+            wait_until(lambda: self.sentinels_primary() == behind.port, 60, "promoted")
+            with behind.client() as c:
+                wait_until(lambda: c.info("replication")["role"] == "master", 60, "a primary")
+        elif s in SKEW_MS:
+            assert self.sentinels is not None
+            new = self.sentinels.failover()
+            assert new.port == self.sentinels.replicas[1].port, "the skewed replica promoted"
+        elif s in ("kill-empty", "kill-aof"):
             assert self.server is not None
             self.server.kill()
             if s == "kill-empty":
@@ -404,11 +495,17 @@ class Topology:
             self.sentinels.failover()
         return start, time.monotonic()
 
+    def sentinels_primary(self) -> int:
+        assert self.sentinels is not None
+        return self.sentinels.primary_port()
+
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.close()
         if self.sentinels is not None:
             self.sentinels.close()
+        if self.link is not None:
+            self.link.close()
         if self.server is not None:
             self.server.close()
 
@@ -473,12 +570,15 @@ def _doctor_left(url: str) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(left.items())) or "none"
 
 
-def _replica_config(params: Params, acked: int, allow_eviction: bool = False) -> dict[str, Any]:
+def _replica_config(
+    params: Params, acked: int, allow_eviction: bool = False, tombstones: str = ""
+) -> dict[str, Any]:
     return {
         "scheduler": {
             "node_resource_limit": {"max_sandbox_count": params.ceiling},
             "min_replicas_acked": acked,
             **({"allow_eviction": True} if allow_eviction else {}),
+            **({"reservation_tombstone_ttl": tombstones} if tombstones else {}),
         }
     }
 
@@ -508,11 +608,17 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     loop_end = (
         t0 + params.before_s + params.after_s + (params.pause_s if topo.scenario == "pause" else 0)
     )
+    if topo.scenario.startswith("rdb-rollback"):
+        loop_end += params.snapshot_age_s(topo.scenario)
+    # (the load goes on while the fault lasts, and after_s past its end: a Sentinel
+    # election may outlast the planned load)
+    until = [float("inf")]
     gateways = [
-        asyncio.create_task(run.gateway(w, t0, counter, loop_end)) for w in range(params.gateways)
+        asyncio.create_task(run.gateway(w, t0, counter, until)) for w in range(params.gateways)
     ]
     await asyncio.sleep(params.before_s)
     fault_start, fault_end = await asyncio.to_thread(topo.inject, replicas, run)
+    until[0] = max(loop_end, time.monotonic() + params.after_s)
     # the load goes on for after_s past the fault (the gateways stop at loop_end)
     await asyncio.gather(*gateways)
     load_end = time.monotonic()
@@ -534,6 +640,14 @@ def _measure(
     for rid in run.acked:
         if not primary.exists(base + f"res:{rid}"):
             missing += 1
+    stats = primary.hgetall(base + "stats")
+    cell_clock_off = None
+    if topo.scenario in SKEW_MS:
+        policy = primary.hgetall(base + "policy")
+        raw_s, raw_us = primary.time()
+        offset = int(policy.get(b"time_offset_ms", 0))
+        cell_ms = int(raw_s) * 1000 + int(raw_us) // 1000 + offset
+        cell_clock_off = round(cell_ms / 1000 - time.time(), 1)
     phantoms = stuck = 0
     for key in primary.scan_iter(match=base + "res:*", count=1000):
         state = primary.hget(key, "state")
@@ -555,6 +669,7 @@ def _measure(
     window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
     codes = Counter(o.code.name for o in window)
     every_code = Counter(o.code.name for o in run.outcomes)
+    after_codes = Counter(f"{o.rpc} {o.code.name}" for o in run.outcomes if o.start >= fault_start)
     peak = max(n.peak_sandboxes for n in run.nodes)
     latencies = [o.end - o.start for o in schedules if o.code == grpc.StatusCode.OK]
     return {
@@ -566,11 +681,16 @@ def _measure(
         "acked_missing": missing,
         "phantoms": phantoms,
         "stuck": stuck,
+        "rewinds": int(stats.get(b"rewinds", 0)),
+        "rewound": int(stats.get(b"rewound_total", 0)),
+        "cell_clock_off_s": cell_clock_off,
         "to_first_ok_s": round(min(firsts) - fault_start, 3) if firsts else None,
         "after_switch_s": after_switch,
         "fault_s": round(fault_end - fault_start, 3),
         "codes": ", ".join(f"{k} {v}" for k, v in sorted(codes.items())),
         "internal": every_code.get("INTERNAL", 0),
+        "after_codes": dict(after_codes),
+        "fault_to_load_end_s": round(load_end - fault_start, 2),
         "health_honest": _health_honest(topo.scenario, run, fault_start, fault_end),
         "schedule_p50_ms": round(percentile(latencies, 50) * 1000, 2) if latencies else None,
         "schedule_p99_ms": round(percentile(latencies, 99) * 1000, 2) if latencies else None,
@@ -612,11 +732,15 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     topo = Topology(scenario, params).start()
     replicas: list[ServeProcess] = []
     try:
-        acked = 1 if scenario == "failover-1" else 0
+        acked = 1 if scenario in ("failover-1", "lagging-promotion", *SKEW_MS) else 0
         evicting = scenario == "eviction"
         refusal = _refused_at_start(params, topo.url) if evicting else ""
         replicas = [
-            ServeProcess(_replica_config(params, acked, evicting), topo.url, cell=CELL)
+            ServeProcess(
+                _replica_config(params, acked, evicting, "1h" if scenario in SKEW_MS else ""),
+                topo.url,
+                cell=CELL,
+            )
             for _ in range(params.replicas)
         ]
         for r in replicas:
@@ -626,6 +750,8 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
         if scenario == "corrupt":
             row["corruptions"] = topo.corruptions
             row["doctor_left"] = _doctor_left(topo.url)
+        if scenario.startswith("rdb-rollback"):
+            row["snapshot_age_s"] = params.snapshot_age_s(scenario)
         if evicting:
             # refused at start without allow_eviction; with it, each replica's log
             # and sched_redis_evicted_keys say that keys went
@@ -651,6 +777,8 @@ COLUMNS = [
     "acked_missing",
     "phantoms",
     "stuck",
+    "rewinds",
+    "rewound",
     "to_first_ok_s",
     "after_switch_s",
     "health_honest",

@@ -80,7 +80,8 @@ async def run_replica(
     pipe: closed when the parent is gone) stops it like a signal."""
     if not worker:
         announce(settings)
-    # (every call of the replica goes through AsyncScheduler.run, which bounds it)
+    # (every call of the replica goes through AsyncScheduler.run, which bounds it;
+    # the health check's INFO reads are bounded by Replica._bounded)
     sched = AsyncScheduler(
         async_client(settings.redis_url, settings.redis_timeout_s, caller_bounds=True),
         settings.cell,

@@ -24,6 +24,7 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
+from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -102,6 +103,9 @@ class AsyncScheduler(BaseClient):
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
+        #: told (with the monotonic time it was sent) of every Schedule with a
+        #: fresh reservation id answered with a placement (HistoryWatch)
+        self.on_placed: Callable[[float], None] | None = None
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(
@@ -261,8 +265,23 @@ class AsyncScheduler(BaseClient):
     def advance_clock(self, ms: int, mode: str = "") -> Awaitable[int]:
         return self._one(self.ops.advance_clock(ms, mode))
 
-    def probe(self, timeout: float | None = None) -> Awaitable[bool]:
+    async def probe(self, timeout: float | None = None) -> bool:
+        """Can this client write to the cell?  True when it has its policy."""
+        return (await self.probe_cell(timeout)).has_policy
+
+    def probe_cell(self, timeout: float | None = None) -> Awaitable[Probe]:
+        """The health probe, with what it read of the cell's history."""
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
+
+    def rewound(
+        self, generation: int, expected_now_ms: int | None, bound_ms: int
+    ) -> Awaitable[tuple[bool, int, int, int, int]]:
+        """Settle a cell whose data went back in time or whose clock jumped
+        (see Ops.rewound)."""
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+
+    def reconcile_rewound(self, before_ms: int, most: int) -> Awaitable[tuple[int, bool]]:
+        return self.run(self.ops.reconcile_rewound(before_ms, most))
 
     # -- nodes ---------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> Awaitable[HeartbeatResult]:
@@ -309,11 +328,16 @@ class AsyncScheduler(BaseClient):
         anything but a placement."""
         call = self.ops.schedule(req, strategy, reservation_id)
         rid = call.args[5]
+        sent_at = time.monotonic()
         try:
             if timeout is None:
-                return await self.coalescer.submit(call)
-            with self.scoped(timeout=timeout):
-                return await self.coalescer.submit(call)
+                placed = await self.coalescer.submit(call)
+            else:
+                with self.scoped(timeout=timeout):
+                    placed = await self.coalescer.submit(call)
+            if reservation_id is None and placed.reservation_id and self.on_placed is not None:
+                self.on_placed(sent_at)  # (a fresh id: a new reservation in Redis)
+            return placed
         except (Exception, asyncio.CancelledError) as e:
             if rid and not wrote_nothing(e):
                 self.forget(rid)

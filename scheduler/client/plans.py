@@ -80,6 +80,9 @@ class _Scope:
 
 
 _SCOPE: ContextVar[_Scope | None] = ContextVar("scheduler_scope", default=None)
+#: set inside checking(): the calls that check Redis's data pass
+#: the hold (``unchecked``) that keeps every other write out until then
+_CHECKING: ContextVar[bool] = ContextVar("scheduler_checking", default=False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,21 @@ def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str
         "start with --overwrite-policy to replace the stored node list",
     ]
     return "\n".join(lines)
+
+
+@contextmanager
+def checking() -> Iterator[None]:
+    """Calls made inside this block (this task) pass a client's ``unchecked``
+    hold, not its fence: a replica checking a Redis's data before writes go on."""
+    token = _CHECKING.set(True)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
+def is_checking() -> bool:
+    return _CHECKING.get()
 
 
 class BeatMemo(dict[str, Beat]):
@@ -149,6 +167,10 @@ class BeatMemo(dict[str, Beat]):
         self.written.pop(node_id, None)
         return super().pop(node_id, default)
 
+    def clear(self) -> None:
+        self.written.clear()
+        super().clear()
+
     def _expire(self, now: float) -> None:
         """Drop entries older than max_age_s (the oldest first; stops at the
         first young one, so a write costs O(1) amortised)."""
@@ -195,6 +217,10 @@ class BaseClient:
         self.forgotten: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
         self.fence = Fence()
+        #: writes held (this reason; "" = not) until a replica has checked the
+        #: data of a Redis that was unreachable or is a new primary (the
+        #: cell's history, scheduler/domain/history.py); its own checks pass (checking())
+        self.unchecked = ""
         #: the cell this client keeps (keep_cell): put back when Redis lost it
         self.kept: CellSetup | None = None
 
@@ -239,7 +265,9 @@ class BaseClient:
             scope.observe(script, time.perf_counter() - start, error)
 
     def _fenced(self, call: Call[Any]) -> None:
-        why = self.fence.held() if call.acked else ""
+        why = ""
+        if call.acked:
+            why = self.fence.held() or ("" if _CHECKING.get() else self.unchecked)
         if why:
             raise StoreUnavailable(f"Redis at {self.target}: {why}")
 

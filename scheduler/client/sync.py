@@ -26,6 +26,7 @@ from scheduler.domain.errors import (
     SchedulerError,
     StoreUnavailable,
 )
+from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -204,7 +205,18 @@ class Scheduler(BaseClient):
         return self._one(self.ops.advance_clock(ms, mode))
 
     def probe(self) -> bool:
+        return self.probe_cell().has_policy
+
+    def probe_cell(self) -> Probe:
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
+
+    def rewound(
+        self, generation: int, expected_now_ms: int | None, bound_ms: int
+    ) -> tuple[bool, int, int, int, int]:
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+
+    def reconcile_rewound(self, before_ms: int, most: int) -> tuple[int, bool]:
+        return self.run(self.ops.reconcile_rewound(before_ms, most))
 
     # -- nodes ---------------------------------------------------------------
     def heartbeat(self, hb: Heartbeat, *, cpu_config: bool = False) -> HeartbeatResult:

@@ -30,6 +30,11 @@ Ours:
     sched_redis_up                              1 while this replica reaches Redis
     sched_redis_errors_total                    calls this replica failed on Redis
     sched_redis_evicted_keys                    keys Redis evicted (INFO stats), as last probed
+    sched_redis_rewinds_total{reason}           the cell settled because its data went back in
+                                                time (rewound) or Redis time jumped (clock),
+                                                by this replica
+    sched_rewound_reservations_total            reservations that came back from the past,
+                                                ended by this replica
     sched_script_duration_seconds{script}       Lua script call latency, this replica
     sched_batches_total{kind}                   batch calls sent (schedule, heartbeat), this replica
     sched_batched_calls_total{kind}             the calls they carried (their mean size: the ratio)
@@ -289,6 +294,18 @@ class Metrics:
         self.redis_evicted_keys = Gauge(
             "sched_redis_evicted_keys",
             "Keys Redis evicted for memory (INFO stats evicted_keys), as this replica last read.",
+            registry=r,
+        )
+        self.redis_rewinds = Counter(
+            "sched_redis_rewinds",
+            "Times this replica settled the cell because its data went back in time "
+            "(reason rewound) or Redis time jumped (reason clock).",
+            ["reason"],
+            registry=r,
+        )
+        self.rewound_reservations = Counter(
+            "sched_rewound_reservations",
+            "Reservations that came back from the past (a rewound dataset), ended by this replica.",
             registry=r,
         )
         self.script_duration = Histogram(

@@ -27,8 +27,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
@@ -38,7 +38,9 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler.client.aio import AsyncScheduler
+from scheduler.client.plans import checking, is_checking
 from scheduler.domain.errors import FailedPrecondition, SchedulerError, StoreUnavailable
+from scheduler.domain.history import RECONCILE_BATCH, REWOUND_GRACE_MS, HistoryWatch, Probe
 from scheduler.domain.limits import max_message_bytes
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.server.config import Settings
@@ -47,11 +49,13 @@ from scheduler.server.metrics import Metrics
 from scheduler.server.service import SchedulerService
 from scheduler.server.tls import ReloadingCredentials, TlsError, is_loopback
 from scheduler.store.calls import this_replica
+from scheduler.store.connection import RestartGuard, server_run_id
 from scheduler.store.durability import EvictionRisk, EvictionWatch, connected_replicas
 from scheduler.store.sentinel import SentinelWatch, is_sentinel_client
 from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")
+T = TypeVar("T")
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
@@ -175,6 +179,18 @@ class Replica:
         self._stopping = False
         #: maxmemory-policy and evictions, at start and in every probe
         self.eviction = EvictionWatch(allowed=settings.allow_eviction)
+        #: the cell's history as this replica's probes saw it (data that went
+        #: back in time, a clock that jumped)
+        self.history = HistoryWatch()
+        self.rewind_grace_ms = REWOUND_GRACE_MS
+        self._history_lock = asyncio.Lock()
+        self._history_at = 0.0
+        sched.on_placed = self.history.placement
+        #: new connections to another Redis server hold writes until checked
+        self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
+        if self.restart_guard is not None and not settings.query_only:
+            self.restart_guard.bypass = is_checking
+            self.restart_guard.on_other = self._other_server
         self.tls: ReloadingCredentials | None = None
         self.sentinel = (
             SentinelWatch(sched.client, sched.fence, self.after_failover)
@@ -218,9 +234,27 @@ class Replica:
         await self.sched.restore_cell()
 
     async def after_failover(self) -> None:
-        """Sentinel named a new primary.  Without min_replicas_acked it may lack
+        """Sentinel named a new primary.  Before writes go on, check its history
+        (it may be behind what this replica saw, or its clock off: see
+        :meth:`check_history`).  Without min_replicas_acked it may lack
         placements the old one answered: settle the cell, so nodes must
         heartbeat (with what they really hold) before they take more."""
+        self.sched.unchecked = (
+            "a new primary: writes wait until this replica has checked its data and clock"
+        )
+        try:
+            with checking():
+                run_id = await self._server_run_id()
+                probe = await self.sched.probe_cell(self._probe_timeout_s)
+                if probe.has_policy:
+                    await self.check_history(probe)
+                    if run_id is not None and self.restart_guard is not None:
+                        self.restart_guard.verified = run_id
+        except (SchedulerError, asyncio.TimeoutError) as e:
+            # writes stay held; the monitor's next probe checks again (same baseline)
+            log.warning("could not check the new primary's history: %s", getattr(e, "message", e))
+        else:
+            self.sched.unchecked = ""
         if self.settings.durability.replicas > 0:
             return  # every answered placement reached a replica: nothing to settle
         try:
@@ -438,7 +472,11 @@ class Replica:
                     )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except (StoreUnavailable, EvictionRisk) as e:
+            except EvictionRisk as e:
+                await self._set_serving(False, e.message)
+            except StoreUnavailable as e:
+                # (a restarted or replaced server is held by the RestartGuard:
+                # refusals of the same server, OOM or READONLY, hold nothing)
                 await self._set_serving(False, e.message)
             except asyncio.TimeoutError:
                 await self._set_serving(False)
@@ -451,7 +489,33 @@ class Replica:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.monitor_interval_s)
 
+    def _other_server(self, run_id: str) -> None:
+        if not self.sched.unchecked:
+            log.warning(
+                "Redis at %s is another server now (run_id %s): writes wait until this "
+                "replica has checked its data",
+                self.sched.target,
+                run_id[:12],
+            )
+        self._hold_writes()
+        self.check_now()
+
+    def _hold_writes(self) -> None:
+        """Another Redis server answers: it may be another history (an old
+        snapshot, a replica that was behind) or another clock; writes wait
+        until the monitor has compared (:meth:`check_history`)."""
+        if not self.settings.query_only:
+            self.sched.unchecked = (
+                f"Redis at {self.sched.target} is another server: writes wait until this "
+                "replica has checked its data"
+            )
+
     async def _check_redis(self, refresh_stats: bool) -> None:
+        with checking():
+            await self._check_redis_data(refresh_stats)
+        self.sched.unchecked = ""
+
+    async def _check_redis_data(self, refresh_stats: bool) -> None:
         if self.settings.query_only:  # reads alone: nothing of the cell to keep
             await asyncio.wait_for(self.sched.ping(), max(self.monitor_interval_s, 1.0))
             await self._set_serving(True)
@@ -465,11 +529,19 @@ class Replica:
             else:
                 if moved:
                     await self.after_failover()
-        await self._count_replicas()
-        has_policy = await self.sched.probe(max(self.monitor_interval_s, 1.0))
-        await self._check_eviction()
+        await self._bounded(self._count_replicas())
+        run_id = await self._server_run_id()  # (read before the data it vouches for)
+        probe = await self.sched.probe_cell(self._probe_timeout_s)
+        has_policy = probe.has_policy
+        await self._bounded(self._check_eviction())
         if not was_ok or not has_policy:
             await self.restore_cell()
+        if has_policy:
+            await self.check_history(probe)
+        else:
+            self.history.forget()  # restored empty (and settled): a new baseline
+        if run_id is not None and self.restart_guard is not None:
+            self.restart_guard.verified = run_id
         try:
             if refresh_stats:
                 await self.refresh_cell_metrics()
@@ -492,6 +564,100 @@ class Replica:
             if self._stopping or loop.time() >= until:
                 return
             await asyncio.sleep(0)
+
+    @property
+    def _probe_timeout_s(self) -> float:
+        return max(self.monitor_interval_s, 1.0)
+
+    async def _bounded(self, read: Awaitable[T]) -> T:
+        """A read of the health check that is not a script call (INFO), bounded
+        like the probe: a Redis that stops answering (SIGSTOP, a hung host)
+        fails the check within the bound, and health goes NOT_SERVING, instead
+        of the check waiting until Redis answers again while health still says
+        SERVING (``schedctl serve``'s connections have no socket timeout: every
+        call through AsyncScheduler.run is bounded by its caller, a bare
+        redis-py command is not)."""
+        limit = self._probe_timeout_s
+        try:
+            return await asyncio.wait_for(read, limit)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(
+                f"Redis at {self.sched.target} did not answer within {limit:.3g}s"
+            ) from None
+
+    async def _server_run_id(self) -> str | None:
+        """The run_id of the server that answers, for the restart guard (None
+        without one), bounded like the probe."""
+        if self.restart_guard is None:
+            return None
+        with translated(self.sched.target):
+            return server_run_id(await self._bounded(self.sched.client.info("server")))
+
+    async def check_history(self, probe: Probe) -> None:
+        """Compare a probe with the history this replica saw
+        (:mod:`scheduler.domain.history`).  Data that went back in time, or a clock
+        that jumped beyond the bound, settles the cell as after a failover
+        (nodes take placements again once they heartbeat; a jumped clock is
+        put back first); live reservations made more than ``rewind_grace_ms``
+        before the settle end (their nodes' next heartbeats count what runs)."""
+        async with self._history_lock:
+            if probe.at < self._history_at:
+                return  # an older probe than one already compared
+            self._history_at = probe.at
+            before = self.history.last
+            verdict = self.history.observe(probe)
+            if before is not None and probe.generation > before.generation:
+                self.sched.beats.clear()  # another replica settled: resend in full
+            if verdict is None:
+                return
+            self.sched.beats.clear()
+            bound = self.history.clock_bound_ms
+            expected = verdict.expected_now_ms if abs(verdict.skew_ms) > bound else None
+            settled, generation, now_ms, moved, age = await self.sched.rewound(
+                verdict.generation, expected, bound
+            )
+            self.history.settled(probe, generation, now_ms)
+            if settled:
+                self.metrics.redis_rewinds.labels(verdict.reason).inc()
+                if verdict.reason == "rewound":
+                    log.warning(
+                        "Redis at %s holds older data than this replica saw (the cell's "
+                        "sequence is %d, it was at least %d; last recorded %.1f s ago): "
+                        "settled the cell (nodes take placements again once they "
+                        "heartbeat)%s",
+                        self.sched.target,
+                        verdict.sequence,
+                        verdict.expected_sequence,
+                        age / 1000,
+                        f"; its clock moved by {moved:+d} ms" if moved else "",
+                    )
+                else:
+                    log.warning(
+                        "Redis time at %s jumped %+d ms against this replica's clock: "
+                        "moved the cell's clock by %+d ms and settled the cell (nodes "
+                        "take placements again once they heartbeat)",
+                        self.sched.target,
+                        verdict.skew_ms,
+                        moved,
+                    )
+            # either way what the cell holds is not trusted: data from the past, or
+            # (a clock that jumped forward) bindings Redis itself expired by its
+            # clock, so that no roster releases the reservations they charged
+            await self._reconcile_rewound(now_ms - self.rewind_grace_ms)
+
+    async def _reconcile_rewound(self, before_ms: int) -> None:
+        ended, more = 0, True
+        while more:
+            n, more = await self.sched.reconcile_rewound(before_ms, RECONCILE_BATCH)
+            ended += n
+        if ended:
+            self.metrics.rewound_reservations.inc(ended)
+            log.warning(
+                "ended %d reservation(s) made more than %.0f s before the settle (the "
+                "cell's data is not trusted): their nodes' next heartbeats count what runs",
+                ended,
+                self.rewind_grace_ms / 1000,
+            )
 
     async def refresh_cell_metrics(self) -> None:
         # the cell's bounded sweeps, for cells whose calls all take cheap paths;

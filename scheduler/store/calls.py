@@ -30,6 +30,7 @@ from scheduler.domain.catalog import (
     STRATEGIES,
 )
 from scheduler.domain.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
+from scheduler.domain.history import Probe
 from scheduler.domain.limits import (
     MAX_CPU_CONFIG,
     MAX_EVENTS,
@@ -640,11 +641,45 @@ class Ops:
         rid = validate_id("reservation_id", reservation_id)
         return self._call("cancel", [rid, "1"], lambda r: s(r[0]))
 
-    def probe(self, write: bool = False) -> Call[bool]:
+    def probe(self, write: bool = False) -> Call[Probe]:
         """A call that Redis refuses wherever it would refuse a write (health);
-        ``write`` makes it really write (needed when scripts run by EVALSHA).
-        True when the cell has its policy."""
-        return self._call("probe", ["1" if write else "0"], lambda r: s(r[1]) == "1")
+        it writes (the probe count), so it is refused by EVALSHA too.  What it
+        read of the cell's history (:mod:`scheduler.domain.history`); ``at`` is when
+        the answer came (this process's monotonic clock)."""
+
+        def parse(r: list[Any]) -> Probe:
+            return Probe(
+                now_ms=int(r[0]),
+                has_policy=s(r[1]) == "1",
+                raw_ms=int(r[2]),
+                sequence=int(r[3]),
+                generation=int(r[4]),
+                at=time.monotonic(),
+            )
+
+        return self._call("probe", ["1" if write else "0"], parse)
+
+    def rewound(
+        self, generation: int, expected_now_ms: int | None, bound_ms: int
+    ) -> Call[tuple[bool, int, int, int, int]]:
+        """Settle a cell whose data went back in time or whose clock jumped
+        (lua/rewound-5.lua): (settled here, generation, now_ms, clock moved
+        by ms, ms since the cell's last recorded probe)."""
+        args = ["settle", str(generation), "" if expected_now_ms is None else str(expected_now_ms)]
+        return self._call(
+            "rewound",
+            [*args, str(bound_ms)],
+            lambda r: (s(r[0]) == "settled", int(r[1]), int(r[2]), int(r[3]), int(r[4])),
+        )
+
+    def reconcile_rewound(self, before_ms: int, most: int) -> Call[tuple[int, bool]]:
+        """End live reservations made before ``before_ms`` (cell time), at most
+        ``most``: (how many ended, more may be due)."""
+        return self._call(
+            "rewound",
+            ["reconcile", str(before_ms), str(most)],
+            lambda r: (int(r[0]), s(r[1]) == "1"),
+        )
 
     def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
         nid = validate_id("node_id", node_id)

@@ -12,6 +12,7 @@ retried: a Redis that does not answer fails the call within ``timeout``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -95,10 +96,60 @@ def async_client(
             **common,
             **_cluster_options(addr),
         )
+    guard = RestartGuard()
     if addr.kind == "sentinel":
         sentinel = _ASYNC_SENTINEL(
             list(addr.sentinels),
             sentinel_kwargs={**_sentinel_common(timeout_s), **addr.sentinel_options},
         )
-        return sentinel.master_for(addr.service, retry=retry, **common, **addr.options)
-    return redis.asyncio.Redis.from_url(addr.url, retry=retry, **common)
+        client = sentinel.master_for(
+            addr.service, retry=retry, redis_connect_func=guard.connect, **common, **addr.options
+        )
+    else:
+        client = redis.asyncio.Redis.from_url(
+            addr.url, retry=retry, redis_connect_func=guard.connect, **common
+        )
+    client.restart_guard = guard
+    return client
+
+
+class RestartGuard:
+    """Checks every new connection of an asyncio client (one Redis, or the
+    primary Sentinel names) against the server a replica last checked the
+    data of (``INFO server`` ``run_id``, :attr:`verified`).  A connection
+    to another server (Redis restarted, maybe from an old snapshot, or a new
+    primary) is refused: ``on_other`` holds the writes until the replica has
+    compared that server's data with what it saw (scheduler/domain/history.py).
+    Without it, redis-py's one quick retry after the connection error sends
+    the call to the restarted server before any check.  The replica's own
+    checks pass (``bypass``).  Off (``verified`` None) until a replica sets it."""
+
+    def __init__(self) -> None:
+        self.verified: str | None = None
+        self.on_other: Callable[[str], None] | None = None
+        self.bypass: Callable[[], bool] = lambda: False
+
+    async def connect(self, conn: Any) -> None:
+        await conn.on_connect()
+        if self.verified is None or self.bypass():
+            return
+        await conn.send_command("INFO", "server")
+        run_id = server_run_id(await conn.read_response())
+        if run_id != self.verified:
+            if self.on_other is not None:
+                self.on_other(run_id)
+            raise redis.exceptions.ConnectionError(
+                "another Redis server answers (restarted or replaced: run_id "
+                f"{run_id[:12]}): writes wait until this replica has checked its data"
+            )
+
+
+def server_run_id(info: Any) -> str:
+    """``run_id`` of an ``INFO server`` reply (raw text, or redis-py's dict)."""
+    if isinstance(info, dict):
+        return str(info.get("run_id", ""))
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line[len("run_id:") :].strip()
+    return ""

@@ -9,7 +9,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>policy              hash    shared policy (limits, overcommit, TTLs, strategy)
     <base>nodes               zset    ids of every known node, all scored 0 (byte order)
     <base>static              set     ids of the static (listed or discovered) nodes
-    <base>stats               hash    counters: reserved/released/cancelled/expired totals, seq
+    <base>stats               hash    counters: reserved/released/... totals, seq, probes, rewinds
     <base>rr                  string  round-robin rotation counter
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
     <base>census              hash    node census: pass cursor, counts by status (lua/census-5.lua)

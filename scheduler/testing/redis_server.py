@@ -58,6 +58,9 @@ class RedisServer:
         self.dir = Path(tempfile.mkdtemp(prefix="sched-redis-"))
         self.socket = self.dir / "redis.sock" if unix_socket else None
         self.extra_args = tuple(extra_args)
+        #: the environment of the next start (None: this process's), e.g. a
+        #: shifted wall clock (bench/clockshift.py)
+        self.env: dict[str, str] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,6 +103,7 @@ class RedisServer:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=self.env,
         )
         deadline = time.monotonic() + 10
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

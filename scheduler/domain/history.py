@@ -1,0 +1,142 @@
+"""Is the cell's data still the history this replica saw?  A Redis restarted
+from an old snapshot, or a failover to a replica that was behind, serves a
+dataset from the past; a Redis whose clock jumped ages or freshens everything
+at once.  Each replica's health probe (``lua/probe-5.lua``) reads three
+things, and :class:`HistoryWatch` compares them with what the same replica
+saw at its previous probe:
+
+- the cell's *sequence*: the sum of the stats counters that only grow
+  (reservations made, ended and refused, node incarnations, probes; every
+  probe adds one).  In one history it never goes down, and since this
+  replica's last probe it rose by at least the placements this replica made
+  after that probe's answer (fresh reservation ids only: a replayed id adds
+  nothing).  Lower than that, the data is from before.
+- Redis ``TIME`` without the cell's drill offset, against this replica's own
+  monotonic clock: between two probes both advance alike, whatever the
+  load or a pause.  A difference beyond :data:`CLOCK_BOUND_MS` is a clock
+  that jumped (a failover to a server whose clock is off, a stepped clock).
+- the *generation* (stats ``rewinds``): rises each time a replica settles
+  the cell for a rewind or a jump, so the other replicas, which see the same
+  change, take the new history instead of settling it again.
+
+A replica that just started has nothing to compare with: its first probe is
+its baseline (the other replicas, which have one, detect what happened
+meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Redis time may move this far (ms) against a replica's monotonic clock
+#: between two of its probes (one second apart) before it counts as a jump.
+#: The cost of the bound: a jump within it is not corrected, so a forward one
+#: ages every heartbeat and reservation by up to 5 s (a node 25 s silent reads
+#: stale against report_ttl 30 s; a reservation ends 5 s before its 10 min)
+#: and a backward one keeps a dead node READY up to 5 s longer.  What it
+#: must exceed: the difference of two probes' round trips on a loaded host.
+CLOCK_BOUND_MS = 5_000
+
+#: Reservations that came back from the past end when they were made this
+#: long before the rewind was settled: a creation answered earlier than that
+#: is in its node's roster by now (the reference node lists a sandbox from the
+#: moment its VM starts, about 3 s after the create), or it ended.  Younger
+#: ones stay and end by the usual rules.
+REWOUND_GRACE_MS = 10_000
+
+#: Reservations one reconcile call ends at most (bounded work per call).
+RECONCILE_BATCH = 200
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one health probe read (``lua/probe-5.lua``)."""
+
+    #: the cell's time (Redis TIME + the drill offset), ms
+    now_ms: int
+    has_policy: bool
+    #: Redis TIME alone, ms
+    raw_ms: int
+    sequence: int
+    generation: int
+    #: this replica's monotonic clock when the answer came, s
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why the cell must settle, with the figures for the log line."""
+
+    #: "rewound" (the data is older than what this replica saw) or "clock"
+    reason: str
+    #: the sequence this replica expected at least, and what Redis showed
+    expected_sequence: int
+    sequence: int
+    #: Redis time's move against this replica's clock since its last probe (ms)
+    skew_ms: int
+    #: the cell time this replica expected now (ms): where a jumped clock goes back to
+    expected_now_ms: int
+    #: the generation this replica saw (the settle's compare-and-set)
+    generation: int
+
+
+class HistoryWatch:
+    """One replica's memory of the cell's history (see the module docstring)."""
+
+    def __init__(self, clock_bound_ms: int = CLOCK_BOUND_MS) -> None:
+        self.clock_bound_ms = clock_bound_ms
+        self.last: Probe | None = None
+        #: placements this replica made (fresh ids) sent after the last probe's answer
+        self.placed = 0
+
+    def placement(self, sent_at: float) -> None:
+        """A Schedule with a fresh reservation id, sent at ``sent_at``
+        (monotonic), was answered OK: it raised the sequence by one."""
+        if self.last is not None and sent_at >= self.last.at:
+            self.placed += 1
+
+    def forget(self) -> None:
+        """Start again from the next probe (Redis came back empty: restored)."""
+        self.last = None
+        self.placed = 0
+
+    def observe(self, probe: Probe) -> Verdict | None:
+        """Compare ``probe`` with the last one; the new baseline is ``probe``
+        unless a verdict is returned (then :meth:`settled` takes it)."""
+        last, placed = self.last, self.placed
+        if last is None or not probe.has_policy or probe.generation > last.generation:
+            self._take(probe)  # a baseline, or another replica already settled
+            return None
+        elapsed_ms = round((probe.at - last.at) * 1000)
+        skew = (probe.raw_ms - last.raw_ms) - elapsed_ms
+        # before this probe's own +1, the sequence was at least last + placed
+        floor = last.sequence + placed
+        rewound = probe.sequence - 1 < floor or probe.generation < last.generation
+        if rewound or abs(skew) > self.clock_bound_ms:
+            return Verdict(
+                reason="rewound" if rewound else "clock",
+                expected_sequence=floor + 1,
+                sequence=probe.sequence,
+                skew_ms=skew,
+                expected_now_ms=last.now_ms + elapsed_ms,
+                generation=last.generation,
+            )
+        self._take(probe)
+        return None
+
+    def settled(self, probe: Probe, generation: int, now_ms: int) -> None:
+        """The cell settled (by this replica or another): the new baseline."""
+        self._take(
+            Probe(
+                now_ms=now_ms,
+                has_policy=True,
+                raw_ms=probe.raw_ms,
+                sequence=probe.sequence,
+                generation=generation,
+                at=probe.at,
+            )
+        )
+
+    def _take(self, probe: Probe) -> None:
+        self.last = probe
+        self.placed = 0
