@@ -21,6 +21,17 @@ from scheduler.testing.redis_server import RedisServer, in_ci
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n``, files handed out whole: ``--dist loadfile``),
+    the files holding ``slow`` tests go first, each file's tests in their
+    order: a long file handed out last would leave the other workers idle
+    while it runs. Every worker sorts the same way (xdist checks that)."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # (stable)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     try:
