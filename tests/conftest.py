@@ -8,6 +8,7 @@ Without redis-server installed the real cases skip locally but fail in CI.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,39 @@ from scheduler import Policy, Scheduler
 from scheduler.client.sync import AsyncScheduler, async_client
 from scheduler.testing.redis_server import RedisServer, in_ci
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica, settings_for
+
+#: what an xdist worker's environment has that the run's own may lack: a worker
+#: starts with COLUMNS=80 and LINES=24, and rich then draws the CLI's tables 80
+#: columns wide where a piped run draws them whole (cli/output.py)
+TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(xdist, in the controller) hand each worker the run's own terminal size."""
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    for key, value in workerinput["terminal_env"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n``, files handed out whole: ``--dist loadfile``),
+    the files holding ``slow`` tests go first, each file's tests in their
+    order: a long file handed out last would leave the other workers idle
+    while it runs. Every worker sorts the same way (xdist checks that)."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # (stable)
 
 
 @pytest.fixture(scope="session")

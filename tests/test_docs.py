@@ -124,7 +124,7 @@ def test_the_readme_is_a_front_door() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 250
     assert '    pip install -e ".[test]" && schedctl simulate\n' in text
-    assert "    python -m pytest -q\n" in text
+    assert "    python -m pytest -q -n auto\n" in text
     for doc in ("design", "contract", "operations", "performance"):
         assert f"(docs/{doc}.md)" in text
     # every schedctl command is listed

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.testing.redis_server import RedisServer, free_port
-from scheduler.testing.replicas import SCHEDCTL
+from scheduler.testing.replicas import QUICK_RECONNECT, SCHEDCTL
 
 FIXTURES = Path(__file__).parent / "dropin"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -73,7 +73,8 @@ class Upstream:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        self.channel = grpc.insecure_channel(self.address)
+        # (polled while the replica starts: reconnect within 100 ms, not gRPC's 1 s and more)
+        self.channel = grpc.insecure_channel(self.address, options=QUICK_RECONNECT)
         self.stub = pb_grpc.SchedulerStub(self.channel)
 
     def log(self) -> str:

@@ -338,11 +338,13 @@ class ExportError(Exception):
 LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
 
 
+@cache
 def layouts(text: str, where: str) -> dict[str, list[str]]:
     """The record layouts the file declares: a ``-- @layout NAME`` line, then
     ``local NAME = { ... }``, a list whose entries are field names (strings)
     or ``OTHER.field`` (a position in layout OTHER, named by that field).
-    NAME -> its fields in order."""
+    NAME -> its fields in order.  (Cached, one answer per file: a caller
+    copies it, never changes it.)"""
     out: dict[str, list[str]] = {}
     toks = tokens(text)
     for m in LAYOUT.finditer(text):

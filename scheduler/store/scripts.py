@@ -281,6 +281,9 @@ def sources() -> dict[str, tuple[int, str]]:
     includes, scripts = _files()
     out: dict[str, tuple[int, str]] = {}
     modular = _modular(includes)
+    # an include's block is the same text in every script that names it: built
+    # once (building one per script was most of a replica's start-up time)
+    blocks: dict[str, str] = {}
     for name, (nkeys, text) in scripts.items():
         parts = ["local KEYS_IN, ARGV_IN = KEYS, ARGV\n"]
         where = _script_path(name, nkeys)
@@ -288,7 +291,10 @@ def sources() -> dict[str, tuple[int, str]]:
             mods = _Modules(includes)
             order = mods.order(text, where)
             mods.check(text, where, (), script=True)
-            parts += [mods.block(inc) for inc in order]
+            for inc in order:
+                if inc not in blocks:
+                    blocks[inc] = mods.block(inc)
+                parts.append(blocks[inc])
             text = mods.named(text, where)
         else:
             order = _order(text, includes, [], where)

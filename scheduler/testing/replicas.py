@@ -48,6 +48,15 @@ from scheduler.testing.redis_server import free_port
 #: ``schedctl`` in a fresh interpreter of this one
 SCHEDCTL = [sys.executable, "-c", "from scheduler.cli.main import main; main()"]
 
+#: options for a channel that polls a server still starting: gRPC's default
+#: reconnect backoff (1 s, then x1.6 with jitter) would see a port that began
+#: listening at 1.1 s only at about 2.6 s; these retry every 50-100 ms
+QUICK_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 100),
+]
+
 
 def settings_for(
     policy: Policy | None = None,
@@ -218,7 +227,7 @@ class ServeProcess:
 
     def wait_serving(self, timeout: float = 20, port_retries: int = 3) -> ServeProcess:
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as ch:
+        with grpc.insecure_channel(self.address, options=QUICK_RECONNECT) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while True:
                 if self.proc.poll() is not None:
