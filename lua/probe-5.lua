@@ -8,9 +8,9 @@
   the replica's WAIT follows it like any write.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
-  ARGV[1]     "1" = write stats probed_ms (scripts form); "0" = write nothing
+  ARGV[1]     write: "1" = write stats probed_ms (scripts form); "0" = write nothing
 
-  Returns {now_ms, "1" when the cell's policy exists else "0"}
+  Returns {now_ms, has_policy "1" when the cell's policy exists else "0"}
   Writes: stats probed_ms (ARGV[1] "1" only)
 ]]
 -- @include base
