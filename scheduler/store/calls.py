@@ -627,8 +627,10 @@ class Ops:
         # each request without locality, or each with it ("" = none) when one carries it
         wide = any(a.locality is not None for a in argvs)
         args: list[str] = []
-        for a in argvs:
-            args += a.wire() if not wide or a.locality is not None else (*a.wire(), "")
+        for call, a in zip(calls, argvs, strict=True):
+            args += call.args  # (its argv's wire)
+            if wide and a.locality is None:
+                args.append("")
         parses = [call.parse for call in calls]
         argv = c.ScheduleBatchArgv(count=str(len(calls)), requests=args)
         return self._call("schedule_batch", argv, lambda r: _each_answer(parses, r), (self.k.rr,))

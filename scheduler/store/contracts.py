@@ -98,8 +98,11 @@ class Argv(msgspec.Struct, array_like=True, frozen=True):
     def wire(self) -> list[str]:
         """The ARGV as sent, in field order."""
         values = astuple(self)
-        if _flat(type(self)):
+        shape = _SHAPES.get(type(self)) or _shape(type(self))
+        if shape is _FLAT:
             return list(values)
+        if shape is _OPTIONAL_LAST:  # (a schedule: every placement builds one)
+            return list(values) if values[-1] is not None else list(values[:-1])
         out: list[str] = []
         for v in values:
             if isinstance(v, str):
@@ -109,15 +112,23 @@ class Argv(msgspec.Struct, array_like=True, frozen=True):
         return out
 
 
-_FLAT: dict[type, bool] = {}
+#: the shapes of an Argv's fields, as wire() spells them: every field one
+#: required value (the wire is the tuple); the same but the last, which may
+#: be None (not sent then); any other
+_FLAT = "flat"
+_OPTIONAL_LAST = "optional last"
+_GENERAL = "general"
+_SHAPES: dict[type, str] = {}
 
 
-def _flat(cls: type[Argv]) -> bool:
-    """Is every field of ``cls`` one required value (its wire is its tuple)?"""
-    flat = _FLAT.get(cls)
-    if flat is None:
-        flat = _FLAT[cls] = all(f.type is str and f.required for f in msgspec.structs.fields(cls))
-    return flat
+def _shape(cls: type[Argv]) -> str:
+    fields = msgspec.structs.fields(cls)
+    one = [f.type is str and f.required for f in fields]
+    shape = _FLAT if all(one) else _GENERAL
+    if fields and not one[-1] and all(one[:-1]) and fields[-1].type == (str | None):
+        shape = _OPTIONAL_LAST
+    _SHAPES[cls] = shape
+    return shape
 
 
 class Reply(msgspec.Struct, array_like=True):
