@@ -13,13 +13,15 @@ from typing import Any
 import msgspec
 import pytest
 
+from scheduler.domain.errors import CorruptState
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import Heartbeat, NodeSnapshot, Request
 from scheduler.store import contracts as c
-from scheduler.store.calls import Ops, ReplicaEntry
+from scheduler.store.calls import Ops, ReplicaEntry, Resync
 from scheduler.store.cpuconfig import CpuConfigOps
 from scheduler.store.keys import CellKeys
 from scheduler.store.p2p import PeerOps
+from scheduler.store.replies import parsed
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
 SCRIPTS = {p.stem.rsplit("-", 1)[0]: p for p in sorted(LUA.glob("*-*.lua"))}
@@ -281,3 +283,43 @@ def test_every_call_is_built_from_its_declaration() -> None:
             assert type(call.argv) in contract.argv, (script, type(call.argv))
             assert call.args == call.argv.wire(), script
             assert len(call.keys) == len(contract.keys), script
+
+
+def test_a_reply_of_the_wrong_shape_is_unreadable() -> None:
+    """A reply read through its struct: one value short or one too many is
+    CorruptState naming the script, never a traceback or a silent misread."""
+    ops = Ops(CellKeys("t"))
+    call = ops.schedule(Request(), reservation_id="r1")
+    decision = [b"n1", b"n1:1", b"r1", b"0.5", 1, 2, b"READY", 7]
+    placed = parsed(call.script, call.parse, decision)
+    assert (placed.node_id, placed.reservation_id, placed.pressure, placed.now_ms) == (
+        "n1",
+        "r1",
+        0.5,
+        7,
+    )
+    assert (placed.warmth, placed.pull_bytes) == ("", 0)  # (the optional tail absent)
+    warm = parsed(call.script, call.parse, [*decision, b"warm", 9])
+    assert (warm.warmth, warm.pull_bytes) == ("warm", 9)
+    for bad in (decision[:-1], [*decision, b"warm", 9, b"extra"]):
+        with pytest.raises(CorruptState, match="the reply of schedule cannot be read"):
+            parsed(call.script, call.parse, bad)
+    lookup = ops.lookup("sb1")
+    with pytest.raises(CorruptState, match="the reply of lookup"):
+        parsed(lookup.script, lookup.parse, [b"n1", b"e", 5, b"", b"1"])  # no now_ms
+
+
+def test_tagged_forms_are_told_apart_by_their_tag() -> None:
+    cpu = CpuConfigOps(CellKeys("t"))
+    ingest = cpu.ingest("n1", "c1", "", False)
+    assert ingest.parse([b"deliver", b"{}"]).config == "{}"
+    assert not ingest.parse([b"none"]).needs_compute
+    out = ingest.parse([b"compute", b"4", b"n1", b"cfg1", b"n2", b"cfg2"])
+    assert out.epoch == "4" and out.configs == (("n1", "cfg1"), ("n2", "cfg2"))
+    with pytest.raises(TypeError):
+        ingest.parse([b"deliver"])  # (its config missing: unreadable)
+    ops = Ops(CellKeys("t"))
+    hb = Heartbeat(node_id="n1", service_instance_id="s1", snapshot=NodeSnapshot(status="READY"))
+    with pytest.raises(Resync):
+        ops.heartbeat(hb).parse([b"RESYNC"])
+    assert ops.heartbeat(hb).parse([4, 1, 0, 0, 9, b"i"]).generation == 4
