@@ -154,13 +154,16 @@ HEARTBEAT_SCRIPTS = {
 }
 
 
+_ITEM_HEAD = len(BatchItem.__struct_fields__)
+
+
 def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list[Any]:
     """A batch script's replies ({"ok", reply...} or {"err", "<CODE> message"}),
     each parsed by its own call's parser: its answer, or its own error (a
     Resync among them)."""
     out: list[Any] = []
     for parse_one, item in zip(parses, replies, strict=True):
-        answer, reply = head(BatchItem, item)
+        answer, reply = BatchItem(*item[:_ITEM_HEAD]), item[_ITEM_HEAD:]  # (head, inline)
         if s(answer.outcome) == c.BATCH_ERR:
             (message,) = reply
             text = s(message)
@@ -193,7 +196,7 @@ def roster_digest(roster: list[str]) -> str:
     return hashlib.blake2b("\n".join(sorted(roster)).encode(), digest_size=12).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Call(Generic[T]):
     script: str
     keys: list[str]
@@ -204,6 +207,21 @@ class Call(Generic[T]):
     writes: bool = True
     #: the same ARGV by name (scheduler/store/contracts.py); read it, never ``args[n]``
     argv: Argv | None = None
+
+    def __init__(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[str],
+        parse: Callable[[Any], T],
+        writes: bool = True,
+        argv: Argv | None = None,
+    ) -> None:
+        # (the fields in one write: a frozen dataclass's own __init__ sets
+        # each through object.__setattr__, a third of a placement's Python)
+        self.__dict__.update(
+            script=script, keys=keys, args=args, parse=parse, writes=writes, argv=argv
+        )
 
     @classmethod
     def of(
@@ -483,7 +501,7 @@ class Ops:
                 if memo is not None:
                     memo.pop(node_id, None)
                 raise Resync(node_id)
-            a = whole_reply(c.HeartbeatReply, r)
+            a = c.HeartbeatReply(*r)  # (whole_reply, inline)
             result = HeartbeatResult(
                 generation=int(a.generation),
                 restarted=a.restarted == 1,
@@ -523,7 +541,7 @@ class Ops:
             if tagged(c.ResyncReply, r):
                 memo.pop(node_id, None)
                 raise Resync(node_id)
-            a = whole_reply(c.SteadyReply, r)
+            a = c.SteadyReply(*r)  # (whole_reply, inline)
             result = HeartbeatResult(
                 generation=int(a.generation),
                 restarted=False,
@@ -601,7 +619,7 @@ class Ops:
         )
 
         def parse(r: list[Any]) -> Placement:
-            d = whole_reply(c.ScheduleDecision, r)
+            d = c.ScheduleDecision(*r)  # (as whole_reply: inline, every placement reads one)
             return Placement(
                 node_id=s(d.node_id),
                 endpoint=s(d.endpoint),

@@ -150,8 +150,9 @@ def head(cls: type[R], reply: list[Value]) -> tuple[R, list[Value]]:
 
 def tagged(cls: type[Reply], reply: list[Value]) -> bool:
     """Is ``reply`` the form ``cls`` (its first field holds ``cls.TAG``)?"""
-    first, _ = head(_Tagged, reply)
-    tag = first.tag
+    tag = next(iter(reply), _Tagged)  # (its first value: every form has one)
+    if tag is _Tagged:
+        raise TypeError("an empty reply")
     return (tag.decode() if isinstance(tag, bytes) else str(tag)) == cls.TAG
 
 
@@ -160,10 +161,8 @@ def whole_reply(cls: type[R], reply: list[Value]) -> R:
     return cls(*reply)
 
 
-class _Tagged(Reply):
-    """Any form's first field, to read its tag."""
-
-    tag: Value
+class _Tagged:
+    """What :func:`tagged` reads from an empty reply (none has a tag)."""
 
 
 class NoArgv(Argv, frozen=True):
