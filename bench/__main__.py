@@ -27,9 +27,9 @@ from bench import (
     latency,
     locality,
     memory,
+    phases,
     roster,
     scale,
-    stages,
     throughput,
     versus,
 )
@@ -300,12 +300,13 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
 
     g = sub.add_parser(
-        "stages",
+        "phases",
+        aliases=["stages"],  # (its former name)
         parents=[common],
         help="where a coalesced placement's and a "
-        "changed heartbeat's Redis time goes, stage by stage",
+        "changed heartbeat's Redis time goes, phase by phase",
     )
-    _burst_options(g, stages.Params(), "rounds of bursts", "placements per burst")
+    _burst_options(g, phases.Params(), "rounds of bursts", "placements per burst")
 
     n = sub.add_parser(
         "instructions",
@@ -407,14 +408,14 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
         if args.no_scale:
             lop = replace(lop, scale_nodes=())
         return lambda t: locality.run(t, lop)
-    if name == "stages":
+    if name in ("phases", "stages"):
         gp = _params(
             args,
-            stages.Params.quick() if args.quick else stages.Params(),
+            phases.Params.quick() if args.quick else phases.Params(),
             {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
         )
         gp = replace(gp, seed=args.seed)
-        return lambda t: stages.run(t, gp)
+        return lambda t: phases.run(t, gp)
     if name == "instructions":
         np_ = _params(
             args,

@@ -26,9 +26,11 @@ import random
 import statistics
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec.structs
 
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
@@ -37,6 +39,7 @@ from scheduler.domain.records import MIB, snapshot_fields
 from scheduler.ops.simnode import SimNode
 from scheduler.store import lua_constants
 from scheduler.store.calls import Call, Resync
+from scheduler.store.contracts import ROSTER_DELTA, ROSTER_FULL, HeartbeatArgv
 from scheduler.store.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,10 +109,11 @@ def knows_roster_deltas(lib: Library) -> bool:
 
 def _whole_roster(call: Call[Any], roster: list[str]) -> Call[Any]:
     """A roster delta heartbeat as the same heartbeat with its roster whole."""
-    if call.script != "heartbeat" or call.args[5] != "2":
+    argv = call.argv
+    if not isinstance(argv, HeartbeatArgv) or argv.roster_form != ROSTER_DELTA:
         return call
-    last_field = 7 + 2 * int(call.args[6])
-    return replace(call, args=[*call.args[:5], "1", *call.args[6:last_field], *roster])
+    whole = msgspec.structs.replace(argv, roster_form=ROSTER_FULL, roster=roster)
+    return call.with_argv(whole)
 
 
 class _Run:

@@ -13,6 +13,7 @@ from rich.text import Text
 from scheduler.domain.errors import FailedPrecondition, NotFound
 from scheduler.domain.records import Binding, Reservation
 from scheduler.store.calls import Call
+from scheduler.store.contracts import LookupReply, whole_reply
 from scheduler.store.keys import validate_id
 from scheduler.store.translate import translated
 
@@ -212,9 +213,14 @@ def lookup(target: Target, sandbox_id: str) -> None:
     call = s.ops.lookup(sandbox_id)
     # The script also returns the cell's clock; keep it for "expires in".
     try:
-        binding, now = s.run(
-            Call(call.script, call.keys, call.args, lambda r: (call.parse(r), int(r[5])))
+        with_now: Call[tuple[Binding, int]] = Call(
+            call.script,
+            call.keys,
+            call.args,
+            lambda r: (call.parse(r), int(whole_reply(LookupReply, r).now_ms)),
+            argv=call.argv,
         )
+        binding, now = s.run(with_now)
     except NotFound:
         raise _why_not_bound(target, validate_id("sandbox_id", sandbox_id)) from None
     view = BindingView(binding=binding, key=s.keys.bind(binding.sandbox_id), now_ms=now)

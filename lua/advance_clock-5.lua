@@ -6,12 +6,12 @@
   exercised without sleeping and, frozen, without any timing race.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     milliseconds to add (>= 0)
-  ARGV[2]     "freeze": stop the clock at the current instant first
-              "thaw":   let it run again (from wherever it was frozen)
-              "":       just advance
+  ARGV[1]     ms: milliseconds to add (>= 0)
+  ARGV[2]     mode: "freeze" stop the clock at the current instant first,
+              "thaw" let it run again (from wherever it was frozen),
+              "" just advance
 
-  Returns the cell's "now" in ms after the change
+  Returns now_ms, the cell's "now" after the change
   Errors: NO_POLICY (no policy)
   Writes: policy time_offset_ms / frozen_now_ms
 ]]

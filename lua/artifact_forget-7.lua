@@ -8,7 +8,7 @@
   ARGV[1]     digest
   ARGV[2]     node_id
 
-  Returns {1 if the node held it else 0}
+  Returns {held: 1 if the node held it else 0}
   Writes: art:<digest>, node-art:<node>, art-lru, art-names, art-key:<kd>, art-kd
 ]]
 -- @include common

@@ -11,10 +11,10 @@
   ARGV[1]     digest
   ARGV[2]     cluster_id
   ARGV[3]     backend
-  ARGV[4]     node id to leave out ("" = none)
+  ARGV[4]     exclude: a node id to leave out ("" = none)
   ARGV[5]     limit (artifact_lookup_node_limit; <= 0 = all)
 
-  Returns {now_ms, {node_id, backend, address}...}
+  Returns {now_ms, peer...}; peer = {node_id, backend, address}
   Errors: NO_POLICY (no policy)
   Writes: art-lru (recency), stats art_seq
 ]]

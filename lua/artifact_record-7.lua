@@ -13,10 +13,10 @@
   ARGV[2]     name ("cluster\nbackend\nkey", for operators)
   ARGV[3]     node_id
   ARGV[4]     capacity (artifact_store_capacity, >= 1)
-  ARGV[5]     sha1 of the key alone ("" = none): art-key / art-kd, which
+  ARGV[5]     key_sha1: the sha1 of the key alone ("" = none): art-key / art-kd, which
               locality-aware placement reads (includes/art_keys.lua)
 
-  Returns {artifacts evicted, now_ms}
+  Returns {evicted (artifacts), now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy),
           BADARG key is longer than the policy's artifact_key_max_bytes
   Writes: art:<digest>, node-art:<node>, art-lru, art-names, art-key:<kd>,

@@ -13,9 +13,9 @@
   ARGV[1]     sandbox_id
   ARGV[2]     node_id
   ARGV[3]     endpoint (must equal the node's stored endpoint)
-  ARGV[4]     reservation id, "" = the node's oldest unclaimed one
+  ARGV[4]     reservation_id, "" = the node's oldest unclaimed one
 
-  Returns {reservation id attached or "", released now 1/0, now_ms}
+  Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
           absent_cs, absent_rt), node:<node> absent_watch, stats

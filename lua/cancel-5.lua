@@ -3,8 +3,9 @@
   its caller gave up before the placement was answered).
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
-  ARGV[1]     reservation id
-  ARGV[2]     "1" = forget: also for an id that does not exist (yet): a
+  ARGV[1]     reservation_id
+  ARGV[2]     mode: "0" cancel; "1" abandon (its caller gave up): also for an
+              id that does not exist (yet): a
               cancelled tombstone then stops a Schedule with that id that is
               still on its way (a call sent before a pause of Redis) from
               placing; and an ended reservation is not an error

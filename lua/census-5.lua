@@ -14,11 +14,11 @@
   next pass.  A fleet of at most ARGV[1] nodes is counted whole in each call.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     nodes read per step (1..10000)
+  ARGV[1]     step: the nodes read per step (1..10000)
 
-  Returns {done_ms, passes, status, count, status, count, ...}: the last
-  finished pass and how many have finished (done_ms "", passes 0 and no
-  counts before the first one)
+  Returns {done_ms, passes, counts...}: the last finished pass and how many
+          have finished, counts its status, count, status, count, ...
+          (done_ms "", passes 0 and no counts before the first one)
   Errors: NO_POLICY (no policy)
   Writes: census (hash: cursor, p:<status> counts of the pass under way,
           d:<status> counts of the last finished pass, done_ms, passes)

@@ -28,14 +28,16 @@
                 result_epoch the epoch result belongs to
                 sent:<node>  epoch last delivered to the member
                 compute_epoch, compute_until  the computation's lease (ms)
-  ARGV[1]     "ingest" (after a heartbeat) | "store" (a computed result)
+  ARGV[1]     op | op: "ingest" (after a heartbeat) | "store" (a computed result)
   ARGV[2]     node_id
   ARGV[3]     cluster_id
-  ARGV[4]     ingest: digest of the config this heartbeat carried ("" = none)
-              store:  the epoch the result was computed for
-  ARGV[5]     ingest: "1" when the node restarted;  store: result JSON ("" = invalid)
+  ARGV[4]     digest | epoch: ingest: the digest of the config this heartbeat
+              carried ("" = none); store: the epoch the result was computed for
+  ARGV[5]     restarted | result: ingest: "1" when the node restarted;
+              store: the result JSON ("" = invalid)
 
-  Returns {"deliver", json} | {"none"} | {"compute", epoch, node, config, node, config, ...}
+  Returns {kind "deliver", config (JSON)} | {kind "none"} |
+          {kind "compute", epoch, configs...} (configs: node, config, node, config, ...)
   Errors: NO_POLICY (no policy)
   Writes: KEYS[6]; cpucfg-missing:<cluster> (derived from KEYS[6], the
           same hash slot); node:<id> cpu_config_digest, cpucfg_cluster

@@ -20,7 +20,7 @@
   ARGV[1]     node_id
   ARGV[2..]   events, two values each: sandbox_id, type (CREATE|DELETE|PAUSE|RESUME|FORK)
 
-  Returns {reservations acked, reservations released, now_ms}
+  Returns {acked (reservations), released (reservations), now_ms}
   Errors: UNKNOWN_NODE, BADARG type ..., NO_POLICY (no policy)
   Writes: res:<id> (state acked), node:<node> acked_count (deletes_uncounted),
           bind:*, node-sbx:<node>

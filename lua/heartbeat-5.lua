@@ -10,23 +10,24 @@
   ARGV[1]     node_id
   ARGV[2]     service_instance_id (a new one = the node restarted)
   ARGV[3]     endpoint ("" = keep; ignored for nodes of the static list)
-  ARGV[4]     "<incarnation>:<generation>" this delta is based on ("" = a full
+  ARGV[4]     base: "<incarnation>:<generation>" this delta is based on ("" = a full
               heartbeat); a record gets a cell-unique incarnation when created,
               so a delta can never apply to a record deleted and made again
-  ARGV[5]     roster digest (of the sorted roster; computed by the client)
-  ARGV[6]     "1" the roster follows, "0" unchanged since the base, "2" (a
-              delta only) what joined and left it since the base follows
-  ARGV[7]     F, the number of field/value pairs that follow
-  ARGV[8..7+2F]  snapshot and identity fields (names in SNAPSHOT_FIELDS)
-  ARGV[8+2F..]   "1": the roster, every sandbox id the node runs (may be empty);
+  ARGV[5]     roster_digest (of the sorted roster; computed by the client)
+  ARGV[6]     roster_form: "1" the roster follows, "0" unchanged since the base,
+              "2" (a delta only) what joined and left it since the base follows
+  ARGV[7]     field_count F, the number of field/value pairs that follow
+  ARGV[8..7+2F]  fields: snapshot and identity fields (names in SNAPSHOT_FIELDS)
+  ARGV[8+2F..]   roster: "1": every sandbox id the node runs (may be empty);
               "2": the base's roster digest, J, then J sandbox ids that joined,
               then the ids that left (the roster held must still be the base's,
               else RESYNC: it is while the record keeps the base's digest, which
               whatever else takes a sandbox out of it clears, see
               roster_changed in includes/nodes.lua)
 
-  Returns {generation, restarted 1/0, reservations released, roster mode 1/0, now_ms,
-          incarnation} or {"RESYNC"} (a delta whose base is gone; nothing written);
+  Returns {generation, restarted 1/0, released (reservations), roster_mode 1/0,
+          now_ms, incarnation} or {kind "RESYNC"} (a delta whose base is gone;
+          nothing written);
           a heartbeat of the stored service instance whose reported_at_unix_ms
           is below the newest it sent writes nothing and answers the stored
           generation with incarnation "" (the replica's next delta resyncs)
@@ -61,7 +62,7 @@
 local r = heartbeat_one(ctx, ARGV)
 if r.err or r[1] == 'RESYNC' then return r end
 forget_sweep(ctx, ctx[CTX.P], ctx[CTX.heard])
--- @stage forget_sweep
+-- @phase forget_sweep
 reindex_touched(ctx, ctx[CTX.P], ctx[CTX.heard])
--- @stage reindex_others
+-- @phase reindex_others
 return r

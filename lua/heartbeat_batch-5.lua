@@ -6,16 +6,16 @@
   replica sends what queued while its previous call was in flight.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     n, the number of heartbeats
-  ARGV[2..]   n times: "full", "steady" or "cpucfg", m, then m arguments:
+  ARGV[1]     count n, the number of heartbeats
+  ARGV[2..]   heartbeats: n times "full", "steady" or "cpucfg", m, then m arguments:
               heartbeat-5.lua's ARGV (a heartbeat in full or as a delta),
               heartbeat_steady-5.lua's, or cpu_config-6.lua's (the step of the CPU
               config exchange a heartbeat RPC makes next; its cluster's key is
               derived from the base, as scheduler/store/keys.py names it)
 
-  Returns {reply 1, ..., reply n}; reply i = {"ok", that script's reply...}
-          (its RESYNC included) or {"err", "<CODE> <message>"} (that
-          heartbeat's own error: it wrote nothing)
+  Returns {answer...}, one a heartbeat; answer = {outcome, reply...}: outcome
+          "ok" and that script's reply (its RESYNC included), or "err" and
+          "<CODE> <message>" (that heartbeat's own error: it wrote nothing)
   Errors: NO_POLICY (no policy: nothing written), BADARG n or a kind or
           count that does not add up (nothing written)
   Writes: as the two scripts, once per heartbeat (the stats counters once, at

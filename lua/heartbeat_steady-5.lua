@@ -14,10 +14,11 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id
   ARGV[2]     service_instance_id
-  ARGV[3]     "<incarnation>:<generation>" the replica last wrote
-  ARGV[4]     reported_at_unix_ms: "" = unchanged, "0" = stamp with Redis time
+  ARGV[3]     base: "<incarnation>:<generation>" the replica last wrote
+  ARGV[4]     reported_at (reported_at_unix_ms): "" = unchanged, "0" = stamp
+              with Redis time
 
-  Returns {generation, roster mode 1/0, now_ms, incarnation} or {"RESYNC"};
+  Returns {generation, roster_mode 1/0, now_ms, incarnation} or {kind "RESYNC"};
           a heartbeat older than the newest its instance sent writes nothing
           and answers incarnation "" (the replica's next one goes in full)
   Errors: NO_POLICY (no policy)

@@ -8,14 +8,14 @@
   fields and returns.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     "step": a step of the rebuild under way (none: nothing);
+  ARGV[1]     mode: "step": a step of the rebuild under way (none: nothing);
               "start": start a new rebuild (the pass starts over), then a step;
               "fresh": the caller dropped every index key and every node's idx
               (schedctl doctor --repair): the index is of this layout and
               empty, so start a rebuild, then a step
-  ARGV[2]     nodes reindexed per step, at most (1..10000)
+  ARGV[2]     step: nodes reindexed per step, at most (1..10000)
 
-  Returns {done, nodes reindexed by this step, epoch, cursor}: done 1 when
+  Returns {done, reindexed (nodes this step), epoch, cursor}: done 1 when
   the index is whole (no rebuild under way after this step); epoch the
   rebuild's ("" when none ever ran), cursor the last node id it reindexed
   ("" at the start or end of a pass)

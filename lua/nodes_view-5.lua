@@ -7,7 +7,7 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV        none
 
-  Returns {now_ms, node...}; node = {field, value, field, value, ...} with the
+  Returns {now_ms, node...}; node = {field, value, ...} with the
   raw record fields, plus derived: derived_status, pressure, known, reason,
   and for each configured ceiling that applies "use:<name>" (current +
   pending) and "limit:<name>".

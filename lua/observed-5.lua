@@ -5,15 +5,18 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id ("" = every node)
   ARGV[2]     cluster_id filter ("" = any cluster)
-  ARGV[3]     "1" = also nodes never heard from (ListNodes), "0" = heartbeated only
-  ARGV[4]     "full" = the whole record, "brief" = node_id and endpoint only
-  ARGV[5]     a page: list from after this node id ("" = from the first)
-  ARGV[6]     a page: read at most this many nodes ("" or absent = every node)
+  ARGV[3]     unheard: "1" = also nodes never heard from (ListNodes),
+              "0" = heartbeated only
+  ARGV[4]     form: "full" = the whole record, "brief" = node_id and endpoint only
+  ARGV[5]     after: a page lists from after this node id ("" = from the first)
+  ARGV[6]     page: a page reads at most this many nodes ("" = every node;
+              a call without it reads every node too)
 
-  Returns {now_ms, next, node...} in node-id byte order; node = {field,
-  value, ...} (the raw record or its brief form) plus derived_status (Redis
-  time, docs/contract.md rules); next = the ARGV[5] of the next page, ""
-  when this one is the last (the client stitches pages: docs/contract.md)
+  Returns {now_ms, next, node...} in node-id byte order;
+          node = {field, value, ...} (the raw record or its brief form) plus
+          derived_status (Redis time, docs/contract.md rules); next = the
+          ARGV[5] of the next page, "" when this one is the last (the client
+          stitches pages: docs/contract.md)
   Errors: NO_POLICY (no policy)
 ]]
 -- @include stages

@@ -4,9 +4,9 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     cluster_id ("" = every cluster)
   ARGV[2]     backend ("" = every backend)
-  ARGV[3]     node id to leave out ("" = none)
+  ARGV[3]     exclude: a node id to leave out ("" = none)
 
-  Returns {now_ms, {node_id, backend, address}...} in node-id byte order
+  Returns {now_ms, peer...} in node-id byte order; peer = {node_id, backend, address}
   Errors: NO_POLICY (no policy)
 ]]
 -- @include common

@@ -13,10 +13,10 @@
   without the drill offset (a clock that jumps).
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
-  ARGV[1]     ignored ("1" / "0": the form once told whether to write)
+  ARGV[1]     write: ignored ("1" / "0": the form once told whether to write)
 
-  Returns {now_ms, "1" when the cell's policy exists else "0", raw TIME ms,
-           sequence, rewind generation}
+  Returns {now_ms, has_policy "1" when the cell's policy exists else "0",
+           raw_ms (TIME), sequence, generation (of the last rewind settle)}
   Writes: stats probes (+1), probed_ms (the cell's last recorded time)
 ]]
 -- @include base

@@ -4,9 +4,9 @@
   refreshed, so the roster lists the replicas heard from within the TTL.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     replica id (host/pid)
-  ARGV[2]     the entry's TTL in ms
-  ARGV[3..]   field, value pairs (version, commit, host, pid, grpc, started_ms)
+  ARGV[1]     replica_id (host/pid)
+  ARGV[2]     ttl_ms, the entry's TTL
+  ARGV[3..]   fields: field, value pairs (version, commit, host, pid, grpc, started_ms)
 
   Returns {now_ms} (Redis time, the entry's seen_ms)
   Writes: replica:<id> (hash, with a TTL); needs no policy

@@ -3,9 +3,10 @@
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id ("" = every node)
-  ARGV[2]     reservation id ("" = all live ones; else that one, ended ones included)
+  ARGV[2]     reservation_id ("" = all live ones; else that one, ended ones included)
 
-  Returns a list of {field, value, ...} reservation records, oldest first.
+  Returns {reservation...}, oldest first; reservation = {field, value, ...}
+          (the record)
 ]]
 -- @include common
 local node_id = ARGV[1]

@@ -23,14 +23,18 @@
   rewound_total too.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
-  ARGV[1]     "settle" | "reconcile"
-  settle:     ARGV[2] the generation the caller saw; ARGV[3] the cell time
-              (ms) it expected, or "" (no clock check); ARGV[4] the bound (ms)
-  reconcile:  ARGV[2] cut-off (cell time, ms); ARGV[3] most to end
+  ARGV[1]     mode | mode: "settle" | "reconcile"
+  ARGV[2]     generation | before_ms: settle: the generation the caller saw;
+              reconcile: the cut-off (cell time, ms)
+  ARGV[3]     expected_ms | most: settle: the cell time (ms) the caller
+              expected, or "" (no clock check); reconcile: most to end
+  ARGV[4]     bound_ms | spare: or absent (reconcile sends three); settle:
+              the clock bound (ms), always sent
 
-  Returns settle: {"settled"|"known", generation, now_ms, clock moved by (ms),
-                   ms since the cell's last recorded probe}
-          reconcile: {ended, "1" when more may be due else "0"}
+  Returns settle: {outcome "settled"|"known", generation, now_ms, moved_ms
+                   (the clock moved by), age_ms (since the cell's last
+                   recorded probe)}
+          reconcile: {ended, more "1" when more may be due else "0"}
   Errors: NO_POLICY (no policy)
   Writes: settle: policy settle_ms, time_offset_ms; stats rewinds;
           reconcile: res:<id> (cancelled), node-res:<node>, node:<node>

@@ -9,26 +9,26 @@
   KEYS[6]     rr: the cell's round-robin counter
   ARGV[1]     kind: "create" (reserve cpu, memory and one sandbox) or
               "route" (rank only; no reservation, no capacity test)
-  ARGV[2]     dry run: "1" = explain, write nothing (not even the sweep)
+  ARGV[2]     dry_run: "1" = explain, write nothing (not even the sweep)
   ARGV[3]     strategy override, "" = the policy's
   ARGV[4]     cpu requested (whole CPUs), "" = absent (policy default_cpu)
-  ARGV[5]     memory requested (bytes), "" = absent (policy default_memory_bytes)
-  ARGV[6]     reservation id to create (kind "create", not dry run); an id that
+  ARGV[5]     memory_bytes requested, "" = absent (policy default_memory_bytes)
+  ARGV[6]     reservation_id to create (kind "create", not dry run); an id that
               exists already answers its placement again (an idempotent retry)
-  ARGV[7]     uniform random number in [0, 1) for strategy "random"
+  ARGV[7]     random: a uniform random number in [0, 1) for strategy "random"
   ARGV[8]     locality ("" or absent = none; includes/locality.lua): the
               group's sha1 (template or first image, "" = none), a newline,
               then per requirement "weight\tsize_bytes\tsha1(key)\n"
 
   Returns (decision): {node_id, endpoint, reservation_id or "", pressure,
-                       cpu, memory_bytes, status, now_ms[, warmth, pull bytes]}
+                       cpu, memory_bytes, status, now_ms[, warmth, pull_bytes]}
                       (the last two with locality on and a locality ARGV)
-  Returns (dry run):  {now_ms, strategy, chosen id or "", rr value used,
-                       cpu, memory_bytes, refusal message or "", node...}
-                      node = {id, status, reason or "", pressure, known 1/0,
-                       starting, running, paused, projected cpu, projected
-                       memory, cpu capacity, memory capacity, endpoint,
-                       coverage, bonus, why a warm node lost or ""}
+  Returns (dry run):  {now_ms, strategy, chosen id or "", rotation (rr value
+                       used), cpu, memory_bytes, refusal message or "", verdict...}
+                      verdict = {id, status, reason or "", pressure, known 1/0,
+                       starting, running, paused, projected_cpu,
+                       projected_memory, cpu_capacity, memory_capacity, endpoint[,
+                       coverage, bonus, locality: why a warm node lost or ""]}
   Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no
           policy, or the reservation id was cancelled before this call ran)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr;

@@ -7,19 +7,20 @@
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   KEYS[6]     rr: the cell's round-robin counter
-  ARGV[1]     n, the number of requests
-  ARGV[2..]   n times schedule-5.lua's ARGV[1..7] (kind, dry run (must be
+  ARGV[1]     count n, the number of requests
+  ARGV[2..]   requests: n times schedule-5.lua's ARGV[1..7] (kind, dry run (must be
               "0"), strategy, cpu, memory bytes, reservation id, random), or
               n times its ARGV[1..8] (and locality, "" = none)
 
-  Returns {reply 1, ..., reply n}; reply i = {"ok", schedule-5.lua's decision
-          fields...} or {"err", "<CODE> <message>"} (that request's own error)
+  Returns {answer...}, one a request; answer = {outcome, reply...}: outcome
+          "ok" and schedule-5.lua's decision fields, or "err" and
+          "<CODE> <message>" (that request's own error)
   Errors: NO_POLICY (no policy: nothing decided), BADARG n or a dry run
   Writes: as schedule-5.lua, once per placed request (the rotation counter and
           stats reserved_total once, at the end)
 ]]
 -- @include schedule
--- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
+-- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
 local n = tonumber(ARGV[1])
 local w = n and n >= 1 and (#ARGV - 1) / n -- (7 arguments a request, or 8 with locality)
 if w ~= 7 and w ~= 8 then
@@ -39,11 +40,11 @@ if #rkeys > 0 and #rkeys <= UNPACK_CHUNK and redis.call('EXISTS', unpack(rkeys))
   ctx[CTX.new_ids] = {}
 end
 local out = {}
--- @stage batch_setup
+-- @phase batch_setup
 for i = 1, n do
   local a = 1 + w * (i - 1)
   if ARGV[a + 2] == '1' then return fail(ERR.BADARG, 'a batch holds no dry run') end
-  -- @stage batch_loop
+  -- @phase batch_loop
   local r = schedule_one(ctx, KEYS[6], ARGV[a + 1], false, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6], tonumber(ARGV[a + 7]), w == 8 and ARGV[a + 8] or nil)
   if r.err then
@@ -53,5 +54,5 @@ for i = 1, n do
   end
 end
 finish_batch(ctx, KEYS[6])
--- @stage batch_finish
+-- @phase batch_finish
 return out

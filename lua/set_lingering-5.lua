@@ -3,7 +3,7 @@
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id
-  ARGV[2]     "1" lingering, "0" active
+  ARGV[2]     lingering: "1" lingering, "0" active
 
   Returns {previous value "1"/"0"}
   Errors: UNKNOWN_NODE node is not in scheduler node list

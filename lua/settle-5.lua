@@ -11,7 +11,7 @@
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   ARGV        none
 
-  Returns the cell's now_ms (the new settle_ms)
+  Returns now_ms, the cell's now (the new settle_ms)
   Errors: NO_POLICY (no policy)
   Writes: policy settle_ms (the index sheds settling nodes through its
           bounded stale sweep, includes/index.lua)

@@ -4,9 +4,9 @@
   (steady heartbeats) still expires reservations and forgets silent nodes.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  (no ARGV)
+  ARGV        none
 
-  Returns {nodes forgotten, reservations expired, now_ms}
+  Returns {forgotten (nodes), expired (reservations), now_ms}
   Errors: NO_POLICY (no policy)
   Writes: what sweep_expired (includes/common.lua) and forget_sweep
           (includes/nodes.lua) write, and the index entries they touch

@@ -4,11 +4,11 @@
   already wrote a view at least as fresh in every stream.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1..3]  the writer's watch positions, each a resourceVersion (a decimal
+  ARGV[1..3]  positions: the writer's watch positions, each a resourceVersion (a decimal
               etcd revision) up to which it has applied one stream: the
               EndpointSlices, the ignore_pod_selector pods, the
               no_schedule_pod_selector pods
-  ARGV[4..]   node_id, endpoint, lingering ("1" / "0") triples
+  ARGV[4..]   nodes: node_id, endpoint, lingering ("1" / "0") triples
 
   A write is applied only when none of its positions is below the one the last
   applied write stored (stats fields discovery_rv_1..3): its view then holds
@@ -17,8 +17,8 @@
   Applied: listed nodes are added (or their endpoint and lingering updated)
   and marked static; every other node leaves (like an unregister).
 
-  Returns {"applied" | "stale", nodes added or changed, nodes removed,
-           stored position 1, 2, 3}
+  Returns {outcome "applied" or "stale", changed (nodes added or changed),
+           removed (nodes), positions...} (positions: the stored 1, 2, 3)
   Errors: NO_POLICY (no policy); BADARG a position that is not a whole number
   Writes: nodes, node:<id> (node_id, endpoint, static, lingering), static,
           removals,

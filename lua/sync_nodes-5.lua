@@ -13,9 +13,9 @@
   MAX_STATIC_NODES.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1..]   node_id, endpoint pairs
+  ARGV[1..]   nodes: node_id, endpoint pairs
 
-  Returns {nodes added or changed, nodes removed, now_ms}
+  Returns {changed (nodes added or changed), removed (nodes), now_ms}
   Errors: NO_POLICY (no policy)
   Writes: nodes, node:<id> (node_id, endpoint, static), static, stats
           static_set, and removals

@@ -8,12 +8,13 @@
   `packed` (the same policy in one string, for the scripts) is rebuilt.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     "1" overwrite, "0" check, "r" restore: check, and when the cell
+  ARGV[1]     mode: "1" overwrite, "0" check, "r" restore: check, and when the cell
               had no policy (Redis lost its data), also settle it (settle_ms =
               now, in the same step: see settle-5.lua)
-  ARGV[2..]   field, value pairs of the wanted policy
+  ARGV[2..]   fields: field, value pairs of the wanted policy
 
-  Returns {"created"|"same"|"overwritten"|"conflict", stored field, value, ...}
+  Returns {outcome, stored...}: outcome "created", "same", "overwritten" or
+          "conflict"; stored the field, value, ... of the stored policy
   Writes: policy (unless "same" or "conflict"; settle_ms when restoring), and
           starts a rebuild of the placement index (index_rebuild, idx-rebuild:
           bounded steps, the first one in this call; includes/index_moves.lua);

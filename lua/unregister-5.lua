@@ -5,7 +5,7 @@
   ARGV[1]     node_id
   ARGV[2]     service_instance_id (must match the node's current one)
 
-  Returns {1 if a node was removed else 0, now_ms}
+  Returns {removed: 1 if a node was removed else 0, now_ms}
   Errors: PRECONDITION service instance mismatch, NO_POLICY (no policy)
   Writes: see remove_node in includes/nodes.lua; and the bounded sweeps
           (expired reservations, forget_sweep)

@@ -78,7 +78,7 @@ def test_a_placement_is_acknowledged_only_once_every_connected_replica_has_it(
             behind.resume()
         # the unacknowledged placement's reservation is cancelled once writes are replicated
         end = time.monotonic() + 15
-        while live(primary.url) != 1 or r.replica.sched.forgotten:
-            assert time.monotonic() < end, (live(primary.url), r.replica.sched.forgotten)
+        while live(primary.url) != 1 or r.replica.sched.abandoned:
+            assert time.monotonic() < end, (live(primary.url), r.replica.sched.abandoned)
             time.sleep(0.1)
         assert live(behind.url) == 1  # what the replica that was behind holds

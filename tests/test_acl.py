@@ -325,10 +325,10 @@ def test_a_batch_that_fails_mid_way_leaves_no_reservation(
             batches = s.coalescer.batches
             assert batches >= 1, batches
             for _ in range(100):  # the cancels go in the background
-                if not s.forgotten:
+                if not s.abandoned:
                     break
                 await asyncio.sleep(0.05)
-            assert not s.forgotten
+            assert not s.abandoned
         finally:
             await s.close()
         ok = [r.reservation_id or "" for r in results if not isinstance(r, BaseException)]

@@ -25,7 +25,7 @@ from bench import (
     heartbeats,
     instructions,
     latency,
-    stages,
+    phases,
     throughput,
     versus,
 )
@@ -333,33 +333,33 @@ def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> 
     )
 
 
-# -- stages --------------------------------------------------------------------
-def test_stages_rows_and_the_marked_library_is_removed(target: Target) -> None:
-    result = stages.run(target, stages.Params.quick())
+# -- phases --------------------------------------------------------------------
+def test_phases_rows_and_the_marked_library_is_removed(target: Target) -> None:
+    result = phases.run(target, phases.Params.quick())
     _keys(result)
-    staged, order = stages.staged_library()
+    phased, order = phases.phased_library()
     assert {"pick", "index_move", "reservation_writes", "record_read", "roster_plan"} <= set(order)
     assert result.params["mark_us"] > 0
-    for op in stages.OPERATIONS:
-        rows = {r["stage"]: r for r in result.rows if r["operation"] == op}
+    for op in phases.OPERATIONS:
+        rows = {r["phase"]: r for r in result.rows if r["operation"] == op}
         named = [n for n in order if n in rows]
         assert "index_move" in named and len(named) >= 5, (op, rows)
         total = rows["total (plain library)"]["us"]
         assert total > 0 and rows["total / floor"]["us"] > 0
-        # the stages and what lies outside them make the plain call's cost
+        # the phases and what lies outside them make the plain call's cost
         parts = sum(rows[n]["us"] for n in named) + rows["outside"]["us"]
         assert abs(parts - total) <= 0.1 * len(named) + 0.1
     loaded = {
         dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
         for lib in target.client.function_list()
     }
-    assert staged.name not in loaded and "sched_bench_floor" not in loaded
+    assert phased.name not in loaded and "sched_bench_floor" not in loaded
 
 
-def test_stage_marks_are_comments_in_the_shipped_library() -> None:
+def test_phase_marks_are_comments_in_the_shipped_library() -> None:
     text = library().text
-    assert "-- @stage pick" in text and "stage('pick')" not in text
-    assert "stage('pick')" in stages.staged_library()[0].text
+    assert "-- @phase pick" in text and "phase('pick')" not in text
+    assert "phase('pick')" in phases.phased_library()[0].text
 
 
 def test_versus_names_a_revision_git_does_not_know() -> None:

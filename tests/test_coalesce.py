@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+import msgspec.structs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from scheduler import InvalidArgument, NoNodesAvailable, Policy, Request, Schedu
 from scheduler.client.aio import AsyncScheduler
 from scheduler.domain.errors import FailedPrecondition, SchedulerError
 from scheduler.domain.records import Placement
-from scheduler.store.calls import Call
+from scheduler.store.calls import Call, schedule_argv
 from scheduler.testing.model import NodeState
 from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import GIB, hb, node_states, rr_value
@@ -48,8 +49,9 @@ def calls_for(
     out = []
     for req, strategy, i in stream:
         call = s.ops.schedule(req, strategy, f"r{i}" if req.create else None)
-        call.args[6] = repr((i * 0.37) % 1)  # the same draw for "random" on both sides
-        out.append(call)
+        # the same draw for "random" on both sides
+        argv = msgspec.structs.replace(schedule_argv(call), random=repr((i * 0.37) % 1))
+        out.append(call.with_argv(argv))
     return out
 
 
@@ -300,7 +302,7 @@ def test_a_request_that_gives_up_while_queued_leaves_no_reservation() -> None:
                 assert all(isinstance(r, SchedulerError) for r in results), results
                 await asyncio.to_thread(
                     wait_until,
-                    lambda: not a.forgotten and not a.coalescer.busy,
+                    lambda: not a.abandoned and not a.coalescer.busy,
                     10,
                     "abandoned ones cancelled",
                 )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec.structs
 import pytest
 
 from scheduler import Policy, Request, Scheduler
@@ -25,6 +26,7 @@ from scheduler.domain.limits import (
 )
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.server.config import ConfigError, load
+from scheduler.store.calls import schedule_argv
 from scheduler.store.p2p import PeerOps
 from scheduler.testing.redis_server import free_port
 from scheduler.testing.replicas import ThreadedReplica
@@ -358,17 +360,17 @@ def test_the_script_takes_only_whole_numbers_for_a_request(
     field, alone or in a batch, and nothing is written."""
     s = make_scheduler()
     s.heartbeat(hb("n1"))
-    for at, field in ((3, "cpu"), (4, "memory_bytes")):
+    for field in ("cpu", "memory_bytes"):
         call = s.ops.schedule(Request.cold(1, 1024), reservation_id=f"r-{field}")
-        args = [*call.args[:at], value, *call.args[at + 1 :]]
+        bad = call.with_argv(msgspec.structs.replace(schedule_argv(call), **{field: value}))
         before = snapshot_keys(s.client)
         if batch:
-            answer = s.run(s.ops.schedule_batch([replace(call, args=args)]))[0]
+            answer = s.run(s.ops.schedule_batch([bad]))[0]
             assert isinstance(answer, InvalidArgument)
             error = answer
         else:
             with pytest.raises(InvalidArgument) as e:
-                s.run(replace(call, args=args))
+                s.run(bad)
             error = e.value
         assert error.field == field
         assert "must be a non-negative whole number" in str(error)

@@ -154,16 +154,16 @@ def test_forget_stops_a_schedule_that_is_still_on_its_way(make_scheduler: Make) 
     cancel leaves makes the late call place nothing."""
     s = make_scheduler()
     s.heartbeat(hb("n1"))
-    s.run(s.ops.forget("late-1"))
+    s.run(s.ops.abandon("late-1"))
     with pytest.raises(FailedPrecondition, match="late-1 was cancelled"):
         s.schedule(REQ, reservation_id="late-1")
     assert s.stats().pending == 0
     assert s.reservation("late-1").state == "cancelled"
     # forgetting again, or forgetting what ended, is not an error
-    s.run(s.ops.forget("late-1"))
+    s.run(s.ops.abandon("late-1"))
     p = s.schedule(REQ)
     s.cancel(p.reservation_id or "")
-    s.run(s.ops.forget(p.reservation_id or ""))
+    s.run(s.ops.abandon(p.reservation_id or ""))
     with pytest.raises(FailedPrecondition, match="already cancelled"):
         s.cancel(p.reservation_id or "")
 
@@ -193,7 +193,7 @@ def test_a_pause_longer_than_the_deadline_leaves_no_reservation() -> None:
                 # the calls still ran once Redis resumed, or were stopped by the
                 # tombstones; either way nothing stays reserved
                 await asyncio.to_thread(
-                    wait_until, lambda: not a.forgotten, 10, "abandoned placements cancelled"
+                    wait_until, lambda: not a.abandoned, 10, "abandoned placements cancelled"
                 )
                 st = await a.stats()
                 assert st.pending == 0
@@ -220,7 +220,7 @@ def test_a_caller_that_cancels_leaves_no_reservation() -> None:
                     await task
                 rs.resume()
                 await asyncio.to_thread(
-                    wait_until, lambda: not a.forgotten, 10, "abandoned placement cancelled"
+                    wait_until, lambda: not a.abandoned, 10, "abandoned placement cancelled"
                 )
                 assert (await a.stats()).pending == 0
             finally:
@@ -261,7 +261,7 @@ def test_min_replicas_acked_answers_only_replicated_placements() -> None:
                     replica.resume()
                 a.durability = Durability(replicas=1, timeout_ms=10_000)
                 await asyncio.to_thread(
-                    wait_until, lambda: not a.forgotten, 10, "the unreplicated placement cancelled"
+                    wait_until, lambda: not a.abandoned, 10, "the unreplicated placement cancelled"
                 )
                 st = await a.stats()
                 assert (st.pending, st.reserved_total, st.cancelled_total) == (1, 2, 1)
@@ -293,7 +293,7 @@ def test_sync_client_waits_too() -> None:
                 topo.replicas[0].resume()
             s.durability = Durability(replicas=1, timeout_ms=10_000)
             s.probe()  # the next call first cancels the placement that was not replicated
-            assert s.stats().pending == 1 and not s.forgotten
+            assert s.stats().pending == 1 and not s.abandoned
         finally:
             s.close()
 

@@ -106,7 +106,7 @@ def test_a_user_denied_functions_gets_the_scripts(redis_server: RedisServer) -> 
 
 #: top-level locals the library must leave free, at its fullest point (the
 #: main chunk holds the includes' exports, and one include's private names
-#: while its block runs): bench stages' marked build takes 3 more exports
+#: while its block runs): bench phases' marked build takes 3 more exports
 FREE_LOCALS = 60
 
 

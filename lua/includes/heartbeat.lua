@@ -13,7 +13,7 @@
 local WHOLE_TEXTS = kept_table(4096)
 
 local function heartbeat_one(ctx, A)
-  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
+  -- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
   local node_id = A[1]
   local sid = A[2]
   local endpoint = A[3]
@@ -68,7 +68,7 @@ local function heartbeat_one(ctx, A)
     end
     values[name] = value
   end
-  -- @stage checks
+  -- @phase checks
 
   if base_generation ~= '' and (base_generation ~= (prev[PREV.incarnation] or '') .. ':' .. (prev[PREV.generation] or '')
       or prev[PREV.service_instance_id] ~= sid or (not roster_sent and prev[PREV.roster_digest] ~= digest)
@@ -138,7 +138,7 @@ local function heartbeat_one(ctx, A)
   end
   if values.status then n.reported = values.status end
   n.admission = values.admission or prev[o + HB_NODE_AT.admission] or ''
-  -- @stage record_read
+  -- @phase record_read
 
   -- Stage "roster", planned before the first write: bindings follow the
   -- node's own list; only what changed since its previous roster costs work
@@ -174,13 +174,13 @@ local function heartbeat_one(ctx, A)
   end
   local roster_mode = (prev[PREV.roster_mode] == '1' and not restarted) or (roster_size or 0) > 0
   if not roster_sent then roster_mode = prev[PREV.roster_mode] == '1' end
-  -- @stage roster_plan
+  -- @phase roster_plan
 
   ctx[CTX.held] = n -- (after the last check: an error leaves nothing held)
   -- (at one instant, a sweep that found less than a full batch due leaves
   -- nothing due for the batch's later heartbeats)
   if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
-  -- @stage expiry_sweep
+  -- @phase expiry_sweep
 
   -- Stage "record": the snapshot, stamped with Redis time, written in one call
   -- at the end (with the pending numbers and index entry worked out below).
@@ -245,7 +245,7 @@ local function heartbeat_one(ctx, A)
     if prev[PREV.cluster_id] then redis.call('SREM', BASE .. 'p2p:' .. prev[PREV.cluster_id], node_id) end
     if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
   end
-  -- @stage record_plan
+  -- @phase record_plan
 
   local released = 0
   -- (the node's sets change in one call each, whatever the number of sandboxes)
@@ -255,16 +255,16 @@ local function heartbeat_one(ctx, A)
     if rid and end_reservation(ctx, rid, 'released', now, r) then released = released + 1 end
     write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
   end
-  -- @stage joined_bindings_releases
+  -- @phase joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)
   for _, sb in ipairs(gone) do
     if listed_on(sb, node_id) then redis.call('DEL', bind_key(sb)) end
   end
-  -- @stage left_bindings
+  -- @phase left_bindings
   set_all(false, node_sbx_key(node_id), unsbx)
   set_all(false, roster_key, gone)
   set_all(true, roster_key, added)
-  -- @stage roster_sets
+  -- @phase roster_sets
   -- node-sbx's members that are no longer this node's unlisted bindings
   -- (assignments whose binding expired; listed ones a version that kept
   -- every binding there left): bounded work, every other heartbeat (two
@@ -275,7 +275,7 @@ local function heartbeat_one(ctx, A)
       if b[1] ~= node_id or b[2] == '1' then redis.call('SREM', node_sbx_key(node_id), sb) end
     end
   end
-  -- @stage binding_sample
+  -- @phase binding_sample
 
   -- Stage "release", counter mode: as many reservations as create_successes
   -- rose, acknowledged ones (CREATE/FORK events) first, then assigned ones,
@@ -428,7 +428,7 @@ local function heartbeat_one(ctx, A)
     hset[#hset + 1] = 'idx_seen_ms'
     hset[#hset + 1] = s_now
   end
-  -- @stage index_move
+  -- @phase index_move
   if n.dirty then
     local k = #hset
     hset[k + 1], hset[k + 2] = 'pending_count', num_text(n.pend_count)
@@ -445,7 +445,7 @@ local function heartbeat_one(ctx, A)
     hset[#hset + 1] = s_now
   end
   redis.call('HSET', nkey, unpack(hset))
-  -- @stage record_write
+  -- @phase record_write
   return { generation, restarted and 1 or 0, released, roster_mode and 1 or 0, s_now,
     incarnation }
 end

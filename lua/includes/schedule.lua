@@ -96,7 +96,7 @@ local PICK = {
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
     loc_arg)
-  -- @stage-begin (stage marks: `python -m bench stages` times them; comments otherwise)
+  -- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
   local P = ctx[CTX.P] or load_policy(ctx)
   if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
   ctx[CTX.P] = P
@@ -130,7 +130,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
 
   local now = ctx[CTX.now] or now_ms(P)
   ctx[CTX.now] = now
-  -- @stage arguments
+  -- @phase arguments
   -- Stage "replay": a retry (the same reservation id, after a connection
   -- error or a failover) gets the placement the first attempt made; an id its
   -- caller gave up on (cancelled before this call ran) places nothing.
@@ -151,7 +151,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       return { prior[2], n.endpoint, rid, prior[5] or '0', req.cpu, req.mem, n.status, now }
     end
   end
-  -- @stage replay
+  -- @phase replay
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
   local rr_next = take_rr(ctx, RR_KEY, dry_run)
   local chosen = nil
@@ -169,7 +169,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       end
       if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
     end
-    -- @stage sweeps
+    -- @phase sweeps
     -- Stage "index": least_loaded looks at few nodes; the full scan below
     -- decides whenever the index cannot (see includes/index.lua).
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
@@ -187,7 +187,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
           if not (stale and picked and REBUILD.check(ctx, P, now, among)) then break end
           picked, among = pick_indexed(ctx, P, req, rr_next)
         end
-        -- @stage pick
+        -- @phase pick
         if not picked then break end
         -- The record must sit in one of the buckets it was chosen among; its
         -- bucket then holds every decision input, so nothing else is read.
@@ -221,7 +221,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       end
     end
   end
-  -- @stage record_check
+  -- @phase record_check
 
   -- Stage "filter": evaluate every node (byte order by id).  (Decided
   -- through the index, no node is evaluated: NONE stands for every list.)
@@ -290,7 +290,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     return fail(ERR.NO_NODES, refusal)
   end
 
-  -- @stage full_scan
+  -- @phase full_scan
   -- Stage "reserve": the placement counts in every projection from now on.
   local out_rid = ''
   if req.create then
@@ -314,7 +314,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
     redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
-    -- @stage reservation_writes
+    -- @phase reservation_writes
     -- the node's new pending load and index entry, in one write
     local n = chosen
     n.pend_count = n.pend_count + 1
@@ -323,14 +323,14 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     local want = ''
     if n.idx ~= '' then want = bucket_of(n) else touch(ctx, n.id) end
     move_index(ctx, n, want, true)
-    -- @stage index_move
+    -- @phase index_move
     redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
       num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
-    -- @stage node_write
+    -- @phase node_write
     out_rid = rid
   end
   reindex_touched(ctx, P, now)
-  -- @stage tail
+  -- @phase tail
   -- (whole numbers travel as integer replies; the pressure as exact text)
   if L then
     return { chosen.id, chosen.endpoint, out_rid, num_text(chosen.pressure), req.cpu, req.mem,

@@ -45,7 +45,14 @@ from scheduler.domain.records import (
     Stats,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S
-from scheduler.store.calls import CENSUS_STEP, HEARTBEAT_SCRIPTS, REBUILD_STEP, Call, Plan
+from scheduler.store.calls import (
+    CENSUS_STEP,
+    HEARTBEAT_SCRIPTS,
+    REBUILD_STEP,
+    Call,
+    Plan,
+    schedule_argv,
+)
 from scheduler.store.connection import async_client
 from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
@@ -191,27 +198,31 @@ class AsyncScheduler(BaseClient):
     def _one(self, call: Call[T]) -> Awaitable[T]:
         return self._drive(self._step(call))
 
-    def forget(self, reservation_id: str) -> None:
+    def abandon(self, reservation_id: str) -> None:
         """Cancel this placement in the background: its caller gave up, or its
-        answer was lost.  Retried until Redis answers (idempotent)."""
+        answer was lost (the placement is abandoned).  Retried until Redis
+        answers (idempotent)."""
         self._remember(reservation_id)
         if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.create_task(self._cancel_forgotten(), name="forget")
+            self._reaper = asyncio.create_task(self._cancel_abandoned(), name="abandon")
 
-    async def _cancel_forgotten(self) -> None:
+    #: the former name of :meth:`abandon` (kept for callers of earlier versions)
+    forget = abandon
+
+    async def _cancel_abandoned(self) -> None:
         self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
         delay = 0.05
-        while self.forgotten:
-            self._stale_forgotten()
-            for rid, since in list(self.forgotten.items()):
+        while self.abandoned:
+            self._stale_abandoned()
+            for rid, since in list(self.abandoned.items()):
                 try:
-                    await self.run(self.ops.forget(rid))
+                    await self.run(self.ops.abandon(rid))
                 except StoreUnavailable:
                     break
                 except SchedulerError as e:
                     log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
-                if self.forgotten.get(rid) == since:
-                    del self.forgotten[rid]
+                if self.abandoned.get(rid) == since:
+                    del self.abandoned[rid]
             else:
                 continue
             await asyncio.sleep(delay)
@@ -327,7 +338,7 @@ class AsyncScheduler(BaseClient):
         cancelled in the background, so none outlives a Schedule answered
         anything but a placement."""
         call = self.ops.schedule(req, strategy, reservation_id)
-        rid = call.args[5]
+        rid = schedule_argv(call).reservation_id
         sent_at = time.monotonic()
         try:
             if timeout is None:
@@ -340,7 +351,7 @@ class AsyncScheduler(BaseClient):
             return placed
         except (Exception, asyncio.CancelledError) as e:
             if rid and not wrote_nothing(e):
-                self.forget(rid)
+                self.abandon(rid)
             raise
 
     def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:

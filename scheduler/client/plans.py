@@ -56,8 +56,8 @@ log = logging.getLogger("scheduler.client.sync")
 
 #: Placements whose callers gave up are cancelled for at most this long (their
 #: reservations expire by then anyway) and at most this many are remembered.
-FORGET_FOR_S = 15 * 60
-FORGET_MAX = 10_000
+ABANDON_FOR_S = 15 * 60
+ABANDON_MAX = 10_000
 
 #: What a Redis Cluster answers while a slot moves, a shard fails over or the
 #: cluster is down: nothing ran, so the call is sent again until its deadline.
@@ -214,7 +214,7 @@ class BaseClient:
         #: bounded by size and age, dropped when the node is unregistered
         self.beats: BeatMemo = BeatMemo()
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
-        self.forgotten: dict[str, float] = {}
+        self.abandoned: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
         self.fence = Fence()
         #: writes held (this reason; "" = not) until a replica has checked the
@@ -291,14 +291,14 @@ class BaseClient:
             )
 
     def _remember(self, rid: str) -> None:
-        if len(self.forgotten) >= FORGET_MAX:
-            self.forgotten.pop(next(iter(self.forgotten)))
-        self.forgotten.setdefault(rid, time.monotonic())
+        if len(self.abandoned) >= ABANDON_MAX:
+            self.abandoned.pop(next(iter(self.abandoned)))
+        self.abandoned.setdefault(rid, time.monotonic())
 
-    def _stale_forgotten(self) -> None:
-        horizon = time.monotonic() - FORGET_FOR_S
-        for rid in [r for r, since in self.forgotten.items() if since < horizon]:
-            del self.forgotten[rid]
+    def _stale_abandoned(self) -> None:
+        horizon = time.monotonic() - ABANDON_FOR_S
+        for rid in [r for r, since in self.abandoned.items() if since < horizon]:
+            del self.abandoned[rid]
 
     # -- the cell this client keeps -----------------------------------------
     def keep_cell(

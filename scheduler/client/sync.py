@@ -47,7 +47,7 @@ from scheduler.domain.records import (
     Stats,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import CENSUS_STEP, REBUILD_STEP, Call, Ops, Plan
+from scheduler.store.calls import CENSUS_STEP, REBUILD_STEP, Call, Ops, Plan, schedule_argv
 from scheduler.store.connection import async_client, sync_client
 from scheduler.store.durability import Durability
 from scheduler.store.keys import DEFAULT_CELL, DEFAULT_PREFIX
@@ -103,8 +103,8 @@ class Scheduler(BaseClient):
             if self._primary_check is not None:
                 with translated(self.target):
                     self._primary_check()
-            if self.forgotten:
-                self._cancel_forgotten()
+            if self.abandoned:
+                self._cancel_abandoned()
             with translated(self.target):
                 result = parsed(call.script, call.parse, self._send(call))
         except BaseException as e:
@@ -151,15 +151,15 @@ class Scheduler(BaseClient):
     def _one(self, call: Call[T]) -> T:
         return self._drive(self._step(call))
 
-    def _cancel_forgotten(self) -> None:
+    def _cancel_abandoned(self) -> None:
         """Cancel the placements whose callers gave up, now that Redis may answer."""
-        self._stale_forgotten()
-        pending, self.forgotten = self.forgotten, {}
+        self._stale_abandoned()
+        pending, self.abandoned = self.abandoned, {}
         for rid, since in pending.items():
             try:
-                self.run(self.ops.forget(rid))
+                self.run(self.ops.abandon(rid))
             except StoreUnavailable:
-                self.forgotten[rid] = since
+                self.abandoned[rid] = since
             except SchedulerError as e:
                 log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
 
@@ -256,15 +256,20 @@ class Scheduler(BaseClient):
         try:
             return self._one(call)
         except Exception as e:
-            if call.args[5] and not wrote_nothing(e):
-                self._remember(call.args[5])
+            rid = schedule_argv(call).reservation_id
+            if rid and not wrote_nothing(e):
+                self._remember(rid)
             raise
 
-    def forget(self, reservation_id: str) -> None:
-        """Cancel this placement, now or on a later call: its caller gave up."""
+    def abandon(self, reservation_id: str) -> None:
+        """Cancel this placement, now or on a later call: its caller gave up
+        (the placement is abandoned)."""
         self._remember(reservation_id)
         with contextlib.suppress(StoreUnavailable):
-            self._cancel_forgotten()
+            self._cancel_abandoned()
+
+    #: the former name of :meth:`abandon` (kept for callers of earlier versions)
+    forget = abandon
 
     def explain(self, req: Request, strategy: str | None = None) -> Explanation:
         return self._one(self.ops.explain(req, strategy))

@@ -543,7 +543,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             # time, and the gateway never learns the id; None: no deadline)
             left = context.time_remaining()
             if context.cancelled() or context.done() or (left is not None and left <= 0):
-                self.sched.forget(rid)
+                self.sched.abandon(rid)
                 raise CallerGone(
                     "the caller gave up (or its deadline passed) before its placement "
                     "was answered; its reservation is cancelled"
@@ -552,7 +552,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
             # the answer may still not reach a caller that gives up now
             def undelivered(ctx: grpc.aio.ServicerContext[Any, Any]) -> None:
                 if ctx.cancelled():
-                    self.sched.forget(rid)
+                    self.sched.abandon(rid)
 
             context.add_done_callback(undelivered)
         return placed

@@ -63,6 +63,8 @@ from scheduler.domain.records import (
     Stats,
     snapshot_numbers,
 )
+from scheduler.store import contracts as c
+from scheduler.store.contracts import Argv, BatchItem, head, tagged, whole_reply
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.replies import (
     pairs,
@@ -162,7 +164,14 @@ class Resync(Exception):
 
 #: The scripts a heartbeat batch holds, by the kind it names them: heartbeats,
 #: and the step of the CPU config exchange a heartbeat RPC makes next.
-HEARTBEAT_SCRIPTS = {"heartbeat": "full", "heartbeat_steady": "steady", "cpu_config": "cpucfg"}
+HEARTBEAT_SCRIPTS = {
+    "heartbeat": c.BATCH_FULL,
+    "heartbeat_steady": c.BATCH_STEADY,
+    "cpu_config": c.BATCH_CPUCFG,
+}
+
+
+_ITEM_HEAD = len(BatchItem.__struct_fields__)
 
 
 def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list[Any]:
@@ -171,12 +180,14 @@ def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list
     Resync among them)."""
     out: list[Any] = []
     for parse_one, item in zip(parses, replies, strict=True):
-        if s(item[0]) == "err":
-            text = s(item[1])
+        answer, reply = BatchItem(*item[:_ITEM_HEAD]), item[_ITEM_HEAD:]  # (head, inline)
+        if s(answer.outcome) == c.BATCH_ERR:
+            (message,) = reply
+            text = s(message)
             out.append(from_reply(text) or SchedulerError(text))
         else:
             try:
-                out.append(parse_one(item[1:]))
+                out.append(parse_one(reply))
             except Resync as e:
                 out.append(e)
     return out
@@ -202,14 +213,48 @@ def roster_digest(roster: list[str]) -> str:
     return hashlib.blake2b("\n".join(sorted(roster)).encode(), digest_size=12).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Call(Generic[T]):
     script: str
     keys: list[str]
+    #: the ARGV as sent (``argv.wire()`` when the call was built from one)
     args: list[str]
     parse: Callable[[Any], T]
     #: False: this call writes nothing (no WAIT after it)
     writes: bool = True
+    #: the same ARGV by name (scheduler/store/contracts.py); read it, never ``args[n]``
+    argv: Argv | None = None
+
+    def __init__(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[str],
+        parse: Callable[[Any], T],
+        writes: bool = True,
+        argv: Argv | None = None,
+    ) -> None:
+        # (the fields in one write: a frozen dataclass's own __init__ sets
+        # each through object.__setattr__, a third of a placement's Python)
+        self.__dict__.update(
+            script=script, keys=keys, args=args, parse=parse, writes=writes, argv=argv
+        )
+
+    @classmethod
+    def of(
+        cls,
+        script: str,
+        keys: list[str],
+        argv: Argv,
+        parse: Callable[[Any], T],
+        writes: bool = True,
+    ) -> Call[T]:
+        """The call of ``script`` with this named ARGV."""
+        return cls(script, keys, argv.wire(), parse, writes, argv)
+
+    def with_argv(self, argv: Argv) -> Call[T]:
+        """This call with another ARGV (``msgspec.structs.replace`` of its own)."""
+        return Call(self.script, self.keys, argv.wire(), self.parse, self.writes, argv)
 
     @property
     def acked(self) -> bool:
@@ -367,11 +412,11 @@ class Ops:
     def _call(
         self,
         script: str,
-        args: list[str],
+        argv: Argv,
         parse: Callable[[Any], T],
         extra_keys: tuple[str, ...] = (),
     ) -> Call[T]:
-        return Call(script, [*self.k.fixed(), *extra_keys], args, parse)
+        return Call(script, [*self.k.fixed(), *extra_keys], argv.wire(), parse, True, argv)
 
     # -- heartbeat ---------------------------------------------------------
     def heartbeat(
@@ -439,48 +484,51 @@ class Ops:
                     memo,
                     tuple(roster),
                 )
-            args = [
-                node_id,
-                sid,
-                endpoint,
-                base.base,
-                digest,
-                "0" if same_roster else "2",
-                str(len(changed) // 2),
-                *changed,
-            ]
+            tail: list[str] = []
             if not same_roster:
                 joined = [sb for sb in roster if sb not in base.roster]
                 left = sorted(base.roster.difference(seen))
-                args += [base.roster_digest, str(len(joined)), *joined, *left]
+                tail = [base.roster_digest, str(len(joined)), *joined, *left]
+            argv = c.HeartbeatArgv(
+                node_id=node_id,
+                service_instance_id=sid,
+                endpoint=endpoint,
+                base=base.base,
+                roster_digest=digest,
+                roster_form=c.ROSTER_SAME if same_roster else c.ROSTER_DELTA,
+                field_count=str(len(changed) // 2),
+                fields=changed,
+                roster=tail,
+            )
         else:
-            args = [
-                node_id,
-                sid,
-                endpoint,
-                "",
-                digest,
-                "1",
-                str(len(fields) // 2),
-                *fields,
-                *roster,
-            ]
+            argv = c.HeartbeatArgv(
+                node_id=node_id,
+                service_instance_id=sid,
+                endpoint=endpoint,
+                base="",
+                roster_digest=digest,
+                roster_form=c.ROSTER_FULL,
+                field_count=str(len(fields) // 2),
+                fields=fields,
+                roster=list(roster),
+            )
 
         def parse(r: list[Any]) -> HeartbeatResult:
-            if s(r[0]) == "RESYNC":
+            if tagged(c.ResyncReply, r):
                 if memo is not None:
                     memo.pop(node_id, None)
                 raise Resync(node_id)
+            a = c.HeartbeatReply(*r)  # (whole_reply, inline)
             result = HeartbeatResult(
-                generation=int(r[0]),
-                restarted=r[1] == 1,
-                released=int(r[2]),
-                roster_mode=r[3] == 1,
-                now_ms=int(r[4]),
+                generation=int(a.generation),
+                restarted=a.restarted == 1,
+                released=int(a.released),
+                roster_mode=a.roster_mode == 1,
+                now_ms=int(a.now_ms),
             )
             if memo is not None:
                 memo[node_id] = Beat(
-                    f"{s(r[5])}:{result.generation}",
+                    f"{s(a.incarnation)}:{result.generation}",
                     sid,
                     endpoint,
                     values,
@@ -490,7 +538,7 @@ class Ops:
                 )
             return result
 
-        return self._call("heartbeat", args, parse)
+        return self._call("heartbeat", argv, parse)
 
     def _steady_heartbeat(
         self,
@@ -507,18 +555,19 @@ class Ops:
         (lua/heartbeat_steady-5.lua), or RESYNC sends it in full."""
 
         def parse(r: list[Any]) -> HeartbeatResult:
-            if s(r[0]) == "RESYNC":
+            if tagged(c.ResyncReply, r):
                 memo.pop(node_id, None)
                 raise Resync(node_id)
+            a = c.SteadyReply(*r)  # (whole_reply, inline)
             result = HeartbeatResult(
-                generation=int(r[0]),
+                generation=int(a.generation),
                 restarted=False,
                 released=0,
-                roster_mode=r[1] == 1,
-                now_ms=int(r[2]),
+                roster_mode=a.roster_mode == 1,
+                now_ms=int(a.now_ms),
             )
             memo[node_id] = Beat(
-                f"{s(r[3])}:{result.generation}",
+                f"{s(a.incarnation)}:{result.generation}",
                 sid,
                 endpoint,
                 values,
@@ -528,23 +577,27 @@ class Ops:
             )
             return result
 
-        return self._call("heartbeat_steady", [node_id, sid, base.base, reported], parse)
+        argv = c.SteadyArgv(
+            node_id=node_id, service_instance_id=sid, base=base.base, reported_at=reported
+        )
+        return self._call("heartbeat_steady", argv, parse)
 
     def heartbeat_batch(self, calls: Sequence[Call[Any]]) -> Call[list[Any]]:
         """Several :meth:`heartbeat` calls (full, delta or steady), and steps of
         the CPU config exchange, as one (lua/heartbeat_batch-5.lua), applied
         in order; each gets its result or its own error (:class:`Resync`
         among them)."""
-        args = [str(len(calls))]
+        args: list[str] = []
         for call in calls:
             if call.script not in HEARTBEAT_SCRIPTS:
                 raise ValueError(f"a heartbeat batch holds heartbeats, not {call.script}")
             args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
         parses = [call.parse for call in calls]
-        return self._call("heartbeat_batch", args, lambda r: _each_answer(parses, r))
+        argv = c.HeartbeatBatchArgv(count=str(len(calls)), heartbeats=args)
+        return self._call("heartbeat_batch", argv, lambda r: _each_answer(parses, r))
 
     # -- schedule / explain ------------------------------------------------
-    def _request_args(self, req: Request, strategy: str | None) -> list[str]:
+    def _request_args(self, req: Request, strategy: str | None) -> tuple[str, str, str, str]:
         cpu = "" if req.cpu is None else str(_whole("cpu", req.cpu, MAX_CPU))
         mem = (
             ""
@@ -556,7 +609,7 @@ class Ops:
                 "strategy",
                 f"must be {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}, not {strategy!r}",
             )
-        return ["create" if req.create else "route", strategy or "", cpu, mem]
+        return (c.KIND_CREATE if req.create else c.KIND_ROUTE, strategy or "", cpu, mem)
 
     def _locality(self, req: Request) -> str:
         return locality_arg(req, self.bounds.artifact_key_max_bytes)
@@ -564,32 +617,40 @@ class Ops:
     def schedule(
         self, req: Request, strategy: str | None = None, reservation_id: str | None = None
     ) -> Call[Placement]:
-        base = self._request_args(req, strategy)
+        kind, strategy_, cpu, mem = self._request_args(req, strategy)
         rid = (
             validate_id("reservation_id", reservation_id)
             if reservation_id
             else (secrets.token_hex(12) if req.create else "")
         )
-        args = [base[0], "0", base[1], base[2], base[3], rid, repr(random.random())]
-        loc = self._locality(req)
-        if loc:  # (ARGV[8]; absent without locality: the call main's scripts take)
-            args.append(loc)
+        argv = c.ScheduleArgv(
+            kind=kind,
+            dry_run=c.DECIDE,
+            strategy=strategy_,
+            cpu=cpu,
+            memory_bytes=mem,
+            reservation_id=rid,
+            random=repr(random.random()),
+            # (absent without locality: the call main's scripts take)
+            locality=self._locality(req) or None,
+        )
 
         def parse(r: list[Any]) -> Placement:
+            d = c.ScheduleDecision(*r)  # (as whole_reply: inline, every placement reads one)
             return Placement(
-                node_id=s(r[0]),
-                endpoint=s(r[1]),
-                reservation_id=s(r[2]) or None,
-                pressure=float(r[3]),
-                cpu=int(r[4]),
-                memory_bytes=int(r[5]),
-                status=s(r[6]),
-                now_ms=int(r[7]),
-                warmth=s(r[8]) if len(r) > 8 else "",
-                pull_bytes=int(r[9]) if len(r) > 9 else 0,
+                node_id=s(d.node_id),
+                endpoint=s(d.endpoint),
+                reservation_id=s(d.reservation_id) or None,
+                pressure=float(d.pressure),
+                cpu=int(d.cpu),
+                memory_bytes=int(d.memory_bytes),
+                status=s(d.status),
+                now_ms=int(d.now_ms),
+                warmth=s(d.warmth),
+                pull_bytes=int(d.pull_bytes),
             )
 
-        return self._call("schedule", args, parse, (self.k.rr,))
+        return self._call("schedule", argv, parse, (self.k.rr,))
 
     def schedule_batch(
         self,
@@ -597,23 +658,33 @@ class Ops:
     ) -> Call[list[Placement | SchedulerError]]:
         """Several :meth:`schedule` calls as one (lua/schedule_batch-5.lua),
         decided in order; each gets its placement or its own error."""
-        # 7 arguments a request, or 8 (the locality argument) when one carries it
-        width = 8 if any(len(call.args) > 7 for call in calls) else 7
-        args = [str(len(calls))]
-        for call in calls:
-            args += call.args
-            if len(call.args) < width:
+        argvs = [schedule_argv(call) for call in calls]
+        # each request without locality, or each with it ("" = none) when one carries it
+        wide = any(a.locality is not None for a in argvs)
+        args: list[str] = []
+        for call, a in zip(calls, argvs, strict=True):
+            args += call.args  # (its argv's wire)
+            if wide and a.locality is None:
                 args.append("")
         parses = [call.parse for call in calls]
-        return self._call("schedule_batch", args, lambda r: _each_answer(parses, r), (self.k.rr,))
+        argv = c.ScheduleBatchArgv(count=str(len(calls)), requests=args)
+        return self._call("schedule_batch", argv, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
-        base = self._request_args(req, strategy)
-        args = [base[0], "1", base[1], base[2], base[3], "", repr(random.random())]
-        loc = self._locality(req)
-        if loc:
-            args.append(loc)
-        return Call("schedule", [*self.k.fixed(), self.k.rr], args, parse_explanation, writes=False)
+        kind, strategy_, cpu, mem = self._request_args(req, strategy)
+        argv = c.ScheduleArgv(
+            kind=kind,
+            dry_run=c.EXPLAIN,
+            strategy=strategy_,
+            cpu=cpu,
+            memory_bytes=mem,
+            reservation_id="",
+            random=repr(random.random()),
+            locality=self._locality(req) or None,
+        )
+        return Call.of(
+            "schedule", [*self.k.fixed(), self.k.rr], argv, parse_explanation, writes=False
+        )
 
     # -- lifecycle ---------------------------------------------------------
     def assign(
@@ -624,22 +695,31 @@ class Ops:
             raise InvalidArgument("", "node_id and endpoint are required")
         nid = validate_id("node_id", node_id)
         rid = validate_id("reservation_id", reservation_id) if reservation_id else ""
-        args = [sb, nid, text("endpoint", endpoint.strip()), rid]
-        return self._call(
-            "assign",
-            args,
-            lambda r: AssignResult(reservation_id=s(r[0]) or None, released=r[1] == 1),
+        argv = c.AssignArgv(
+            sandbox_id=sb,
+            node_id=nid,
+            endpoint=text("endpoint", endpoint.strip()),
+            reservation_id=rid,
         )
+
+        def parse(r: list[Any]) -> AssignResult:
+            a = whole_reply(c.AssignReply, r)
+            return AssignResult(
+                reservation_id=s(a.reservation_id) or None, released=a.released == 1
+            )
+
+        return self._call("assign", argv, parse)
 
     def cancel(self, reservation_id: str) -> Call[str]:
         rid = validate_id("reservation_id", reservation_id)
-        return self._call("cancel", [rid, "0"], lambda r: s(r[0]))
+        return self._call("cancel", c.CancelArgv(reservation_id=rid, mode=c.CANCEL), _cancelled)
 
-    def forget(self, reservation_id: str) -> Call[str]:
-        """Cancel a placement whose caller gave up, whether or not its Schedule
-        reached Redis yet (lua/cancel-5.lua, forget mode)."""
+    def abandon(self, reservation_id: str) -> Call[str]:
+        """Cancel a placement whose caller gave up (an abandoned placement),
+        whether or not its Schedule reached Redis yet (lua/cancel-5.lua,
+        abandon mode)."""
         rid = validate_id("reservation_id", reservation_id)
-        return self._call("cancel", [rid, "1"], lambda r: s(r[0]))
+        return self._call("cancel", c.CancelArgv(reservation_id=rid, mode=c.ABANDON), _cancelled)
 
     def probe(self, write: bool = False) -> Call[Probe]:
         """A call that Redis refuses wherever it would refuse a write (health);
@@ -648,16 +728,17 @@ class Ops:
         the answer came (this process's monotonic clock)."""
 
         def parse(r: list[Any]) -> Probe:
+            a = whole_reply(c.ProbeReply, r)
             return Probe(
-                now_ms=int(r[0]),
-                has_policy=s(r[1]) == "1",
-                raw_ms=int(r[2]),
-                sequence=int(r[3]),
-                generation=int(r[4]),
+                now_ms=int(a.now_ms),
+                has_policy=s(a.has_policy) == c.YES,
+                raw_ms=int(a.raw_ms),
+                sequence=int(a.sequence),
+                generation=int(a.generation),
                 at=time.monotonic(),
             )
 
-        return self._call("probe", ["1" if write else "0"], parse)
+        return self._call("probe", c.ProbeArgv(write=c.flag(write)), parse)
 
     def rewound(
         self, generation: int, expected_now_ms: int | None, bound_ms: int
@@ -665,67 +746,94 @@ class Ops:
         """Settle a cell whose data went back in time or whose clock jumped
         (lua/rewound-5.lua): (settled here, generation, now_ms, clock moved
         by ms, ms since the cell's last recorded probe)."""
-        args = ["settle", str(generation), "" if expected_now_ms is None else str(expected_now_ms)]
-        return self._call(
-            "rewound",
-            [*args, str(bound_ms)],
-            lambda r: (s(r[0]) == "settled", int(r[1]), int(r[2]), int(r[3]), int(r[4])),
+        argv = c.RewoundSettleArgv(
+            mode=c.REWOUND_SETTLE,
+            generation=str(generation),
+            expected_ms="" if expected_now_ms is None else str(expected_now_ms),
+            bound_ms=str(bound_ms),
         )
+
+        def parse(r: list[Any]) -> tuple[bool, int, int, int, int]:
+            a = whole_reply(c.RewoundSettled, r)
+            return (
+                s(a.outcome) == c.REWOUND_SETTLED,
+                int(a.generation),
+                int(a.now_ms),
+                int(a.moved_ms),
+                int(a.age_ms),
+            )
+
+        return self._call("rewound", argv, parse)
 
     def reconcile_rewound(self, before_ms: int, most: int) -> Call[tuple[int, bool]]:
         """End live reservations made before ``before_ms`` (cell time), at most
         ``most``: (how many ended, more may be due)."""
-        return self._call(
-            "rewound",
-            ["reconcile", str(before_ms), str(most)],
-            lambda r: (int(r[0]), s(r[1]) == "1"),
+        argv = c.RewoundReconcileArgv(
+            mode=c.REWOUND_RECONCILE, before_ms=str(before_ms), most=str(most)
         )
+
+        def parse(r: list[Any]) -> tuple[int, bool]:
+            a = whole_reply(c.RewoundReconciled, r)
+            return int(a.ended), s(a.more) == c.YES
+
+        return self._call("rewound", argv, parse)
 
     def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
         nid = validate_id("node_id", node_id)
         at_most("events", events, MAX_EVENTS)
-        args = [nid]
+        flat: list[str] = []
         for i, ev in enumerate(events):
             if ev.event_type not in EVENT_TYPES:
                 raise InvalidArgument(f"events[{i}].event_type", f"is not known: {ev.event_type!r}")
-            args += [validate_id(f"events[{i}].sandbox_id", ev.sandbox_id), ev.event_type]
-        return self._call(
-            "events", args, lambda r: EventsResult(acked=int(r[0]), released=int(r[1]))
-        )
+            flat += [validate_id(f"events[{i}].sandbox_id", ev.sandbox_id), ev.event_type]
+
+        def parse(r: list[Any]) -> EventsResult:
+            a = whole_reply(c.EventsReply, r)
+            return EventsResult(acked=int(a.acked), released=int(a.released))
+
+        return self._call("events", c.EventsArgv(node_id=nid, events=flat), parse)
 
     def lookup(self, sandbox_id: str) -> Call[Binding]:
         sb = validate_id("sandbox_id", sandbox_id)
-        return self._call(
-            "lookup",
-            [sb],
-            lambda r: Binding(
+
+        def parse(r: list[Any]) -> Binding:
+            b = whole_reply(c.LookupReply, r)
+            return Binding(
                 sandbox_id=sb,
-                node_id=s(r[0]),
-                endpoint=s(r[1]),
-                expires_ms=int(r[2]),
-                reservation_id=s(r[3]) or None,
-                listed=s(r[4]) == "1",
-            ),
-        )
+                node_id=s(b.node_id),
+                endpoint=s(b.endpoint),
+                expires_ms=int(b.expires_ms),
+                reservation_id=s(b.reservation_id) or None,
+                listed=s(b.listed) == c.YES,
+            )
+
+        return self._call("lookup", c.LookupArgv(sandbox_id=sb), parse)
 
     def unregister(self, node_id: str, service_instance_id: str) -> Call[bool]:
         if not node_id.strip() or not service_instance_id.strip():
             raise InvalidArgument("", "node_id and service_instance_id are required")
-        args = [
-            validate_id("node_id", node_id),
-            validate_id("service_instance_id", service_instance_id),
-        ]
-        return self._call("unregister", args, lambda r: r[0] == 1)
+        argv = c.UnregisterArgv(
+            node_id=validate_id("node_id", node_id),
+            service_instance_id=validate_id("service_instance_id", service_instance_id),
+        )
+        return self._call(
+            "unregister", argv, lambda r: whole_reply(c.UnregisterReply, r).removed == 1
+        )
 
     # -- fleet and policy --------------------------------------------------
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Call[tuple[int, int]]:
         at_most("nodes", nodes, MAX_STATIC_NODES)
-        args: list[str] = []
+        flat: list[str] = []
         for i, (nid, endpoint) in enumerate(nodes):
             if not endpoint.strip():
                 raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
-            args += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
-        return self._call("sync_nodes", args, lambda r: (int(r[0]), int(r[1])))
+            flat += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
+
+        def parse(r: list[Any]) -> tuple[int, int]:
+            a = whole_reply(c.SyncNodesReply, r)
+            return int(a.changed), int(a.removed)
+
+        return self._call("sync_nodes", c.SyncNodesArgv(nodes=flat), parse)
 
     def sync_discovered(
         self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
@@ -739,22 +847,32 @@ class Ops:
         ):
             raise InvalidArgument("positions", "must be 3 whole numbers (resourceVersions)")
         at_most("nodes", nodes, MAX_STATIC_NODES)
-        args = [str(p) for p in positions]
+        flat: list[str] = []
         for i, (nid, endpoint, lingering) in enumerate(nodes):
             if not endpoint.strip():
                 raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
-            args += [
+            flat += [
                 validate_id(f"nodes[{i}].id", nid),
                 text("endpoint", endpoint.strip()),
-                "1" if lingering else "0",
+                c.flag(lingering),
             ]
-        return self._call(
-            "sync_discovered", args, lambda r: (s(r[0]) == "applied", int(r[1]), int(r[2]))
-        )
+
+        def parse(r: list[Any]) -> tuple[bool, int, int]:
+            a, _stored_positions = head(c.SyncDiscoveredReply, r)
+            return s(a.outcome) == c.DISCOVERY_APPLIED, int(a.changed), int(a.removed)
+
+        argv = c.SyncDiscoveredArgv(positions=[str(p) for p in positions], nodes=flat)
+        return self._call("sync_discovered", argv, parse)
 
     def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
-        args = [validate_id("node_id", node_id), "1" if lingering else "0"]
-        return self._call("set_lingering", args, lambda r: s(r[0]) == "1")
+        argv = c.SetLingeringArgv(
+            node_id=validate_id("node_id", node_id), lingering=c.flag(lingering)
+        )
+        return self._call(
+            "set_lingering",
+            argv,
+            lambda r: s(whole_reply(c.SetLingeringReply, r).previous) == c.YES,
+        )
 
     def sync_policy(
         self, policy: Policy, overwrite: bool = False, restore: bool = False
@@ -765,44 +883,46 @@ class Ops:
         flat = [x for kv in wanted.items() for x in kv]
 
         def parse(r: list[Any]) -> str:
-            outcome = s(r[0])
-            if outcome == "conflict":
-                stored = pairs(r[1:])
+            a, rest = head(c.SyncPolicyReply, r)
+            outcome = s(a.outcome)
+            if outcome == c.POLICY_CONFLICT:
+                stored = pairs(rest)
                 for name in BESIDE_POLICY:
                     stored.pop(name, None)
                 raise PolicyConflict(policy_conflict_message(stored, wanted), stored, wanted)
             self.known_policy = policy
             return outcome
 
-        mode = "1" if overwrite else "r" if restore else "0"
-        return self._call("sync_policy", [mode, *flat], parse)
+        mode = c.POLICY_OVERWRITE if overwrite else c.POLICY_RESTORE if restore else c.POLICY_CHECK
+        return self._call("sync_policy", c.SyncPolicyArgv(mode=mode, fields=flat), parse)
 
     def settle(self) -> Call[int]:
         """Redis may have lost placements just made (a failover): nodes not heard
         from since must heartbeat again before placements go to them."""
-        return self._call("settle", [], int)
+        return self._call("settle", c.NoArgv(), int)
 
     def nodes(self) -> Call[tuple[int, list[NodeView]]]:
-        return self._call("nodes_view", [], parse_nodes_view)
+        return self._call("nodes_view", c.NoArgv(), parse_nodes_view)
 
     def reservations(
         self,
         node_id: str | None = None,
         reservation_id: str | None = None,
     ) -> Call[list[Reservation]]:
-        args = [
-            validate_id("node_id", node_id) if node_id else "",
-            validate_id("reservation_id", reservation_id) if reservation_id else "",
-        ]
+        argv = c.ReservationsArgv(
+            node_id=validate_id("node_id", node_id) if node_id else "",
+            reservation_id=validate_id("reservation_id", reservation_id) if reservation_id else "",
+        )
         return self._call(
-            "reservations", args, lambda r: [parse_reservation(pairs(row)) for row in r]
+            "reservations", argv, lambda r: [parse_reservation(pairs(row)) for row in r]
         )
 
     def stats(self) -> Call[Stats]:
         def parse(r: list[Any]) -> Stats:
-            f = pairs(r[1:])
+            a, rest = head(c.StatsCounters, r)
+            f = pairs(rest)
             return Stats(
-                pending=int(r[0]),
+                pending=int(a.pending),
                 **{
                     name: whole(f, name, "stats")
                     for name in (
@@ -817,7 +937,7 @@ class Ops:
                 },
             )
 
-        return self._call("stats", [], parse)
+        return self._call("stats", c.StatsArgv(part=c.STATS_COUNTERS), parse)
 
     def census(self, step: int = CENSUS_STEP) -> Call[Census]:
         """One bounded step of the cell's node census (lua/census-5.lua): at
@@ -828,15 +948,16 @@ class Ops:
             )
 
         def parse(r: list[Any]) -> Census:
-            done = s(r[0])
+            a, counts = head(c.CensusReply, r)
+            done = s(a.done_ms)
             return Census(
                 done_ms=int(done) if done else None,
-                passes=int(r[1]),
-                nodes={k: int(v) for k, v in pairs(r[2:]).items()},
+                passes=int(a.passes),
+                nodes={k: int(v) for k, v in pairs(counts).items()},
             )
 
         # (no WAIT after it: a census step lost in a failover is taken again)
-        return Call("census", self.k.fixed(), [str(step)], parse, writes=False)
+        return Call.of("census", self.k.fixed(), c.CensusArgv(step=str(step)), parse, writes=False)
 
     def index_rebuild(self, mode: str = "step", step: int = REBUILD_STEP) -> Call[RebuildStep]:
         """One bounded step of the placement index's rebuild
@@ -853,12 +974,17 @@ class Ops:
             )
 
         def parse(r: list[Any]) -> RebuildStep:
+            a = whole_reply(c.RebuildReply, r)
             return RebuildStep(
-                done=int(r[0]) == 1, reindexed=int(r[1]), epoch=s(r[2]), cursor=s(r[3])
+                done=int(a.done) == 1,
+                reindexed=int(a.reindexed),
+                epoch=s(a.epoch),
+                cursor=s(a.cursor),
             )
 
         # (no WAIT after it: a step lost in a failover is taken again)
-        return Call("index_rebuild", self.k.fixed(), [mode, str(step)], parse, writes=False)
+        argv = c.RebuildArgv(mode=mode, step=str(step))
+        return Call.of("index_rebuild", self.k.fixed(), argv, parse, writes=False)
 
     def policy(self) -> Call[Policy | None]:
         def parse(r: list[Any]) -> Policy | None:
@@ -867,18 +993,20 @@ class Ops:
             self.known_policy = Policy.from_fields(pairs(r))
             return self.known_policy
 
-        return self._call("stats", ["policy"], parse)
+        return self._call("stats", c.StatsArgv(part=c.STATS_POLICY), parse)
 
     def listed(self, after: str = "", page: int = LIST_PAGE) -> Call[Page[ListedNode]]:
         """One page of every known node, lingering and never heard from
         included (ListNodes): at most ``page`` nodes after node id ``after``."""
-        return Call(
-            "observed",
-            self.k.fixed(),
-            ["", "", "1", "brief", after, str(page)],
-            lambda r: (s(r[1]), parse_listed(r)),
-            writes=False,
+        argv = c.ObservedArgv(
+            node_id="",
+            cluster_id="",
+            unheard=c.WITH_UNHEARD,
+            form=c.FORM_BRIEF,
+            after=after,
+            page=str(page),
         )
+        return Call.of("observed", self.k.fixed(), argv, parse_listed, writes=False)
 
     def observed(
         self, node_id: str = "", cluster_id: str = "", after: str = "", page: int = OBSERVED_PAGE
@@ -887,18 +1015,25 @@ class Ops:
         ``cluster_id`` is given; only ``node_id`` when it is given; else one
         page: at most ``page`` nodes after node id ``after``."""
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
-        return Call(
-            "observed",
-            self.k.fixed(),
-            [node_id, cluster, "0", "full", after, str(page)],
-            lambda r: (s(r[1]), parse_observed(r)),
-            writes=False,
+        argv = c.ObservedArgv(
+            node_id=node_id,
+            cluster_id=cluster,
+            unheard=c.HEARD_ONLY,
+            form=c.FORM_FULL,
+            after=after,
+            page=str(page),
         )
+        return Call.of("observed", self.k.fixed(), argv, parse_observed, writes=False)
 
     def sweep(self) -> Call[tuple[int, int]]:
         """The cell's bounded sweeps (lua/sweep-5.lua): (nodes forgotten,
         reservations expired)."""
-        return self._call("sweep", [], lambda r: (int(r[0]), int(r[1])))
+
+        def parse(r: list[Any]) -> tuple[int, int]:
+            a = whole_reply(c.SweepReply, r)
+            return int(a.forgotten), int(a.expired)
+
+        return self._call("sweep", c.NoArgv(), parse)
 
     def replica_seen(self, entry: ReplicaEntry, interval_s: float = 1.0) -> Call[int]:
         """Refresh this replica's entry of the cell's replica roster
@@ -907,20 +1042,41 @@ class Ops:
         back.  No WAIT after it: an entry lost in a failover is written again
         at the next refresh."""
         rid = validate_id("replica_id", entry.replica_id)
-        args = [rid, str(max(REPLICA_TTL_MS, int(interval_s * 5000)))]
+        fields: list[str] = []
         for name in ("version", "commit", "host", "pid", "grpc", "started_ms"):
-            args += [name, str(getattr(entry, name))]
-        return Call("replica_seen", self.k.fixed(), args, lambda r: int(r[0]), writes=False)
+            fields += [name, str(getattr(entry, name))]
+        argv = c.ReplicaSeenArgv(
+            replica_id=rid, ttl_ms=str(max(REPLICA_TTL_MS, int(interval_s * 5000))), fields=fields
+        )
+        return Call.of(
+            "replica_seen",
+            self.k.fixed(),
+            argv,
+            lambda r: int(whole_reply(c.NowReply, r).now_ms),
+            writes=False,
+        )
 
     def advance_clock(self, ms: int, mode: str = "") -> Call[int]:
         """Move the cell's clock forward; ``mode`` "freeze" stops it first, "thaw"
         lets it run again (drills and tests only)."""
-        if mode not in ("", "freeze", "thaw"):
+        if mode not in (c.CLOCK_ADVANCE, c.CLOCK_FREEZE, c.CLOCK_THAW):
             raise InvalidArgument("mode", "must be freeze, thaw or empty")
-        return self._call("advance_clock", [str(_whole("ms", ms, 1 << 40)), mode], int)
+        argv = c.AdvanceClockArgv(ms=str(_whole("ms", ms, 1 << 40)), mode=mode)
+        return self._call("advance_clock", argv, int)
 
 
 _DEFAULT_POLICY = Policy()
+
+
+def _cancelled(r: list[Any]) -> str:
+    return s(whole_reply(c.CancelReply, r).node_id)
+
+
+def schedule_argv(call: Call[Any]) -> c.ScheduleArgv:
+    """The named ARGV of a :meth:`Ops.schedule` call."""
+    if not isinstance(call.argv, c.ScheduleArgv):
+        raise ValueError(f"a schedule batch holds schedules, not {call.script}")
+    return call.argv
 
 
 def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> str:

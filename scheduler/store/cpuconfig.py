@@ -27,7 +27,9 @@ from typing import Any
 
 import msgspec
 
+from scheduler.store import contracts as c
 from scheduler.store.calls import Call, Plan
+from scheduler.store.contracts import head, tagged, whole_reply
 from scheduler.store.keys import CellKeys
 from scheduler.store.replies import s
 
@@ -190,12 +192,15 @@ class Outcome:
 
 
 def _outcome(r: list[Any]) -> Outcome:
-    kind = s(r[0])
-    if kind == "deliver":
-        return Outcome(config=s(r[1]))
-    if kind == "compute":
-        flat = [s(x) for x in r[2:]]
-        return Outcome(epoch=s(r[1]), configs=tuple(zip(flat[::2], flat[1::2], strict=True)))
+    if tagged(c.CpuDeliver, r):
+        return Outcome(config=s(whole_reply(c.CpuDeliver, r).config))
+    if tagged(c.CpuCompute, r):
+        compute, rest = head(c.CpuCompute, r)
+        flat = [s(x) for x in rest]
+        return Outcome(
+            epoch=s(compute.epoch), configs=tuple(zip(flat[::2], flat[1::2], strict=True))
+        )
+    whole_reply(c.CpuNone, r)
     return Outcome()
 
 
@@ -208,8 +213,14 @@ class CpuConfigOps:
     def ingest(
         self, node_id: str, cluster_id: str, carried_config: str, restarted: bool
     ) -> Call[Outcome]:
-        args = ["ingest", node_id, cluster_id, digest(carried_config), "1" if restarted else "0"]
-        return Call("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], args, _outcome)
+        argv = c.CpuIngestArgv(
+            op=c.CPU_INGEST,
+            node_id=node_id,
+            cluster_id=cluster_id,
+            digest=digest(carried_config),
+            restarted=c.flag(restarted),
+        )
+        return Call.of("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], argv, _outcome)
 
     def store(
         self,
@@ -218,8 +229,10 @@ class CpuConfigOps:
         epoch: str,
         result: str | None,
     ) -> Call[Outcome]:
-        args = ["store", node_id, cluster_id, epoch, result or ""]
-        return Call("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], args, _outcome)
+        argv = c.CpuStoreArgv(
+            op=c.CPU_STORE, node_id=node_id, cluster_id=cluster_id, epoch=epoch, result=result or ""
+        )
+        return Call.of("cpu_config", [*self.k.fixed(), self.k.cpucfg(cluster_id)], argv, _outcome)
 
 
 def exchange(

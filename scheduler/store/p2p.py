@@ -17,7 +17,9 @@ import msgspec
 
 from scheduler.domain.errors import InvalidArgument
 from scheduler.domain.policy import MAX_ARTIFACT_KEY_BYTES, Policy
+from scheduler.store import contracts as c
 from scheduler.store.calls import Call
+from scheduler.store.contracts import head, whole_reply
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.replies import s
 
@@ -33,7 +35,11 @@ class Peer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _peers(r: list[Any]) -> list[Peer]:
-    return [Peer(node_id=s(row[0]), backend=s(row[1]), address=s(row[2])) for row in r[1:]]
+    _, rows = head(c.PeersReply, r)
+    return [
+        Peer(node_id=s(p.node_id), backend=s(p.backend), address=s(p.address))
+        for p in (whole_reply(c.PeerRow, row) for row in rows)
+    ]
 
 
 def _name_part(field: str, value: str, limit: int) -> str:
@@ -77,8 +83,12 @@ class PeerOps:
     def peers(self, cluster_id: str, backend: str, exclude_node_id: str) -> Call[list[Peer]]:
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
         exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
-        args = [cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude]
-        return Call("peer_list", self.k.fixed(), args, _peers)
+        argv = c.PeerListArgv(
+            cluster_id=cluster,
+            backend=_name_part("backend", backend.strip(), MAX_BACKEND),
+            exclude=exclude,
+        )
+        return Call.of("peer_list", self.k.fixed(), argv, _peers)
 
     def record(
         self,
@@ -94,12 +104,19 @@ class PeerOps:
         node = validate_id("node_id", node_id)
         if capacity < 1:
             raise InvalidArgument("artifact_store_capacity", "must be at least 1")
-        return Call(
+        argv = c.ArtifactRecordArgv(
+            digest=digest,
+            name=name,
+            node_id=node,
+            capacity=str(capacity),
+            # (the key's own sha1: the locality index by key, lua/includes/art_keys.lua)
+            key_sha1=key_digest(name.split("\n", 2)[2]),
+        )
+        return Call.of(
             "artifact_record",
             self._art_keys(),
-            # (the key's own sha1: the locality index by key, lua/includes/art_keys.lua)
-            [digest, name, node, str(capacity), key_digest(name.split("\n", 2)[2])],
-            lambda r: int(r[0]),
+            argv,
+            lambda r: int(whole_reply(c.ArtifactRecordReply, r).evicted),
         )
 
     def forget(self, cluster_id: str, backend: str, key: str, node_id: str) -> Call[bool]:
@@ -107,7 +124,12 @@ class PeerOps:
             raise InvalidArgument("", "cluster_id, backend, key, and node_id are required")
         digest, _, _ = self._artifact(cluster_id, backend, key)
         node = validate_id("node_id", node_id)
-        return Call("artifact_forget", self._art_keys(), [digest, node], lambda r: r[0] == 1)
+        return Call.of(
+            "artifact_forget",
+            self._art_keys(),
+            c.ArtifactForgetArgv(digest=digest, node_id=node),
+            lambda r: whole_reply(c.ArtifactForgetReply, r).held == 1,
+        )
 
     def lookup(
         self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
@@ -116,5 +138,11 @@ class PeerOps:
             raise InvalidArgument("", "cluster_id, backend, and key are required")
         digest, _, cluster = self._artifact(cluster_id, backend, key)
         exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
-        args = [digest, cluster, backend.strip(), exclude, str(max(limit, 0))]
-        return Call("artifact_lookup", self._art_keys(), args, _peers)
+        argv = c.ArtifactLookupArgv(
+            digest=digest,
+            cluster_id=cluster,
+            backend=backend.strip(),
+            exclude=exclude,
+            limit=str(max(limit, 0)),
+        )
+        return Call.of("artifact_lookup", self._art_keys(), argv, _peers)

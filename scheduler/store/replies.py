@@ -32,6 +32,8 @@ from scheduler.domain.records import (
     Verdict,
     snapshot_numbers,
 )
+from scheduler.store import contracts as c
+from scheduler.store.contracts import head, whole_reply
 
 T = TypeVar("T")
 
@@ -118,30 +120,32 @@ def rank_key(
 
 
 def parse_explanation(r: list[Any]) -> Explanation:
+    """lua/schedule-5.lua's dry-run reply (contracts.ScheduleExplanation)."""
+    e, rows = head(c.ScheduleExplanation, r)
     verdicts = []
-    for row in r[7:]:
-        f = [s(x) for x in row]
+    for row in rows:
+        row_ = whole_reply(c.Verdict, row)
         verdicts.append(
             Verdict(
-                node_id=f[0],
-                status=f[1],
-                reason=f[2] or None,
-                pressure=float(f[3]),
-                known_capacity=f[4] == "1",
-                starting=int(f[5]),
-                running=int(f[6]),
-                paused=int(f[7]),
-                projected_cpu=int(f[8]),
-                projected_memory_bytes=int(f[9]),
-                cpu_capacity=int(f[10]),
-                memory_capacity_bytes=int(f[11]),
-                endpoint=f[12],
-                coverage=float(f[13]) if len(f) > 13 else 0.0,
-                bonus=float(f[14]) if len(f) > 14 else 0.0,
-                locality=f[15] if len(f) > 15 else "",
+                node_id=s(row_.id),
+                status=s(row_.status),
+                reason=s(row_.reason) or None,
+                pressure=float(s(row_.pressure)),
+                known_capacity=s(row_.known) == c.YES,
+                starting=int(s(row_.starting)),
+                running=int(s(row_.running)),
+                paused=int(s(row_.paused)),
+                projected_cpu=int(s(row_.projected_cpu)),
+                projected_memory_bytes=int(s(row_.projected_memory)),
+                cpu_capacity=int(s(row_.cpu_capacity)),
+                memory_capacity_bytes=int(s(row_.memory_capacity)),
+                endpoint=s(row_.endpoint),
+                coverage=float(s(row_.coverage)),
+                bonus=float(s(row_.bonus)),
+                locality=s(row_.locality),
             )
         )
-    chosen = s(r[2]) or None
+    chosen = s(e.chosen) or None
     eligible = sorted(
         (v for v in verdicts if v.reason is None),
         key=lambda v: (
@@ -154,13 +158,13 @@ def parse_explanation(r: list[Any]) -> Explanation:
     for v in verdicts:
         v.chosen = v.node_id == chosen
     return Explanation(
-        now_ms=int(r[0]),
-        strategy=s(r[1]),
+        now_ms=int(e.now_ms),
+        strategy=s(e.strategy),
         chosen=chosen,
-        rotation=int(r[3]),
-        cpu=int(r[4]),
-        memory_bytes=int(r[5]),
-        refusal=s(r[6]) or None,
+        rotation=int(e.rotation),
+        cpu=int(e.cpu),
+        memory_bytes=int(e.memory_bytes),
+        refusal=s(e.refusal) or None,
         verdicts=verdicts,
     )
 
@@ -179,9 +183,10 @@ def _headroom(name: str, limit: int, used: int, f: dict[str, str]) -> float:
 
 
 def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
-    now = int(r[0])
+    a, rows = head(c.NodesReply, r)
+    now = int(a.now_ms)
     views = []
-    for row in r[1:]:
+    for row in rows:
         f = pairs(row)
         key = f"node:{f.get('node_id', '?')}"
 
@@ -260,23 +265,25 @@ def parse_reservation(f: dict[str, str]) -> Reservation:
 _disks = msgspec.json.Decoder(list[DiskMetric])
 
 
-def parse_listed(r: list[Any]) -> list[ListedNode]:
-    """lua/observed-5.lua in its brief form."""
-    return [
+def parse_listed(r: list[Any]) -> tuple[str, list[ListedNode]]:
+    """lua/observed-5.lua in its brief form: the next page's ``after`` and the rows."""
+    a, rows = head(c.ObservedReply, r)
+    return s(a.next), [
         ListedNode(
             node_id=f.get("node_id", ""),
             endpoint=f.get("endpoint", ""),
             status=f.get("derived_status", ""),
         )
-        for f in map(pairs, r[2:])
+        for f in map(pairs, rows)
     ]
 
 
-def parse_observed(r: list[Any]) -> list[ObservedNode]:
-    """lua/observed-5.lua in its full form: each record as the node service
-    shows it (a status the wire does not know reads UNSPECIFIED; disks that
-    do not decode read none)."""
-    return [observed_node(f) for f in map(pairs, r[2:])]
+def parse_observed(r: list[Any]) -> tuple[str, list[ObservedNode]]:
+    """lua/observed-5.lua in its full form: the next page's ``after``, and each
+    record as the node service shows it (a status the wire does not know
+    reads UNSPECIFIED; disks that do not decode read none)."""
+    a, rows = head(c.ObservedReply, r)
+    return s(a.next), [observed_node(f) for f in map(pairs, rows)]
 
 
 def observed_node(f: dict[str, str]) -> ObservedNode:
