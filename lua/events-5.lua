@@ -15,10 +15,17 @@
     a new instance's too), so the create_successes rise that covers that
     creation releases nothing more (includes/heartbeat.lua).
   PAUSE / RESUME: refresh the binding only.
+  A sandbox another node's roster lists is that node's (the roster that
+  listed it last decides): an event of this node for it writes no binding
+  (a DELETE: includes/bindings.lua bury_binding keeps the other's).
+  Events of a service instance other than the node's stored one (a late
+  event of its previous instance) change nothing and are answered OK.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id
-  ARGV[2..]   events, two values each: sandbox_id, type (CREATE|DELETE|PAUSE|RESUME|FORK)
+  ARGV[2]     service_instance_id the events come from ("" = not said: the
+              node's current instance)
+  ARGV[3..]   events, two values each: sandbox_id, type (CREATE|DELETE|PAUSE|RESUME|FORK)
 
   Returns {reservations acked, reservations released, now_ms}
   Errors: UNKNOWN_NODE, BADARG type ..., NO_POLICY (no policy)
@@ -26,6 +33,11 @@
           bind:*, node-sbx:<node>
 ]]
 -- @include bindings
+-- Is `sb` listed by another node's last roster (that node holds it)?
+local function listed_elsewhere(sb, node_id)
+  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted')
+  return b[1] and b[1] ~= node_id and b[2] == '1' and b[3] ~= '1'
+end
 local node_id = ARGV[1]
 
 local P = load_policy(ctx)
@@ -33,18 +45,22 @@ if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if not redis.call('ZSCORE', NODES_KEY, node_id) then
   return fail(ERR.UNKNOWN_NODE, 'node is not in scheduler node list')
 end
-for i = 2, #ARGV, 2 do
+local sid = ARGV[2]
+for i = 3, #ARGV, 2 do
   if not EVENT_TYPES[ARGV[i + 1]] then return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
 end
 local now = now_ms(P)
+local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes',
+  'service_instance_id')
+-- (another instance's events: what its current instance established stays)
+if sid ~= '' and node[4] and node[4] ~= '' and node[4] ~= sid then return { 0, 0, fmt(now) } end
 sweep_expired(ctx, now)
-local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes')
 local endpoint = node[1] or ''
 local roster_mode = node[2] == '1'
 -- (a node that sent no heartbeat yet has no baseline: its first gives it)
 local counts = not roster_mode and node[3]
 local acked, released = 0, 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local sb, kind = ARGV[i], ARGV[i + 1]
   if kind == 'DELETE' then
     local rid = bound_reservation(sb, node_id)
@@ -56,7 +72,7 @@ for i = 2, #ARGV, 2 do
       if counts then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
     bury_binding(ctx, sb, node_id, now, P)
-  else
+  elseif not listed_elsewhere(sb, node_id) then
     local creation = kind == 'CREATE' or kind == 'FORK'
     -- (a sandbox no reservation is charged to, a FORK child or one made
     -- outside the scheduler, is the node's own: it takes no reservation,
@@ -71,7 +87,9 @@ for i = 2, #ARGV, 2 do
       redis.call('HINCRBY', node_key(node_id), 'acked_count', '1')
       acked = acked + 1
     end
-    write_binding(ctx, sb, node_id, endpoint, listed and '1' or '0', rid, now, P)
+    if write_binding(ctx, sb, node_id, endpoint, listed and '1' or '0', rid, now, P) then
+      released = released + 1
+    end
   end
 end
 reindex_touched(ctx, P, now)

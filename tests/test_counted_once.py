@@ -406,10 +406,6 @@ def test_an_older_heartbeat_through_another_replica_changes_no_count(
     assert "no nodes available" in (e.value.details() or "")
 
 
-@xfail28(
-    "events carry and check service_instance_id: a late DELETE of the node's previous "
-    "instance leaves the sandbox its current instance lists"
-)
 def test_a_late_delete_from_the_previous_instance_keeps_the_listed_binding(
     stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
 ) -> None:
@@ -588,10 +584,6 @@ def test_a_schedule_placed_after_its_callers_deadline_is_cancelled_by_the_replic
 # ---------------------------------------------------------------------------
 # Moves: a sandbox two nodes claim
 # ---------------------------------------------------------------------------
-@xfail28(
-    "one rule for which node a sandbox belongs to: the reservation it was placed under "
-    "follows it or ends exactly once"
-)
 def test_a_sandbox_recorded_on_one_node_while_another_lists_it_is_counted_once(
     make_scheduler: Make,
 ) -> None:
@@ -608,7 +600,6 @@ def test_a_sandbox_recorded_on_one_node_while_another_lists_it_is_counted_once(
     assert counted(s, "a") + counted(s, "b") == 1
 
 
-@xfail28("a node's steady heartbeat restores a listed binding that something else removed")
 def test_a_listed_sandbox_stays_found_after_another_node_listed_it_once(
     make_scheduler: Make,
 ) -> None:

@@ -45,12 +45,31 @@ end
 -- @layout BIND_READ
 local BIND_READ = { 'node_id', 'reservation_id', 'deleted', 'listed' }
 
+-- Taking a live binding from another node (a move: includes/heartbeat.lua,
+-- assign-5.lua and events-5.lua decide when one may) keeps the sandbox's one
+-- charge: with `rid` nil the binding keeps the reservation id charged to it
+-- there, and that reservation, still live, ends now (released: the sandbox
+-- counts here now), once; a counter-mode node's baseline moves on with it
+-- (deletes_uncounted, as a DELETE's), so the rise that covered the creation
+-- there releases nothing more.  Returns true when it ended one.
 local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
   prev = prev or redis.call('HMGET', bkey, unpack(BIND_READ))
-  if prev[BIND_READ.node_id] and prev[BIND_READ.node_id] ~= node_id then
-    redis.call('SREM', node_sbx_key(prev[BIND_READ.node_id]), sb)
-    roster_changed(prev[BIND_READ.node_id], redis.call('SREM', node_roster_key(prev[BIND_READ.node_id]), sb))
+  local from = prev[BIND_READ.node_id]
+  local ended = false
+  if from and from ~= node_id then
+    redis.call('SREM', node_sbx_key(from), sb)
+    roster_changed(from, redis.call('SREM', node_roster_key(from), sb))
+    local was = prev[BIND_READ.reservation_id] or ''
+    if prev[BIND_READ.deleted] ~= '1' and was ~= '' then
+      if redis.call('HGET', res_key(was), 'node_id') == from
+          and end_reservation(ctx, was, 'released', now) then
+        ended = true
+        local f = redis.call('HMGET', node_key(from), 'roster_mode', 'counted_successes')
+        if f[1] ~= '1' and f[2] then redis.call('HINCRBY', node_key(from), 'deletes_uncounted', '1') end
+      end
+      if rid == nil then rid = was end
+    end
   end
   if rid == nil and prev[BIND_READ.node_id] == node_id then rid = prev[BIND_READ.reservation_id] end
   local expires = instant_text(ctx, now + P.binding_ttl_ms)
@@ -78,6 +97,7 @@ local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, pr
   elseif not (live and prev[BIND_READ.listed] ~= '1') then
     redis.call('SADD', node_sbx_key(node_id), sb)
   end
+  return ended
 end
 
 -- `owned`: whether the binding names node_id, if the caller read it in this

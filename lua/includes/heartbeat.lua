@@ -253,7 +253,11 @@ local function heartbeat_one(ctx, A)
   for _, sb in ipairs(added) do
     local rid, b, r = bound_reservation(sb, node_id)
     if rid and end_reservation(ctx, rid, 'released', now, r) then released = released + 1 end
-    write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
+    -- (another node's binding: this roster listed it last, it is this
+    -- node's; the reservation charged to it there ends: write_binding)
+    if write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx) then
+      released = released + 1
+    end
   end
   -- @stage joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)

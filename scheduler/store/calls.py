@@ -630,10 +630,16 @@ class Ops:
         True when the cell has its policy."""
         return self._call("probe", ["1" if write else "0"], lambda r: s(r[1]) == "1")
 
-    def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
+    def events(
+        self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""
+    ) -> Call[EventsResult]:
+        """``service_instance_id``: the node agent instance that sent them
+        ("" = not said); another instance's than the node's stored one change
+        nothing (a late event of its previous instance)."""
         nid = validate_id("node_id", node_id)
         at_most("events", events, MAX_EVENTS)
-        args = [nid]
+        sid = validate_id("service_instance_id", service_instance_id) if service_instance_id else ""
+        args = [nid, sid]
         for i, ev in enumerate(events):
             if ev.event_type not in EVENT_TYPES:
                 raise InvalidArgument(f"events[{i}].event_type", f"is not known: {ev.event_type!r}")
