@@ -109,9 +109,13 @@ end
 
 -- A sandbox is charged one reservation, once: a repeated assignment keeps the
 -- one it has (live or already released).
-local rid = bound_reservation(sb, node_id)
+local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
-if not rid and not charged(sb, node_id) then
+-- (charged before: on this node, or a live binding of another node that
+-- carries its charge here: it follows the sandbox, write_binding)
+local bound = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted')
+local charged = (bound[2] or '') ~= '' and (bound[1] == node_id or bound[3] ~= '1')
+if not rid and not charged then
   if wanted ~= '' then
     local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
     if r[2] == node_id and r[1] == 'pending' then
@@ -138,7 +142,9 @@ if not rid and not charged(sb, node_id) then
   end
 end
 local released = 0
-if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
+if rid and already_listed and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
+  released = 1
+end
 if attached and not already_listed then
   -- The two-heartbeat rule (includes/heartbeat.lua): the node's rosters that
   -- count as "after the assignment" are those whose create_successes reached

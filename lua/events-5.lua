@@ -18,8 +18,11 @@
   A sandbox another node's roster lists is that node's (the roster that
   listed it last decides): an event of this node for it writes no binding
   (a DELETE: includes/bindings.lua bury_binding keeps the other's).
-  Events of a service instance other than the node's stored one (a late
-  event of its previous instance) change nothing and are answered OK.
+  Events of the service instance the node's stored one replaced (a late
+  event of its previous instance: replaced_service_instance_id, written by
+  the heartbeat that saw the restart) change nothing and are answered OK;
+  those of an instance not heard from yet (the next one, before its first
+  heartbeat) are applied.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     node_id
@@ -51,9 +54,10 @@ for i = 3, #ARGV, 2 do
 end
 local now = now_ms(P)
 local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes',
-  'service_instance_id')
--- (another instance's events: what its current instance established stays)
-if sid ~= '' and node[4] and node[4] ~= '' and node[4] ~= sid then return { 0, 0, fmt(now) } end
+  'service_instance_id', 'replaced_service_instance_id')
+-- (the replaced instance's late events: what the current one established
+-- stays; an instance not heard from yet may be the next one, its events count)
+if sid ~= '' and sid ~= node[4] and sid == node[5] then return { 0, 0, fmt(now) } end
 sweep_expired(ctx, now)
 local endpoint = node[1] or ''
 local roster_mode = node[2] == '1'
@@ -63,13 +67,16 @@ local acked, released = 0, 0
 for i = 3, #ARGV, 2 do
   local sb, kind = ARGV[i], ARGV[i + 1]
   if kind == 'DELETE' then
-    local rid = bound_reservation(sb, node_id)
-    if rid and end_reservation(ctx, rid, 'released', now) then
+    -- (a charge another node's placement made follows its sandbox here:
+    -- end_charge moves that node's baseline if it counts by its counter)
+    local rid, _, r = bound_reservation(sb, node_id)
+    local own = rid and r[RES_READ.node_id] == node_id
+    if rid and end_charge(ctx, rid, node_id, now, r) then
       released = released + 1
       -- (kept apart from the baseline until the node's next heartbeat: that
       -- heartbeat may be a new instance's, whose baseline starts from 0 and
       -- whose counter may already include this creation)
-      if counts then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
+      if counts and own then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
     bury_binding(ctx, sb, node_id, now, P)
   elseif not listed_elsewhere(sb, node_id) then
@@ -77,12 +84,14 @@ for i = 3, #ARGV, 2 do
     -- (a sandbox no reservation is charged to, a FORK child or one made
     -- outside the scheduler, is the node's own: it takes no reservation,
     -- which belongs to a creation still on its way)
-    local rid = bound_reservation(sb, node_id)
+    local rid, _, r = bound_reservation(sb, node_id)
     local listed = listed_on(sb, node_id)
     if rid and creation and listed then
       -- a roster already listed it: the node's numbers include it now
-      if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
-    elseif rid and creation and redis.call('HGET', res_key(rid), 'state') ~= 'acked' then
+      if end_charge(ctx, rid, node_id, now, r) then released = released + 1 end
+    elseif rid and creation and r[RES_READ.state] ~= 'acked' and r[RES_READ.node_id] == node_id then
+      -- (acked counts on its own node: another node's charge that followed
+      -- the sandbox here waits for this node's roster or DELETE)
       redis.call('HSET', res_key(rid), 'state', 'acked', 'acked_ms', fmt(now))
       redis.call('HINCRBY', node_key(node_id), 'acked_count', '1')
       acked = acked + 1

@@ -243,8 +243,9 @@ class Lifecycle(RuleBasedStateMachine):
             return
         node_id, sb = data.draw(st.sampled_from(live))
         note(f"{node_id} reports {kind} {sb}")
-        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)])  # type: ignore[arg-type]
-        self.m.events(node_id, [(sb, kind)], self.now())
+        sid = f"boot-{self.w.epoch[node_id]}"  # (events carry the instance that sent them)
+        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)], sid)  # type: ignore[arg-type]
+        self.m.events(node_id, [(sb, kind)], self.now(), sid)
 
     @rule(data=st.data())
     def node_deletes(self, data: st.DataObject) -> None:
@@ -256,8 +257,12 @@ class Lifecycle(RuleBasedStateMachine):
         del self.w.running[node_id][sb]
         self.w.deleted.add(sb)
         self.w.delete_sent.add(sb)
-        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")])
-        self.m.events(node_id, [(sb, "DELETE")], self.now())
+        self.send_delete(node_id, sb, f"boot-{self.w.epoch[node_id]}")
+
+    def send_delete(self, node_id: str, sb: str, sid: str) -> None:
+        """A DELETE of ``sb`` from ``node_id``'s instance ``sid`` reaches the scheduler."""
+        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")], sid)
+        self.m.events(node_id, [(sb, "DELETE")], self.now(), sid)
 
     @rule(data=st.data(), cancel=st.booleans())
     def node_fails_a_create(self, data: st.DataObject, cancel: bool) -> None:
