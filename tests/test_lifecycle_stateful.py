@@ -546,3 +546,216 @@ def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> No
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+
+
+class MovingLifecycle(Lifecycle):
+    """The lifecycle with sandboxes two nodes claim (#28 point 4), in every
+    order and with their events lost: a sandbox moves to the other roster
+    node (its DELETE from the node it left sent or lost), a stale copy is
+    listed by both (and goes again, with its DELETE or silently), a
+    placement is created on the other node than the one it was placed on
+    (the gateway records it where it was placed: an assignment on another
+    node), and a DELETE of a node's previous agent instance arrives late.
+    Every event carries its instance's ``service_instance_id``.  The rules
+    of docs/design.md, row "a sandbox moving, or listed by two nodes":
+
+    - never counted twice: no live reservation is charged to a sandbox any
+      roster node's last ingested roster lists (less the sandboxes that
+      node reported deleted since);
+    - never dropped early: a placement's reservation lives until some
+      node's roster listed its sandbox, or a DELETE of it came;
+    - bindings agree with the model, which restores a listed binding on
+      every heartbeat (the scripts' steady path must fall through to it).
+    """
+
+    def __init__(self) -> None:
+        #: per roster node: sandboxes its DELETE came for since its last heartbeat
+        self.dropped: dict[str, set[str]] = {n: set() for n in ROSTER_NODES}
+        #: sandboxes a DELETE came for from some node (moved or gone)
+        self.delete_came: set[str] = set()
+        super().__init__()
+        # a long-lived sandbox on each roster node, made outside the
+        # scheduler: both nodes count by their rosters from the start
+        for node_id in ROSTER_NODES:
+            self.w.running[node_id][f"resident-{node_id}"] = (1, 512 * MIB)
+            self.seen_sandboxes.add(f"resident-{node_id}")
+            self.send_heartbeat(node_id, self.s)
+
+    def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
+        self.dropped.setdefault(node_id, set()).clear()
+
+    def send_delete(self, node_id: str, sb: str, sid: str) -> None:
+        super().send_delete(node_id, sb, sid)
+        if sid == f"boot-{self.w.epoch[node_id]}":
+            self.dropped.setdefault(node_id, set()).add(sb)
+            self.delete_came.add(sb)
+
+    def counts_by_roster(self, node_id: str) -> bool:
+        """The node is in roster mode and no restart of it is unheard."""
+        return (
+            node_id in ROSTER_NODES
+            and self.m.meta[node_id].roster_mode
+            and self.w.ingested_epoch.get(node_id) == self.w.epoch[node_id]
+        )
+
+    @staticmethod
+    def other(node_id: str) -> str:
+        return ROSTER_NODES[1 - ROSTER_NODES.index(node_id)]
+
+    def beats_follow(self, first: str, then: str, replica: int) -> None:
+        """``first``'s heartbeat, then ``then``'s, through one replica (0, 1)
+        or none (-1: they come later, in whatever order the steps make)."""
+        if replica >= 0:
+            for node_id in (first, then):
+                self.send_heartbeat(node_id, self.s2 if replica else self.s)
+
+    @rule(data=st.data(), delete_lost=st.booleans(), beats=st.sampled_from([-1, 0, 1]))
+    def a_sandbox_moves(self, data: st.DataObject, delete_lost: bool, beats: int) -> None:
+        live = [
+            (n, sb)
+            for n in ROSTER_NODES
+            for sb in self.w.running[n]
+            if sb not in self.w.running[self.other(n)]
+            and self.counts_by_roster(n)
+            and self.counts_by_roster(self.other(n))
+        ]
+        if not live:
+            return
+        src, sb = data.draw(st.sampled_from(live))
+        dst = self.other(src)
+        note(f"{sb} moves from {src} to {dst}; its DELETE on {src} lost: {delete_lost}")
+        self.w.running[dst][sb] = self.w.running[src].pop(sb)
+        if not delete_lost:
+            self.send_delete(src, sb, f"boot-{self.w.epoch[src]}")
+        self.beats_follow(dst, src, beats)
+
+    @rule(data=st.data(), beats=st.sampled_from([-1, 0, 1]))
+    def a_copy_is_listed_by_another_node(self, data: st.DataObject, beats: int) -> None:
+        live = [
+            (n, sb)
+            for n in ROSTER_NODES
+            for sb in self.w.running[n]
+            if sb not in self.w.running[self.other(n)] and self.counts_by_roster(self.other(n))
+        ]
+        if not live:
+            return
+        src, sb = data.draw(st.sampled_from(live))
+        note(f"a stale copy of {sb} (on {src}) runs on {self.other(src)} too")
+        self.w.running[self.other(src)][sb] = self.w.running[src][sb]
+        self.beats_follow(self.other(src), src, beats)
+
+    @rule(data=st.data())
+    def a_copy_goes_silently(self, data: st.DataObject) -> None:
+        both = [
+            (n, sb)
+            for n in ROSTER_NODES
+            for sb in self.w.running[n]
+            if sb in self.w.running[self.other(n)]
+        ]
+        if not both:
+            return
+        node_id, sb = data.draw(st.sampled_from(both))
+        note(f"the copy of {sb} on {node_id} goes; no DELETE")
+        del self.w.running[node_id][sb]
+
+    @rule(data=st.data())
+    def node_creates_on_the_other_node(self, data: st.DataObject) -> None:
+        """The placement's sandbox comes up on the other roster node (which
+        counts the creation); the gateway records it where it was placed."""
+        todo = [
+            p
+            for p in self.placements.values()
+            if not p.created
+            and not p.cancelled
+            and not p.failed
+            and p.node_id in ROSTER_NODES
+            and self.counts_by_roster(self.other(p.node_id))
+        ]
+        if not todo:
+            return
+        p = data.draw(st.sampled_from(todo))
+        dst = self.other(p.node_id)
+        note(f"{dst} creates {p.sandbox} for {p.rid}, placed on {p.node_id}")
+        p.created = True
+        self.w.created_total[dst] += 1
+        p.created_index = self.w.created_total[dst]
+        p.created_epoch = self.w.epoch[dst]
+        self.w.running[dst][p.sandbox] = (p.cpu, p.mem)
+        self.seen_sandboxes.add(p.sandbox)
+
+    @rule(data=st.data())
+    def a_late_delete_of_the_previous_instance(self, data: st.DataObject) -> None:
+        """The node's agent restarted (now, if it had not) and its new
+        instance's heartbeat came; then a DELETE its previous instance sent
+        arrives, for a sandbox that still runs."""
+        live = [(n, sb) for n in NODES for sb in self.w.running[n]]
+        if not live:
+            return
+        node_id, sb = data.draw(st.sampled_from(live))
+        if (
+            self.w.epoch[node_id] == 0
+            or self.w.ingested_epoch.get(node_id) != self.w.epoch[node_id]
+        ):
+            if self.w.epoch[node_id] == 0:
+                self.node_agent_restarts(node_id)
+            self.send_heartbeat(node_id, self.s)
+        old = f"boot-{self.w.epoch[node_id] - 1}"
+        note(f"a late DELETE of {sb} from {node_id}'s previous instance {old}")
+        self.send_delete(node_id, sb, old)
+
+    @invariant()
+    def never_counted_twice(self) -> None:
+        listed: set[str] = set()
+        for n in ROSTER_NODES:
+            listed |= self.w.ingested_roster.get(n, set()) - self.dropped.get(n, set())
+        for r in self.s.reservations():
+            assert r.sandbox_id not in listed, r
+
+    @invariant()
+    def never_dropped_early(self) -> None:
+        if self.s.stats().expired_total:
+            return  # expiry is the fourth way out; its timing is checked by the model
+        listed: set[str] = set()
+        for n in ROSTER_NODES:
+            listed |= self.w.ingested_roster.get(n, set())
+        views = {v.node_id: v.pending_reservations for v in self.s.nodes()}
+        for node_id in NODES:
+            outstanding = 0
+            for p in self.placements.values():
+                if p.node_id != node_id or p.cancelled or p.failed:
+                    continue
+                if node_id in ROSTER_NODES:
+                    accounted = (
+                        p.sandbox in listed
+                        or p.sandbox in self.w.deleted
+                        or p.sandbox in self.delete_came
+                    )
+                else:
+                    seen = self.w.ingested_epoch[node_id]
+                    accounted = (
+                        p.sandbox in self.w.delete_sent
+                        or p.sandbox in listed
+                        or p.created
+                        and (
+                            p.created_epoch < seen
+                            or (
+                                p.created_epoch == seen
+                                and p.created_index <= self.w.ingested_cs[node_id]
+                            )
+                        )
+                    )
+                outstanding += not accounted
+            assert views[node_id] >= outstanding, node_id
+
+
+def test_lifecycle_with_moves_against_the_model(redis_client: Any) -> None:
+    MovingLifecycle.client = redis_client
+    run_state_machine_as_test(
+        MovingLifecycle,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
