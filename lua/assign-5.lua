@@ -113,8 +113,7 @@ local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
-local bound = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id', 'deleted')
-local charged = (bound[2] or '') ~= '' and (bound[1] == node_id or bound[3] ~= '1')
+local charged = (held[4] or '') ~= '' and (held[1] == node_id or held[3] ~= '1')
 if not rid and not charged then
   if wanted ~= '' then
     local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
