@@ -563,7 +563,11 @@ class MovingLifecycle(Lifecycle):
       roster node's last ingested roster lists (less the sandboxes that
       node reported deleted since);
     - never dropped early: a placement's reservation lives until some
-      node's roster listed its sandbox, or a DELETE of it came;
+      node's roster listed its sandbox (then the node it moves to counts it
+      when its roster lists it), or a DELETE of it came, or (created
+      on the other node) two rosters of its own node came since its
+      assignment without it (the two-heartbeat rule, which cannot know the
+      sandbox runs elsewhere until that node lists it or reports it);
     - bindings agree with the model, which restores a listed binding on
       every heartbeat (the scripts' steady path must fall through to it).
     """
@@ -573,6 +577,13 @@ class MovingLifecycle(Lifecycle):
         self.dropped: dict[str, set[str]] = {n: set() for n in ROSTER_NODES}
         #: sandboxes a DELETE came for from some node (moved or gone)
         self.delete_came: set[str] = set()
+        #: per node: heartbeats delivered
+        self.hbs: dict[str, int] = {}
+        #: every sandbox a delivered roster listed (a node's numbers counted it)
+        self.ever_listed: set[str] = set()
+        #: placements created on the other node -> their placed node's
+        #: heartbeat count when their assignment was first seen (None: not yet)
+        self.elsewhere: dict[str, int | None] = {}
         super().__init__()
         # a long-lived sandbox on each roster node, made outside the
         # scheduler: both nodes count by their rosters from the start
@@ -583,6 +594,8 @@ class MovingLifecycle(Lifecycle):
 
     def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
         self.dropped.setdefault(node_id, set()).clear()
+        self.hbs[node_id] = self.hbs.get(node_id, 0) + 1
+        self.ever_listed.update(beat.sandbox_ids)
 
     def send_delete(self, node_id: str, sb: str, sid: str) -> None:
         super().send_delete(node_id, sb, sid)
@@ -676,12 +689,55 @@ class MovingLifecycle(Lifecycle):
         p = data.draw(st.sampled_from(todo))
         dst = self.other(p.node_id)
         note(f"{dst} creates {p.sandbox} for {p.rid}, placed on {p.node_id}")
+        self.elsewhere[p.rid] = None
         p.created = True
         self.w.created_total[dst] += 1
         p.created_index = self.w.created_total[dst]
         p.created_epoch = self.w.epoch[dst]
         self.w.running[dst][p.sandbox] = (p.cpu, p.mem)
         self.seen_sandboxes.add(p.sandbox)
+
+    @rule(
+        order=st.sampled_from(["listed-first", "assigned-first", "created-event", "later"]),
+        with_rid=st.booleans(),
+    )
+    def an_assignment_on_another_node(self, order: str, with_rid: bool) -> None:
+        """Placed on one roster node, created on the other, recorded where
+        it was placed, in one of these orders: the lister's heartbeat then
+        the assignment, the assignment then the heartbeat, the assignment,
+        the lister's CREATE event then its heartbeat, or the assignment
+        alone (what follows comes in later steps)."""
+        p = None
+        for _ in range(len(NODES)):  # until one lands on a roster node
+            self.schedule(1, 512)
+            p = self.placements.get(f"res{self.n}")
+            if p is None or p.node_id in ROSTER_NODES:
+                break
+        if p is None or p.node_id not in ROSTER_NODES:
+            return
+        lister = self.other(p.node_id)
+        if not self.counts_by_roster(lister):
+            return
+        self.elsewhere[p.rid] = None
+        p.created = True
+        self.w.created_total[lister] += 1
+        p.created_index = self.w.created_total[lister]
+        p.created_epoch = self.w.epoch[lister]
+        self.w.running[lister][p.sandbox] = (p.cpu, p.mem)
+        self.seen_sandboxes.add(p.sandbox)
+        note(f"{lister} creates {p.sandbox} for {p.rid}, placed on {p.node_id}: {order}")
+        if order == "listed-first":
+            self.send_heartbeat(lister, self.s)
+        p.assigned = True
+        wanted = p.rid if with_rid else None
+        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
+        if order == "created-event":
+            sid = f"boot-{self.w.epoch[lister]}"
+            self.s.events(lister, [SandboxEvent(sandbox_id=p.sandbox, event_type="CREATE")], sid)
+            self.m.events(lister, [(p.sandbox, "CREATE")], self.now(), sid)
+        if order in ("assigned-first", "created-event"):
+            self.send_heartbeat(lister, self.s2)
 
     @rule(data=st.data())
     def a_late_delete_of_the_previous_instance(self, data: st.DataObject) -> None:
@@ -715,20 +771,28 @@ class MovingLifecycle(Lifecycle):
     def never_dropped_early(self) -> None:
         if self.s.stats().expired_total:
             return  # expiry is the fourth way out; its timing is checked by the model
-        listed: set[str] = set()
-        for n in ROSTER_NODES:
-            listed |= self.w.ingested_roster.get(n, set())
+        # (once a roster listed it, a node's numbers counted it: a sandbox
+        # that moved on is the next node's to list)
+        listed = self.ever_listed
+        for rid, at in self.elsewhere.items():
+            if at is None and self.placements[rid].assigned:
+                self.elsewhere[rid] = self.hbs.get(self.placements[rid].node_id, 0)
         views = {v.node_id: v.pending_reservations for v in self.s.nodes()}
         for node_id in NODES:
             outstanding = 0
             for p in self.placements.values():
                 if p.node_id != node_id or p.cancelled or p.failed:
                     continue
+                # (created on the other node and assigned here: this node's
+                # two rosters since, which never listed it, may end it
+                # before the node running it lists it, docs/design.md)
+                at = self.elsewhere.get(p.rid)
                 if node_id in ROSTER_NODES:
                     accounted = (
                         p.sandbox in listed
                         or p.sandbox in self.w.deleted
                         or p.sandbox in self.delete_came
+                        or (at is not None and self.hbs.get(node_id, 0) - at >= 2)
                     )
                 else:
                     seen = self.w.ingested_epoch[node_id]
