@@ -4,7 +4,11 @@
   Attaches the sandbox to a pending reservation of that node (the one named,
   or else the node's oldest unclaimed one) and writes the binding.  If a
   roster of that node already listed the sandbox, the node's numbers include
-  it, so the reservation is released at once.  A sandbox is charged at most
+  it, so the reservation is released at once.  If another node's roster
+  lists it, that node holds it: the binding stays, and the reservation is
+  released at once (in counter mode the node's counter baseline moves on
+  by one with it).  Taking an unlisted binding from another node ends the
+  reservation charged to it there (includes/bindings.lua write_binding).  A sandbox is charged at most
   one reservation: one already charged (by an earlier assignment or event)
   stays; a named reservation that another sandbox of the node claimed first
   is replaced by the node's oldest unclaimed one.
@@ -18,7 +22,8 @@
   Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
-          absent_cs, absent_rt), node:<node> absent_watch, stats
+          absent_cs, absent_rt), node:<node> absent_watch (deletes_uncounted),
+          stats; another node's res:<id> and deletes_uncounted (a take)
 ]]
 -- @include bindings
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.
@@ -69,11 +74,47 @@ if buried_on(sb, node_id, now) then
   return { rid or '', released, fmt(now) }
 end
 
+-- Another node's roster lists the sandbox: it is that node's (the roster
+-- that listed it last decides; an assignment takes no sandbox from a lister),
+-- and that node's numbers include it.  The reservation it was placed under
+-- here ends now, once: none if one was charged to the sandbox before, on any
+-- node (the binding keeps its id); a counter-mode node's baseline moves on
+-- with it (deletes_uncounted, as a DELETE's), so a rise of this node's
+-- counter for the same creation releases nothing more.
+local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id')
+if held[1] and held[1] ~= node_id and held[2] == '1' and held[3] ~= '1' then
+  local rid = nil
+  if (held[4] or '') == '' then
+    if wanted ~= '' then
+      local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
+      if r[2] == node_id and r[1] == 'pending' then rid = wanted end
+    else
+      rid = oldest_unclaimed(node_id)
+    end
+  end
+  local released = 0
+  if rid then
+    redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now))
+    redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
+    if end_reservation(ctx, rid, 'released', now) then
+      released = 1
+      redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+      local nd = redis.call('HMGET', node_key(node_id), 'roster_mode', 'counted_successes')
+      if nd[1] ~= '1' and nd[2] then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
+    end
+  end
+  reindex_touched(ctx, P, now)
+  return { rid or '', released, fmt(now) }
+end
+
 -- A sandbox is charged one reservation, once: a repeated assignment keeps the
 -- one it has (live or already released).
-local rid = bound_reservation(sb, node_id)
+local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
-if not rid and not charged(sb, node_id) then
+-- (charged before: on this node, or a live binding of another node that
+-- carries its charge here: it follows the sandbox, write_binding)
+local charged = (held[4] or '') ~= '' and (held[1] == node_id or held[3] ~= '1')
+if not rid and not charged then
   if wanted ~= '' then
     local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
     if r[2] == node_id and r[1] == 'pending' then
@@ -100,7 +141,9 @@ if not rid and not charged(sb, node_id) then
   end
 end
 local released = 0
-if rid and already_listed and end_reservation(ctx, rid, 'released', now) then released = 1 end
+if rid and already_listed and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
+  released = 1
+end
 if attached and not already_listed then
   -- The two-heartbeat rule (includes/heartbeat.lua) counts the node's
   -- rosters that were taken after this sandbox was created: those whose

@@ -36,10 +36,13 @@
           max_roster_ids, among others), NO_POLICY (no policy); every
           check and the roster diff run before the first write, so an error
           writes nothing
-  Writes: node:<id> (snapshot, last_seen_ms, generation, restarts, roster_size,
+  Writes: node:<id> (snapshot, last_seen_ms, generation, restarts and the
+          replaced_service_instance_id at a restart, roster_size,
           roster_mode, roster_digest), nodes (registration), seen, bind:* and
           node-roster:<id> / node-sbx:<id> for sandboxes that joined or left
-          the roster, the node's index entry, and
+          the roster (taking one another node's binding held ends the
+          reservation charged to it there: includes/bindings.lua), the
+          node's index entry, and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed, and

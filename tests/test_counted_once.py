@@ -47,10 +47,6 @@ Make = Callable[..., Scheduler]
 EP = "n1.local:5000"
 
 
-def xfail28(rule: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=f"#28: {rule}, not built yet")
-
-
 def view(s: Scheduler, node_id: str = "n1") -> Any:
     return next(v for v in s.nodes() if v.node_id == node_id)
 
@@ -532,10 +528,6 @@ def test_a_gone_sandbox_gives_its_slot_back_through_two_replicas(
     assert b.Schedule(cold(1, 1024), timeout=5).node.node_id == node
 
 
-@xfail28(
-    "events carry and check service_instance_id: a late DELETE of the node's previous "
-    "instance leaves the sandbox its current instance lists"
-)
 def test_a_late_delete_from_the_previous_instance_keeps_the_listed_binding(
     stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
 ) -> None:
@@ -714,10 +706,6 @@ def test_a_schedule_placed_after_its_callers_deadline_is_cancelled_by_the_replic
 # ---------------------------------------------------------------------------
 # Moves: a sandbox two nodes claim
 # ---------------------------------------------------------------------------
-@xfail28(
-    "one rule for which node a sandbox belongs to: the reservation it was placed under "
-    "follows it or ends exactly once"
-)
 def test_a_sandbox_recorded_on_one_node_while_another_lists_it_is_counted_once(
     make_scheduler: Make,
 ) -> None:
@@ -734,7 +722,6 @@ def test_a_sandbox_recorded_on_one_node_while_another_lists_it_is_counted_once(
     assert counted(s, "a") + counted(s, "b") == 1
 
 
-@xfail28("a node's steady heartbeat restores a listed binding that something else removed")
 def test_a_listed_sandbox_stays_found_after_another_node_listed_it_once(
     make_scheduler: Make,
 ) -> None:
@@ -745,3 +732,143 @@ def test_a_listed_sandbox_stays_found_after_another_node_listed_it_once(
     for _ in range(2):  # a's heartbeats, unchanged: it runs there all along
         s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
     assert s.lookup("sbx").node_id == "a"
+
+
+def test_a_sandbox_recorded_on_one_node_then_listed_by_another_is_counted_once(
+    make_scheduler: Make,
+) -> None:
+    """The other order: the assignment on b comes first, then a's roster
+    lists the sandbox: the roster takes it, and b's reservation ends."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=["other"], sandbox_count=1))
+    s.heartbeat(hb("b"))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    s.assign("sbx", "b", "b.local:5000", p.reservation_id)
+    assert pending(s, "b") == 1  # nothing lists it yet: it is b's to count
+    s.heartbeat(hb("a", roster=["other", "sbx"], sandbox_count=2))
+    assert state(s, p) == "released"
+    assert counted(s, "a") + counted(s, "b") == 2
+    assert s.lookup("sbx").node_id == "a"
+
+
+FULL_A = ["sbx", "a-2", "a-3", "a-4"]
+
+
+def test_a_repeated_assignment_on_another_node_charges_once(make_scheduler: Make) -> None:
+    """The gateway records the sandbox a lists on b twice, naming no
+    reservation: one of b's reservations ends, the other (a creation still
+    on its way) stays."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=FULL_A, sandbox_count=4))  # at its ceiling: b is placed on
+    s.heartbeat(hb("b", roster=["b-own", "b-two"], sandbox_count=2))
+    first = s.schedule(Request.cold(1, 1024))
+    second = s.schedule(Request.cold(1, 1024))
+    assert (first.node_id, second.node_id) == ("b", "b")
+    for _ in range(2):
+        s.assign("sbx", "b", "b.local:5000", None)
+    assert (state(s, first), state(s, second)) == ("released", "pending")
+    assert counted(s, "b") == 3
+    assert s.lookup("sbx").node_id == "a"
+
+
+def test_an_event_of_another_node_leaves_a_listed_sandbox_with_its_lister(
+    make_scheduler: Make,
+) -> None:
+    s = make_scheduler(Policy())
+    s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    s.heartbeat(hb("b"))
+    s.events("b", [ev("sbx", "CREATE"), ev("sbx", "PAUSE")])
+    for _ in range(2):  # a's heartbeats, unchanged
+        s.heartbeat(hb("a", roster=["sbx"], sandbox_count=1))
+    assert s.lookup("sbx").node_id == "a"
+    assert counted(s, "a") + counted(s, "b") == 1
+
+
+def test_a_counter_node_recorded_with_a_sandbox_another_lists_counts_once(
+    make_scheduler: Make,
+) -> None:
+    """b counts by its counter: its reservation ends at the assignment, and
+    its baseline moves on, so the rise of b's counter for that creation
+    releases nothing more (a creation still on its way keeps its room)."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=FULL_A, sandbox_count=4))  # at its ceiling: b is placed on
+    s.heartbeat(hb("b", create_successes=0, sandbox_count=2))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    s.assign("sbx", "b", "b.local:5000", p.reservation_id)
+    s.heartbeat(hb("a", roster=FULL_A, sandbox_count=4))
+    assert state(s, p) == "released"
+    assert (counted(s, "a"), counted(s, "b")) == (4, 2)
+    on_its_way = s.schedule(Request.cold(1, 1024))
+    assert on_its_way.node_id == "b"
+    s.heartbeat(hb("b", create_successes=1, sandbox_count=2))  # b's counter saw one creation
+    assert state(s, on_its_way) == "pending"
+
+
+def test_a_charge_follows_its_sandbox_to_the_node_whose_event_took_it(
+    make_scheduler: Make,
+) -> None:
+    """Recorded on b, reported created by a (no roster lists it yet): the
+    reservation stays live, never dropped before a's numbers include the
+    sandbox, and ends once when a's roster lists it."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=["a-own"], sandbox_count=1))
+    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024), reservation_id="r-moving")
+    s.assign("sbx", p.node_id, p.endpoint, p.reservation_id)
+    other = "a" if p.node_id == "b" else "b"
+    s.events(other, [ev("sbx", "CREATE")])
+    assert s.lookup("sbx").node_id == other
+    for _ in range(2):  # the placed node's rosters, without it: not its to count
+        s.heartbeat(hb(p.node_id, roster=[f"{p.node_id}-own"], sandbox_count=1))
+    assert state(s, p) == "assigned"
+    s.heartbeat(hb(other, roster=[f"{other}-own", "sbx"], sandbox_count=2))
+    assert state(s, p) == "released"
+    assert counted(s, "a") + counted(s, "b") == 3
+
+
+def test_events_of_the_replaced_instance_change_nothing(make_scheduler: Make) -> None:
+    """A late DELETE of the node's previous instance leaves the sandbox the
+    current one lists and its reservation; an instance not heard from yet
+    (the next one, before its first heartbeat) is applied."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("n1", sid="i1", roster=["kept"], sandbox_count=1))
+    s.heartbeat(hb("n1", sid="i2", roster=["kept"], sandbox_count=1))  # restarted
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("fresh", "n1", EP, p.reservation_id)
+    late = s.events("n1", [ev("kept", "DELETE"), ev("fresh", "DELETE")], "i1")
+    assert (late.acked, late.released) == (0, 0)
+    assert s.lookup("kept").node_id == "n1"
+    assert state(s, p) == "assigned"
+    s.events("n1", [ev("fresh", "DELETE")], "i3")  # the next instance, not heard yet
+    assert state(s, p) == "released"
+
+
+def test_a_sandbox_recorded_on_another_node_through_replicas_counts_once(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    """Through two ``schedctl serve`` replicas (max_sandbox_count 2): the
+    gateway records on b a sandbox a lists, b's own event for it too; a's
+    heartbeats keep it, and b keeps its room for two creations."""
+    a, b = stubs
+    md_a, md_b = endpoint_md("mv-a:5000"), endpoint_md("mv-b:5000")
+    a.Heartbeat(hb_request("mv-a", roster=["sbx"]), metadata=md_a)
+    b.Heartbeat(hb_request("mv-b"), metadata=md_b)
+    _place_and_create(a, "sbx", "mv-b")  # the gateway says: on mv-b
+    b.ReportSandboxEvent(
+        pb.ReportSandboxEventRequest(
+            node_id="mv-b",
+            service_instance_id="i1",
+            events=[pb.SandboxEvent(sandbox_id="sbx", event_type=pb.SANDBOX_EVENT_TYPE_CREATE)],
+        )
+    )
+    for _ in range(2):  # a's heartbeats, unchanged (steady)
+        b.Heartbeat(hb_request("mv-a", roster=["sbx"]), metadata=md_a)
+    assert a.LookupNode(pb.LookupNodeRequest(sandbox_id="sbx")).node.node_id == "mv-a"
+    assert counted(cell_view, "mv-a") + counted(cell_view, "mv-b") == 1
+    placed = [a.Schedule(cold(1, 1024), timeout=5).node.node_id for _ in range(3)]
+    assert sorted(placed) == ["mv-a", "mv-b", "mv-b"]
+    with pytest.raises(grpc.RpcError) as e:
+        b.Schedule(cold(1, 1024), timeout=5)  # 2 of 2 on each node
+    assert "no nodes available" in (e.value.details() or "")

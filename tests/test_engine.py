@@ -615,19 +615,23 @@ def test_connects_by_unix_socket(backend: str) -> None:
         Scheduler.connect("http://example.invalid:6379")
 
 
-def test_a_roster_delta_resyncs_after_an_event_or_an_assignment_took_a_sandbox(
+def test_a_roster_delta_resyncs_after_an_event_or_another_roster_took_a_sandbox(
     redis_client: Any,
 ) -> None:
     """Two more ways a sandbox leaves a node's roster besides its heartbeat:
-    the node reports it deleted (an event), or a gateway assigns it to
-    another node.  Each clears the record's roster digest, so the node's next
-    delta, built on the roster as it was, writes nothing and goes in full."""
+    the node reports it deleted (an event), or another node's roster lists
+    it (an assignment to another node no longer takes a listed sandbox:
+    docs/design.md, the moves row).  Each clears the record's roster digest,
+    so the node's next delta, built on the roster as it was, writes nothing
+    and goes in full."""
     a = Scheduler(redis_client, cell="runlisted")
     a.sync_policy(Policy())
     a.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3))
     a.heartbeat(hb("n2"))
     a.events("n1", [SandboxEvent(sandbox_id="s2", event_type="DELETE")])
-    a.assign("s3", "n2", "n2.local:5000")
+    a.assign("s3", "n2", "n2.local:5000")  # (n1 lists it: the binding stays)
+    assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1", b"s3"}
+    a.heartbeat(hb("n2", roster=["s3"], sandbox_count=1))
     assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1"}
     assert a.client.hget(a.keys.node("n1"), "roster_digest") == b""
     # the node still lists both (the event and the assignment raced it)

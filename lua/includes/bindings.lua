@@ -3,7 +3,7 @@
   forgetting of silent nodes: includes/nodes.lua).
 ]]
 -- @exports write_binding drop_binding bury_binding buried_on
--- @exports bound_reservation charged listed_on
+-- @exports bound_reservation end_charge listed_on
 -- @include index
 ---------------------------------------------------------------------------
 -- Bindings
@@ -45,12 +45,44 @@ end
 -- @layout BIND_READ
 local BIND_READ = { 'node_id', 'reservation_id', 'deleted', 'listed' }
 
+-- End the live reservation `rid` charged to a sandbox that `node_id`'s
+-- numbers now include (its roster lists it) or that it reported deleted:
+-- released, once.  The charge may be another node's (it followed its sandbox
+-- here: write_binding); when that node counts by its counter, its baseline
+-- moves on by one (deletes_uncounted, as a DELETE's: includes/heartbeat.lua),
+-- so the rise that covers the creation there, if it happened there, releases
+-- nothing more.  `r`: its RES_READ fields if just read.  True when it ended it.
+local function end_charge(ctx, rid, node_id, now, r)
+  local of = r and r[RES_READ.node_id] or redis.call('HGET', res_key(rid), 'node_id')
+  if not end_reservation(ctx, rid, 'released', now, r) then return false end
+  if of and of ~= node_id then
+    local f = redis.call('HMGET', node_key(of), 'roster_mode', 'counted_successes')
+    if f[1] ~= '1' and f[2] then redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1') end
+  end
+  return true
+end
+
+-- Taking a live binding from another node (a move: includes/heartbeat.lua,
+-- assign-5.lua and events-5.lua decide when one may; only a roster takes a
+-- listed one) keeps the sandbox's one charge: with `rid` nil the binding
+-- keeps the reservation id charged to it there.  A roster's take (`listed`
+-- "1") ends that reservation if still live (this node's numbers include the
+-- sandbox now: end_charge); an event's or assignment's leaves it live, to
+-- follow the sandbox until a roster lists it or a DELETE ends it.  Returns
+-- true when it ended one.
 local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, prev, sbx)
   local bkey = bind_key(sb)
   prev = prev or redis.call('HMGET', bkey, unpack(BIND_READ))
-  if prev[BIND_READ.node_id] and prev[BIND_READ.node_id] ~= node_id then
-    redis.call('SREM', node_sbx_key(prev[BIND_READ.node_id]), sb)
-    roster_changed(prev[BIND_READ.node_id], redis.call('SREM', node_roster_key(prev[BIND_READ.node_id]), sb))
+  local from = prev[BIND_READ.node_id]
+  local ended = false
+  if from and from ~= node_id then
+    redis.call('SREM', node_sbx_key(from), sb)
+    roster_changed(from, redis.call('SREM', node_roster_key(from), sb))
+    local was = prev[BIND_READ.reservation_id] or ''
+    if prev[BIND_READ.deleted] ~= '1' and was ~= '' then
+      if listed == '1' then ended = end_charge(ctx, was, node_id, now) end
+      if rid == nil then rid = was end
+    end
   end
   if rid == nil and prev[BIND_READ.node_id] == node_id then rid = prev[BIND_READ.reservation_id] end
   local expires = instant_text(ctx, now + P.binding_ttl_ms)
@@ -78,6 +110,7 @@ local function write_binding(ctx, sb, node_id, endpoint, listed, rid, now, P, pr
   elseif not (live and prev[BIND_READ.listed] ~= '1') then
     redis.call('SADD', node_sbx_key(node_id), sb)
   end
+  return ended
 end
 
 -- `owned`: whether the binding names node_id, if the caller read it in this
@@ -115,23 +148,18 @@ local function buried_on(sb, node_id, now)
   return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
 end
 
--- A live reservation of `node_id` attached to binding `sb`, or nil; then what
--- was read, for the caller's next step: the binding's fields write_binding
--- takes as `prev` and the reservation's RES_READ fields (for end_reservation).
+-- The live reservation charged to `sb` while it is bound to `node_id`
+-- (this node's, or another node's that followed the sandbox here:
+-- write_binding), or nil; then what was read, for the caller's next step:
+-- the binding's fields write_binding takes as `prev` and the reservation's
+-- RES_READ fields (for end_reservation / end_charge).
 local function bound_reservation(sb, node_id)
   local b = redis.call('HMGET', bind_key(sb), unpack(BIND_READ))
   local rid = b[BIND_READ.reservation_id]
   if b[BIND_READ.node_id] ~= node_id or not rid or rid == '' then return nil, b end
   local r = redis.call('HMGET', res_key(rid), unpack(RES_READ))
-  if LIVE[r[RES_READ.state]] and r[RES_READ.node_id] == node_id then return rid, b, r end
+  if LIVE[r[RES_READ.state]] and r[RES_READ.node_id] then return rid, b, r end
   return nil, b
-end
-
--- Has a reservation (live or ended) already been charged to sandbox `sb` on
--- this node?  Then no other reservation may be charged to it.
-local function charged(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'reservation_id')
-  return b[1] == node_id and b[2] and b[2] ~= ''
 end
 
 -- Is `sb` bound to `node_id` and listed by its last roster, so that the

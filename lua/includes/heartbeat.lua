@@ -235,6 +235,9 @@ local function heartbeat_one(ctx, A)
   if restarted then
     hset[#hset + 1] = 'restarted_at_ms'
     hset[#hset + 1] = s_now
+    -- (the instance replaced: its late events change nothing, events-5.lua)
+    hset[#hset + 1] = 'replaced_service_instance_id'
+    hset[#hset + 1] = prev[PREV.service_instance_id]
     redis.call('HINCRBY', nkey, 'restarts', '1')
   end
   n.endpoint = node_endpoint
@@ -252,8 +255,12 @@ local function heartbeat_one(ctx, A)
   local unsbx = {} -- (listed now: out of node-sbx)
   for _, sb in ipairs(added) do
     local rid, b, r = bound_reservation(sb, node_id)
-    if rid and end_reservation(ctx, rid, 'released', now, r) then released = released + 1 end
-    write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx)
+    if rid and end_charge(ctx, rid, node_id, now, r) then released = released + 1 end
+    -- (another node's binding: this roster listed it last, it is this
+    -- node's; the reservation charged to it there ends: write_binding)
+    if write_binding(ctx, sb, node_id, node_endpoint, '1', rid, now, P, b, unsbx) then
+      released = released + 1
+    end
   end
   -- @phase joined_bindings_releases
   -- (a listed binding is in the roster set only: leaving it is all there is)
@@ -389,9 +396,13 @@ local function heartbeat_one(ctx, A)
       local r = redis.call('HMGET', res_key(rid), 'state', 'absent_cs', 'absent_beats', 'sandbox_id',
         'absent_rt')
       if (r[1] == 'assigned' or r[1] == 'acked') and r[2] then
+        -- (absent: unbound, or this node's unlisted binding or tombstone; a
+        -- live binding of another node carries the charge there, to end by
+        -- that node's roster or DELETE)
+        local b = redis.call('HMGET', bind_key(r[4] or ''), 'node_id', 'listed', 'deleted')
+        local absent = not b[1] or b[3] == '1' or (b[1] == node_id and b[2] ~= '1')
         local fresh = order and order ~= (r[5] or '0')
-        if (fresh or not restarted and successes >= (tonumber(r[2]) or 0))
-            and not listed_on(r[4] or '', node_id) then
+        if (fresh or not restarted and successes >= (tonumber(r[2]) or 0)) and absent then
           local beats = (tonumber(r[3]) or 0) + 1
           if beats >= 2 then
             if end_reservation(ctx, rid, 'released', now) then released = released + 1 end

@@ -21,11 +21,11 @@
 -- placement or a reindex that reads the record meanwhile excludes the node
 -- at once (and its next steady heartbeat is a RESYNC).
 local VOUCH_EVERY = 4
-local STEADY_CHECKS = 9
+local STEADY_CHECKS = 10
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
-  'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed',
+  'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed', 'roster_digest',
   'pending_count', 'pending_cpu', 'pending_memory_bytes' }
-local STEADY_PENDING, STEADY_SNAPSHOT = 10, 13 -- (then WHOLE_FIELDS, added at the first call)
+local STEADY_PENDING, STEADY_SNAPSHOT = 11, 14 -- (then WHOLE_FIELDS, added at the first call)
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
@@ -50,9 +50,12 @@ local function steady_one(ctx, A, P, now, swept)
   local v = redis.call('HMGET', nkey, unpack(STEADY_READ, 1, vouch and #STEADY_READ or STEADY_CHECKS))
   -- (absent_watch: the node has assigned reservations its rosters do not
   -- list yet, which a full heartbeat counts; fails_owed: a create_fails rise
-  -- the next full heartbeat releases: includes/heartbeat.lua)
+  -- the next full heartbeat releases: includes/heartbeat.lua; roster_digest
+  -- "": a sandbox left the roster held other than by this node's heartbeat
+  -- (another node's roster took it, a DELETE buried it: roster_changed,
+  -- includes/bindings.lua), and the full heartbeat restores what it lists)
   if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4]
-      or not string.find(v[4], '^%d') or v[8] == '1' or (v[9] or '0') ~= '0' then
+      or not string.find(v[4], '^%d') or v[8] == '1' or (v[9] or '0') ~= '0' or v[10] == '' then
     return { 'RESYNC' }
   end
   for i = STEADY_PENDING, #v do

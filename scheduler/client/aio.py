@@ -300,8 +300,10 @@ class AsyncScheduler(BaseClient):
         CPU config exchange; the result then carries what to hand the node."""
         return self._drive(self._heartbeat(hb, cpu_config), self.beat_coalescer)
 
-    def events(self, node_id: str, events: list[SandboxEvent]) -> Awaitable[EventsResult]:
-        return self._one(self.ops.events(node_id, events))
+    def events(
+        self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""
+    ) -> Awaitable[EventsResult]:
+        return self._one(self.ops.events(node_id, events, service_instance_id))
 
     def unregister(self, node_id: str, service_instance_id: str) -> Awaitable[bool]:
         return self._drive(self._unregister(node_id, service_instance_id))

@@ -224,8 +224,10 @@ class Scheduler(BaseClient):
         CPU config exchange; the result then carries what to hand the node."""
         return self._drive(self._heartbeat(hb, cpu_config))
 
-    def events(self, node_id: str, events: list[SandboxEvent]) -> EventsResult:
-        return self._one(self.ops.events(node_id, events))
+    def events(
+        self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""
+    ) -> EventsResult:
+        return self._one(self.ops.events(node_id, events, service_instance_id))
 
     def unregister(self, node_id: str, service_instance_id: str) -> bool:
         return self._drive(self._unregister(node_id, service_instance_id))

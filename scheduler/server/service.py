@@ -603,7 +603,9 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
     ) -> pb.ReportSandboxEventResponse:
         async def work() -> pb.ReportSandboxEventResponse:
             logs.bind(node=request.node_id)
-            await self.sched.events(request.node_id, events_of(request))
+            await self.sched.events(
+                request.node_id, events_of(request), request.service_instance_id
+            )
             return pb.ReportSandboxEventResponse()
 
         return await self._serve("ReportSandboxEvent", context, work)

@@ -778,9 +778,15 @@ class Ops:
 
         return self._call("rewound", argv, parse)
 
-    def events(self, node_id: str, events: list[SandboxEvent]) -> Call[EventsResult]:
+    def events(
+        self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""
+    ) -> Call[EventsResult]:
+        """``service_instance_id``: the node agent instance that sent them
+        ("" = not said); another instance's than the node's stored one change
+        nothing (a late event of its previous instance)."""
         nid = validate_id("node_id", node_id)
         at_most("events", events, MAX_EVENTS)
+        sid = validate_id("service_instance_id", service_instance_id) if service_instance_id else ""
         flat: list[str] = []
         for i, ev in enumerate(events):
             if ev.event_type not in EVENT_TYPES:
@@ -791,7 +797,9 @@ class Ops:
             a = whole_reply(c.EventsReply, r)
             return EventsResult(acked=int(a.acked), released=int(a.released))
 
-        return self._call("events", c.EventsArgv(node_id=nid, events=flat), parse)
+        return self._call(
+            "events", c.EventsArgv(node_id=nid, service_instance_id=sid, events=flat), parse
+        )
 
     def lookup(self, sandbox_id: str) -> Call[Binding]:
         sb = validate_id("sandbox_id", sandbox_id)

@@ -454,6 +454,8 @@ class RebuildReply(Reply):
 
 class EventsArgv(Argv, frozen=True):
     node_id: str
+    #: the node agent instance that sent them ("" = not said)
+    service_instance_id: str
     #: sandbox_id, type of each event
     events: list[str]
 

@@ -449,6 +449,8 @@ class BindModel:
 @dataclass
 class NodeMeta:
     sid: str = ""
+    #: the instance ``sid`` replaced (its late events change nothing)
+    replaced: str = ""
     create_successes: int | None = None
     roster_mode: bool = False
     #: create_fails' baseline, as create_successes' (None: no heartbeat yet)
@@ -524,8 +526,17 @@ class CellModel:
         b = self.bind.get(sb)
         if b is None or b.node_id != node_id or not b.rid:
             return None
-        r = self.res.get(b.rid)
-        return b.rid if r is not None and r.node_id == node_id else None
+        return b.rid if b.rid in self.res else None  # (this node's, or one that followed it)
+
+    def end_charge(self, rid: str, node_id: str) -> bool:
+        """Released: ``node_id``'s numbers include the sandbox, or it reported
+        it deleted; another node's charge moves that node's counter baseline."""
+        r = self.res.get(rid)
+        if r is None or not self.end(rid, "released"):
+            return False
+        if r.node_id != node_id:
+            self.counter_moves(r.node_id)
+        return True
 
     def oldest_unclaimed(self, node_id: str) -> str | None:
         for r in self.live_of(node_id):
@@ -534,24 +545,47 @@ class CellModel:
         return None
 
     def charged(self, sb: str, node_id: str) -> bool:
+        """Charged before: on this node, or a live binding of another node
+        carries its charge (it follows the sandbox)."""
         b = self.bind.get(sb)
-        return b is not None and b.node_id == node_id and bool(b.rid)
+        return b is not None and bool(b.rid) and (b.node_id == node_id or not b.deleted)
 
     def listed_on(self, sb: str, node_id: str) -> bool:
         """Listed by the node's last roster, however long ago it came."""
         b = self.bind.get(sb)
         return b is not None and b.node_id == node_id and b.listed and not b.deleted
 
-    def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None, now: int) -> None:
+    def listed_elsewhere(self, sb: str, node_id: str) -> bool:
+        """Listed by another node's last roster: that node holds it."""
+        b = self.bind.get(sb)
+        return b is not None and b.node_id != node_id and b.listed and not b.deleted
+
+    def counter_moves(self, node_id: str) -> None:
+        """A counter-mode node's baseline moves on by one at its next heartbeat."""
+        meta = self.meta[node_id]
+        if not meta.roster_mode and meta.create_successes is not None:
+            meta.deletes += 1
+
+    def write_binding(self, sb: str, node_id: str, listed: bool, rid: str | None, now: int) -> bool:
+        """Returns True when taking another node's live binding ended the
+        reservation charged to the sandbox there (the sandbox's one charge
+        stays on the binding)."""
         prev = self.bind.get(sb)
+        ended = False
         if prev is not None and prev.node_id != node_id:
             self._sbx(prev.node_id).discard(sb)
+            if not prev.deleted and prev.rid:
+                if listed:  # (a roster's take: its numbers include it now)
+                    ended = self.end_charge(prev.rid, node_id)
+                if rid is None:
+                    rid = prev.rid
         if rid is None and prev is not None and prev.node_id == node_id and not prev.deleted:
             rid = prev.rid
         self.bind[sb] = BindModel(
             node_id, self.snap[node_id].endpoint, listed, rid, now + self.policy.binding_ttl_ms
         )
         self._sbx(node_id).add(sb)
+        return ended
 
     def drop_binding(self, sb: str, node_id: str) -> None:
         b = self.bind.get(sb)
@@ -606,6 +640,8 @@ class CellModel:
         if fail_base is not None:
             fail_base += meta.cancels
         meta.cancels = 0
+        if restarted:
+            meta.replaced = meta.sid
         meta.sid = sid
         meta.create_successes = (
             create_successes if baseline is None else max(baseline, create_successes)
@@ -616,9 +652,9 @@ class CellModel:
         released = 0
         for sb in listed:
             rid = self.bound_reservation(sb, node_id)
-            if rid and self.end(rid, "released"):
+            if rid and self.end_charge(rid, node_id):
                 released += 1
-            self.write_binding(sb, node_id, True, rid, now)
+            released += self.write_binding(sb, node_id, True, rid, now)
         for sb in list(self._sbx(node_id)):
             if sb in listed:
                 continue
@@ -660,9 +696,9 @@ class CellModel:
                 # (counts: taken after the sandbox was created, by its
                 # counter; or a stamped heartbeat other than the last counted)
                 fresh = bool(reported) and reported != r.absent_rt
-                if (
-                    fresh or not restarted and create_successes >= r.absent_cs
-                ) and not self.listed_on(r.sandbox_id or "", node_id):
+                b = self.bind.get(r.sandbox_id or "")
+                absent = b is None or b.deleted or (b.node_id == node_id and not b.listed)
+                if (fresh or not restarted and create_successes >= r.absent_cs) and absent:
                     r.absent_beats += 1
                     if r.absent_beats >= 2:
                         released += self.end(r.rid, "released")
@@ -716,6 +752,23 @@ class CellModel:
                 self.end(buried, "released")
                 b.rid = buried  # (the tombstone remembers it)
             return buried
+        if b is not None and self.listed_elsewhere(sb, node_id):
+            # another node's roster lists it: that node holds it, this
+            # placement's reservation ends at once, once
+            taken = None
+            if not b.rid:
+                if wanted:
+                    r = self.res.get(wanted)
+                    if r is not None and r.node_id == node_id and r.state == "pending":
+                        taken = wanted
+                else:
+                    taken = self.oldest_unclaimed(node_id)
+            if taken is not None:
+                self.res[taken].sandbox_id = sb
+                if self.end(taken, "released"):
+                    b.rid = taken
+                    self.counter_moves(node_id)
+            return taken
         rid = self.bound_reservation(sb, node_id)
         if rid is None and not self.charged(sb, node_id):
             attached = None
@@ -745,18 +798,22 @@ class CellModel:
                     got.absent_rt = meta.reported
                     meta.absent_watch = meta.absent_watch or meta.roster_mode
         if rid is not None and already_listed:
-            self.end(rid, "released")
+            self.end_charge(rid, node_id)
         self.write_binding(sb, node_id, already_listed, rid, now)
         return rid
 
-    def events(self, node_id: str, events: list[tuple[str, str]], now: int) -> None:
+    def events(self, node_id: str, events: list[tuple[str, str]], now: int, sid: str = "") -> None:
+        meta = self.meta[node_id]
+        if sid and sid != meta.sid and sid == meta.replaced:
+            return  # the replaced instance's late events change nothing
         self.sweep(now)
         for sb, kind in events:
             rid = self.bound_reservation(sb, node_id)
             if kind == "DELETE":
                 meta = self.meta[node_id]
-                released = bool(rid) and self.end(rid or "", "released")
-                if released and not meta.roster_mode and meta.create_successes is not None:
+                own = rid is not None and self.res[rid].node_id == node_id
+                released = rid is not None and self.end_charge(rid, node_id)
+                if released and own and not meta.roster_mode and meta.create_successes is not None:
                     meta.deletes += 1  # the baseline moves on at the next heartbeat
                 prev = self.bind.get(sb)
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
@@ -768,11 +825,13 @@ class CellModel:
                     node_id, "", False, charged, now + self.policy.binding_ttl_ms, deleted=True
                 )
                 continue
+            if self.listed_elsewhere(sb, node_id):
+                continue  # another node's roster lists it: that node holds it
             creation = kind in ("CREATE", "FORK")
             listed = self.listed_on(sb, node_id)
             if rid is not None and creation and listed:
-                self.end(rid, "released")
-            elif rid is not None and creation:
+                self.end_charge(rid, node_id)
+            elif rid is not None and creation and self.res[rid].node_id == node_id:
                 self.res[rid].state = "acked"
             self.write_binding(sb, node_id, listed, rid, now)
 
