@@ -32,7 +32,7 @@ from scheduler.server.metrics import DERIVED_STATUSES
 from scheduler.server.service import EVENT_NAMES, NODE_STATUS_NAMES
 from scheduler.store.calls import HEARTBEAT_FIELDS, Ops, heartbeat_fields
 from scheduler.store.keys import CellKeys
-from scheduler.store.lua_constants import render
+from scheduler.store.lua_constants import packed_patterns, render
 from scheduler.store.replies import CAPACITY_FIELDS
 from scheduler.testing import model
 
@@ -49,9 +49,43 @@ return cjson.encode({
   DEFAULT_STRATEGY = DEFAULT_STRATEGY, STRATEGY_CHOICES = STRATEGY_CHOICES,
   EVENT_TYPES = EVENT_TYPES, LIVE = LIVE, SWEEP_BATCH = SWEEP_BATCH, NO_POLICY = NO_POLICY,
   SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_MOVERS = INDEX_MOVERS, WHOLE_FIELDS = WHOLE_FIELDS,
-  PACKED_MATCH = { string.match(table.concat(PACKED, '\\t'), PACKED_RE) }, ERR = ERR,
+  PACKED_MATCH = split_packed(table.concat(PACKED, '\\t'), PACKED_RES), ERR = ERR,
 })
 """
+
+#: base.lua's raw_policy split of a packed policy, alone: each pattern's
+#: captures, the rest (all but the last pattern) going to the next
+_SPLIT = """
+local function split_packed(packed, patterns)
+  local v, rest = {}, packed
+  for j = 1, #patterns do
+    local got = { string.match(rest, patterns[j]) }
+    if not got[1] then return false end
+    if j < #patterns then rest = table.remove(got) end
+    for k = 1, #got do v[#v + 1] = got[k] end
+  end
+  return v
+end
+"""
+
+
+@pytest.mark.parametrize("n", [1, 29, 30, 31, 32, 33, 60, 61, 95])
+def test_a_packed_policy_of_any_size_splits_below_luas_capture_limit(
+    redis_client: Any, n: int
+) -> None:
+    """Lua allows 32 captures a pattern: a policy of more packed fields (a
+    new ceiling adds one) splits over several patterns, every field once."""
+    fields = [f"f{i}" if i % 3 else "" for i in range(n)]
+    patterns = packed_patterns(n)
+    assert all(p.count("(") <= 32 for p in patterns)
+    script = _SPLIT + "return cjson.encode(split_packed(ARGV[1], cjson.decode(ARGV[2])))"
+    got = json.loads(redis_client.eval(script, 0, "\t".join(fields), json.dumps(patterns)))
+    assert got == fields
+    # (a packed copy of another layout matches none: the named fields are read)
+    other = json.loads(
+        redis_client.eval(script, 0, "\t".join(fields + ["x"]), json.dumps(patterns))
+    )
+    assert other is False
 
 
 def truth(names: Any) -> dict[str, bool]:
@@ -59,7 +93,7 @@ def truth(names: Any) -> dict[str, bool]:
 
 
 def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
-    got = json.loads(redis_client.eval(render() + _DUMP, 0))
+    got = json.loads(redis_client.eval(render() + _SPLIT + _DUMP, 0))
     assert got["LIMIT_NAMES"] == list(catalog.CEILING_NAMES)
     assert got["CEILING_CAPACITY"] == {c.name: c.capacity for c in catalog.CEILINGS if c.capacity}
     assert got["OBSERVED_CEILINGS"] == {c.name: c.observed for c in catalog.CEILINGS if c.observed}

@@ -166,7 +166,14 @@ end
 -- this layout, else from the named fields; nil when the cell has no policy.
 local function raw_policy(packed)
   local raw = {}
-  local v = packed and { string.match(packed, PACKED_RE) }
+  local v = packed and {}
+  local rest = packed
+  for j = 1, v and #PACKED_RES or 0 do
+    local got = { string.match(rest, PACKED_RES[j]) }
+    if not got[1] then v = nil break end
+    if j < #PACKED_RES then rest = table.remove(got) end
+    for k = 1, #got do v[#v + 1] = got[k] end
+  end
   if v and v[1] then
     for i, name in ipairs(PACKED) do
       if v[i] ~= '' then raw[name] = v[i] end

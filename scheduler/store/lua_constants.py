@@ -20,6 +20,23 @@ from scheduler.store.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
 NAME = "constants"
 
 
+#: fields one pattern of PACKED_RES captures (one more for the rest, where
+#: more follow): below Lua's 32 captures a pattern
+PACKED_CHUNK = 30
+
+
+def packed_patterns(n: int) -> list[str]:
+    """The patterns that split a packed policy of ``n`` tab-separated fields:
+    each captures up to PACKED_CHUNK of them and, where more follow, the
+    rest (matched by the next pattern)."""
+    out = []
+    while n > PACKED_CHUNK:
+        out.append("^" + "\t".join(["([^\t]*)"] * PACKED_CHUNK) + "\t(.*)$")
+        n -= PACKED_CHUNK
+    out.append("^" + "\t".join(["([^\t]*)"] * n) + "$")
+    return out
+
+
 def _str(s: str) -> str:
     """A Lua string literal."""
     escaped = s.replace("\\", "\\\\").replace("'", "\\'")
@@ -86,8 +103,10 @@ def render() -> str:
         + _map({c.name: c.observed for c in ceilings if c.observed is not None}),
         "-- The policy hash's fields, packed in this order into its field `packed`.",
         f"local PACKED = {_list(packed)}",
-        f"-- {len(packed)} tab-separated captures, one per PACKED name",
-        "local PACKED_RE = " + _str("^" + "\t".join(["([^\t]*)"] * len(packed)) + "$"),
+        f"-- {len(packed)} tab-separated captures, one per PACKED name, in patterns of at",
+        f"-- most {PACKED_CHUNK} (each but the last also captures the rest): a Lua pattern",
+        "-- holds at most 32 captures (LUA_MAXCAPTURES)",
+        f"local PACKED_RES = {_list(packed_patterns(len(packed)))}",
         "-- Kept in the policy hash beside the policy, not part of it.",
         f"local NOT_POLICY = {_set(catalog.BESIDE_POLICY)}",
         "-- Bounds absent from the policy hash have these values.",
