@@ -51,7 +51,13 @@ if buried_on(sb, node_id, now) then
   -- releases one.
   local rid = nil
   local charged_before = redis.call('HGET', bind_key(sb), 'reservation_id') or ''
-  if charged_before == '' and redis.call('HGET', node_key(node_id), 'roster_mode') == '1' then
+  local roster = redis.call('HGET', node_key(node_id), 'roster_mode') == '1'
+  if charged_before == '' and not roster then
+    -- (counter mode: a rise that came before this assignment released one
+    -- unclaimed for it; the tombstone takes that one, already ended)
+    rid = counted_claim(node_id, wanted, sb) or (wanted ~= '' and counted_claim(node_id, '', sb)) or nil
+    if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
+  elseif charged_before == '' then
     if wanted ~= '' then
       local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
       if r[2] == node_id and r[1] == 'pending' then rid = wanted end
@@ -74,18 +80,26 @@ end
 local rid = bound_reservation(sb, node_id)
 local attached = nil
 if not rid and not charged(sb, node_id) then
+  -- A creation the node's counter already counted before its assignment came
+  -- released a pending reservation no sandbox had claimed (counted_unclaimed,
+  -- includes/bindings.lua): the assignment takes that one, ended, never
+  -- another placement's pending one, which a DELETE would then end early.
   if wanted ~= '' then
     local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
     if r[2] == node_id and r[1] == 'pending' then
       attached = wanted
+    elseif r[2] == node_id and r[1] == 'released' and (r[3] or '') == '' then
+      rid = counted_claim(node_id, wanted, sb)
     elseif r[2] == node_id and r[3] and r[3] ~= sb
         and (r[1] == 'assigned' or r[1] == 'acked' or r[1] == 'released') then
       -- the named reservation was claimed by another sandbox of this node (its
       -- CREATE event came first): this sandbox takes the next unclaimed one
-      attached = oldest_unclaimed(node_id)
+      rid = counted_claim(node_id, '', sb)
+      attached = not rid and oldest_unclaimed(node_id) or nil
     end
   else
-    attached = oldest_unclaimed(node_id)
+    rid = counted_claim(node_id, '', sb)
+    attached = not rid and oldest_unclaimed(node_id) or nil
   end
   if attached then
     -- (assigned: it lives placement_reservation_ttl from its Schedule, no
