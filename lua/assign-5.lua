@@ -2,7 +2,11 @@
   assign-5.lua: record that a sandbox was created on a node (RecordAssignment).
 
   Attaches the sandbox to a pending reservation of that node (the one named,
-  or else the node's oldest unclaimed one) and writes the binding.  If a
+  or else the node's oldest unclaimed one) and writes the binding.  A
+  reservation the node's counter already released for a creation not yet
+  assigned (counted_unclaimed) is taken first, already ended: the counter
+  counted this sandbox, and another placement's pending reservation must not
+  be charged to it (its DELETE would end that one early).  If a
   roster of that node already listed the sandbox, the node's numbers include
   it, so the reservation is released at once.  A sandbox is charged at most
   one reservation: one already charged (by an earlier assignment or event)
@@ -18,7 +22,8 @@
   Returns {reservation id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
-          absent_cs, absent_rt), node:<node> absent_watch, stats
+          absent_cs, absent_rt), node:<node> absent_watch counted_unclaimed,
+          stats
 ]]
 -- @include bindings
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.
@@ -27,6 +32,30 @@ local function oldest_unclaimed(node_id)
     if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
   end
   return nil
+end
+-- A node's counted_unclaimed (a field of its record): the ids, oldest first,
+-- of pending reservations its create_successes rise released before any
+-- assignment claimed them (includes/heartbeat.lua adds them, the newest 16
+-- kept: one whose create was never sent ages out).  Each stands for a
+-- creation the node counted whose assignment is still to come; that
+-- assignment takes one instead of another placement's pending reservation.
+-- Takes `wanted` ('' = the oldest) off the list and charges it to sandbox
+-- `sb` (it is ended: nothing more to release); the id, or nil when the list
+-- does not hold it.
+local function counted_unclaimed(node_id, wanted, sb)
+  local nkey = node_key(node_id)
+  local list = redis.call('HGET', nkey, 'counted_unclaimed') or ''
+  local rest, pick = {}, nil
+  for rid in string.gmatch(list, '%S+') do
+    if not pick and (wanted == '' or rid == wanted) then pick = rid else rest[#rest + 1] = rid end
+  end
+  if not pick then return nil end
+  if #rest == 0 then redis.call('HDEL', nkey, 'counted_unclaimed')
+  else redis.call('HSET', nkey, 'counted_unclaimed', table.concat(rest, ' ')) end
+  if redis.call('HEXISTS', res_key(pick), 'state') == 1 then
+    redis.call('HSET', res_key(pick), 'sandbox_id', sb)
+  end
+  return pick
 end
 local sb = ARGV[1]
 local node_id = ARGV[2]
@@ -55,7 +84,7 @@ if buried_on(sb, node_id, now) then
   if charged_before == '' and not roster then
     -- (counter mode: a rise that came before this assignment released one
     -- unclaimed for it; the tombstone takes that one, already ended)
-    rid = counted_claim(node_id, wanted, sb) or (wanted ~= '' and counted_claim(node_id, '', sb)) or nil
+    rid = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
   elseif charged_before == '' then
     if wanted ~= '' then
@@ -89,16 +118,16 @@ if not rid and not charged(sb, node_id) then
     if r[2] == node_id and r[1] == 'pending' then
       attached = wanted
     elseif r[2] == node_id and r[1] == 'released' and (r[3] or '') == '' then
-      rid = counted_claim(node_id, wanted, sb)
+      rid = counted_unclaimed(node_id, wanted, sb)
     elseif r[2] == node_id and r[3] and r[3] ~= sb
         and (r[1] == 'assigned' or r[1] == 'acked' or r[1] == 'released') then
       -- the named reservation was claimed by another sandbox of this node (its
       -- CREATE event came first): this sandbox takes the next unclaimed one
-      rid = counted_claim(node_id, '', sb)
+      rid = counted_unclaimed(node_id, '', sb)
       attached = not rid and oldest_unclaimed(node_id) or nil
     end
   else
-    rid = counted_claim(node_id, '', sb)
+    rid = counted_unclaimed(node_id, '', sb)
     attached = not rid and oldest_unclaimed(node_id) or nil
   end
   if attached then

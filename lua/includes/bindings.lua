@@ -3,7 +3,7 @@
   forgetting of silent nodes: includes/nodes.lua).
 ]]
 -- @exports write_binding drop_binding bury_binding buried_on
--- @exports bound_reservation charged listed_on counted_keep counted_claim
+-- @exports bound_reservation charged listed_on
 -- @include index
 ---------------------------------------------------------------------------
 -- Bindings
@@ -144,37 +144,3 @@ local function listed_on(sb, node_id)
   return b[1] == node_id and b[2] == '1' and b[3] ~= '1'
 end
 
-
--- A node's counted_unclaimed (a field of its record): the ids, oldest first,
--- of pending reservations its create_successes rise released before any
--- assignment claimed them (includes/heartbeat.lua).  Each stands for a
--- creation the node counted whose RecordAssignment is still to come; that
--- assignment takes one (assign-5.lua) instead of another placement's pending
--- reservation.  The newest COUNTED_KEEP are kept (one whose assignment never
--- comes, a create never sent, ages out).
-local COUNTED_KEEP = 16
-local function counted_keep(list)
-  local ids = {}
-  for rid in string.gmatch(list, '%S+') do ids[#ids + 1] = rid end
-  return table.concat(ids, ' ', math.max(1, #ids - COUNTED_KEEP + 1))
-end
-
--- Takes `wanted` ('' = the oldest) off node_id's counted_unclaimed and
--- charges it to sandbox `sb` (already ended: nothing more to release); the
--- id, or nil when the list does not hold it.
-local function counted_claim(node_id, wanted, sb)
-  local nkey = node_key(node_id)
-  local list = redis.call('HGET', nkey, 'counted_unclaimed')
-  if not list or list == '' then return nil end
-  local rest, pick = {}, nil
-  for rid in string.gmatch(list, '%S+') do
-    if not pick and (wanted == '' or rid == wanted) then pick = rid else rest[#rest + 1] = rid end
-  end
-  if not pick then return nil end
-  if #rest == 0 then redis.call('HDEL', nkey, 'counted_unclaimed')
-  else redis.call('HSET', nkey, 'counted_unclaimed', table.concat(rest, ' ')) end
-  if redis.call('HEXISTS', res_key(pick), 'state') == 1 then
-    redis.call('HSET', res_key(pick), 'sandbox_id', sb)
-  end
-  return pick
-end

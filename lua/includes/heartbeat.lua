@@ -374,11 +374,14 @@ local function heartbeat_one(ctx, A)
     end
     -- A pending reservation the rise released stands for a creation counted
     -- before its assignment came: the node keeps it (counted_unclaimed, the
-    -- newest COUNTED_KEEP), and that assignment takes it, already ended,
-    -- rather than another placement's pending one (assign-5.lua).
+    -- newest 16), and that assignment takes it, already ended, rather than
+    -- another placement's pending one (assign-5.lua).
     if unclaimed ~= '' then
+      local kept = {}
+      local list = (redis.call('HGET', node_key(node_id), 'counted_unclaimed') or '') .. unclaimed
+      for rid in string.gmatch(list, '%S+') do kept[#kept + 1] = rid end
       hset[#hset + 1] = 'counted_unclaimed'
-      hset[#hset + 1] = counted_keep((redis.call('HGET', node_key(node_id), 'counted_unclaimed') or '') .. unclaimed)
+      hset[#hset + 1] = table.concat(kept, ' ', math.max(1, #kept - 15))
     end
   end
   -- Roster mode: an assigned reservation whose sandbox this node's rosters

@@ -32,7 +32,7 @@ from scheduler.domain.records import Request
 from scheduler.store.replies import rank_key
 
 #: how many counted-unclaimed reservation ids a node keeps
-#: (COUNTED_KEEP in lua/includes/bindings.lua)
+#: (counted_unclaimed in lua/includes/bindings.lua)
 COUNTED_KEEP = 16
 
 
