@@ -2,7 +2,11 @@
   assign-5.lua: record that a sandbox was created on a node (RecordAssignment).
 
   Attaches the sandbox to a pending reservation of that node (the one named,
-  or else the node's oldest unclaimed one) and writes the binding.  If a
+  or else the node's oldest unclaimed one) and writes the binding.  A
+  reservation the node's counter already released for a creation not yet
+  assigned (counted_unclaimed) is taken first, already ended: the counter
+  counted this sandbox, and another placement's pending reservation must not
+  be charged to it (its DELETE would end that one early).  If a
   roster of that node already listed the sandbox, the node's numbers include
   it, so the reservation is released at once.  If another node's roster
   lists it, that node holds it: the binding stays, and the reservation is
@@ -22,8 +26,9 @@
   Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
   Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
-          absent_cs, absent_rt), node:<node> absent_watch (deletes_uncounted),
-          stats; another node's res:<id> and deletes_uncounted (a take)
+          absent_cs, absent_rt), node:<node> absent_watch, counted_unclaimed
+          (deletes_uncounted), stats; another node's res:<id> and
+          deletes_uncounted (a take)
 ]]
 -- @include bindings
 -- The node's oldest reservation that no sandbox has claimed yet, or nil.
@@ -32,6 +37,30 @@ local function oldest_unclaimed(node_id)
     if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
   end
   return nil
+end
+-- A node's counted_unclaimed (a field of its record): the ids, oldest first,
+-- of pending reservations its create_successes rise released before any
+-- assignment claimed them (includes/heartbeat.lua adds them, the newest 16
+-- kept: one whose create was never sent ages out).  Each stands for a
+-- creation the node counted whose assignment is still to come; that
+-- assignment takes one instead of another placement's pending reservation.
+-- Takes `wanted` ('' = the oldest) off the list and charges it to sandbox
+-- `sb` (it is ended: nothing more to release); the id, or nil when the list
+-- does not hold it.
+local function counted_unclaimed(node_id, wanted, sb)
+  local nkey = node_key(node_id)
+  local list = redis.call('HGET', nkey, 'counted_unclaimed') or ''
+  local rest, pick = {}, nil
+  for rid in string.gmatch(list, '%S+') do
+    if not pick and (wanted == '' or rid == wanted) then pick = rid else rest[#rest + 1] = rid end
+  end
+  if not pick then return nil end
+  if #rest == 0 then redis.call('HDEL', nkey, 'counted_unclaimed')
+  else redis.call('HSET', nkey, 'counted_unclaimed', table.concat(rest, ' ')) end
+  if redis.call('HEXISTS', res_key(pick), 'state') == 1 then
+    redis.call('HSET', res_key(pick), 'sandbox_id', sb)
+  end
+  return pick
 end
 local sb = ARGV[1]
 local node_id = ARGV[2]
@@ -56,7 +85,13 @@ if buried_on(sb, node_id, now) then
   -- releases one.
   local rid = nil
   local charged_before = redis.call('HGET', bind_key(sb), 'reservation_id') or ''
-  if charged_before == '' and redis.call('HGET', node_key(node_id), 'roster_mode') == '1' then
+  local roster = redis.call('HGET', node_key(node_id), 'roster_mode') == '1'
+  if charged_before == '' and not roster then
+    -- (counter mode: a rise that came before this assignment released one
+    -- unclaimed for it; the tombstone takes that one, already ended)
+    rid = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
+  elseif charged_before == '' then
     if wanted ~= '' then
       local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
       if r[2] == node_id and r[1] == 'pending' then rid = wanted end
@@ -115,18 +150,26 @@ local attached = nil
 -- carries its charge here: it follows the sandbox, write_binding)
 local charged = (held[4] or '') ~= '' and (held[1] == node_id or held[3] ~= '1')
 if not rid and not charged then
+  -- A creation the node's counter already counted before its assignment came
+  -- released a pending reservation no sandbox had claimed (counted_unclaimed,
+  -- above): the assignment takes that one, ended, never
+  -- another placement's pending one, which a DELETE would then end early.
   if wanted ~= '' then
     local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
     if r[2] == node_id and r[1] == 'pending' then
       attached = wanted
+    elseif r[2] == node_id and r[1] == 'released' and (r[3] or '') == '' then
+      rid = counted_unclaimed(node_id, wanted, sb)
     elseif r[2] == node_id and r[3] and r[3] ~= sb
         and (r[1] == 'assigned' or r[1] == 'acked' or r[1] == 'released') then
       -- the named reservation was claimed by another sandbox of this node (its
       -- CREATE event came first): this sandbox takes the next unclaimed one
-      attached = oldest_unclaimed(node_id)
+      rid = counted_unclaimed(node_id, '', sb)
+      attached = not rid and oldest_unclaimed(node_id) or nil
     end
   else
-    attached = oldest_unclaimed(node_id)
+    rid = counted_unclaimed(node_id, '', sb)
+    attached = not rid and oldest_unclaimed(node_id) or nil
   end
   if attached then
     -- (assigned: it lives placement_reservation_ttl from its Schedule, no

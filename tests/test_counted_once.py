@@ -248,6 +248,57 @@ def test_counter_mode_delete_releases_its_reservation_once(make_scheduler: Make)
     assert counted(s) == 1
 
 
+def test_counter_mode_an_assignment_after_its_rise_takes_no_other_reservation(
+    make_scheduler: Make,
+) -> None:
+    """The lifecycle machine's failure on counter-mode c0: the rise that
+    counted sb1 came before sb1's assignment and released its reservation
+    (then unclaimed).  The assignment, without a reservation id as the
+    reference gateway sends it, must take that one, already ended, not the
+    placement on its way since: sb1's DELETE would end that one early."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=5)))
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 1024))
+    assert s.heartbeat(hb("n1", create_successes=1, sandbox_count=1)).released == 1
+    on_its_way = s.schedule(Request.cold(1, 1024))
+    assert s.assign("sb1", "n1", EP).reservation_id == first.reservation_id
+    s.events("n1", [ev("sb1", "DELETE")])
+    assert state(s, on_its_way) == "pending"
+    # the DELETE ended nothing: the next heartbeat's numbers drop sb1
+    assert s.heartbeat(hb("n1", create_successes=1)).released == 0
+    assert state(s, on_its_way) == "pending"
+    assert counted(s) == 1
+    # its own creation's assignment takes it; the rise that counts it ends it
+    assert s.assign("sb2", "n1", EP).reservation_id == on_its_way.reservation_id
+    assert s.heartbeat(hb("n1", create_successes=2, sandbox_count=1)).released == 1
+    assert state(s, on_its_way) == "released"
+    assert counted(s) == 1
+
+
+def test_counter_mode_an_assignment_after_its_rise_and_its_delete_takes_no_other(
+    make_scheduler: Make,
+) -> None:
+    """As above with sb1's DELETE before its assignment: the tombstone takes
+    the reservation the rise released, and the next creation's assignment
+    its own pending one, which a DELETE then ends once."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=5)))
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 1024))
+    s.heartbeat(hb("n1", create_successes=1, sandbox_count=1))
+    on_its_way = s.schedule(Request.cold(1, 1024))
+    s.events("n1", [ev("sb1", "DELETE")])
+    assert s.assign("sb1", "n1", EP).reservation_id == first.reservation_id
+    assert state(s, on_its_way) == "pending"
+    assert s.assign("sb2", "n1", EP).reservation_id == on_its_way.reservation_id
+    assert s.assign("sb1", "n1", EP).reservation_id is None  # (charged once)
+    assert state(s, on_its_way) == "assigned"
+    s.events("n1", [ev("sb2", "DELETE")])
+    assert state(s, on_its_way) == "released"
+    # sb2's creation moved the counter: its DELETE's baseline move covers it
+    assert s.heartbeat(hb("n1", create_successes=2)).released == 0
+    assert counted(s) == 0
+
+
 # ---------------------------------------------------------------------------
 # Reservations that end without a trace
 # ---------------------------------------------------------------------------

@@ -367,14 +367,28 @@ local function heartbeat_one(ctx, A)
         released, f, states[i] = released + 1, f - 1, 'released'
       end
     end
+    local unclaimed = ''
     for pass = 1, 3 do
       local want = pass == 1 and 'acked' or pass == 2 and 'assigned'
       for i, rid in ipairs(ids) do
         if k <= 0 then break end
-        if (not want or states[i] == want) and end_reservation(ctx, rid, 'released', now) then
+        local was = states[i]
+        if (not want or was == want) and end_reservation(ctx, rid, 'released', now) then
           released, k, states[i] = released + 1, k - 1, 'released'
+          if was == 'pending' then unclaimed = unclaimed .. ' ' .. rid end
         end
       end
+    end
+    -- A pending reservation the rise released stands for a creation counted
+    -- before its assignment came: the node keeps it (counted_unclaimed, the
+    -- newest 16), and that assignment takes it, already ended, rather than
+    -- another placement's pending one (assign-5.lua).
+    if unclaimed ~= '' then
+      local kept = {}
+      local list = (redis.call('HGET', node_key(node_id), 'counted_unclaimed') or '') .. unclaimed
+      for rid in string.gmatch(list, '%S+') do kept[#kept + 1] = rid end
+      hset[#hset + 1] = 'counted_unclaimed'
+      hset[#hset + 1] = table.concat(kept, ' ', math.max(1, #kept - 15))
     end
   end
   -- Roster mode: an assigned reservation whose sandbox this node's rosters

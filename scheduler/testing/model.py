@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from scheduler.domain.catalog import (
     ADMISSION_TEXT,
@@ -30,6 +30,10 @@ from scheduler.domain.catalog import (
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import Request
 from scheduler.store.replies import rank_key
+
+#: how many counted-unclaimed reservation ids a node keeps
+#: (counted_unclaimed in lua/includes/bindings.lua)
+COUNTED_KEEP = 16
 
 
 @dataclass(frozen=True)
@@ -472,6 +476,9 @@ class NodeMeta:
     #: the node has assigned reservations its rosters do not list yet
     absent_watch: bool = False
     sandboxes: set[str] | None = None  # node-sbx membership
+    #: pending reservations a counter rise released before any assignment
+    #: claimed them, oldest first (the newest COUNTED_KEEP)
+    counted: list[str] = field(default_factory=list)
 
 
 class CellModel:
@@ -543,6 +550,18 @@ class CellModel:
             if r.state == "pending":
                 return r.rid
         return None
+
+    def counted_claim(self, node_id: str, wanted: str, sb: str) -> str | None:
+        """Takes `wanted` ("" = the oldest) off the node's counted_unclaimed
+        list and charges it to `sb` (it is ended already)."""
+        counted = self.meta[node_id].counted
+        pick = wanted or (counted[0] if counted else None)
+        if pick is None or pick not in counted:
+            return None
+        counted.remove(pick)
+        if pick in self.ended:
+            self.ended[pick].sandbox_id = sb
+        return pick
 
     def charged(self, sb: str, node_id: str) -> bool:
         """Charged before: on this node, or a live binding of another node
@@ -685,9 +704,12 @@ class CellModel:
             ):
                 if k <= 0:
                     break
+                was = r.state
                 if self.end(r.rid, "released"):
                     released += 1
                     k -= 1
+                    if was == "pending":  # (counted before its assignment came)
+                        meta.counted = (meta.counted + [r.rid])[-COUNTED_KEEP:]
         if roster_mode and meta.absent_watch:
             watching = False
             for r in self.live_of(node_id):
@@ -738,7 +760,14 @@ class CellModel:
         b = self.bind.get(sb)
         if b is not None and b.deleted and b.node_id == node_id and b.expires_ms > now:
             buried = None
-            if not b.rid and self.meta[node_id].roster_mode:
+            if not b.rid and not self.meta[node_id].roster_mode:
+                buried = self.counted_claim(node_id, wanted or "", sb)
+                if buried is None and wanted:
+                    buried = self.counted_claim(node_id, "", sb)
+                if buried is not None:
+                    b.rid = buried
+                return buried
+            if not b.rid:
                 r = self.res.get(wanted) if wanted else None
                 if wanted:
                     buried = (
@@ -779,13 +808,22 @@ class CellModel:
                 elif (
                     r is not None
                     and r.node_id == node_id
+                    and r.state == "released"
+                    and not r.sandbox_id
+                ):
+                    rid = self.counted_claim(node_id, wanted, sb)
+                elif (
+                    r is not None
+                    and r.node_id == node_id
                     and r.sandbox_id
                     and r.sandbox_id != sb
                     and r.state in ("assigned", "acked", "released")
                 ):
-                    attached = self.oldest_unclaimed(node_id)
+                    rid = self.counted_claim(node_id, "", sb)
+                    attached = None if rid else self.oldest_unclaimed(node_id)
             else:
-                attached = self.oldest_unclaimed(node_id)
+                rid = self.counted_claim(node_id, "", sb)
+                attached = None if rid else self.oldest_unclaimed(node_id)
             if attached is not None:
                 got = self.res[attached]
                 got.state = "assigned"
