@@ -57,10 +57,19 @@ local function counted_unclaimed(node_id, wanted, sb)
   if not pick then return nil end
   if #rest == 0 then redis.call('HDEL', nkey, 'counted_unclaimed')
   else redis.call('HSET', nkey, 'counted_unclaimed', table.concat(rest, ' ')) end
-  if redis.call('HEXISTS', res_key(pick), 'state') == 1 then
+  if redis.call('HGET', res_key(pick), 'state') then
     redis.call('HSET', res_key(pick), 'sandbox_id', sb)
   end
   return pick
+end
+-- The pending reservation an assignment names (`wanted`, when it is the
+-- node's and still pending), or with none named the node's oldest unclaimed
+-- one; nil when neither.
+local function named_or_oldest(node_id, wanted)
+  if wanted == '' then return oldest_unclaimed(node_id) end
+  local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
+  if r[2] == node_id and r[1] == 'pending' then return wanted end
+  return nil
 end
 local sb = ARGV[1]
 local node_id = ARGV[2]
@@ -92,12 +101,7 @@ if buried_on(sb, node_id, now) then
     rid = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
   elseif charged_before == '' then
-    if wanted ~= '' then
-      local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
-      if r[2] == node_id and r[1] == 'pending' then rid = wanted end
-    else
-      rid = oldest_unclaimed(node_id)
-    end
+    rid = named_or_oldest(node_id, wanted)
   end
   local released = 0
   if rid and end_reservation(ctx, rid, 'released', now) then
@@ -120,12 +124,7 @@ local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', '
 if held[1] and held[1] ~= node_id and held[2] == '1' and held[3] ~= '1' then
   local rid = nil
   if (held[4] or '') == '' then
-    if wanted ~= '' then
-      local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
-      if r[2] == node_id and r[1] == 'pending' then rid = wanted end
-    else
-      rid = oldest_unclaimed(node_id)
-    end
+    rid = named_or_oldest(node_id, wanted)
   end
   local released = 0
   if rid then
