@@ -35,6 +35,7 @@ import msgspec.structs
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Policy, Request, Scheduler
+from scheduler.domain import catalog
 from scheduler.domain.records import MIB, snapshot_fields
 from scheduler.ops.simnode import SimNode
 from scheduler.store import lua_constants
@@ -99,7 +100,14 @@ def _retired_constants() -> str:
     index_fields = [
         n for n, m in lua_constants.index_movers(snapshot_fields()).items() if m is True
     ]
-    return "local INDEX_FIELDS = { " + ", ".join(f"'{n}'" for n in index_fields) + " }\n"
+    out = "local INDEX_FIELDS = { " + ", ".join(f"'{n}'" for n in index_fields) + " }\n"
+    # (one pattern for the whole packed policy, before PACKED_RES split it:
+    # Lua takes at most 32 captures, so only while the policy has no more)
+    n = len(catalog.PACKED)
+    if n <= 32:
+        out += "-- @exports PACKED_RE\n"
+        out += "local PACKED_RE = '^" + "\\t".join(["([^\\t]*)"] * n) + "$'\n"
+    return out
 
 
 def knows_roster_deltas(lib: Library) -> bool:
