@@ -158,6 +158,35 @@ def test_a_gone_sandbox_is_released_across_a_restart_of_the_nodes_agent(
     assert counted(s) == 1
 
 
+def test_a_roster_node_that_restarts_empty_keeps_giving_gone_sandboxes_back(
+    make_scheduler: Make,
+) -> None:
+    """LossyLifecycle's failure after the moves merge: a roster node's last
+    listed sandbox ends (its DELETE lost) and its agent restarts, so the new
+    instance's rosters are empty.  The restart keeps the node in roster mode
+    (an empty roster is an empty node): the new instance's counter rise does
+    not release a reservation by guess (here the older gone creation's,
+    leaving the newer one's to its expiry), and the two-heartbeat rule gives
+    both gone creations back."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    keep = {"roster": ["keep"], "sandbox_count": 1}
+    s.heartbeat(hb("n1", sid="boot-0", **keep, create_successes=0, reported_at_unix_ms=1_000))
+    older = s.schedule(Request.cold(1, 1024))
+    s.assign("sb-old", "n1", EP, older.reservation_id)
+    # sb-old and keep end, their DELETEs lost; the agent restarts (boot-1)
+    # and creates sb-new, which is assigned and ends, its DELETE lost
+    newer = s.schedule(Request.cold(1, 1024))
+    s.assign("sb-new", "n1", EP, newer.reservation_id)
+    assert counted(s) == 3
+    empty = {"roster": [], "sandbox_count": 0, "create_successes": 1}
+    r = s.heartbeat(hb("n1", sid="boot-1", **empty, reported_at_unix_ms=6_000))
+    assert r.roster_mode
+    assert (state(s, older), state(s, newer)) == ("assigned", "assigned")
+    s.heartbeat(hb("n1", sid="boot-1", **empty, reported_at_unix_ms=11_000))
+    assert (state(s, older), state(s, newer)) == ("released", "released")
+    assert counted(s) == 0
+
+
 def test_a_stamped_heartbeat_taken_before_the_sandbox_started_counts_once(
     make_scheduler: Make,
 ) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -427,7 +426,8 @@ class LossyLifecycle(Lifecycle):
         super().__init__()
         # a long-lived sandbox on each roster node, made outside the scheduler:
         # the node is in roster mode (a node that never listed one counts by
-        # its counter, which releases a short-lived creation by itself)
+        # its counter, which releases a short-lived creation by itself), and
+        # stays in it when the resident ends and the agent restarts
         for node_id in ROSTER_NODES:
             self.w.running[node_id][f"resident-{node_id}"] = (1, 512 * MIB)
             self.seen_sandboxes.add(f"resident-{node_id}")
@@ -525,14 +525,6 @@ class LossyLifecycle(Lifecycle):
             assert node_id != r.node_id or self.hbs[node_id] - since < 2, r
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="#28, found merging moves2 (not every run reaches it): a roster node whose "
-    "resident sandbox ended with its DELETE lost and whose agent then restarted lists "
-    "nothing and counts by its counter; the new instance's counter rise releases one "
-    "reservation, possibly an older gone creation's, and a creation gone after the "
-    "restart keeps its slot past two heartbeats (capacity_is_given_back)",
-)
 def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
     LossyLifecycle.client = redis_client
     run_state_machine_as_test(

@@ -172,7 +172,10 @@ local function heartbeat_one(ctx, A)
         .. 'max_roster_ids (' .. P.max_roster_ids .. ')')
     end
   end
-  local roster_mode = (prev[PREV.roster_mode] == '1' and not restarted) or (roster_size or 0) > 0
+  -- (a node in roster mode stays in it, across its agent's restarts too:
+  -- an empty roster is an empty node, and the reporter a restart brings
+  -- back sends its store as the one before did)
+  local roster_mode = prev[PREV.roster_mode] == '1' or (roster_size or 0) > 0
   if not roster_sent then roster_mode = prev[PREV.roster_mode] == '1' end
   -- @phase roster_plan
 

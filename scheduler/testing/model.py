@@ -667,7 +667,8 @@ class CellModel:
         )
         meta.create_fails = create_fails if fail_base is None else max(fail_base, create_fails)
         listed = list(dict.fromkeys(sb for sb in roster if sb))
-        roster_mode = (prev_mode and not restarted) or bool(listed)
+        # (roster mode is kept across a restart: an empty roster is an empty node)
+        roster_mode = prev_mode or bool(listed)
         released = 0
         for sb in listed:
             rid = self.bound_reservation(sb, node_id)
