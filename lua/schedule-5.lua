@@ -29,8 +29,9 @@
                        starting, running, paused, projected_cpu,
                        projected_memory, cpu_capacity, memory_capacity, endpoint[,
                        coverage, bonus, locality: why a warm node lost or ""]}
-  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., PRECONDITION (no
-          policy, or the reservation id was cancelled before this call ran)
+  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., NO_POLICY (no
+          policy), PRECONDITION (the reservation id was cancelled before this
+          call ran)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr;
           with locality: node-loc:<node>, aff:<group> (includes/locality.lua)
 ]]
