@@ -130,11 +130,11 @@ if held[1] and held[1] ~= node_id and held[2] == '1' and held[3] ~= '1' then
   if rid then
     redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now))
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
-    if end_reservation(ctx, rid, 'released', now) then
+    -- (the lister's numbers include it: end_charge moves this node's counter
+    -- baseline, the reservation being this node's)
+    if end_charge(ctx, rid, held[1], now) then
       released = 1
       redis.call('HSET', bind_key(sb), 'reservation_id', rid)
-      local nd = redis.call('HMGET', node_key(node_id), 'roster_mode', 'counted_successes')
-      if nd[1] ~= '1' and nd[2] then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
   end
   reindex_touched(ctx, P, now)
