@@ -434,7 +434,7 @@ class Replica:
 
     async def _reads_answer(self) -> bool:
         try:
-            with self.sched.scoped(timeout=max(self.monitor_interval_s, 1.0)):
+            with self.sched.scoped(timeout=self._probe_timeout_s):
                 await self.sched.stats()  # (a no-writes function: runs while writes are refused)
         except (SchedulerError, asyncio.TimeoutError):
             return False
@@ -472,9 +472,7 @@ class Replica:
                     )
                 if due and self.cell_stats_interval_s is not None:
                     next_stats = loop.time() + self.cell_stats_interval_s
-            except EvictionRisk as e:
-                await self._set_serving(False, e.message)
-            except StoreUnavailable as e:
+            except (StoreUnavailable, EvictionRisk) as e:
                 # (a restarted or replaced server is held by the RestartGuard:
                 # refusals of the same server, OOM or READONLY, hold nothing)
                 await self._set_serving(False, e.message)
@@ -517,7 +515,7 @@ class Replica:
 
     async def _check_redis_data(self, refresh_stats: bool) -> None:
         if self.settings.query_only:  # reads alone: nothing of the cell to keep
-            await asyncio.wait_for(self.sched.ping(), max(self.monitor_interval_s, 1.0))
+            await asyncio.wait_for(self.sched.ping(), self._probe_timeout_s)
             await self._set_serving(True)
             return
         was_ok = self._redis_ok
