@@ -597,7 +597,16 @@ class Ops:
         return self._call("heartbeat_batch", argv, lambda r: _each_answer(parses, r))
 
     # -- schedule / explain ------------------------------------------------
-    def _request_args(self, req: Request, strategy: str | None) -> tuple[str, str, str, str]:
+    def _request_argv(
+        self,
+        req: Request,
+        strategy: str | None,
+        dry_run: str,
+        reservation_id: str | None = None,
+    ) -> c.ScheduleArgv:
+        """lua/schedule-5.lua's ARGV for ``req``: a decision (DECIDE) takes the
+        given reservation id or a fresh one when it creates; an explanation
+        (EXPLAIN) reserves nothing and takes none."""
         cpu = "" if req.cpu is None else str(_whole("cpu", req.cpu, MAX_CPU))
         mem = (
             ""
@@ -609,24 +618,17 @@ class Ops:
                 "strategy",
                 f"must be {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}, not {strategy!r}",
             )
-        return (c.KIND_CREATE if req.create else c.KIND_ROUTE, strategy or "", cpu, mem)
-
-    def _locality(self, req: Request) -> str:
-        return locality_arg(req, self.bounds.artifact_key_max_bytes)
-
-    def schedule(
-        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
-    ) -> Call[Placement]:
-        kind, strategy_, cpu, mem = self._request_args(req, strategy)
-        rid = (
-            validate_id("reservation_id", reservation_id)
-            if reservation_id
-            else (secrets.token_hex(12) if req.create else "")
-        )
-        argv = c.ScheduleArgv(
-            kind=kind,
-            dry_run=c.DECIDE,
-            strategy=strategy_,
+        rid = ""
+        if dry_run == c.DECIDE:
+            rid = (
+                validate_id("reservation_id", reservation_id)
+                if reservation_id
+                else (secrets.token_hex(12) if req.create else "")
+            )
+        return c.ScheduleArgv(
+            kind=c.KIND_CREATE if req.create else c.KIND_ROUTE,
+            dry_run=dry_run,
+            strategy=strategy or "",
             cpu=cpu,
             memory_bytes=mem,
             reservation_id=rid,
@@ -634,6 +636,14 @@ class Ops:
             # (absent without locality: the call main's scripts take)
             locality=self._locality(req) or None,
         )
+
+    def _locality(self, req: Request) -> str:
+        return locality_arg(req, self.bounds.artifact_key_max_bytes)
+
+    def schedule(
+        self, req: Request, strategy: str | None = None, reservation_id: str | None = None
+    ) -> Call[Placement]:
+        argv = self._request_argv(req, strategy, c.DECIDE, reservation_id)
 
         def parse(r: list[Any]) -> Placement:
             d = c.ScheduleDecision(*r)  # (as whole_reply: inline, every placement reads one)
@@ -671,17 +681,7 @@ class Ops:
         return self._call("schedule_batch", argv, lambda r: _each_answer(parses, r), (self.k.rr,))
 
     def explain(self, req: Request, strategy: str | None = None) -> Call[Explanation]:
-        kind, strategy_, cpu, mem = self._request_args(req, strategy)
-        argv = c.ScheduleArgv(
-            kind=kind,
-            dry_run=c.EXPLAIN,
-            strategy=strategy_,
-            cpu=cpu,
-            memory_bytes=mem,
-            reservation_id="",
-            random=repr(random.random()),
-            locality=self._locality(req) or None,
-        )
+        argv = self._request_argv(req, strategy, c.EXPLAIN)
         return Call.of(
             "schedule", [*self.k.fixed(), self.k.rr], argv, parse_explanation, writes=False
         )
