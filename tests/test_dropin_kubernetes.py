@@ -366,8 +366,11 @@ def test_an_exec_plugins_token_is_asked_again_once_it_expired(
             task = asyncio.create_task(w.run())
             try:
                 end = asyncio.get_running_loop().time() + 15
-                while not await s.nodes():
-                    assert asyncio.get_running_loop().time() < end, "never found"
+                # found (the list answered), then watching: the nodes show
+                # before the watch request is open, and expiring no watch
+                # would prove nothing
+                while not await s.nodes() or not api.open_watches():
+                    assert asyncio.get_running_loop().time() < end, "never watching"
                     await asyncio.sleep(0.02)
                 before = len(runs.read_text().split())
                 assert api.expire_watches() >= 1  # (the watcher watches again)

@@ -178,8 +178,10 @@ def replicas(request: pytest.FixtureRequest, real_url: str) -> Iterator[list[Ser
     }
     procs = [ServeProcess(config, real_url, cell="fleet") for _ in range(count)]
     try:
+        # (eight interpreters starting at once on a busy two-core host take
+        # a while; the deadline bounds a hang, it measures nothing)
         for p in procs:
-            p.wait_serving(timeout=30)
+            p.wait_serving(timeout=30 + 10 * count)
         yield procs
     finally:
         for p in procs:
