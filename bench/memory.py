@@ -34,6 +34,8 @@ from bench.fleet import mixed_fleet, run_pipelined, send_heartbeats
 from bench.runner import Result, Target, machine
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
 from scheduler.domain.records import DiskMetric, MachineInfo
+from scheduler.store.calls import Call
+from scheduler.store.contracts import ArtifactRecordArgv
 from scheduler.store.p2p import PeerOps
 
 COLUMNS = ["item", "count", "bytes_per_item", "memory_usage_one", "example_key"]
@@ -175,7 +177,7 @@ def run(target: Target, p: Params) -> Result:
                 f"artifact ({size}-byte key)",
                 p.artifacts,
                 _measure(target, partial(run_pipelined, s, records)),
-                k.art(records[0].args[0]),
+                k.art(_digest(records[0])),
             )
     finally:
         s.close()
@@ -191,3 +193,9 @@ def run(target: Target, p: Params) -> Result:
             "memory_usage_one: MEMORY USAGE of the example key alone"
         ],
     )
+
+
+def _digest(call: Call[Any]) -> str:
+    """An artifact_record call's digest (its ARGV by name)."""
+    assert isinstance(call.argv, ArtifactRecordArgv), call.script
+    return call.argv.digest

@@ -6,6 +6,8 @@ from typing import Any
 
 from scheduler import Heartbeat, NodeSnapshot, Scheduler
 from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.store.calls import Call
+from scheduler.store.contracts import HeartbeatArgv, ScheduleArgv
 from scheduler.testing.model import NodeState
 
 GIB = 1024**3
@@ -28,6 +30,23 @@ def hb(
         snapshot=NodeSnapshot(cpu_count=cpu, memory_total_bytes=mem_gib * GIB, **snap),
         sandbox_ids=roster or [],
     )
+
+
+def heartbeat_argv(call: Call[Any]) -> HeartbeatArgv:
+    """A heartbeat-5.lua call's ARGV by name (a steady heartbeat has none)."""
+    assert isinstance(call.argv, HeartbeatArgv), call.script
+    return call.argv
+
+
+def schedule_argv(call: Call[Any]) -> ScheduleArgv:
+    """A schedule-5.lua call's ARGV by name."""
+    assert isinstance(call.argv, ScheduleArgv), call.script
+    return call.argv
+
+
+def roster_form(call: Call[Any]) -> str:
+    """What follows a heartbeat-5.lua call's fields: ROSTER_SAME, _FULL or _DELTA."""
+    return heartbeat_argv(call).roster_form
 
 
 def fleet(s: Scheduler, n: int, **kw: Any) -> list[str]:

@@ -34,8 +34,10 @@ from bench.runner import Result, Target, percentile
 from scheduler import Policy, Scheduler
 from scheduler.domain.records import MIB
 from scheduler.ops.simnode import SimNode
+from scheduler.store.contracts import ROSTER_DELTA, ROSTER_FULL
 from scheduler.store.scripts import _files, build_library, library
 from scheduler.testing.redis_server import RedisServer
+from tests.helpers import heartbeat_argv, roster_form
 
 pytestmark = pytest.mark.real_only
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,10 +295,10 @@ def test_versus_sends_a_base_before_roster_deltas_the_roster_whole(target: Targe
         node.create("sb-b", 2, 2048 * MIB)
         node.delete("sb-a")
         call = s.ops.heartbeat(node.heartbeat(), s.beats)
-        assert call.args[5] == "2"
+        assert roster_form(call) == ROSTER_DELTA
         whole = versus._whole_roster(call, node.heartbeat().sandbox_ids)
-        assert whole.args[5] == "1" and whole.args[-1:] == ["sb-b"]
-        assert whole.args[6 : 7 + 2 * int(call.args[6])] == call.args[6 : 7 + 2 * int(call.args[6])]
+        assert roster_form(whole) == ROSTER_FULL and heartbeat_argv(whole).roster == ["sb-b"]
+        assert heartbeat_argv(whole).fields == heartbeat_argv(call).fields
         s.run(whole)
         assert s.client.smembers(s.keys.node_roster("w1")) == {b"sb-b"}
         assert s.lookup("sb-b").node_id == "w1"

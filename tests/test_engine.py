@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 
@@ -31,11 +31,12 @@ from scheduler import (
 )
 from scheduler.domain.records import DiskMetric, SandboxEvent
 from scheduler.store.calls import Resync
+from scheduler.store.contracts import ROSTER_DELTA, ROSTER_SAME, HeartbeatArgv, SteadyArgv
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.scripts import _files as script_files
 from scheduler.store.scripts import library, sources
 from scheduler.testing.redis_server import free_port
-from tests.helpers import GIB, fleet, hb, rr_value, snapshot_keys
+from tests.helpers import GIB, fleet, hb, heartbeat_argv, roster_form, rr_value, snapshot_keys
 
 Make = Callable[..., Scheduler]
 
@@ -421,7 +422,8 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     # unchanged: the steady script, no fields and no roster; only the instant moves
     steady = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=2), a.beats)
     assert steady.script == "heartbeat_steady"
-    assert steady.args[2].endswith(":1") and steady.args[3] == "0" and len(steady.args) == 4
+    assert isinstance(steady.argv, SteadyArgv) and steady.argv.base.endswith(":1")
+    assert steady.argv.reported_at == "0" and len(steady.args) == 4
     a.run(steady)
     after = a.client.hgetall(a.keys.node("n1"))
     # (the instant fields stay equal when both land in the same millisecond)
@@ -431,8 +433,9 @@ def test_delta_heartbeats_resync_when_another_replica_wrote(redis_client: Any) -
     assert int(after[b"last_seen_ms"]) >= int(before[b"last_seen_ms"])
     # one field changed: a delta with just that field, no roster
     delta = a.ops.heartbeat(hb("n1", roster=["s1"], sandbox_count=1, allocated_cpu=3), a.beats)
-    assert delta.script == "heartbeat" and delta.args[3].endswith(":2")
-    assert delta.args[5] == "0" and sorted(delta.args[7:11:2]) == [
+    assert delta.script == "heartbeat" and isinstance(delta.argv, HeartbeatArgv)
+    assert delta.argv.base.endswith(":2") and delta.argv.roster_form == ROSTER_SAME
+    assert sorted(delta.argv.fields[::2]) == [
         "allocated_cpu",
         "reported_at_unix_ms",
     ]
@@ -496,7 +499,7 @@ def test_a_changed_roster_goes_as_what_joined_and_left(redis_client: Any) -> Non
         call = a.ops.heartbeat(hb("n1", roster=roster, sandbox_count=len(roster)), a.beats)
         joined = [sb for sb in roster if sb not in rosters[i]]
         left = sorted(set(rosters[i]) - set(roster))
-        assert call.args[5] == "2"
+        assert roster_form(call) == ROSTER_DELTA
         assert call.args[-len(joined) - len(left) - 1 :] == [str(len(joined)), *joined, *left]
         a.run(call)
         full.beats.clear()  # always sent whole
@@ -525,7 +528,7 @@ def test_a_roster_listed_again_is_checked_as_one_listed_anew(redis_client: Any) 
     with pytest.raises(InvalidArgument, match=r"sandbox_ids\[2\]"):
         a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s 3"], sandbox_count=3), a.beats)
     grown = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3), a.beats)
-    assert grown.script == "heartbeat" and grown.args[5] == "2"
+    assert grown.script == "heartbeat" and roster_form(grown) == ROSTER_DELTA
     a.run(grown)
     assert a.beats["n1"].ids == ("s1", "s2", "s3")
     assert a.lookup("s3").node_id == "n1"
@@ -543,7 +546,7 @@ def test_a_roster_delta_resyncs_when_its_roster_lost_a_sandbox(redis_client: Any
     assert a.lookup("s2").node_id == "n2"
     assert a.client.smembers(a.keys.node_roster("n1")) == {b"s1"}
     call = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3"], sandbox_count=3), a.beats)
-    assert call.args[5] == "2"
+    assert roster_form(call) == ROSTER_DELTA
     before = a.client.hgetall(a.keys.node("n1"))
     with pytest.raises(Resync):
         a.run(call)
@@ -564,16 +567,15 @@ def test_a_roster_delta_is_held_to_the_stored_limit(make_scheduler: Make) -> Non
     b = Scheduler(a.client, cell="test")
     b.beats.update(a.beats)
     call = b.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3", "s4", "s5"]), b.beats)
-    assert call.args[5] == "2"
+    assert roster_form(call) == ROSTER_DELTA
     before = a.client.hgetall(a.keys.node("n1"))
     with pytest.raises(InvalidArgument) as e:
         a.run(call)
     assert e.value.field == "sandbox_ids"
     assert "5 entries, more than max_roster_ids (4)" in e.value.message
     assert a.client.hgetall(a.keys.node("n1")) == before
-    bare = [*call.args[:3], "", *call.args[4:]]  # a roster delta with no base
     with pytest.raises(InvalidArgument, match="a roster delta needs the record it is based on"):
-        a.run(replace(call, args=bare))
+        a.run(call.with_argv(msgspec.structs.replace(heartbeat_argv(call), base="")))
 
 
 def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None:
@@ -590,7 +592,8 @@ def test_a_delta_never_applies_to_a_record_made_again(redis_client: Any) -> None
     assert "n1" not in b.beats and "n1" in a.beats
     b.heartbeat(hb("n1", allocated_cpu=6, sandbox_count=3))  # generation 1 again
     stale = a.ops.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1), a.beats)
-    assert stale.args[3] != ""  # a delta, against a's memory of the old record
+    # a steady heartbeat, against a's memory of the old record
+    assert isinstance(stale.argv, SteadyArgv) and stale.argv.base.endswith(":1")
     with pytest.raises(Resync):
         a.run(stale)
     a.heartbeat(hb("n1", allocated_cpu=2, sandbox_count=1))
@@ -636,7 +639,7 @@ def test_a_roster_delta_resyncs_after_an_event_or_another_roster_took_a_sandbox(
     assert a.client.hget(a.keys.node("n1"), "roster_digest") == b""
     # the node still lists both (the event and the assignment raced it)
     call = a.ops.heartbeat(hb("n1", roster=["s1", "s2", "s3", "s4"], sandbox_count=4), a.beats)
-    assert call.args[5] == "2"
+    assert roster_form(call) == ROSTER_DELTA
     before = snapshot_keys(a.client)
     with pytest.raises(Resync):
         a.run(call)

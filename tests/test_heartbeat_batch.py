@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from scheduler import InvalidArgument, Limits, MachineInfo, Policy, Request, Scheduler
 from scheduler.client.aio import AsyncScheduler
@@ -19,12 +20,14 @@ from scheduler.domain.errors import FailedPrecondition, SchedulerError
 from scheduler.domain.records import Heartbeat, HeartbeatResult
 from scheduler.ops.simnode import SimNode
 from scheduler.store.calls import Resync
+from scheduler.store.contracts import HeartbeatBatchArgv
 from scheduler.store.cpuconfig import digest
 from scheduler.testing.redis_server import RedisServer, wait_until
 from tests.helpers import (
     GIB,
     bound_sandboxes_are_in_their_nodes_sets,
     hb,
+    heartbeat_argv,
     records_name_only_registered_nodes,
     snapshot_keys,
 )
@@ -171,8 +174,10 @@ def test_each_heartbeat_of_a_batch_gets_its_own_answer(make_scheduler: Any) -> N
     assert steady.script == "heartbeat_steady"
     changed = s.ops.heartbeat(hb("n2", cpu=8), s.beats)
     bad = s.ops.heartbeat(hb("n3"), s.beats)
-    bad.args[6] = "1"
-    bad.args[7:9] = ["no_such_field", "1"]  # (past the client's checks: the script's)
+    # (past the client's checks: the script's)
+    bad = bad.with_argv(
+        replace(heartbeat_argv(bad), field_count="1", fields=["no_such_field", "1"])
+    )
     stale = s.ops.heartbeat(hb("n1", cpu=32), s.beats)  # on the base `steady` replaces
     before = snapshot_keys(s.client)
     got = s.run(s.ops.heartbeat_batch([steady, changed, bad, stale]))
@@ -185,12 +190,13 @@ def test_each_heartbeat_of_a_batch_gets_its_own_answer(make_scheduler: Any) -> N
     # a malformed batch writes nothing
     before = snapshot_keys(s.client)
     call = s.ops.heartbeat_batch([s.ops.heartbeat(hb("n4"), s.beats)])
-    call.args[1] = "sideways"
+    assert isinstance(call.argv, HeartbeatBatchArgv)
+    kind, length, *argv = call.argv.heartbeats  # (each heartbeat: kind, ARGV length, ARGV)
     with pytest.raises(InvalidArgument, match="full"):
-        s.run(call)
-    call.args[1], call.args[2] = "full", "3"  # a count that does not add up
+        s.run(call.with_argv(replace(call.argv, heartbeats=["sideways", length, *argv])))
+    # a count that does not add up
     with pytest.raises(InvalidArgument, match="count"):
-        s.run(call)
+        s.run(call.with_argv(replace(call.argv, heartbeats=[kind, "3", *argv])))
     assert snapshot_keys(s.client) == before
     with pytest.raises(ValueError, match="heartbeats"):
         s.ops.heartbeat_batch([s.ops.schedule(Request.cold(1, 1))])  # type: ignore[list-item]

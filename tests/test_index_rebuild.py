@@ -25,7 +25,7 @@ from scheduler import Limits, Policy, Request, Scheduler
 from scheduler.store.calls import REBUILD_STEP
 from scheduler.store.scripts import library
 from scheduler.testing.model import Demand, decide, evaluate
-from tests.helpers import hb, node_states, rr_value
+from tests.helpers import hb, node_states, rr_value, schedule_argv
 from tests.test_index import index_is_consistent
 from tests.test_model_equivalence import check_stream
 
@@ -165,7 +165,7 @@ def test_a_batch_of_placements_during_a_tightening_rebuild_decides_like_the_mode
         calls = [s.ops.schedule(req) for req in reqs]
         placed = s.run(s.ops.schedule_batch(calls))
         for i, (req, call, got) in enumerate(zip(reqs, calls, placed, strict=True)):
-            want = decide(states, tight, req, now, rr + 1 + i, float(call.args[6]))
+            want = decide(states, tight, req, now, rr + 1 + i, float(schedule_argv(call).random))
             assert not isinstance(got, Exception), got
             assert got.node_id == want.chosen, i
             states = [

@@ -30,7 +30,7 @@ from scheduler import (
 )
 from scheduler.domain.records import LocalityRequirement
 from scheduler.testing.model import NodeState, decide
-from tests.helpers import GIB, node_states, rr_value
+from tests.helpers import GIB, node_states, rr_value, schedule_argv
 
 MIB = 1024 * 1024
 
@@ -162,7 +162,7 @@ def check_stream(s: Scheduler, policy: Policy, stream: list[Request]) -> None:
         ex = s.explain(req)
         assert ex.rotation == rr_value(s) + 1
         call = s.ops.schedule(req)
-        rand = float(call.args[6])
+        rand = float(schedule_argv(call).random)
         settle = s.client.hget(s.keys.policy, "settle_ms")
         want = decide(
             states,
