@@ -300,7 +300,22 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
             ),
         )
         oneoff["index rebuild step (the longest)"] = _rebuild_steps(target, s)
+        # round_robin and random: a bounded walk or sample of the node list
+        # (SPREAD, lua/includes/schedule.lua), not the full scan they made
+        for strategy in ("round_robin", "random"):
+            oneoff[f"{strategy} placement (the longest of 8)"] = max(
+                (
+                    _one(target, s, s.ops.schedule(Request.cold(*rng.choice(SIZES)), strategy))
+                    for _ in range(8)
+                ),
+                key=lambda x: x["ms"],
+            )
         off_ms, off_call = _slowest(target)
+        # (not a call of ours on a hot path: what round_robin and random made
+        # every decision before, the dry run's full scan)
+        oneoff["explain (the full scan round_robin made)"] = _one(
+            target, s, s.ops.explain(Request.cold(1, 0), "round_robin")
+        )
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
