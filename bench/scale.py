@@ -69,6 +69,7 @@ from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
+from scheduler.domain.limits import MAX_STATIC_NODES
 from scheduler.domain.records import MachineInfo
 from scheduler.store.calls import (
     CENSUS_STEP,
@@ -300,7 +301,39 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
             ),
         )
         oneoff["index rebuild step (the longest)"] = _rebuild_steps(target, s)
+        # round_robin and random: a bounded walk or sample of the node list
+        # (SPREAD, lua/includes/schedule.lua), not the full scan they made
+        for strategy in ("round_robin", "random"):
+            oneoff[f"{strategy} placement (the longest of 8)"] = max(
+                (
+                    _one(target, s, s.ops.schedule(Request.cold(*rng.choice(SIZES)), strategy))
+                    for _ in range(8)
+                ),
+                key=lambda x: x["ms"],
+            )
         off_ms, off_call = _slowest(target)
+        # (not a call of ours on a hot path: what round_robin and random made
+        # every decision before, the dry run's full scan)
+        oneoff["explain (the full scan round_robin made)"] = _one(
+            target, s, s.ops.explain(Request.cold(1, 0), "round_robin")
+        )
+        # (still one call of the fleet, #31: measured, not bounded yet) an
+        # index of another layout, as a version that changes index_format
+        # finds it: sync_policy drops and builds it in one call
+        s.client.hset(s.keys.policy, "index_format", "0")
+        oneoff["sync_policy on another index layout (upgrade_index)"] = _one(
+            target, s, s.ops.sync_policy(changed, overwrite=True)
+        )
+        # a static list's and a discovery's sync of the whole fleet (both at
+        # most MAX_STATIC_NODES nodes)
+        if nodes <= MAX_STATIC_NODES:
+            listed = [(n.node_id, n.endpoint) for n in fleet]  # (as registered)
+            oneoff["sync_nodes of the whole list"] = _one(target, s, s.ops.sync_nodes(listed))
+            oneoff["sync_discovered of the whole list"] = _one(
+                target,
+                s,
+                s.ops.sync_discovered([1, 1, 1], [(i, e, False) for i, e in listed]),
+            )
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)

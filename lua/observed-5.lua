@@ -7,7 +7,8 @@
   ARGV[2]     cluster_id filter ("" = any cluster)
   ARGV[3]     unheard: "1" = also nodes never heard from (ListNodes),
               "0" = heartbeated only
-  ARGV[4]     form: "full" = the whole record, "brief" = node_id and endpoint only
+  ARGV[4]     form: "full" = the whole record, "brief" = node_id, endpoint and
+              static ("1": in the static or discovered list) only
   ARGV[5]     after: a page lists from after this node id ("" = from the first)
   ARGV[6]     page: a page reads at most this many nodes ("" = every node;
               a call without it reads every node too)
@@ -44,13 +45,14 @@ local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
 for _, id in ipairs(ids) do
   local n = read_node(id)
   local seen = n.last_seen ~= nil
-  local c = redis.call('HGET', node_key(id), 'cluster_id') or ''
+  local f = redis.call('HMGET', node_key(id), 'cluster_id', 'static')
+  local c = f[1] or ''
   if (seen or with_unseen) and (cluster == '' or c == cluster) then
     local row
     if full then
       row = redis.call('HGETALL', node_key(id))
     else
-      row = { 'node_id', id, 'endpoint', n.endpoint }
+      row = { 'node_id', id, 'endpoint', n.endpoint, 'static', f[2] == '1' and '1' or '0' }
     end
     row[#row + 1] = 'derived_status'
     row[#row + 1] = derive_status(n, P, now)

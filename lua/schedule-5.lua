@@ -1,9 +1,11 @@
 --[[
   schedule-5.lua: select a node and, for creations, reserve room on it.
 
-  One atomic decision over the whole cell: sweep due expiries, evaluate every
-  node through the stages of includes/stages.lua (status, ceilings after the
-  placement, capacity), pick by strategy, reserve.
+  One atomic decision over the whole cell: sweep due expiries, evaluate the
+  nodes through the stages of includes/stages.lua (status, ceilings after the
+  placement, capacity), pick by strategy, reserve.  least_loaded reads the
+  placement index, round_robin and random a bounded walk or sample
+  (includes/schedule.lua SPREAD); the full scan decides when they cannot.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   KEYS[6]     rr: the cell's round-robin counter
@@ -32,7 +34,8 @@
   Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., NO_POLICY (no
           policy), PRECONDITION (the reservation id was cancelled before this
           call ran)
-  Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr;
+  Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr,
+          rr-cursor (strategy round_robin: the node chosen);
           with locality: node-loc:<node>, aff:<group> (includes/locality.lua)
 ]]
 -- @include schedule

@@ -70,6 +70,12 @@ def rr_value(s: Scheduler) -> int:
     return int(s.client.get(s.keys.rr) or 0)
 
 
+def rr_cursor(s: Scheduler) -> str:
+    """The node round_robin chose last ("" before any)."""
+    v = s.client.get(s.keys.rr_cursor)
+    return v.decode() if isinstance(v, bytes) else v or ""
+
+
 # ---------------------------------------------------------------------------
 # gRPC requests and the state they leave
 # ---------------------------------------------------------------------------

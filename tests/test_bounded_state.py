@@ -215,6 +215,7 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
     # one without a CPU config: its cluster's round waits for it
     stub.Heartbeat(hb_request("n6", cpu=8), metadata=endpoint_md("n6.local:5000"))
     placed = [s.schedule(Request.cold(1, 1)) for _ in range(4)]
+    s.schedule(Request.route(), strategy="round_robin")  # (its cursor: rr-cursor)
     s.assign("assigned", placed[0].node_id, placed[0].endpoint, placed[0].reservation_id)
     s.cancel(placed[1].reservation_id or "")
     stub.ReportSandboxEvent(
@@ -247,8 +248,8 @@ def test_every_key_has_a_ttl_or_is_swept(replica: ThreadedReplica, redis_client:
             continue
         assert kind == "cell", f"{key} ({kind}) outlived its sweep without a TTL"
         # (census: a cursor and a count per status, whatever the fleet; idx-rebuild
-        # an epoch and a cursor)
-        assert name in ("policy", "stats", "rr", "census", "idx-rebuild"), (
+        # an epoch and a cursor; rr-cursor one node id)
+        assert name in ("policy", "stats", "rr", "rr-cursor", "census", "idx-rebuild"), (
             f"{key}: {name} still holds members"
         )
     # (the live replica's own roster entry stays: it refreshes it, with a TTL, checked

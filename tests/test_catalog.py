@@ -303,7 +303,7 @@ def test_each_ceiling_has_one_formula_in_the_lua_stage() -> None:
 def test_each_strategy_has_one_pick_in_the_lua_schedule() -> None:
     schedule = (ROOT / "lua" / "includes" / "schedule.lua").read_text()
     body = schedule[
-        schedule.index("local PICK = {") : schedule.index("local function schedule_one")
+        schedule.index("SPREAD.PICK = {") : schedule.index("local function schedule_one")
     ]
     picks = re.findall(r"^  (\w+) = function", body, re.M)
     assert sorted(picks) == sorted(catalog.STRATEGIES)  # each once

@@ -88,3 +88,31 @@ def test_prepare_cell_refuses_another_static_node_list(make_scheduler: Any) -> N
     s.keep_cell(Policy(static_nodes=True), [("n2", "n2:1")])
     with pytest.raises(StaticNodesConflict, match="n1=n1:1"):
         s.prepare_cell()
+
+
+def test_prepare_cell_compares_a_long_static_list_page_by_page(
+    make_scheduler: Any, redis_client: Any
+) -> None:
+    """A start with a static list compares the stored one through ListNodes'
+    pages (lua/observed-5.lua's brief form), not one read of every whole
+    record (issue #31): no HGETALL, and a difference past the first page is
+    still found."""
+    from scheduler.domain.errors import StaticNodesConflict
+    from scheduler.store.calls import LIST_PAGE
+
+    s: Scheduler = make_scheduler()
+    nodes = [(f"n{i:04d}", f"n{i:04d}:1") for i in range(2 * LIST_PAGE + 5)]
+    s.keep_cell(Policy(static_nodes=True), nodes)
+    assert s.prepare_cell(overwrite=True) == "overwritten"
+    real = not type(redis_client).__module__.startswith("fakeredis")
+    if real:
+        redis_client.config_resetstat()
+    s.keep_cell(Policy(static_nodes=True), list(nodes))
+    s.prepare_cell()  # the same list: no conflict
+    if real:  # (Redis' own command counts: the policy's read, no node record's)
+        stats = redis_client.info("commandstats")
+        assert stats.get("cmdstat_hgetall", {}).get("calls", 0) <= 1, stats["cmdstat_hgetall"]
+    changed = [*nodes[:-1], (nodes[-1][0], "elsewhere:1")]
+    s.keep_cell(Policy(static_nodes=True), changed)
+    with pytest.raises(StaticNodesConflict, match=nodes[-1][0]):
+        s.prepare_cell()

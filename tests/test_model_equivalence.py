@@ -30,7 +30,7 @@ from scheduler import (
 )
 from scheduler.domain.records import LocalityRequirement
 from scheduler.testing.model import NodeState, decide
-from tests.helpers import GIB, node_states, rr_value, schedule_argv
+from tests.helpers import GIB, node_states, rr_cursor, rr_value, schedule_argv
 
 MIB = 1024 * 1024
 
@@ -172,6 +172,7 @@ def check_stream(s: Scheduler, policy: Policy, stream: list[Request]) -> None:
             ex.rotation,
             rand,
             settle_ms=int(settle) if settle else None,
+            rr_after=rr_cursor(s),
         )
         got = {v.node_id: v for v in ex.verdicts}
         assert list(got) == [v.node_id for v in want.verdicts]

@@ -72,11 +72,90 @@ local NONE = {}
 -- decides (each one that fails takes a node out of the index it had left).
 local STALE_PICK_TRIES = 8
 
+-- round_robin and random without reading the fleet (#31): each decides
+-- from a bounded walk or a bounded sample of the node list, and the full
+-- scan below applies the same rule to the whole list when that walk or
+-- sample finds no eligible node of known capacity (so a decision is the
+-- same whichever decides; scheduler/testing/model.py holds the rule).
+--   round_robin: the first eligible node of known capacity after the
+--     cursor <base>rr-cursor (the node it chose last) in node-id byte order,
+--     wrapping; else the first eligible never-heard-from one after it.  The
+--     walk evaluates at most SPREAD.WALK nodes.
+--   random: rejection sampling.  Draw i is node rank r_i of the node list
+--     (r_1 = floor(rand * N), then MINSTD from s_1 = floor(rand * (M - 1))
+--     + 1, r_i = floor(s_i * N / M)); the first draw that is an eligible
+--     node of known capacity is chosen; after SPREAD.DRAWS draws (or when
+--     no eligible node has known capacity) group[floor(s * #group / M)]
+--     with the next s.  Each draw is uniform over the nodes and accepted
+--     only within the group, and the fallback is uniform over the group,
+--     so each node of the group is chosen with probability 1 / #group.
+local SPREAD = { WALK = 64, PAGE = 16, DRAWS = 32, M = 2147483647 }
+
+-- The cursor's key, and the cursor ('' before any round_robin decision).
+function SPREAD.key() return BASE .. 'rr-cursor' end
+function SPREAD.cursor() return redis.call('GET', SPREAD.key()) or '' end
+
+-- An eligible node of known capacity, evaluated, or nil.
+function SPREAD.take(ctx, id, P, req, now, dry_run)
+  local n = evaluate(id, P, req, now)
+  if n.corrupt and n.idx ~= '' and not dry_run then touch(ctx, id) end
+  if n.reason == nil and n.known then return n end
+  return nil
+end
+
+function SPREAD.round_robin(ctx, P, req, now)
+  local after = SPREAD.cursor()
+  local left, from, to = SPREAD.WALK, '-', '+'
+  if after ~= '' then from = '(' .. after end
+  for pass = 1, 2 do
+    if pass == 2 then
+      if after == '' then return nil end
+      from, to = '-', '[' .. after
+    end
+    while left > 0 do
+      local page = math.min(left, SPREAD.PAGE)
+      local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, to, 'LIMIT', '0', fmt(page))
+      for _, id in ipairs(ids) do
+        local n = SPREAD.take(ctx, id, P, req, now)
+        if n then return n end
+      end
+      left = left - #ids
+      if #ids < page then break end
+      from = '(' .. ids[#ids]
+    end
+  end
+  return nil
+end
+
+-- Draw i's rank among n nodes, and the MINSTD state after it.
+function SPREAD.draw(i, s, rand, n)
+  if i == 1 then return math.floor(rand * n), s end
+  s = (s * 48271) % SPREAD.M
+  return math.floor(s * n / SPREAD.M), s
+end
+function SPREAD.seed(rand) return math.floor(rand * (SPREAD.M - 1)) + 1 end
+
+function SPREAD.random(ctx, P, req, now, rand)
+  local n = redis.call('ZCARD', NODES_KEY)
+  if n == 0 then return nil end
+  local s = SPREAD.seed(rand)
+  for i = 1, SPREAD.DRAWS do
+    local r
+    r, s = SPREAD.draw(i, s, rand, n)
+    local at = fmt(r)
+    local id = redis.call('ZRANGE', NODES_KEY, at, at)[1]
+    local picked = id and SPREAD.take(ctx, id, P, req, now)
+    if picked then return picked end
+  end
+  return nil
+end
+
 -- The full scan's pick, one per strategy of scheduler/domain/catalog.py STRATEGIES
 -- (tests/test_catalog.py holds the names to the catalog's): one node of
 -- `group` (the eligible nodes, those of known capacity if any), given the
--- rotation counter's turn `rr_next` and the request's random number in [0, 1).
-local PICK = {
+-- rotation counter's turn `rr_next`, the request's random number in [0, 1)
+-- and every node evaluated (byte order by id).
+SPREAD.PICK = {
   -- the best ranked (ranks_before), equals in rotation
   least_loaded = function(group, rr_next)
     local best = {}
@@ -89,8 +168,27 @@ local PICK = {
     end
     return best[((rr_next - 1) % #best) + 1]
   end,
-  round_robin = function(group, rr_next) return group[((rr_next - 1) % #group) + 1] end,
-  random = function(group, _, rand) return group[math.floor(rand * #group) + 1] end,
+  -- (SPREAD's rules, over the whole list)
+  round_robin = function(group)
+    local after = SPREAD.cursor()
+    if after ~= '' then
+      for _, n in ipairs(group) do
+        if bytes_lt(after, n.id) then return n end
+      end
+    end
+    return group[1]
+  end,
+  random = function(group, _, rand, evaluated)
+    local s, n = SPREAD.seed(rand), #evaluated
+    for i = 1, SPREAD.DRAWS do
+      local r
+      r, s = SPREAD.draw(i, s, rand, n)
+      local x = evaluated[r + 1]
+      if group[1].known and x.reason == nil and x.known then return x end
+    end
+    s = (s * 48271) % SPREAD.M
+    return group[math.floor(s * #group / SPREAD.M) + 1]
+  end,
 }
 
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
@@ -221,6 +319,11 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       end
     end
   end
+  -- Stage "spread": round_robin and random from a bounded walk or sample
+  -- (SPREAD); the full scan below decides when it finds nothing.
+  if chosen == nil and not dry_run and strategy ~= 'least_loaded' then
+    chosen = SPREAD[strategy](ctx, P, req, now, rand)
+  end
   -- @phase record_check
 
   -- Stage "filter": evaluate every node (byte order by id).  (Decided
@@ -253,7 +356,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   elseif #group == 0 then
     refusal = summarize_reasons(counts, #ids)
   else
-    chosen = PICK[strategy](group, rr_next, rand)
+    chosen = SPREAD.PICK[strategy](group, rr_next, rand, evaluated)
   end
   -- Stage "locality": a warm node may win within the pressure margin of
   -- the node just chosen (includes/locality.lua).
@@ -291,6 +394,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   end
 
   -- @phase full_scan
+  if strategy == 'round_robin' then redis.call('SET', SPREAD.key(), chosen.id) end
   -- Stage "reserve": the placement counts in every projection from now on.
   local out_rid = ''
   if req.create then

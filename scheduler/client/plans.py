@@ -334,8 +334,15 @@ class BaseClient:
         if setup.discovered:
             return outcome
         if setup.nodes and not overwrite:
-            _, views = cast(tuple[int, list[NodeView]], (yield self.ops.nodes()))
-            stored = sorted((v.node_id, v.endpoint) for v in views if v.static)
+            # (ListNodes' pages, not one read of every node: #31)
+            listed: list[ListedNode] = []
+            after = ""
+            while True:
+                after, rows = cast(Page[ListedNode], (yield self.ops.listed(after)))
+                listed.extend(rows)
+                if not after:
+                    break
+            stored = sorted((v.node_id, v.endpoint) for v in listed if v.static)
             if stored and stored != sorted(setup.nodes):
                 raise StaticNodesConflict(nodes_conflict(stored, sorted(setup.nodes)))
         yield self.ops.sync_nodes(list(setup.nodes))

@@ -305,6 +305,8 @@ class ListedNode(msgspec.Struct, kw_only=True):
     endpoint: str
     #: derived at read time (Redis time), as every view derives it
     status: str
+    #: in the cell's static (or discovered) node list
+    static: bool = False
 
 
 class ObservedNode(msgspec.Struct, kw_only=True):

@@ -11,6 +11,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>static              set     ids of the static (listed or discovered) nodes
     <base>stats               hash    counters: reserved/released/... totals, seq, probes, rewinds
     <base>rr                  string  round-robin rotation counter
+    <base>rr-cursor           string  the node strategy round_robin chose last
     <base>expiry              zset    reservation id -> expiry time (ms, Redis time)
     <base>census              hash    node census: pass cursor, counts by status (lua/census-5.lua)
     <base>node:<node>         hash    node record: identity, latest snapshot, pending aggregates
@@ -65,6 +66,7 @@ LIFETIMES: dict[str, str] = {
     "static": "cell",
     "stats": "cell",
     "rr": "cell",
+    "rr-cursor": "cell",
     "expiry": "cell",
     "census": "cell",
     "seen": "cell",
@@ -150,6 +152,10 @@ class CellKeys:
     @property
     def rr(self) -> str:
         return self.base + "rr"
+
+    @property
+    def rr_cursor(self) -> str:
+        return self.base + "rr-cursor"
 
     @property
     def expiry(self) -> str:

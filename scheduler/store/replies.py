@@ -273,6 +273,7 @@ def parse_listed(r: list[Any]) -> tuple[str, list[ListedNode]]:
             node_id=f.get("node_id", ""),
             endpoint=f.get("endpoint", ""),
             status=f.get("derived_status", ""),
+            static=f.get("static") == "1",
         )
         for f in map(pairs, rows)
     ]

@@ -11,7 +11,9 @@ decisions; any optimisation of the Lua path is judged against it.
     score:   known capacity, pressure, starting (+pending), running, paused
     pick:    least_loaded: best, round-robin over exact equals
              round_robin / random: eligible known-capacity nodes (else the
-             never-heard-from fallback) in node-id byte order
+             never-heard-from fallback) in node-id byte order; round_robin
+             the first of them after the node it chose last, random by
+             rejection sampling over all nodes (spread_random)
 """
 
 from __future__ import annotations
@@ -364,6 +366,35 @@ def locality(
     return Decision(best.node_id, verdicts, None, warmth, pull, scores)
 
 
+#: random's draws before its fallback, and MINSTD's modulus (lua/includes/schedule.lua SPREAD)
+SPREAD_DRAWS = 32
+_M = 2147483647
+
+
+def spread_random(verdicts: list[ModelVerdict], group: list[ModelVerdict], rand: float) -> str:
+    """``random``'s choice: rejection sampling over every node (byte order).
+
+    Draw 1 is node rank ``floor(rand * N)``; draw i > 1 is ``floor(s_i * N /
+    M)`` with MINSTD ``s_i = s_(i-1) * 48271 mod M``, ``s_1 = floor(rand *
+    (M - 1)) + 1``.  The first draw that is an eligible node of known
+    capacity is chosen; after SPREAD_DRAWS draws (or when the group is the
+    never-heard-from fallback) ``group[floor(s * len(group) / M)]`` with the
+    next s.  Every node of the group has probability 1 / len(group).
+    """
+    n, s = len(verdicts), math.floor(rand * (_M - 1)) + 1
+    for i in range(1, SPREAD_DRAWS + 1):
+        if i == 1:
+            r = math.floor(rand * n)
+        else:
+            s = s * 48271 % _M
+            r = math.floor(s * n / _M)
+        x = verdicts[r]
+        if group[0].known and x.reason is None and x.known:
+            return x.node_id
+    s = s * 48271 % _M
+    return group[math.floor(s * len(group) / _M)].node_id
+
+
 def decide(
     nodes: list[NodeState],
     policy: Policy,
@@ -374,11 +405,13 @@ def decide(
     strategy: str | None = None,
     settle_ms: int | None = None,
     loc: LocalityState | None = None,
+    rr_after: str = "",
 ) -> Decision:
     """One Schedule: the node chosen (or the counted refusal).
 
     ``rr_next`` is the round-robin counter value this decision uses (the
-    stored counter plus one); ``rand`` the uniform number for ``random``;
+    stored counter plus one); ``rr_after`` the node round_robin chose last
+    ("" before any); ``rand`` the uniform number for ``random``;
     ``loc`` what locality reads (on for least_loaded creations in a policy
     with locality.weight > 0 that carry requirements, a template or images).
     """
@@ -408,9 +441,10 @@ def decide(
         ):
             return locality(verdicts, chosen, policy, req, now_ms, loc)
     elif strategy == "round_robin":
-        chosen = group[(rr_next - 1) % len(group)]
+        after = rr_after.encode()
+        chosen = next((v for v in group if after and v.node_id.encode() > after), group[0])
     elif strategy == "random":
-        chosen = group[math.floor(rand * len(group))]
+        return Decision(spread_random(verdicts, group, rand), verdicts, None)
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
     return Decision(chosen.node_id, verdicts, None)
@@ -497,6 +531,7 @@ class CellModel:
         self.bind: dict[str, BindModel] = {}
         self.seq = 0
         self.rr = 0
+        self.rr_cursor = ""  # the node round_robin chose last
 
     # -- derived views -----------------------------------------------------
     def states(self) -> list[NodeState]:
@@ -736,10 +771,12 @@ class CellModel:
 
     def schedule(self, req: Request, rid: str, now: int, rand: float) -> Decision:
         self.sweep(now)
-        d = decide(self.states(), self.policy, req, now, self.rr + 1, rand)
+        d = decide(self.states(), self.policy, req, now, self.rr + 1, rand, rr_after=self.rr_cursor)
         if d.chosen is None:
             return d
         self.rr += 1
+        if self.policy.strategy == "round_robin":
+            self.rr_cursor = d.chosen
         if req.create:
             dem = Demand.of(req, self.policy)
             self.seq += 1
