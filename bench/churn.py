@@ -38,6 +38,11 @@ What each row reports, from the nodes' truth against the scheduler's view:
   (placements per ``heartbeat_s``), the most the issue's target allows;
 - ``refused_room`` (and in percent of Schedules): Schedules refused while
   some node's own truth had room under the ceiling;
+- ``by_*``: each refusal with room attributed to the cause holding the most
+  of the room its nodes' truth had (summed over the nodes whose truth had
+  room, read from Redis and the nodes at the refusal, :data:`CAUSES`);
+  ``room_held`` in the JSON: those slots summed per cause over all such
+  refusals;
 - ``live_end``: reservations still live when the load stopped;
 - ``assign_lag_p99_s`` / ``_max_s``: from a Schedule sent to its
   RecordAssignment answered, less the create's own time (what the
@@ -60,7 +65,7 @@ from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.ops.simnode import SimNode
-from scheduler.server.service import heartbeat_request
+from scheduler.server.service import RESERVATION_METADATA, heartbeat_request
 from scheduler.store.keys import CellKeys
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ServeProcess
@@ -76,6 +81,36 @@ EVENT_TYPES = {
 #: gateway's of RecordAssignment
 REPORTER_TIMEOUT_S = 10.0
 ASSIGN_TIMEOUT_S = 5.0
+#: What can hold a slot the node's own truth does not, at a refusal with room
+#: (the scheduler's view of a node less what the node holds, per cause):
+#:
+#: - ``gone_assigned``: an assigned reservation whose sandbox is gone, not yet
+#:   ended (its DELETE lost; the two-heartbeat rule has not released it yet);
+#: - ``never``: an unassigned reservation of a Schedule never followed by a
+#:   create, waiting for ``unassigned_reservation_ttl``;
+#: - ``failed``: an unassigned reservation of a failed create, waiting for the
+#:   ``create_fails`` rise (or the TTL);
+#: - ``hb_lag``: sandboxes the node's last heartbeat counted that have ended
+#:   since (the next heartbeat says so);
+#: - ``listed``: a live sandbox counted twice, by the last heartbeat and by its
+#:   reservation (not yet released by a roster or counter that includes it);
+#: - ``gone_unassigned``: an unassigned reservation whose creation ran and
+#:   ended (its assignment took another reservation, or never came);
+#: - ``in_flight``: the bench's truth, not the scheduler: a placement answered
+#:   whose create has not reached the node yet (its slot is promised, the
+#:   node's truth does not hold it yet);
+#: - ``other``: the rest of the difference (negative: the scheduler counted
+#:   less than the node holds).
+CAUSES = (
+    "gone_assigned",
+    "never",
+    "failed",
+    "hb_lag",
+    "listed",
+    "gone_unassigned",
+    "in_flight",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -120,6 +155,10 @@ class Tally:
     failed: int = 0
     never: int = 0
     violations: int = 0
+    #: refusals with room, by the cause that held the most of the room
+    by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    #: the slots each cause held on the nodes with room, summed over refusals
+    room_held: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     held: list[int] = field(default_factory=list)
     #: seconds from a Schedule sent to its RecordAssignment answered, less the
     #: create's own time: what the scheduler adds to a creation's way
@@ -156,6 +195,11 @@ class Run:
         self.stop = asyncio.Event()
         self.tally = Tally()
         self.seq = 0
+        #: reservation id -> what its gateway did with it: "in_flight" (the
+        #: create not at the node yet), "never", "failed", or the sandbox id
+        self.fate: dict[str, str] = {}
+        #: node id -> the sandboxes its last heartbeat answered OK counted
+        self.last_seen: dict[str, frozenset[str]] = {}
 
     def lifetime(self) -> float:
         if self.rng.random() < self.p.long_share:
@@ -176,8 +220,9 @@ class Run:
         while not self.stop.is_set():
             # (stamped from the wall clock once the snapshot is taken, one call
             # at a time, as the reference reporter does)
+            seen = node.observe()
             hb = node.heartbeat(
-                roster=self.mode == "roster", reported_at_unix_ms=int(time.time() * 1000)
+                seen, roster=self.mode == "roster", reported_at_unix_ms=int(time.time() * 1000)
             )
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub().Heartbeat(
@@ -185,6 +230,7 @@ class Run:
                     timeout=REPORTER_TIMEOUT_S,
                     metadata=(("x-node-endpoint", node.endpoint),),
                 )
+                self.last_seen[node.node_id] = frozenset(seen.sandboxes)
             await asyncio.sleep(self.p.heartbeat_s)
 
     async def events(self, node: SimNode) -> None:
@@ -226,13 +272,16 @@ class Run:
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             t.schedules += 1
             sent = time.monotonic()
+            call = self.stub().Schedule(req, timeout=self.p.deadline_s)
             try:
-                resp = await self.stub().Schedule(req, timeout=self.p.deadline_s)
+                resp = await call
+                rid = dict(await call.trailing_metadata() or ()).get(RESERVATION_METADATA, "")
             except grpc.aio.AioRpcError as e:
                 if "no nodes available" in (e.details() or ""):
                     t.refused += 1
                     if self.room():
                         t.refused_room += 1
+                        self.attribute()
                 else:
                     t.errors += 1
                 continue
@@ -240,14 +289,18 @@ class Run:
             node = self.by_id[resp.node.node_id]
             draw = self.rng.random()
             if draw < self.p.never_created:
+                self.fate[str(rid)] = "never"
                 t.never += 1  # the gateway never forwards the create
                 continue
             if draw < self.p.never_created + self.p.create_fail:
+                self.fate[str(rid)] = "in_flight"
                 await asyncio.sleep(self.p.create_s)
                 node.fail_create()  # the node counts it; the gateway records nothing
+                self.fate[str(rid)] = "failed"
                 t.failed += 1
                 continue
             sandbox_id = f"sbx-{w}-{i}"
+            self.fate[str(rid)] = sandbox_id
             node.create(sandbox_id, 1, GIB, self.lifetime())
             t.created += 1
             if node.count() > self.p.ceiling:
@@ -261,6 +314,60 @@ class Run:
                 t.assign_lag.append(time.monotonic() - sent - self.p.create_s)
 
     # -- the measurement --------------------------------------------------------
+    def causes(self, node: SimNode) -> dict[str, int]:
+        """What holds the slots the scheduler counts for ``node`` that the node
+        does not hold, per cause (:data:`CAUSES`): read from Redis and the node
+        at once (no other coroutine of the bench runs meanwhile)."""
+        k = self.keys
+        running, starting, pending = (
+            int(v or 0)
+            for v in self.redis.hmget(
+                k.node(node.node_id), "sandbox_count", "sandbox_starting_count", "pending_count"
+            )
+        )
+        rids = [r.decode() for r in self.redis.zrange(k.node_res(node.node_id), 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hmget(k.res(rid), "state", "sandbox_id")
+        records = pipe.execute()
+        with node.lock:
+            truth = set(node.sandboxes)
+        seen = self.last_seen.get(node.node_id, frozenset())
+        c = dict.fromkeys(CAUSES, 0)
+        c["hb_lag"] = len(seen - truth)
+        for rid, (state, sb) in zip(rids, records, strict=True):
+            state = (state or b"").decode()
+            sb = (sb or b"").decode()
+            if state in ("assigned", "acked") and sb:
+                if sb not in truth:
+                    c["gone_assigned"] += 1
+                elif sb in seen:
+                    c["listed"] += 1
+                continue
+            fate = self.fate.get(rid, "")
+            if fate in ("never", "failed", "in_flight"):
+                c[fate] += 1
+            elif fate and fate not in truth:
+                c["gone_unassigned"] += 1
+            elif fate in seen:
+                c["listed"] += 1
+        excess = running + starting + pending - len(truth)
+        c["other"] = excess - sum(c.values())
+        return c
+
+    def attribute(self) -> None:
+        """A Schedule was refused while some node's truth had room: charge it
+        to the cause that held the most of that room."""
+        room = dict.fromkeys(CAUSES, 0)
+        for n in self.nodes:
+            if n.count() < self.p.ceiling:
+                for cause, held in self.causes(n).items():
+                    room[cause] += held
+        for cause, held in room.items():
+            self.tally.room_held[cause] += held
+        top = max(CAUSES, key=lambda cause: (room[cause], -CAUSES.index(cause)))
+        self.tally.by_cause[top if room[top] > 0 else "other"] += 1
+
     def held_now(self) -> int:
         """Capacity the scheduler counts that no node holds, summed over nodes."""
         pipe = self.redis.pipeline(transaction=False)
@@ -326,6 +433,8 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "held_mean": round(sum(held) / len(held), 2),
         "held_peak": max(held),
         "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
+        **{f"by_{cause}": t.by_cause[cause] for cause in CAUSES},
+        "room_held": dict(t.room_held),
         "live_end": run.live_reservations(),
         "assign_lag_p99_s": round(percentile(t.assign_lag, 99), 3) if t.assign_lag else None,
         "assign_lag_max_s": round(max(t.assign_lag), 3) if t.assign_lag else None,
@@ -377,6 +486,7 @@ COLUMNS = [
     "held_mean",
     "held_peak",
     "allowance",
+    *(f"by_{cause}" for cause in CAUSES),
     "live_end",
 ]
 
@@ -396,7 +506,9 @@ def run(p: Params) -> Result:
         "held: capacity counted by the scheduler (last heartbeat's running + starting, plus "
         "live reservations) that the node does not hold, summed over nodes, sampled every "
         f"{p.sample_s:g} s; allowance: placements per heartbeat interval (the target's bound "
-        "on held_mean); refused_room: refusals while a node's own truth had room.",
+        "on held_mean); refused_room: refusals while a node's own truth had room; by_<cause>: "
+        "each such refusal charged to the cause holding the most of that room (bench/churn.py "
+        "CAUSES).",
     ]
     return Result(
         scenario="churn", columns=COLUMNS, rows=rows, params=asdict(p), machine=facts, notes=notes
