@@ -38,6 +38,11 @@ What each row reports, from the nodes' truth against the scheduler's view:
   (placements per ``heartbeat_s``), the most the issue's target allows;
 - ``refused_room`` (and in percent of Schedules): Schedules refused while
   some node's own truth had room under the ceiling;
+- ``refused_reported_room``: of those, refused while some node's own reports
+  had room (the sandboxes of its stored heartbeat, those it made since, and
+  creates on their way to it, under the ceiling): room the scheduler could
+  have known of; those ended since the node's last heartbeat are not (an
+  aid to the reading, not the issue's target, which is ``refused_room``);
 - ``by_*``: each refusal with room attributed to the cause holding the most
   of the room its nodes' truth had (summed over the nodes whose truth had
   room, read from Redis and the nodes at the refusal, :data:`CAUSES`);
@@ -137,6 +142,8 @@ class Params:
     never_created: float = 0.02
     deadline_s: float = 2.0
     sample_s: float = 0.25
+    #: the replicas' ``unassigned_reservation_ttl`` (None: the default)
+    unassigned_ttl_s: float | None = None
     seed: int = 1
 
     @classmethod
@@ -150,6 +157,9 @@ class Tally:
     placed: int = 0
     refused: int = 0
     refused_room: int = 0
+    #: of those, refused while a node's own reports had room (its ended
+    #: sandboxes reported by a heartbeat; the bench's, not the issue's, target)
+    refused_reported_room: int = 0
     errors: int = 0
     created: int = 0
     failed: int = 0
@@ -160,6 +170,11 @@ class Tally:
     #: the slots each cause held on the nodes with room, summed over refusals
     room_held: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     held: list[int] = field(default_factory=list)
+    #: of the gone_assigned reservations on nodes with room at a refusal: the
+    #: seconds since their assignment, and how many of their node's heartbeats
+    #: were answered since it (0, 1, 2, 3 or more)
+    gone_age: list[float] = field(default_factory=list)
+    gone_beats: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     #: seconds from a Schedule sent to its RecordAssignment answered, less the
     #: create's own time: what the scheduler adds to a creation's way
     assign_lag: list[float] = field(default_factory=list)
@@ -195,11 +210,15 @@ class Run:
         self.stop = asyncio.Event()
         self.tally = Tally()
         self.seq = 0
+        #: the count the last node :meth:`causes` read had reported
+        self.reported = 0
         #: reservation id -> what its gateway did with it: "in_flight" (the
         #: create not at the node yet), "never", "failed", or the sandbox id
         self.fate: dict[str, str] = {}
-        #: node id -> the sandboxes its last heartbeat answered OK counted
-        self.last_seen: dict[str, frozenset[str]] = {}
+        #: node id -> stamp -> the sandboxes that heartbeat counted (the last few)
+        self.sent_seen: dict[str, dict[int, frozenset[str]]] = {}
+        #: node id -> wall-clock times (ms) its heartbeats were answered OK
+        self.answered: dict[str, list[int]] = {}
 
     def lifetime(self) -> float:
         if self.rng.random() < self.p.long_share:
@@ -221,16 +240,19 @@ class Run:
             # (stamped from the wall clock once the snapshot is taken, one call
             # at a time, as the reference reporter does)
             seen = node.observe()
-            hb = node.heartbeat(
-                seen, roster=self.mode == "roster", reported_at_unix_ms=int(time.time() * 1000)
-            )
+            stamp = int(time.time() * 1000)
+            hb = node.heartbeat(seen, roster=self.mode == "roster", reported_at_unix_ms=stamp)
+            sent = self.sent_seen.setdefault(node.node_id, {})
+            sent[stamp] = frozenset(seen.sandboxes)
+            for old in sorted(sent)[:-4]:
+                del sent[old]
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub().Heartbeat(
                     heartbeat_request(hb),
                     timeout=REPORTER_TIMEOUT_S,
                     metadata=(("x-node-endpoint", node.endpoint),),
                 )
-                self.last_seen[node.node_id] = frozenset(seen.sandboxes)
+                self.answered.setdefault(node.node_id, []).append(int(time.time() * 1000))
             await asyncio.sleep(self.p.heartbeat_s)
 
     async def events(self, node: SimNode) -> None:
@@ -319,28 +341,40 @@ class Run:
         does not hold, per cause (:data:`CAUSES`): read from Redis and the node
         at once (no other coroutine of the bench runs meanwhile)."""
         k = self.keys
-        running, starting, pending = (
+        running, starting, pending, order = (
             int(v or 0)
             for v in self.redis.hmget(
-                k.node(node.node_id), "sandbox_count", "sandbox_starting_count", "pending_count"
+                k.node(node.node_id),
+                "sandbox_count",
+                "sandbox_starting_count",
+                "pending_count",
+                "reported_order_ms",
             )
         )
         rids = [r.decode() for r in self.redis.zrange(k.node_res(node.node_id), 0, -1)]
         pipe = self.redis.pipeline(transaction=False)
         for rid in rids:
-            pipe.hmget(k.res(rid), "state", "sandbox_id")
-        records = pipe.execute()
+            pipe.hmget(k.res(rid), "state", "sandbox_id", "assigned_ms")
+        pipe.time()
+        *records, (secs, micros) = pipe.execute()
+        now_ms = secs * 1000 + micros // 1000
         with node.lock:
             truth = set(node.sandboxes)
-        seen = self.last_seen.get(node.node_id, frozenset())
+        # (the heartbeat Redis holds: the one whose stamp it stored)
+        seen = self.sent_seen.get(node.node_id, {}).get(order, frozenset())
+        answered = self.answered.get(node.node_id, [])
         c = dict.fromkeys(CAUSES, 0)
         c["hb_lag"] = len(seen - truth)
-        for rid, (state, sb) in zip(rids, records, strict=True):
+        for rid, (state, sb, assigned) in zip(rids, records, strict=True):
             state = (state or b"").decode()
             sb = (sb or b"").decode()
             if state in ("assigned", "acked") and sb:
                 if sb not in truth:
                     c["gone_assigned"] += 1
+                    at = int(assigned or 0)
+                    self.tally.gone_age.append((now_ms - at) / 1000)
+                    beats = sum(1 for a in answered if a > at)
+                    self.tally.gone_beats[min(beats, 3)] += 1
                 elif sb in seen:
                     c["listed"] += 1
                 continue
@@ -353,16 +387,22 @@ class Run:
                 c["listed"] += 1
         excess = running + starting + pending - len(truth)
         c["other"] = excess - sum(c.values())
+        # (what the node had reported: its stored heartbeat's sandboxes, those
+        # it made since, and the creates on their way to it)
+        self.reported = len(seen) + len(truth - seen) + c["in_flight"]
         return c
 
     def attribute(self) -> None:
         """A Schedule was refused while some node's truth had room: charge it
         to the cause that held the most of that room."""
         room = dict.fromkeys(CAUSES, 0)
+        reported_room = False
         for n in self.nodes:
             if n.count() < self.p.ceiling:
                 for cause, held in self.causes(n).items():
                     room[cause] += held
+                reported_room = reported_room or self.reported < self.p.ceiling
+        self.tally.refused_reported_room += reported_room
         for cause, held in room.items():
             self.tally.room_held[cause] += held
         top = max(CAUSES, key=lambda cause: (room[cause], -CAUSES.index(cause)))
@@ -426,6 +466,7 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "refused": t.refused,
         "refused_room": t.refused_room,
         "refused_room_pct": round(100.0 * t.refused_room / max(1, t.schedules), 2),
+        "refused_reported_room": t.refused_reported_room,
         "errors": t.errors,
         "peak": max(n.peak_sandboxes for n in run.nodes),
         "ceiling": p.ceiling,
@@ -435,6 +476,9 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
         **{f"by_{cause}": t.by_cause[cause] for cause in CAUSES},
         "room_held": dict(t.room_held),
+        "gone_age_p50_s": round(percentile(t.gone_age, 50), 2) if t.gone_age else None,
+        "gone_age_max_s": round(max(t.gone_age), 2) if t.gone_age else None,
+        "gone_beats_since": t.gone_beats,
         "live_end": run.live_reservations(),
         "assign_lag_p99_s": round(percentile(t.assign_lag, 99), 3) if t.assign_lag else None,
         "assign_lag_max_s": round(max(t.assign_lag), 3) if t.assign_lag else None,
@@ -446,7 +490,10 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
 
 
 def _replica_config(p: Params) -> dict[str, Any]:
-    return {"scheduler": {"node_resource_limit": {"max_sandbox_count": p.ceiling}}}
+    sec: dict[str, Any] = {"node_resource_limit": {"max_sandbox_count": p.ceiling}}
+    if p.unassigned_ttl_s is not None:
+        sec["unassigned_reservation_ttl"] = f"{p.unassigned_ttl_s * 1000:.0f}ms"
+    return {"scheduler": sec}
 
 
 def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
@@ -480,6 +527,7 @@ COLUMNS = [
     "refused",
     "refused_room",
     "refused_room_pct",
+    "refused_reported_room",
     "peak",
     "ceiling",
     "violations",
