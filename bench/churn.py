@@ -48,6 +48,9 @@ What each row reports, from the nodes' truth against the scheduler's view:
   room, read from Redis and the nodes at the refusal, :data:`CAUSES`);
   ``room_held`` in the JSON: those slots summed per cause over all such
   refusals;
+- ``held_by`` in the JSON: the difference ``held`` samples split by the
+  same causes, per sample (its sum is ``held_mean`` less the nodes counted
+  under their truth);
 - ``live_end``: reservations still live when the load stopped;
 - ``assign_lag_p99_s`` / ``_max_s``: from a Schedule sent to its
   RecordAssignment answered, less the create's own time (what the
@@ -170,6 +173,9 @@ class Tally:
     #: the slots each cause held on the nodes with room, summed over refusals
     room_held: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     held: list[int] = field(default_factory=list)
+    #: the scheduler's count less the nodes' truth by cause, summed over the
+    #: nodes and the samples (``held_by`` in the JSON: the mean per sample)
+    held_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     #: of the gone_assigned reservations on nodes with room at a refusal: the
     #: seconds since their assignment, and how many of their node's heartbeats
     #: were answered since it (0, 1, 2, 3 or more)
@@ -336,10 +342,11 @@ class Run:
                 t.assign_lag.append(time.monotonic() - sent - self.p.create_s)
 
     # -- the measurement --------------------------------------------------------
-    def causes(self, node: SimNode) -> dict[str, int]:
+    def causes(self, node: SimNode, ages: bool = False) -> dict[str, int]:
         """What holds the slots the scheduler counts for ``node`` that the node
         does not hold, per cause (:data:`CAUSES`): read from Redis and the node
-        at once (no other coroutine of the bench runs meanwhile)."""
+        at once (no other coroutine of the bench runs meanwhile); ``ages``:
+        record the gone_assigned reservations' ages (at a refusal)."""
         k = self.keys
         running, starting, pending, order = (
             int(v or 0)
@@ -371,6 +378,8 @@ class Run:
             if state in ("assigned", "acked") and sb:
                 if sb not in truth:
                     c["gone_assigned"] += 1
+                    if not ages:
+                        continue
                     at = int(assigned or 0)
                     self.tally.gone_age.append((now_ms - at) / 1000)
                     beats = sum(1 for a in answered if a > at)
@@ -399,7 +408,7 @@ class Run:
         reported_room = False
         for n in self.nodes:
             if n.count() < self.p.ceiling:
-                for cause, held in self.causes(n).items():
+                for cause, held in self.causes(n, ages=True).items():
                     room[cause] += held
                 reported_room = reported_room or self.reported < self.p.ceiling
         self.tally.refused_reported_room += reported_room
@@ -427,6 +436,10 @@ class Run:
     async def sampler(self) -> None:
         while not self.stop.is_set():
             self.tally.held.append(await asyncio.to_thread(self.held_now))
+            # (the same split by cause, read at once: no other coroutine runs)
+            for n in self.nodes:
+                for cause, held in self.causes(n).items():
+                    self.tally.held_by[cause] += held
             await asyncio.sleep(self.p.sample_s)
 
     def live_reservations(self) -> int:
@@ -476,6 +489,7 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
         **{f"by_{cause}": t.by_cause[cause] for cause in CAUSES},
         "room_held": dict(t.room_held),
+        "held_by": {c: round(v / max(1, len(t.held)), 2) for c, v in t.held_by.items()},
         "gone_age_p50_s": round(percentile(t.gone_age, 50), 2) if t.gone_age else None,
         "gone_age_max_s": round(max(t.gone_age), 2) if t.gone_age else None,
         "gone_beats_since": t.gone_beats,
