@@ -104,6 +104,10 @@ ASSIGN_TIMEOUT_S = 5.0
 #:   reservation (not yet released by a roster or counter that includes it);
 #: - ``gone_unassigned``: an unassigned reservation whose creation ran and
 #:   ended (its assignment took another reservation, or never came);
+#: - ``swapped``: an unassigned reservation whose creation runs under another
+#:   reservation (its assignment, which names none, took the node's oldest
+#:   unclaimed one: a never-created or failed placement's); it stands for that
+#:   one until ``unassigned_reservation_ttl``;
 #: - ``in_flight``: the bench's truth, not the scheduler: a placement answered
 #:   whose create has not reached the node yet (its slot is promised, the
 #:   node's truth does not hold it yet);
@@ -116,6 +120,7 @@ CAUSES = (
     "hb_lag",
     "listed",
     "gone_unassigned",
+    "swapped",
     "in_flight",
     "other",
 )
@@ -362,8 +367,12 @@ class Run:
         pipe = self.redis.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(k.res(rid), "state", "sandbox_id", "assigned_ms")
+            # (the reservation its creation's binding carries, if it ran)
+            pipe.hget(k.bind(self.fate.get(rid, "") or "-"), "reservation_id")
         pipe.time()
-        *records, (secs, micros) = pipe.execute()
+        *replies, (secs, micros) = pipe.execute()
+        records = replies[0::2]
+        charged = [(b or b"").decode() for b in replies[1::2]]
         now_ms = secs * 1000 + micros // 1000
         with node.lock:
             truth = set(node.sandboxes)
@@ -372,7 +381,7 @@ class Run:
         answered = self.answered.get(node.node_id, [])
         c = dict.fromkeys(CAUSES, 0)
         c["hb_lag"] = len(seen - truth)
-        for rid, (state, sb, assigned) in zip(rids, records, strict=True):
+        for rid, (state, sb, assigned), bound in zip(rids, records, charged, strict=True):
             state = (state or b"").decode()
             sb = (sb or b"").decode()
             if state in ("assigned", "acked") and sb:
@@ -392,6 +401,8 @@ class Run:
                 c[fate] += 1
             elif fate and fate not in truth:
                 c["gone_unassigned"] += 1
+            elif fate and bound and bound != rid:
+                c["swapped"] += 1
             elif fate in seen:
                 c["listed"] += 1
         excess = running + starting + pending - len(truth)
@@ -527,6 +538,9 @@ def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
                     await run.close()
 
             row = asyncio.run(go())
+            with redis.Redis.from_url(server.url) as r:
+                ttl = r.hget(CellKeys(CELL).policy, "unassigned_reservation_ttl_ms")
+            row["unassigned_ttl_ms"] = int(ttl or 0)
             row["replica_exits"] = [r.proc.poll() for r in replicas]
             return row
         finally:
