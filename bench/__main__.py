@@ -235,6 +235,11 @@ def parser() -> argparse.ArgumentParser:
     ch.add_argument("--seconds", type=float, help="load per setting (default 45)")
     ch.add_argument("--modes", type=_names(churn.MODES), help="roster,counter (default roster)")
     ch.add_argument("--losses", type=_shares, help="shares of events lost (default 0,0.1,1)")
+    ch.add_argument(
+        "--unassigned-ttl",
+        type=float,
+        help="the replicas' unassigned_reservation_ttl in seconds (default: theirs, 90)",
+    )
     ch.add_argument("--seed", type=int, default=1, help="seed of the load")
 
     cl = sub.add_parser(
@@ -486,7 +491,12 @@ def main(argv: list[str] | None = None) -> int:
         chp = _params(
             args,
             churn.Params.quick() if args.quick else churn.Params(),
-            {"seconds": "seconds", "modes": "modes", "losses": "losses"},
+            {
+                "seconds": "seconds",
+                "modes": "modes",
+                "losses": "losses",
+                "unassigned_ttl": "unassigned_ttl_s",
+            },
         )
         result = churn.run(replace(chp, seed=args.seed))
     elif args.scenario == "faults":

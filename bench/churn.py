@@ -38,6 +38,19 @@ What each row reports, from the nodes' truth against the scheduler's view:
   (placements per ``heartbeat_s``), the most the issue's target allows;
 - ``refused_room`` (and in percent of Schedules): Schedules refused while
   some node's own truth had room under the ceiling;
+- ``refused_reported_room``: of those, refused while some node's own reports
+  had room (the sandboxes of its stored heartbeat, those it made since, and
+  creates on their way to it, under the ceiling): room the scheduler could
+  have known of; those ended since the node's last heartbeat are not (an
+  aid to the reading, not the issue's target, which is ``refused_room``);
+- ``by_*``: each refusal with room attributed to the cause holding the most
+  of the room its nodes' truth had (summed over the nodes whose truth had
+  room, read from Redis and the nodes at the refusal, :data:`CAUSES`);
+  ``room_held`` in the JSON: those slots summed per cause over all such
+  refusals;
+- ``held_by`` in the JSON: the difference ``held`` samples split by the
+  same causes, per sample (its sum is ``held_mean`` less the nodes counted
+  under their truth);
 - ``live_end``: reservations still live when the load stopped;
 - ``assign_lag_p99_s`` / ``_max_s``: from a Schedule sent to its
   RecordAssignment answered, less the create's own time (what the
@@ -60,7 +73,7 @@ from bench.runner import Result, machine_own_servers, percentile
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.ops.simnode import SimNode
-from scheduler.server.service import heartbeat_request
+from scheduler.server.service import RESERVATION_METADATA, heartbeat_request
 from scheduler.store.keys import CellKeys
 from scheduler.testing.redis_server import RedisServer
 from scheduler.testing.replicas import ServeProcess
@@ -76,6 +89,41 @@ EVENT_TYPES = {
 #: gateway's of RecordAssignment
 REPORTER_TIMEOUT_S = 10.0
 ASSIGN_TIMEOUT_S = 5.0
+#: What can hold a slot the node's own truth does not, at a refusal with room
+#: (the scheduler's view of a node less what the node holds, per cause):
+#:
+#: - ``gone_assigned``: an assigned reservation whose sandbox is gone, not yet
+#:   ended (its DELETE lost; the two-heartbeat rule has not released it yet);
+#: - ``never``: an unassigned reservation of a Schedule never followed by a
+#:   create, waiting for ``unassigned_reservation_ttl``;
+#: - ``failed``: an unassigned reservation of a failed create, waiting for the
+#:   ``create_fails`` rise (or the TTL);
+#: - ``hb_lag``: sandboxes the node's last heartbeat counted that have ended
+#:   since (the next heartbeat says so);
+#: - ``listed``: a live sandbox counted twice, by the last heartbeat and by its
+#:   reservation (not yet released by a roster or counter that includes it);
+#: - ``gone_unassigned``: an unassigned reservation whose creation ran and
+#:   ended (its assignment took another reservation, or never came);
+#: - ``swapped``: an unassigned reservation whose creation runs under another
+#:   reservation (its assignment, which names none, took the node's oldest
+#:   unclaimed one: a never-created or failed placement's); it stands for that
+#:   one until ``unassigned_reservation_ttl``;
+#: - ``in_flight``: the bench's truth, not the scheduler: a placement answered
+#:   whose create has not reached the node yet (its slot is promised, the
+#:   node's truth does not hold it yet);
+#: - ``other``: the rest of the difference (negative: the scheduler counted
+#:   less than the node holds).
+CAUSES = (
+    "gone_assigned",
+    "never",
+    "failed",
+    "hb_lag",
+    "listed",
+    "gone_unassigned",
+    "swapped",
+    "in_flight",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +150,8 @@ class Params:
     never_created: float = 0.02
     deadline_s: float = 2.0
     sample_s: float = 0.25
+    #: the replicas' ``unassigned_reservation_ttl`` (None: the default)
+    unassigned_ttl_s: float | None = None
     seed: int = 1
 
     @classmethod
@@ -115,12 +165,27 @@ class Tally:
     placed: int = 0
     refused: int = 0
     refused_room: int = 0
+    #: of those, refused while a node's own reports had room (its ended
+    #: sandboxes reported by a heartbeat; the bench's, not the issue's, target)
+    refused_reported_room: int = 0
     errors: int = 0
     created: int = 0
     failed: int = 0
     never: int = 0
     violations: int = 0
+    #: refusals with room, by the cause that held the most of the room
+    by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    #: the slots each cause held on the nodes with room, summed over refusals
+    room_held: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     held: list[int] = field(default_factory=list)
+    #: the scheduler's count less the nodes' truth by cause, summed over the
+    #: nodes and the samples (``held_by`` in the JSON: the mean per sample)
+    held_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    #: of the gone_assigned reservations on nodes with room at a refusal: the
+    #: seconds since their assignment, and how many of their node's heartbeats
+    #: were answered since it (0, 1, 2, 3 or more)
+    gone_age: list[float] = field(default_factory=list)
+    gone_beats: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     #: seconds from a Schedule sent to its RecordAssignment answered, less the
     #: create's own time: what the scheduler adds to a creation's way
     assign_lag: list[float] = field(default_factory=list)
@@ -156,6 +221,15 @@ class Run:
         self.stop = asyncio.Event()
         self.tally = Tally()
         self.seq = 0
+        #: the count the last node :meth:`causes` read had reported
+        self.reported = 0
+        #: reservation id -> what its gateway did with it: "in_flight" (the
+        #: create not at the node yet), "never", "failed", or the sandbox id
+        self.fate: dict[str, str] = {}
+        #: node id -> stamp -> the sandboxes that heartbeat counted (the last few)
+        self.sent_seen: dict[str, dict[int, frozenset[str]]] = {}
+        #: node id -> wall-clock times (ms) its heartbeats were answered OK
+        self.answered: dict[str, list[int]] = {}
 
     def lifetime(self) -> float:
         if self.rng.random() < self.p.long_share:
@@ -176,15 +250,20 @@ class Run:
         while not self.stop.is_set():
             # (stamped from the wall clock once the snapshot is taken, one call
             # at a time, as the reference reporter does)
-            hb = node.heartbeat(
-                roster=self.mode == "roster", reported_at_unix_ms=int(time.time() * 1000)
-            )
+            seen = node.observe()
+            stamp = int(time.time() * 1000)
+            hb = node.heartbeat(seen, roster=self.mode == "roster", reported_at_unix_ms=stamp)
+            sent = self.sent_seen.setdefault(node.node_id, {})
+            sent[stamp] = frozenset(seen.sandboxes)
+            for old in sorted(sent)[:-4]:
+                del sent[old]
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub().Heartbeat(
                     heartbeat_request(hb),
                     timeout=REPORTER_TIMEOUT_S,
                     metadata=(("x-node-endpoint", node.endpoint),),
                 )
+                self.answered.setdefault(node.node_id, []).append(int(time.time() * 1000))
             await asyncio.sleep(self.p.heartbeat_s)
 
     async def events(self, node: SimNode) -> None:
@@ -226,13 +305,16 @@ class Run:
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             t.schedules += 1
             sent = time.monotonic()
+            call = self.stub().Schedule(req, timeout=self.p.deadline_s)
             try:
-                resp = await self.stub().Schedule(req, timeout=self.p.deadline_s)
+                resp = await call
+                rid = dict(await call.trailing_metadata() or ()).get(RESERVATION_METADATA, "")
             except grpc.aio.AioRpcError as e:
                 if "no nodes available" in (e.details() or ""):
                     t.refused += 1
                     if self.room():
                         t.refused_room += 1
+                        self.attribute()
                 else:
                     t.errors += 1
                 continue
@@ -240,14 +322,18 @@ class Run:
             node = self.by_id[resp.node.node_id]
             draw = self.rng.random()
             if draw < self.p.never_created:
+                self.fate[str(rid)] = "never"
                 t.never += 1  # the gateway never forwards the create
                 continue
             if draw < self.p.never_created + self.p.create_fail:
+                self.fate[str(rid)] = "in_flight"
                 await asyncio.sleep(self.p.create_s)
                 node.fail_create()  # the node counts it; the gateway records nothing
+                self.fate[str(rid)] = "failed"
                 t.failed += 1
                 continue
             sandbox_id = f"sbx-{w}-{i}"
+            self.fate[str(rid)] = sandbox_id
             node.create(sandbox_id, 1, GIB, self.lifetime())
             t.created += 1
             if node.count() > self.p.ceiling:
@@ -261,6 +347,87 @@ class Run:
                 t.assign_lag.append(time.monotonic() - sent - self.p.create_s)
 
     # -- the measurement --------------------------------------------------------
+    def causes(self, node: SimNode, ages: bool = False) -> dict[str, int]:
+        """What holds the slots the scheduler counts for ``node`` that the node
+        does not hold, per cause (:data:`CAUSES`): read from Redis and the node
+        at once (no other coroutine of the bench runs meanwhile); ``ages``:
+        record the gone_assigned reservations' ages (at a refusal)."""
+        k = self.keys
+        running, starting, pending, order = (
+            int(v or 0)
+            for v in self.redis.hmget(
+                k.node(node.node_id),
+                "sandbox_count",
+                "sandbox_starting_count",
+                "pending_count",
+                "reported_order_ms",
+            )
+        )
+        rids = [r.decode() for r in self.redis.zrange(k.node_res(node.node_id), 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hmget(k.res(rid), "state", "sandbox_id", "assigned_ms")
+            # (the reservation its creation's binding carries, if it ran)
+            pipe.hget(k.bind(self.fate.get(rid, "") or "-"), "reservation_id")
+        pipe.time()
+        *replies, (secs, micros) = pipe.execute()
+        records = replies[0::2]
+        charged = [(b or b"").decode() for b in replies[1::2]]
+        now_ms = secs * 1000 + micros // 1000
+        with node.lock:
+            truth = set(node.sandboxes)
+        # (the heartbeat Redis holds: the one whose stamp it stored)
+        seen = self.sent_seen.get(node.node_id, {}).get(order, frozenset())
+        answered = self.answered.get(node.node_id, [])
+        c = dict.fromkeys(CAUSES, 0)
+        c["hb_lag"] = len(seen - truth)
+        for rid, (state, sb, assigned), bound in zip(rids, records, charged, strict=True):
+            state = (state or b"").decode()
+            sb = (sb or b"").decode()
+            if state in ("assigned", "acked") and sb:
+                if sb not in truth:
+                    c["gone_assigned"] += 1
+                    if not ages:
+                        continue
+                    at = int(assigned or 0)
+                    self.tally.gone_age.append((now_ms - at) / 1000)
+                    beats = sum(1 for a in answered if a > at)
+                    self.tally.gone_beats[min(beats, 3)] += 1
+                elif sb in seen:
+                    c["listed"] += 1
+                continue
+            fate = self.fate.get(rid, "")
+            if fate in ("never", "failed", "in_flight"):
+                c[fate] += 1
+            elif fate and fate not in truth:
+                c["gone_unassigned"] += 1
+            elif fate and bound and bound != rid:
+                c["swapped"] += 1
+            elif fate in seen:
+                c["listed"] += 1
+        excess = running + starting + pending - len(truth)
+        c["other"] = excess - sum(c.values())
+        # (what the node had reported: its stored heartbeat's sandboxes, those
+        # it made since, and the creates on their way to it)
+        self.reported = len(seen) + len(truth - seen) + c["in_flight"]
+        return c
+
+    def attribute(self) -> None:
+        """A Schedule was refused while some node's truth had room: charge it
+        to the cause that held the most of that room."""
+        room = dict.fromkeys(CAUSES, 0)
+        reported_room = False
+        for n in self.nodes:
+            if n.count() < self.p.ceiling:
+                for cause, held in self.causes(n, ages=True).items():
+                    room[cause] += held
+                reported_room = reported_room or self.reported < self.p.ceiling
+        self.tally.refused_reported_room += reported_room
+        for cause, held in room.items():
+            self.tally.room_held[cause] += held
+        top = max(CAUSES, key=lambda cause: (room[cause], -CAUSES.index(cause)))
+        self.tally.by_cause[top if room[top] > 0 else "other"] += 1
+
     def held_now(self) -> int:
         """Capacity the scheduler counts that no node holds, summed over nodes."""
         pipe = self.redis.pipeline(transaction=False)
@@ -280,6 +447,10 @@ class Run:
     async def sampler(self) -> None:
         while not self.stop.is_set():
             self.tally.held.append(await asyncio.to_thread(self.held_now))
+            # (the same split by cause, read at once: no other coroutine runs)
+            for n in self.nodes:
+                for cause, held in self.causes(n).items():
+                    self.tally.held_by[cause] += held
             await asyncio.sleep(self.p.sample_s)
 
     def live_reservations(self) -> int:
@@ -319,6 +490,7 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "refused": t.refused,
         "refused_room": t.refused_room,
         "refused_room_pct": round(100.0 * t.refused_room / max(1, t.schedules), 2),
+        "refused_reported_room": t.refused_reported_room,
         "errors": t.errors,
         "peak": max(n.peak_sandboxes for n in run.nodes),
         "ceiling": p.ceiling,
@@ -326,6 +498,12 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
         "held_mean": round(sum(held) / len(held), 2),
         "held_peak": max(held),
         "allowance": round(t.placed / p.seconds * p.heartbeat_s, 1),
+        **{f"by_{cause}": t.by_cause[cause] for cause in CAUSES},
+        "room_held": dict(t.room_held),
+        "held_by": {c: round(v / max(1, len(t.held)), 2) for c, v in t.held_by.items()},
+        "gone_age_p50_s": round(percentile(t.gone_age, 50), 2) if t.gone_age else None,
+        "gone_age_max_s": round(max(t.gone_age), 2) if t.gone_age else None,
+        "gone_beats_since": t.gone_beats,
         "live_end": run.live_reservations(),
         "assign_lag_p99_s": round(percentile(t.assign_lag, 99), 3) if t.assign_lag else None,
         "assign_lag_max_s": round(max(t.assign_lag), 3) if t.assign_lag else None,
@@ -337,7 +515,10 @@ def _row(p: Params, mode: str, lost: float, run: Run) -> dict[str, Any]:
 
 
 def _replica_config(p: Params) -> dict[str, Any]:
-    return {"scheduler": {"node_resource_limit": {"max_sandbox_count": p.ceiling}}}
+    sec: dict[str, Any] = {"node_resource_limit": {"max_sandbox_count": p.ceiling}}
+    if p.unassigned_ttl_s is not None:
+        sec["unassigned_reservation_ttl"] = f"{p.unassigned_ttl_s * 1000:.0f}ms"
+    return {"scheduler": sec}
 
 
 def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
@@ -357,6 +538,9 @@ def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
                     await run.close()
 
             row = asyncio.run(go())
+            with redis.Redis.from_url(server.url) as r:
+                ttl = r.hget(CellKeys(CELL).policy, "unassigned_reservation_ttl_ms")
+            row["unassigned_ttl_ms"] = int(ttl or 0)
             row["replica_exits"] = [r.proc.poll() for r in replicas]
             return row
         finally:
@@ -371,12 +555,14 @@ COLUMNS = [
     "refused",
     "refused_room",
     "refused_room_pct",
+    "refused_reported_room",
     "peak",
     "ceiling",
     "violations",
     "held_mean",
     "held_peak",
     "allowance",
+    *(f"by_{cause}" for cause in CAUSES),
     "live_end",
 ]
 
@@ -396,7 +582,9 @@ def run(p: Params) -> Result:
         "held: capacity counted by the scheduler (last heartbeat's running + starting, plus "
         "live reservations) that the node does not hold, summed over nodes, sampled every "
         f"{p.sample_s:g} s; allowance: placements per heartbeat interval (the target's bound "
-        "on held_mean); refused_room: refusals while a node's own truth had room.",
+        "on held_mean); refused_room: refusals while a node's own truth had room; by_<cause>: "
+        "each such refusal charged to the cause holding the most of that room (bench/churn.py "
+        "CAUSES).",
     ]
     return Result(
         scenario="churn", columns=COLUMNS, rows=rows, params=asdict(p), machine=facts, notes=notes

@@ -541,3 +541,27 @@ def test_scale_rows_at_tiny_sizes_and_its_cells_are_dropped(target: Target) -> N
     assert [c["members"] for c in cfg] == [20, 60]
     assert all(c["errors"] == 0 and c["heartbeats"] > 0 for c in cfg)
     assert not list(target.client.scan_iter(match="sched:{bench-scale*"))
+
+
+# -- churn (issue #28) ----------------------------------------------------------
+def test_churn_rows_attribute_every_refusal_with_room_and_hold_the_ceiling() -> None:
+    from dataclasses import replace
+
+    from bench import churn
+
+    # (the setting the attribution is for: roster mode, every event lost)
+    p = replace(churn.Params.quick(), losses=(1.0,))
+    result = churn.run(p)
+    assert [(r["mode"], r["lost"]) for r in result.rows] == [
+        (m, lost) for m in p.modes for lost in p.losses
+    ]
+    for row in result.rows:
+        assert set(result.columns) <= set(row)
+        assert row["created"] > 0
+        assert row["schedules"] == row["placed"] + row["refused"] + row["errors"]
+        assert row["violations"] == 0 and row["peak"] <= row["ceiling"]
+        # every refusal with room is charged to exactly one cause
+        assert sum(row[f"by_{c}"] for c in churn.CAUSES) == row["refused_room"]
+        assert set(row["room_held"]) == set(churn.CAUSES)
+        assert 0 <= row["refused_reported_room"] <= row["refused_room"] <= row["refused"]
+        assert row["replica_exits"] == [None] * p.replicas
