@@ -886,6 +886,37 @@ def test_a_counter_node_recorded_with_a_sandbox_another_lists_counts_once(
     assert state(s, on_its_way) == "pending"
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["named", "without-id"])
+def test_a_counter_nodes_rise_before_an_assignment_another_lists_takes_no_other(
+    make_scheduler: Make, named: bool
+) -> None:
+    """b counts by its counter, and its rise for sbx came first: it released
+    b's oldest reservation, unclaimed (counted_unclaimed).  Then a's roster
+    lists sbx, and the gateway records sbx on b.  The assignment must take
+    the reservation the rise released, already ended, not end another one:
+    that one stands for a creation still on its way (its room is kept)."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=FULL_A[1:], sandbox_count=3))
+    s.heartbeat(hb("b", create_successes=0))
+    s.heartbeat(hb("a", roster=["a-0", *FULL_A[1:]], sandbox_count=4))  # at its ceiling
+    older = s.schedule(Request.cold(1, 1024))
+    placed = s.schedule(Request.cold(1, 1024))  # sbx's placement
+    assert (older.node_id, placed.node_id) == ("b", "b")
+    # b created sbx; its rise releases the oldest, older's (still on its way)
+    assert s.heartbeat(hb("b", create_successes=1, sandbox_count=1)).released == 1
+    assert (state(s, older), state(s, placed)) == ("released", "pending")
+    # sbx moved to a (or a lists a stale copy): a's numbers include it
+    s.heartbeat(hb("a", roster=["a-0", *FULL_A], sandbox_count=4))
+    got = s.assign("sbx", "b", "b.local:5000", placed.reservation_id if named else None)
+    assert got.reservation_id == older.reservation_id
+    assert state(s, placed) == "pending"  # (older's creation, on its way, holds it)
+    assert pending(s, "b") == 1
+    # b's next heartbeat (sbx gone from it) releases nothing more
+    assert s.heartbeat(hb("b", create_successes=1)).released == 0
+    assert state(s, placed) == "pending"
+    assert s.lookup("sbx").node_id == "a"
+
+
 def test_a_charge_follows_its_sandbox_to_the_node_whose_event_took_it(
     make_scheduler: Make,
 ) -> None:

@@ -787,6 +787,13 @@ class CellModel:
             # placement's reservation ends at once, once
             taken = None
             if not b.rid:
+                # (a rise of this node's counter released one for it first)
+                counted = self.counted_claim(node_id, wanted or "", sb)
+                if counted is None and wanted:
+                    counted = self.counted_claim(node_id, "", sb)
+                if counted is not None:
+                    b.rid = counted
+                    return counted
                 if wanted:
                     r = self.res.get(wanted)
                     if r is not None and r.node_id == node_id and r.state == "pending":
