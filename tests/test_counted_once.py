@@ -328,6 +328,45 @@ def test_counter_mode_an_assignment_after_its_rise_and_its_delete_takes_no_other
     assert counted(s) == 0
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["named", "without-id"])
+def test_counter_mode_a_delete_of_a_creation_the_rise_counted_drops_no_other(
+    make_scheduler: Make, named: bool
+) -> None:
+    """The lifecycle machine's failure on counter-mode c0 (MovingLifecycle,
+    issue #28): one rise counted sb1 (assigned) and sb4 (created, its
+    assignment still to come) and released sb1's and, by guess, the oldest
+    pending one, third's, whose creation was still on its way.  Third's
+    sandbox then came up and its assignment took third's reservation (the
+    rise's unclaimed one); sb4's assignment took its own, fourth's.  sb4's
+    DELETE must not end it: sb4 was counted already, and fourth's
+    reservation is what holds sb3's room until a rise counts sb3."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=5)))
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 1024))
+    third = s.schedule(Request.cold(1, 1024))
+    fourth = s.schedule(Request.cold(1, 1024))
+    assert s.assign("sb1", "n1", EP, first.reservation_id).reservation_id == first.reservation_id
+    # sb1 and sb4 created: the rise of 2 releases first's and the oldest pending, third's
+    assert s.heartbeat(hb("n1", create_successes=2, sandbox_count=2)).released == 2
+    assert (state(s, first), state(s, third), state(s, fourth)) == (
+        "released",
+        "released",
+        "pending",
+    )
+    # sb3 comes up (not counted yet) and is recorded under its own id
+    assert s.assign("sb3", "n1", EP, third.reservation_id).reservation_id == third.reservation_id
+    got = s.assign("sb4", "n1", EP, fourth.reservation_id if named else None)
+    assert got.reservation_id == fourth.reservation_id
+    s.events("n1", [ev("sb4", "DELETE")])
+    # sb3 runs, no heartbeat counted it: fourth's reservation holds its room
+    assert pending(s) == 1
+    assert state(s, fourth) == "assigned"
+    # the rise that counts sb3 ends it; nothing is left over or counted twice
+    assert s.heartbeat(hb("n1", create_successes=3, sandbox_count=2)).released == 1
+    assert state(s, fourth) == "released"
+    assert counted(s) == 2
+
+
 # ---------------------------------------------------------------------------
 # Reservations that end without a trace
 # ---------------------------------------------------------------------------

@@ -479,6 +479,9 @@ class NodeMeta:
     #: pending reservations a counter rise released before any assignment
     #: claimed them, oldest first (the newest COUNTED_KEEP)
     counted: list[str] = field(default_factory=list)
+    #: the newest seq of the reservations a rise that released a pending one
+    #: left live (a counter-mode DELETE of one of those ends nothing)
+    unclaimed_seq: int | None = None
 
 
 class CellModel:
@@ -695,6 +698,7 @@ class CellModel:
                 f -= 1
         switching = roster_mode and not prev_mode and not restarted
         if not roster_mode or switching:
+            guessed = False
             listed_n = len(listed) if switching else 0  # (the first roster: all joined)
             k = create_successes - baseline - listed_n if baseline is not None else 0
             live = self.live_of(node_id)
@@ -711,6 +715,10 @@ class CellModel:
                     k -= 1
                     if was == "pending":  # (counted before its assignment came)
                         meta.counted = (meta.counted + [r.rid])[-COUNTED_KEEP:]
+                        guessed = True
+            left = self.live_of(node_id)
+            if guessed and left:
+                meta.unclaimed_seq = left[-1].seq
         if roster_mode and meta.absent_watch:
             watching = False
             for r in self.live_of(node_id):
@@ -858,6 +866,15 @@ class CellModel:
             if kind == "DELETE":
                 meta = self.meta[node_id]
                 own = rid is not None and self.res[rid].node_id == node_id
+                counts = not meta.roster_mode and meta.create_successes is not None
+                if (
+                    rid is not None
+                    and own
+                    and counts
+                    and meta.unclaimed_seq is not None
+                    and self.res[rid].seq <= meta.unclaimed_seq
+                ):
+                    rid = None  # (a rise that guessed left it live: the next rise ends it)
                 released = rid is not None and self.end_charge(rid, node_id)
                 if released and own and not meta.roster_mode and meta.create_successes is not None:
                     meta.deletes += 1  # the baseline moves on at the next heartbeat
