@@ -122,8 +122,15 @@ end
 -- counter for the same creation releases nothing more.  When this node's
 -- counter already rose for it (counted_unclaimed holds a reservation that
 -- rise released), that one is charged instead: nothing more ends.
-local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id')
-if held[1] and held[1] ~= node_id and held[2] == '1' and held[3] ~= '1' then
+-- So does a tombstone of another node whose last roster listed the sandbox
+-- (includes/bindings.lua bury_binding): its DELETE may be a late one of an
+-- instance replaced before the last (events-5.lua applies it) while the
+-- sandbox runs and that node's numbers include it; if it did end, it was
+-- counted there, and its end ends the count.
+local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id',
+  'expires_ms')
+if held[1] and held[1] ~= node_id and held[2] == '1'
+    and (held[3] ~= '1' or (tonumber(held[5]) or 0) > now) then
   local rid, counted = nil, nil
   if (held[4] or '') == '' then
     -- (a rise of this node's counter that came first released one unclaimed

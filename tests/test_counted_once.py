@@ -956,6 +956,38 @@ def test_a_counter_nodes_rise_before_an_assignment_another_lists_takes_no_other(
     assert s.lookup("sbx").node_id == "a"
 
 
+@pytest.mark.parametrize("on", ["b", "a"])
+def test_a_late_delete_of_an_older_instance_lets_no_assignment_count_twice(
+    make_scheduler: Make, on: str
+) -> None:
+    """The lifecycle machine's failure on roster node r0 (MovingLifecycle,
+    issue #28): placed on b, created on a, whose roster lists it; a's agent
+    restarted twice, and a DELETE of its instance two back (not the one
+    replaced last, so applied) buries the listed binding.  The gateway then
+    records the sandbox without an id.  a's last roster lists it: a's
+    numbers include it, so no reservation may be charged to it, on either
+    node; a's next roster restores the binding."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
+    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    listed = ["a-own", "sbx"]
+    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    s.assign("sbx", on, f"{on}.local:5000", None)
+    assert all(r.sandbox_id != "sbx" for r in s.reservations())
+    # (recorded on b, where it was placed: its reservation ends, as the
+    # moves row says; recorded on a, b's stays unassigned, an over-count)
+    assert state(s, p) == ("released" if on == "b" else "pending")
+    held = 3 + (on == "a")
+    assert counted(s, "a") + counted(s, "b") == held
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    assert s.lookup("sbx").node_id == "a"
+    assert counted(s, "a") + counted(s, "b") == held
+
+
 def test_a_charge_follows_its_sandbox_to_the_node_whose_event_took_it(
     make_scheduler: Make,
 ) -> None:

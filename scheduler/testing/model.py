@@ -790,7 +790,13 @@ class CellModel:
                 self.end(buried, "released")
                 b.rid = buried  # (the tombstone remembers it)
             return buried
-        if b is not None and self.listed_elsewhere(sb, node_id):
+        if b is not None and (
+            self.listed_elsewhere(sb, node_id)
+            or b.deleted
+            and b.listed
+            and b.node_id != node_id
+            and b.expires_ms > now
+        ):
             # another node's roster lists it: that node holds it, this
             # placement's reservation ends at once, once
             taken = None
@@ -882,10 +888,13 @@ class CellModel:
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
                     continue
-                charged = prev.rid if prev is not None and prev.node_id == node_id else None
+                mine = prev is not None and prev.node_id == node_id
+                charged = prev.rid if prev is not None and mine else None
+                # (the tombstone keeps whether the node's last roster listed it)
+                was_listed = prev is not None and mine and prev.listed
                 self.drop_binding(sb, node_id)
                 self.bind[sb] = BindModel(
-                    node_id, "", False, charged, now + self.policy.binding_ttl_ms, deleted=True
+                    node_id, "", was_listed, charged, now + self.policy.binding_ttl_ms, deleted=True
                 )
                 continue
             if self.listed_elsewhere(sb, node_id):
