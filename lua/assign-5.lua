@@ -119,15 +119,31 @@ end
 -- here ends now, once: none if one was charged to the sandbox before, on any
 -- node (the binding keeps its id); a counter-mode node's baseline moves on
 -- with it (deletes_uncounted, as a DELETE's), so a rise of this node's
--- counter for the same creation releases nothing more.
-local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id')
-if held[1] and held[1] ~= node_id and held[2] == '1' and held[3] ~= '1' then
-  local rid = nil
+-- counter for the same creation releases nothing more.  When this node's
+-- counter already rose for it (counted_unclaimed holds a reservation that
+-- rise released), that one is charged instead: nothing more ends.
+-- So does a tombstone of another node whose last roster listed the sandbox
+-- (includes/bindings.lua bury_binding): its DELETE may be a late one of an
+-- instance replaced before the last (events-5.lua applies it) while the
+-- sandbox runs and that node's numbers include it; if it did end, it was
+-- counted there, and its end ends the count.
+local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id',
+  'expires_ms')
+if held[1] and held[1] ~= node_id and held[2] == '1'
+    and (held[3] ~= '1' or (tonumber(held[5]) or 0) > now) then
+  local rid, counted = nil, nil
   if (held[4] or '') == '' then
-    rid = named_or_oldest(node_id, wanted)
+    -- (a rise of this node's counter that came first released one unclaimed
+    -- for it: the assignment takes that one, already ended, as a tombstone's
+    -- does above, never another placement's pending one, whose creation may
+    -- still be on its way)
+    counted = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    rid = counted or named_or_oldest(node_id, wanted)
   end
   local released = 0
-  if rid then
+  if counted then
+    redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+  elseif rid then
     redis.call('HSET', res_key(rid), 'sandbox_id', sb, 'assigned_ms', fmt(now))
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     -- (the lister's numbers include it: end_charge moves this node's counter

@@ -13,7 +13,11 @@
     counter mode the node's counter baseline moves on by one with it
     (deletes_uncounted, added to the baseline by the node's next heartbeat,
     a new instance's too), so the create_successes rise that covers that
-    creation releases nothing more (includes/heartbeat.lua).
+    creation releases nothing more (includes/heartbeat.lua).  Not one a
+    rise that released a pending reservation left live (seq at most the
+    node's unclaimed_seq): that rise may have counted this sandbox, and the
+    reservation hold the room of the released one's creation; the next rise
+    ends it.
   PAUSE / RESUME: refresh the binding only.
   A sandbox another node's roster lists is that node's (the roster that
   listed it last decides): an event of this node for it writes no binding
@@ -54,7 +58,7 @@ for i = 3, #ARGV, 2 do
 end
 local now = now_ms(P)
 local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes',
-  'service_instance_id', 'replaced_service_instance_id')
+  'service_instance_id', 'replaced_service_instance_id', 'unclaimed_seq')
 -- (the replaced instance's late events: what the current one established
 -- stays; an instance not heard from yet may be the next one, its events count)
 if sid ~= '' and sid ~= node[4] and sid == node[5] then return { 0, 0, fmt(now) } end
@@ -71,6 +75,13 @@ for i = 3, #ARGV, 2 do
     -- end_charge moves that node's baseline if it counts by its counter)
     local rid, _, r = bound_reservation(sb, node_id)
     local own = rid and r[RES_READ.node_id] == node_id
+    -- (a reservation a rise that guessed left live, unclaimed_seq: the
+    -- sandbox may be the creation that rise counted, its reservation the
+    -- room of one still on its way; kept, the next rise ends it)
+    if counts and own and node[6]
+        and (tonumber(redis.call('ZSCORE', node_res_key(node_id), rid)) or 0) <= (tonumber(node[6]) or 0) then
+      rid = nil
+    end
     if rid and end_charge(ctx, rid, node_id, now, r) then
       released = released + 1
       -- (kept apart from the baseline until the node's next heartbeat: that

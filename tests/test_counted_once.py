@@ -328,6 +328,45 @@ def test_counter_mode_an_assignment_after_its_rise_and_its_delete_takes_no_other
     assert counted(s) == 0
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["named", "without-id"])
+def test_counter_mode_a_delete_of_a_creation_the_rise_counted_drops_no_other(
+    make_scheduler: Make, named: bool
+) -> None:
+    """The lifecycle machine's failure on counter-mode c0 (MovingLifecycle,
+    issue #28): one rise counted sb1 (assigned) and sb4 (created, its
+    assignment still to come) and released sb1's and, by guess, the oldest
+    pending one, third's, whose creation was still on its way.  Third's
+    sandbox then came up and its assignment took third's reservation (the
+    rise's unclaimed one); sb4's assignment took its own, fourth's.  sb4's
+    DELETE must not end it: sb4 was counted already, and fourth's
+    reservation is what holds sb3's room until a rise counts sb3."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=5)))
+    s.heartbeat(hb("n1", create_successes=0))
+    first = s.schedule(Request.cold(1, 1024))
+    third = s.schedule(Request.cold(1, 1024))
+    fourth = s.schedule(Request.cold(1, 1024))
+    assert s.assign("sb1", "n1", EP, first.reservation_id).reservation_id == first.reservation_id
+    # sb1 and sb4 created: the rise of 2 releases first's and the oldest pending, third's
+    assert s.heartbeat(hb("n1", create_successes=2, sandbox_count=2)).released == 2
+    assert (state(s, first), state(s, third), state(s, fourth)) == (
+        "released",
+        "released",
+        "pending",
+    )
+    # sb3 comes up (not counted yet) and is recorded under its own id
+    assert s.assign("sb3", "n1", EP, third.reservation_id).reservation_id == third.reservation_id
+    got = s.assign("sb4", "n1", EP, fourth.reservation_id if named else None)
+    assert got.reservation_id == fourth.reservation_id
+    s.events("n1", [ev("sb4", "DELETE")])
+    # sb3 runs, no heartbeat counted it: fourth's reservation holds its room
+    assert pending(s) == 1
+    assert state(s, fourth) == "assigned"
+    # the rise that counts sb3 ends it; nothing is left over or counted twice
+    assert s.heartbeat(hb("n1", create_successes=3, sandbox_count=2)).released == 1
+    assert state(s, fourth) == "released"
+    assert counted(s) == 2
+
+
 # ---------------------------------------------------------------------------
 # Reservations that end without a trace
 # ---------------------------------------------------------------------------
@@ -884,6 +923,69 @@ def test_a_counter_node_recorded_with_a_sandbox_another_lists_counts_once(
     assert on_its_way.node_id == "b"
     s.heartbeat(hb("b", create_successes=1, sandbox_count=2))  # b's counter saw one creation
     assert state(s, on_its_way) == "pending"
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "without-id"])
+def test_a_counter_nodes_rise_before_an_assignment_another_lists_takes_no_other(
+    make_scheduler: Make, named: bool
+) -> None:
+    """b counts by its counter, and its rise for sbx came first: it released
+    b's oldest reservation, unclaimed (counted_unclaimed).  Then a's roster
+    lists sbx, and the gateway records sbx on b.  The assignment must take
+    the reservation the rise released, already ended, not end another one:
+    that one stands for a creation still on its way (its room is kept)."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", roster=FULL_A[1:], sandbox_count=3))
+    s.heartbeat(hb("b", create_successes=0))
+    s.heartbeat(hb("a", roster=["a-0", *FULL_A[1:]], sandbox_count=4))  # at its ceiling
+    older = s.schedule(Request.cold(1, 1024))
+    placed = s.schedule(Request.cold(1, 1024))  # sbx's placement
+    assert (older.node_id, placed.node_id) == ("b", "b")
+    # b created sbx; its rise releases the oldest, older's (still on its way)
+    assert s.heartbeat(hb("b", create_successes=1, sandbox_count=1)).released == 1
+    assert (state(s, older), state(s, placed)) == ("released", "pending")
+    # sbx moved to a (or a lists a stale copy): a's numbers include it
+    s.heartbeat(hb("a", roster=["a-0", *FULL_A], sandbox_count=4))
+    got = s.assign("sbx", "b", "b.local:5000", placed.reservation_id if named else None)
+    assert got.reservation_id == older.reservation_id
+    assert state(s, placed) == "pending"  # (older's creation, on its way, holds it)
+    assert pending(s, "b") == 1
+    # b's next heartbeat (sbx gone from it) releases nothing more
+    assert s.heartbeat(hb("b", create_successes=1)).released == 0
+    assert state(s, placed) == "pending"
+    assert s.lookup("sbx").node_id == "a"
+
+
+@pytest.mark.parametrize("on", ["b", "a"])
+def test_a_late_delete_of_an_older_instance_lets_no_assignment_count_twice(
+    make_scheduler: Make, on: str
+) -> None:
+    """The lifecycle machine's failure on roster node r0 (MovingLifecycle,
+    issue #28): placed on b, created on a, whose roster lists it; a's agent
+    restarted twice, and a DELETE of its instance two back (not the one
+    replaced last, so applied) buries the listed binding.  The gateway then
+    records the sandbox without an id.  a's last roster lists it: a's
+    numbers include it, so no reservation may be charged to it, on either
+    node; a's next roster restores the binding."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
+    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    listed = ["a-own", "sbx"]
+    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    s.assign("sbx", on, f"{on}.local:5000", None)
+    assert all(r.sandbox_id != "sbx" for r in s.reservations())
+    # (recorded on b, where it was placed: its reservation ends, as the
+    # moves row says; recorded on a, b's stays unassigned, an over-count)
+    assert state(s, p) == ("released" if on == "b" else "pending")
+    held = 3 + (on == "a")
+    assert counted(s, "a") + counted(s, "b") == held
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    assert s.lookup("sbx").node_id == "a"
+    assert counted(s, "a") + counted(s, "b") == held
 
 
 def test_a_charge_follows_its_sandbox_to_the_node_whose_event_took_it(

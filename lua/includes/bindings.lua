@@ -130,14 +130,17 @@ end
 -- sandbox twice.  A live binding of another node stays: that node holds the
 -- sandbox now (it moved; the deletion is of this node's copy, or late), and
 -- only its own roster or events end its binding.
+-- The tombstone keeps `listed` "1" when the node's last roster listed the
+-- sandbox: that node's numbers include it (counted there), which an
+-- assignment on another node must not count again (assign-5.lua).
 local function bury_binding(ctx, sb, node_id, now, P)
   local bkey = bind_key(sb)
-  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted')
+  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted', 'listed')
   roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
   if b[1] and b[1] ~= node_id and b[3] ~= '1' then return end
-  local charged_rid = ''
-  if b[1] == node_id then charged_rid = b[2] or '' end
-  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1',
+  local charged_rid, listed = '', '0'
+  if b[1] == node_id then charged_rid, listed = b[2] or '', b[4] == '1' and '1' or '0' end
+  redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1', 'listed', listed,
     'reservation_id', charged_rid, 'expires_ms', instant_text(ctx, now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
 end

@@ -392,6 +392,16 @@ local function heartbeat_one(ctx, A)
       for rid in string.gmatch(list, '%S+') do kept[#kept + 1] = rid end
       hset[#hset + 1] = 'counted_unclaimed'
       hset[#hset + 1] = table.concat(kept, ' ', math.max(1, #kept - 15))
+      -- Which creation the rise counted is a guess: a reservation it left
+      -- live may be the counted one's, standing for the released one's
+      -- creation, still on its way.  The node keeps the newest seq it left
+      -- (unclaimed_seq): a counter-mode DELETE of a sandbox charged one of
+      -- those ends nothing (events-5.lua), the next rise does.
+      local top = redis.call('ZREVRANGE', node_res_key(node_id), '0', '0', 'WITHSCORES')
+      if top[2] then
+        hset[#hset + 1] = 'unclaimed_seq'
+        hset[#hset + 1] = top[2]
+      end
     end
   end
   -- Roster mode: an assigned reservation whose sandbox this node's rosters

@@ -513,6 +513,9 @@ class NodeMeta:
     #: pending reservations a counter rise released before any assignment
     #: claimed them, oldest first (the newest COUNTED_KEEP)
     counted: list[str] = field(default_factory=list)
+    #: the newest seq of the reservations a rise that released a pending one
+    #: left live (a counter-mode DELETE of one of those ends nothing)
+    unclaimed_seq: int | None = None
 
 
 class CellModel:
@@ -730,6 +733,7 @@ class CellModel:
                 f -= 1
         switching = roster_mode and not prev_mode and not restarted
         if not roster_mode or switching:
+            guessed = False
             listed_n = len(listed) if switching else 0  # (the first roster: all joined)
             k = create_successes - baseline - listed_n if baseline is not None else 0
             live = self.live_of(node_id)
@@ -746,6 +750,10 @@ class CellModel:
                     k -= 1
                     if was == "pending":  # (counted before its assignment came)
                         meta.counted = (meta.counted + [r.rid])[-COUNTED_KEEP:]
+                        guessed = True
+            left = self.live_of(node_id)
+            if guessed and left:
+                meta.unclaimed_seq = left[-1].seq
         if roster_mode and meta.absent_watch:
             watching = False
             for r in self.live_of(node_id):
@@ -819,11 +827,24 @@ class CellModel:
                 self.end(buried, "released")
                 b.rid = buried  # (the tombstone remembers it)
             return buried
-        if b is not None and self.listed_elsewhere(sb, node_id):
+        if b is not None and (
+            self.listed_elsewhere(sb, node_id)
+            or b.deleted
+            and b.listed
+            and b.node_id != node_id
+            and b.expires_ms > now
+        ):
             # another node's roster lists it: that node holds it, this
             # placement's reservation ends at once, once
             taken = None
             if not b.rid:
+                # (a rise of this node's counter released one for it first)
+                counted = self.counted_claim(node_id, wanted or "", sb)
+                if counted is None and wanted:
+                    counted = self.counted_claim(node_id, "", sb)
+                if counted is not None:
+                    b.rid = counted
+                    return counted
                 if wanted:
                     r = self.res.get(wanted)
                     if r is not None and r.node_id == node_id and r.state == "pending":
@@ -888,6 +909,15 @@ class CellModel:
             if kind == "DELETE":
                 meta = self.meta[node_id]
                 own = rid is not None and self.res[rid].node_id == node_id
+                counts = not meta.roster_mode and meta.create_successes is not None
+                if (
+                    rid is not None
+                    and own
+                    and counts
+                    and meta.unclaimed_seq is not None
+                    and self.res[rid].seq <= meta.unclaimed_seq
+                ):
+                    rid = None  # (a rise that guessed left it live: the next rise ends it)
                 released = rid is not None and self.end_charge(rid, node_id)
                 if released and own and not meta.roster_mode and meta.create_successes is not None:
                     meta.deletes += 1  # the baseline moves on at the next heartbeat
@@ -895,10 +925,13 @@ class CellModel:
                 if prev is not None and prev.node_id != node_id and not prev.deleted:
                     self.drop_binding(sb, node_id)  # (another node holds it now: its binding stays)
                     continue
-                charged = prev.rid if prev is not None and prev.node_id == node_id else None
+                mine = prev is not None and prev.node_id == node_id
+                charged = prev.rid if prev is not None and mine else None
+                # (the tombstone keeps whether the node's last roster listed it)
+                was_listed = prev is not None and mine and prev.listed
                 self.drop_binding(sb, node_id)
                 self.bind[sb] = BindModel(
-                    node_id, "", False, charged, now + self.policy.binding_ttl_ms, deleted=True
+                    node_id, "", was_listed, charged, now + self.policy.binding_ttl_ms, deleted=True
                 )
                 continue
             if self.listed_elsewhere(sb, node_id):
