@@ -216,6 +216,47 @@ def test_a_warm_node_wins_within_the_gap_and_loses_past_it(redis_client: Any) ->
     assert (p.node_id, p.warmth, p.pull_bytes) == ("cool", "cold", 2 * GIB)
 
 
+def _holder_reads(s: Scheduler) -> int:
+    """Calls so far of the commands that read a holder set (or its size)."""
+    stats = s.client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("srandmember", "scard"))
+
+
+def test_a_warm_coolest_node_wins_without_reading_the_warm_set(real_url: str) -> None:
+    """B (the coolest) holding every key with none of its group pending gets
+    the most bonus there is, so no warm node can beat it: the decision reads
+    no holder set.  With a start of its group pending on it, B's bonus
+    halves and the warm set is read: an equally warm node, a little hotter,
+    wins; the model agrees on both."""
+    s = Scheduler.connect(real_url, cell="shortcut")
+    policy = Policy(locality=Locality(weight=0.5, max_pressure_gap=0.25))
+    s.sync_policy(policy)
+    ids = ["cool"] + [f"w{i:02d}" for i in range(20)]  # (more holders than are read)
+    for n in ids:
+        beat(s, n, alloc=0 if n == "cool" else 2)
+        s.record_artifact("c1", "bt", "snap", n)
+    held = {n: {"snap"} for n in ids}
+    req = Request(cpu=1, memory_bytes=GIB, template_id="tA", locality=(LR(key="snap"),))
+    groups = groups_of([req])
+
+    def model() -> str | None:
+        ex = s.explain(req)
+        loc = loc_state(s, held, groups)
+        return decide(node_states(s), policy, req, ex.now_ms, ex.rotation, loc=loc).chosen
+
+    assert model() == "cool"
+    before = _holder_reads(s)
+    p = s.schedule(req)
+    assert (p.node_id, p.warmth, p.pull_bytes) == ("cool", "full", 0)
+    assert _holder_reads(s) == before
+    # (1 + 1 pending) / 16 - 0.5 / 2 against (2 + 1) / 16 - 0.5: the warm set is read
+    assert model() == "w00"
+    before = _holder_reads(s)
+    p = s.schedule(req)
+    assert _holder_reads(s) > before
+    assert p.node_id != "cool" and p.warmth == "full"
+
+
 def test_locality_never_brings_back_a_filtered_node(redis_client: Any) -> None:
     s = Scheduler(redis_client, cell="filt")
     s.sync_policy(Policy(locality=ON, limits=Limits(max_sandbox_count=1)))

@@ -31,7 +31,7 @@
 -- (one export, its functions as fields: the library's main chunk has room
 -- for few more locals, and a block's own names count while it loads)
 local LOCALITY = {
-  HOLDERS = 64, -- holders read per artifact digest, at most
+  HOLDERS = 16, -- holders read per artifact digest, at most
   CANDIDATES = 8, -- warm nodes evaluated per decision, at most
 }
 
@@ -65,6 +65,31 @@ function LOCALITY.parse(P, arg)
   return L
 end
 
+-- The request's digests, read once a call (cached in L.dig): for key i,
+-- {{digest, "cluster\nbackend"}...} of the index entries that have a name.
+-- (one SMEMBERS a key, one HMGET of every name)
+function LOCALITY.digests(L)
+  if L.dig then return L.dig end
+  local per, all = {}, {}
+  for i, k in ipairs(L.keys) do
+    per[i] = redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])
+    for _, digest in ipairs(per[i]) do all[#all + 1] = digest end
+  end
+  local names = #all > 0 and redis.call('HMGET', BASE .. 'art-names', unpack(all)) or {}
+  local dig, j = {}, 0
+  for i, digests in ipairs(per) do
+    local list = {}
+    for _, digest in ipairs(digests) do
+      j = j + 1
+      local ns = names[j] and string.match(names[j], '^([^\n]*\n[^\n]*)\n')
+      if ns then list[#list + 1] = { digest, ns } end
+    end
+    dig[i] = list
+  end
+  L.dig = dig
+  return dig
+end
+
 -- by[id] = {ns, weight held, keys held, ns, ...}: per cluster and backend
 -- of an index entry (a node's own is checked when it is read), the sum of
 -- the request's key weights the holder holds there and the keys as a bit
@@ -75,20 +100,16 @@ local BIT = {}
 for i = 1, 32 do BIT[i] = 2 ^ (i - 1) end
 function LOCALITY.gather_keys(L)
   local by, ids, sampled = {}, {}, false
-  local names = BASE .. 'art-names'
+  local dig = LOCALITY.digests(L)
   for i, k in ipairs(L.keys) do
     local w, bit = k[1], BIT[i]
-    for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
-      local name = redis.call('HGET', names, digest)
-      local ns = name and string.match(name, '^([^\n]*\n[^\n]*)\n')
-      if ns then
-        local akey = BASE .. 'art:' .. digest
-        local holders
-        if redis.call('SCARD', akey) <= LOCALITY.HOLDERS then
-          holders = redis.call('SMEMBERS', akey)
-        else
-          holders, sampled = redis.call('SRANDMEMBER', akey, LOCALITY.HOLDERS), true
-        end
+    for _, d in ipairs(dig[i]) do
+      local ns = d[2]
+      do
+        -- (one call: the whole set when it has at most HOLDERS, else
+        -- HOLDERS + 1 distinct ones at random, one dropped)
+        local holders = redis.call('SRANDMEMBER', BASE .. 'art:' .. d[1], LOCALITY.HOLDERS + 1)
+        if #holders > LOCALITY.HOLDERS then holders[#holders], sampled = nil, true end
         for _, id in ipairs(holders) do
           local t = by[id]
           if not t then
@@ -199,12 +220,12 @@ function LOCALITY.coverage_of(L, n, c)
   if not ns then return 0, L.pull_all end
   local got, mask = 0, 0
   if c == nil then
+    local dig = LOCALITY.digests(L)
     for i, k in ipairs(L.keys) do
-      for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])) do
-        local name = redis.call('HGET', BASE .. 'art-names', digest)
-        if name and string.sub(name, 1, #ns + 1) == ns .. '\n'
-            and redis.call('SISMEMBER', BASE .. 'art:' .. digest, n.id) == 1 then
+      for _, d in ipairs(dig[i]) do
+        if d[2] == ns and redis.call('SISMEMBER', BASE .. 'art:' .. d[1], n.id) == 1 then
           got, mask = got + k[1], mask + BIT[i]
+          break
         end
       end
     end
@@ -218,6 +239,17 @@ function LOCALITY.coverage_of(L, n, c)
     if math.floor(mask / BIT[i]) % 2 == 0 then pull = pull + k[2] end
   end
   return got / L.total, pull
+end
+
+-- The most bonus a warm node can have, from what warm_set gathered for it
+-- (`c`: by namespace, or true for affinity): weight x its most held.
+function LOCALITY.most_bonus(P, L, c)
+  if c == true then return P.locality_weight end
+  local m = 0
+  for x = 2, #c, 3 do
+    if c[x] > m then m = c[x] end
+  end
+  return P.locality_weight * (m / L.total)
 end
 
 -- n's bonus: weight x coverage, decayed by the group's starts pending on it.
@@ -238,32 +270,33 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   L.pull_all = 0
   for _, k in ipairs(L.keys) do L.pull_all = L.pull_all + k[2] end
   local floor = now - P.locality_affinity_ttl_ms
-  local warm, by, complete = LOCALITY.warm_set(P, L, now)
+  -- B first, read exactly (its namespace comes with its record's read)
+  B.now_floor = floor
+  if B.ns == nil and #L.keys > 0 then
+    local v = redis.call('HMGET', node_key(B.id), 'cluster_id', 'p2p_backend')
+    B.ns = LOCALITY.ns_of(v[1], v[2])
+  end
+  B.coverage, B.pull = LOCALITY.coverage_of(L, B, nil)
+  LOCALITY.bonus(P, L, B)
+  -- No node of B's kind is cooler than B (least_loaded's pick), and a warm
+  -- node's bonus is at most weight x what it holds, so a node whose most is
+  -- not above B's bonus cannot score below B: a decision does not read it.
+  -- Holding all of it with none of its group's starts pending, B's bonus
+  -- is the most any node gets: decided without the warm set (the common case).
+  if not explain and B.bonus >= P.locality_weight then return B, {} end
+  local warm = LOCALITY.warm_set(P, L, now)
   local evaluated, limit = {}, B.pressure + P.locality_max_pressure_gap
-  local Bc = nil
+  local in_warm = false
   for _, w in ipairs(warm) do
     if w[1] == B.id then
-      Bc = w[2]
-    else
+      in_warm = true
+    elseif explain or LOCALITY.most_bonus(P, L, w[2]) > B.bonus then
       local n = LOCALITY.candidate(P, req, now, w[1], via_index)
       n.now_floor = floor
       n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[2])
       evaluated[#evaluated + 1] = n
     end
   end
-  -- B: what it holds (nothing, when the gathering was complete and missed it)
-  B.now_floor = floor
-  if Bc == nil and by then Bc = by[B.id] end
-  if Bc == nil and complete then
-    B.coverage, B.pull = 0, L.pull_all
-  else
-    if B.ns == nil and #L.keys > 0 then
-      local v = redis.call('HMGET', node_key(B.id), 'cluster_id', 'p2p_backend')
-      B.ns = LOCALITY.ns_of(v[1], v[2])
-    end
-    B.coverage, B.pull = LOCALITY.coverage_of(L, B, Bc)
-  end
-  LOCALITY.bonus(P, L, B)
   local best, best_score = B, B.pressure - B.bonus
   for _, n in ipairs(evaluated) do
     if explain then LOCALITY.bonus(P, L, n) end
@@ -289,7 +322,7 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
     end
   end
   if best ~= B and B.coverage > 0 then B.lost = 'a warmer or cooler node won' end
-  if explain and Bc ~= nil then evaluated[#evaluated + 1] = B end
+  if explain and in_warm then evaluated[#evaluated + 1] = B end
   return best, evaluated
 end
 

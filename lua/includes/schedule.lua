@@ -289,8 +289,15 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
         if not picked then break end
         -- The record must sit in one of the buckets it was chosen among; its
         -- bucket then holds every decision input, so nothing else is read.
-        local v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
-          'lingering', 'status')
+        -- (with artifact keys, the node's namespace too: locality reads it)
+        local v
+        if L and #L.keys > 0 then
+          v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
+            'lingering', 'status', 'cluster_id', 'p2p_backend')
+        else
+          v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
+            'lingering', 'status')
+        end
         local listed = false
         for i = 1, #among do
           if among[i] == v[1] then listed = true end
@@ -301,6 +308,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
           n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
           read_status(n, P, now)
           project(n, req)
+          if v[6] ~= nil then n.ns = LOCALITY.ns_of(v[6], v[7]) end
           if not check_status(n) then chosen = n end
         end
         if chosen then break end
@@ -408,12 +416,17 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     local ttl = P.reservation_ttl_ms
     if P.unassigned_reservation_ttl_ms < ttl then ttl = P.unassigned_reservation_ttl_ms end
     local s_expires = instant_text(ctx, now + ttl)
-    redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-      'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
-      'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
+    -- (a locality placement's group in the same write)
     if L and L.group then
-      redis.call('HSET', res_key(rid), 'locality', L.group)
+      redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
+        'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
+        'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure),
+        'locality', L.group)
       LOCALITY.reserve(P, L, chosen, now)
+    else
+      redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
+        'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
+        'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
     end
     if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
     redis.call('ZADD', node_res_key(chosen.id), seq, rid)
