@@ -28,7 +28,7 @@ pytestmark = pytest.mark.real_only
 
 
 def beat(n: int = 0) -> Beat:
-    return Beat(f"1:{n}", "i1", "e:1", {}, "d", frozenset({f"s{n}"}))
+    return Beat(f"1:{n}", "i1", "e:1", {}, "d", (f"s{n}",))
 
 
 def test_the_memo_is_bounded_by_size_and_age() -> None:
