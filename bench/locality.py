@@ -48,9 +48,11 @@ The three alternatives that are not the library's are decided by the bench
 from the same Redis state (an ``explain`` dry run for eligibility and
 projections, ``LookupP2pArtifact`` for who holds what, one pipeline) and
 then placed through the library with the chosen node pinned.  A Request
-cannot name a node, so the pin is the round-robin rotation: in one
-MULTI/EXEC the bench sets the cell's rotation counter to the chosen node's
-place among the eligible nodes and sends ``schedule(strategy=round_robin)``;
+cannot name a node, so the pin is the round-robin cursor: in one
+MULTI/EXEC the bench sets the cell's cursor (the node round_robin chose
+last) to the eligible node before the chosen one, in the script's order,
+and sends ``schedule(strategy=round_robin)``, which takes the first
+eligible node after the cursor;
 the script re-checks status, ceilings and capacity, so ceilings are exact
 for every strategy.  A placement that lands elsewhere (a concurrent
 decision changed the eligible set in between) is counted as ``diverted``.
@@ -511,13 +513,14 @@ class Decider:
         self, r: Replica, a: Arrival, req: Request, group: list[Verdict], chosen: str | None
     ) -> Decision:
         """Place through the library's own script with ``chosen`` pinned: the
-        rotation counter set to its place among the eligible nodes and a
-        round_robin Schedule, in one MULTI/EXEC."""
+        round_robin cursor set to the group's node before it (the last one
+        when it is the first: the walk wraps) and a round_robin Schedule, in
+        one MULTI/EXEC."""
         call = r.s.ops.schedule(req, "round_robin")
         pos = next((i for i, v in enumerate(group) if v.node_id == chosen), None)
         pipe = r.s.client.pipeline(transaction=True)
         if pos is not None:
-            pipe.set(r.s.ops.k.rr, pos)
+            pipe.set(r.s.ops.k.rr_cursor, group[pos - 1].node_id)
         r.s.scripts.call(call.script, call.keys, call.args, client=pipe)
         reply = pipe.execute(raise_on_error=False)[-1]
         if isinstance(reply, Exception):
