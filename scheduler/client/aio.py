@@ -24,7 +24,7 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.domain.history import Probe
+from scheduler.domain.history import Assigned, AssignmentMemo, Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -113,6 +113,8 @@ class AsyncScheduler(BaseClient):
         #: told (with the monotonic time it was sent) of every Schedule with a
         #: fresh reservation id answered with a placement (HistoryWatch)
         self.on_placed: Callable[[float], None] | None = None
+        #: the assignments answered OK lately (replay_assignments)
+        self.assigned = AssignmentMemo()
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(
@@ -359,10 +361,36 @@ class AsyncScheduler(BaseClient):
     def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
         return self._one(self.ops.explain(req, strategy))
 
-    def assign(
+    async def assign(
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
-    ) -> Awaitable[AssignResult]:
-        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+    ) -> AssignResult:
+        """Record an assignment; one that attached a reservation is kept a
+        while (:attr:`assigned`) to be written again after a failover settle
+        or a rewind (:meth:`replay_assignments`)."""
+        result = await self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+        if result.reservation_id:
+            self.assigned.record(
+                Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
+            )
+        return result
+
+    async def replay_assignments(self) -> tuple[int, int]:
+        """Write again the assignments this client answered in the last
+        :data:`~scheduler.domain.history.REPLAY_WINDOW_S` (what a Redis that
+        lost its last writes may lack: :class:`AssignmentMemo`).  Returns
+        (written, refused): one refused (its node unregistered since, or not
+        registered in the data that came back) is skipped; a reservation the
+        data no longer knows is no refusal (the binding alone is written)."""
+        written = refused = 0
+        for a in self.assigned.recent(time.monotonic()):
+            try:
+                await self._one(
+                    self.ops.assign(a.sandbox_id, a.node_id, a.endpoint, a.reservation_id)
+                )
+                written += 1
+            except (UnknownNode, FailedPrecondition):
+                refused += 1
+        return written, refused
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
         return self._one(self.ops.cancel(reservation_id))
