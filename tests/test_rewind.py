@@ -22,7 +22,7 @@ from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.store.connection import async_client
 from scheduler.testing.lag import LaggingLink
-from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
+from scheduler.testing.redis_server import TILT_S, RedisServer, SentinelTopology, wait_until
 from scheduler.testing.replicas import (
     ServeProcess,
     ThreadedReplica,
@@ -311,9 +311,12 @@ def test_an_assignment_the_promoted_replica_lacked_is_written_again_and_ends(
                 timeout=5,
             )
             assert ask(topo.primary, "hget", key, "state") == b"assigned"
+            topo.wait_untilted()  # (a sentinel in TILT would act 30 s later)
             topo.primary.kill()
             link.cut()  # (what it held never arrives)
-            wait_until(lambda: topo.primary_port() == behind.port, 60, "the one behind promoted")
+            wait_until(
+                lambda: topo.primary_port() == behind.port, 60 + TILT_S, "the one behind promoted"
+            )
             wait_until(
                 lambda: ask(behind, "info", "replication")["role"] == "master", 30, "promoted"
             )

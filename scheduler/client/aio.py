@@ -24,7 +24,7 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.domain.history import Assigned, AssignmentMemo, Probe
+from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -113,8 +113,6 @@ class AsyncScheduler(BaseClient):
         #: told (with the monotonic time it was sent) of every Schedule with a
         #: fresh reservation id answered with a placement (HistoryWatch)
         self.on_placed: Callable[[float], None] | None = None
-        #: the assignments answered OK lately (replay_assignments)
-        self.assigned = AssignmentMemo()
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(
@@ -365,13 +363,10 @@ class AsyncScheduler(BaseClient):
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
     ) -> AssignResult:
         """Record an assignment; one that attached a reservation is kept a
-        while (:attr:`assigned`) to be written again after a failover settle
-        or a rewind (:meth:`replay_assignments`)."""
+        while, to be written again after a failover settle or a rewind
+        (:meth:`replay_assignments`)."""
         result = await self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
-        if result.reservation_id:
-            self.assigned.record(
-                Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
-            )
+        self._remember_assignment(sandbox_id, node_id, endpoint, result)
         return result
 
     async def replay_assignments(self) -> tuple[int, int]:
@@ -382,11 +377,9 @@ class AsyncScheduler(BaseClient):
         registered in the data that came back) is skipped; a reservation the
         data no longer knows is no refusal (the binding alone is written)."""
         written = refused = 0
-        for a in self.assigned.recent(time.monotonic()):
+        for call in self._replays():
             try:
-                await self._one(
-                    self.ops.assign(a.sandbox_id, a.node_id, a.endpoint, a.reservation_id)
-                )
+                await self._one(call)
                 written += 1
             except (UnknownNode, FailedPrecondition):
                 refused += 1
