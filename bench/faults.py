@@ -383,7 +383,9 @@ class Topology:
             )
         elif scenario == "rdb-rollback-replica":
             # (no Sentinel: the replica follows its primary, restarted or not)
-            self.server = RedisServer()
+            # (a replica attaches at once, as in SentinelTopology: Redis's default
+            # waits 5 s for more replicas to share a full sync, writes held meanwhile)
+            self.server = RedisServer(extra_args=["--repl-diskless-sync-delay", "0"])
             self.replica = RedisServer(
                 extra_args=["--replicaof", "127.0.0.1", str(self.server.port)]
             )
@@ -496,6 +498,18 @@ class Topology:
             start = time.monotonic()
             self.server.kill()
             self.server.start()  # it loads the snapshot
+            if self.replica is not None:
+                # the fault is over once the replica resynced to the snapshot
+                with self.replica.client() as c:
+
+                    def resynced() -> bool:
+                        info = c.info("replication")
+                        return bool(
+                            info["master_link_status"] == "up"
+                            and info.get("master_sync_in_progress", 0) == 0
+                        )
+
+                    wait_until(resynced, 60, "the replica resynced")
         elif s == "lagging-promotion":
             assert self.sentinels is not None and self.link is not None
             behind = self.sentinels.replicas[1]
