@@ -868,6 +868,7 @@ COLUMNS = [
     "to_first_ok_s",
     "after_switch_s",
     "health_honest",
+    "tilts",
     "codes",
 ]
 
@@ -875,7 +876,10 @@ COLUMNS = [
 def run(params: Params) -> Result:
     rows = []
     for scenario in params.scenarios:
-        row = run_scenario(params, scenario)
+        try:
+            row = run_scenario(params, scenario)
+        except Exception as e:  # (the harness could not make the fault: say so, go on)
+            row = {"scenario": scenario, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
     notes = [
         f"{params.nodes} nodes, ceiling max_sandbox_count {params.ceiling}, {params.replicas} "
@@ -887,6 +891,7 @@ def run(params: Params) -> Result:
         "reservations no gateway was answered; stuck: answered ones still live "
         f"{params.settle_s:g} s after the load.",
     ]
+    notes += [f"{r['scenario']}: not measured ({r['error']})" for r in rows if "error" in r]
     return Result(
         scenario="faults",
         columns=COLUMNS,
