@@ -31,6 +31,15 @@ The fault comes after a few seconds of load:
 - ``rdb-rollback-20s`` / ``rdb-rollback-120s``: ``BGSAVE`` under load, the
   load goes on 20 s / 120 s, then kill -9 and a restart that loads that
   snapshot (Debian's default persistence: RDB only);
+- ``rdb-rollback-replica``: the same at ``min_replicas_acked`` 1 with a
+  replica (no Sentinel), the snapshot 20 s old: restarted from it, the
+  primary is the one the replica follows, so the replica's newer data is
+  replaced by the snapshot (a full resync);
+- ``rdb-rollback-sentinel``: ``min_replicas_acked`` 1, a primary, two
+  replicas and three sentinels; the snapshot 20 s old, the primary killed
+  and kept down until Sentinel promoted a replica (which holds every
+  acknowledged write), then restarted from its snapshot: Sentinel makes it
+  a replica of the new primary;
 - ``lagging-promotion``: ``min_replicas_acked`` 1, a primary and two
   replicas; the one Sentinel prefers (``replica-priority`` 1) replicates
   through a link that holds the primary's stream for 1 s (it stays
@@ -93,6 +102,7 @@ from scheduler.ops.simnode import SimNode
 from scheduler.server.service import heartbeat_request
 from scheduler.testing.lag import LaggingLink
 from scheduler.testing.redis_server import (
+    TILT_S,
     ClusterTopology,
     RedisServer,
     SentinelTopology,
@@ -113,12 +123,20 @@ SCENARIOS = (
     "corrupt",
     "rdb-rollback-20s",
     "rdb-rollback-120s",
+    "rdb-rollback-replica",
+    "rdb-rollback-sentinel",
     "lagging-promotion",
     "clock-skew-ahead",
     "clock-skew-behind",
 )
 #: the clock-skew scenarios: the promoted replica's wall clock offset
 SKEW_MS = {"clock-skew-ahead": 15 * 60_000, "clock-skew-behind": -15 * 60_000}
+#: the rollbacks at min_replicas_acked 1, with a replica that holds what was acknowledged
+ROLLBACK_ACKED = ("rdb-rollback-replica", "rdb-rollback-sentinel")
+#: their snapshot's age (s)
+ROLLBACK_ACKED_AGE_S = 20.0
+#: scenarios at min_replicas_acked 1
+ACKED_1 = ("failover-1", "lagging-promotion", *ROLLBACK_ACKED, *SKEW_MS)
 #: how long the lagging replica's link holds the primary's stream before the primary dies
 LAG_S = 1.0
 GIB = 1 << 30
@@ -159,7 +177,10 @@ class Params:
         return cls(before_s=1.5, after_s=2.5, pause_s=3.5, settle_s=2.0, snapshot_cap_s=12.0)
 
     def snapshot_age_s(self, scenario: str) -> float:
-        age = float(scenario.removeprefix("rdb-rollback-").removesuffix("s"))
+        if scenario in ROLLBACK_ACKED:
+            age = ROLLBACK_ACKED_AGE_S
+        else:
+            age = float(scenario.removeprefix("rdb-rollback-").removesuffix("s"))
         return age if self.snapshot_cap_s is None else min(age, self.snapshot_cap_s)
 
 
@@ -337,6 +358,9 @@ class Topology:
         self.slot = 0
         self.corruptions = 0
         self.link: LaggingLink | None = None
+        self.tilts_before = 0
+        #: rdb-rollback-replica's replica
+        self.replica: RedisServer | None = None
         if scenario in ("slot-move", "cluster-failover"):
             self.cluster = ClusterTopology(3, 1 if scenario == "cluster-failover" else 0)
         elif scenario.startswith("failover"):
@@ -357,6 +381,17 @@ class Topology:
                 "--replica-priority",
                 "1",
             )
+        elif scenario == "rdb-rollback-replica":
+            # (no Sentinel: the replica follows its primary, restarted or not)
+            # (a replica attaches at once, as in SentinelTopology: Redis's default
+            # waits 5 s for more replicas to share a full sync, writes held meanwhile)
+            self.server = RedisServer(extra_args=["--repl-diskless-sync-delay", "0"])
+            self.replica = RedisServer(
+                extra_args=["--replicaof", "127.0.0.1", str(self.server.port)]
+            )
+        elif scenario == "rdb-rollback-sentinel":
+            # (two replicas, as failover-1: one acknowledges writes after the promotion)
+            self.sentinels = SentinelTopology(replicas=2, sentinels=3)
         elif scenario in SKEW_MS:
             self.sentinels = SentinelTopology(replicas=2, sentinels=3)
             preferred = self.sentinels.replicas[1]
@@ -379,6 +414,14 @@ class Topology:
         else:
             assert self.server is not None
             self.server.start()
+            if self.replica is not None:
+                self.replica.start()
+                with self.replica.client() as c:
+                    wait_until(
+                        lambda: c.info("replication")["master_link_status"] == "up",
+                        30,
+                        "the replica in sync",
+                    )
         return self
 
     @property
@@ -415,9 +458,36 @@ class Topology:
 
     def inject(self, replicas: list[ServeProcess], run: Run) -> tuple[float, float]:
         """Apply the fault (blocking); returns (fault start, fault over)."""
+        if self.sentinels is not None:
+            # (a sentinel in TILT acts on nothing for 30 s: on a loaded host one
+            # enters it often; the fault waits until none is, and the row
+            # reports the TILTs that came during it)
+            self.sentinels.wait_untilted()
+            self.tilts_before = self.sentinels.tilts()
         start = time.monotonic()
         s = self.scenario
-        if s.startswith("rdb-rollback"):
+        if s == "rdb-rollback-sentinel":
+            assert self.sentinels is not None
+            old = self.sentinels.primary
+            with old.client() as admin:
+                admin.bgsave()
+                while int(admin.info("persistence")["rdb_bgsave_in_progress"]):
+                    time.sleep(0.01)
+            time.sleep(self.params.snapshot_age_s(s))  # the load goes on
+            start = time.monotonic()
+            old.kill()  # down longer than down-after: Sentinel promotes a replica
+            wait_until(lambda: self.sentinels_primary() != old.port, 60 + TILT_S, "promoted")
+            new = self.sentinels.server(self.sentinels_primary())
+            with new.client() as c:
+                wait_until(lambda: c.info("replication")["role"] == "master", 60, "a primary")
+            old.start()  # it loads its snapshot; Sentinel turns it into a replica
+            with old.client() as c:
+                wait_until(
+                    lambda: c.info("replication").get("master_link_status") == "up",
+                    60 + TILT_S,
+                    "the old primary a replica of the new one",
+                )
+        elif s.startswith("rdb-rollback"):
             assert self.server is not None
             admin = self.server.client()
             admin.bgsave()
@@ -428,6 +498,18 @@ class Topology:
             start = time.monotonic()
             self.server.kill()
             self.server.start()  # it loads the snapshot
+            if self.replica is not None:
+                # the fault is over once the replica resynced to the snapshot
+                with self.replica.client() as c:
+
+                    def resynced() -> bool:
+                        info = c.info("replication")
+                        return bool(
+                            info["master_link_status"] == "up"
+                            and info.get("master_sync_in_progress", 0) == 0
+                        )
+
+                    wait_until(resynced, 60, "the replica resynced")
         elif s == "lagging-promotion":
             assert self.sentinels is not None and self.link is not None
             behind = self.sentinels.replicas[1]
@@ -506,6 +588,8 @@ class Topology:
             self.sentinels.close()
         if self.link is not None:
             self.link.close()
+        if self.replica is not None:
+            self.replica.close()
         if self.server is not None:
             self.server.close()
 
@@ -732,7 +816,7 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     topo = Topology(scenario, params).start()
     replicas: list[ServeProcess] = []
     try:
-        acked = 1 if scenario in ("failover-1", "lagging-promotion", *SKEW_MS) else 0
+        acked = 1 if scenario in ACKED_1 else 0
         evicting = scenario == "eviction"
         refusal = _refused_at_start(params, topo.url) if evicting else ""
         replicas = [
@@ -752,6 +836,8 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
             row["doctor_left"] = _doctor_left(topo.url)
         if scenario.startswith("rdb-rollback"):
             row["snapshot_age_s"] = params.snapshot_age_s(scenario)
+        if topo.sentinels is not None:
+            row["tilts"] = topo.sentinels.tilts() - topo.tilts_before
         if evicting:
             # refused at start without allow_eviction; with it, each replica's log
             # and sched_redis_evicted_keys say that keys went
@@ -782,6 +868,7 @@ COLUMNS = [
     "to_first_ok_s",
     "after_switch_s",
     "health_honest",
+    "tilts",
     "codes",
 ]
 
@@ -789,7 +876,10 @@ COLUMNS = [
 def run(params: Params) -> Result:
     rows = []
     for scenario in params.scenarios:
-        row = run_scenario(params, scenario)
+        try:
+            row = run_scenario(params, scenario)
+        except Exception as e:  # (the harness could not make the fault: say so, go on)
+            row = {"scenario": scenario, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
     notes = [
         f"{params.nodes} nodes, ceiling max_sandbox_count {params.ceiling}, {params.replicas} "
@@ -801,6 +891,7 @@ def run(params: Params) -> Result:
         "reservations no gateway was answered; stuck: answered ones still live "
         f"{params.settle_s:g} s after the load.",
     ]
+    notes += [f"{r['scenario']}: not measured ({r['error']})" for r in rows if "error" in r]
     return Result(
         scenario="faults",
         columns=COLUMNS,

@@ -42,10 +42,29 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
         [-9] if scenario == "replica-kill" else []
     ), where
     assert row["to_first_ok_s"] is not None, where
-    if scenario in ("kill-aof", "pause", "replica-kill", "failover-1", "lagging-promotion"):
-        # Redis kept every write it acknowledged (also when the promoted replica was behind)
+    if scenario in (
+        "kill-aof",
+        "pause",
+        "replica-kill",
+        "failover-1",
+        "lagging-promotion",
+        "rdb-rollback-sentinel",
+    ):
+        # Redis kept every write it acknowledged (also when the promoted replica
+        # was behind, and when Sentinel promoted a replica before the primary
+        # came back from its old snapshot)
         assert row["acked_missing"] == 0, where
-    if scenario.startswith("rdb-rollback"):
+    if scenario.startswith("failover") or scenario in (
+        "lagging-promotion",
+        "rdb-rollback-sentinel",
+    ):
+        # no answered placement's reservation still holds capacity after the
+        # settle (assignments the new primary lacked were written again)
+        assert row["stuck"] == 0, where
+    if scenario == "rdb-rollback-sentinel":
+        # the promoted replica had every acknowledged write: nothing rewound
+        assert row["rewinds"] == 0 and row["rewound"] == 0, where
+    elif scenario.startswith("rdb-rollback"):
         # the old snapshot was noticed and settled once, and what came back from
         # the past holds no capacity after the settle
         assert row["rewinds"] == 1, where

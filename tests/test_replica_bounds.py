@@ -16,6 +16,7 @@ import pytest
 from scheduler import Policy, Scheduler
 from scheduler.client.aio import AsyncScheduler
 from scheduler.client.plans import BeatMemo
+from scheduler.domain.history import Assigned, AssignmentMemo
 from scheduler.domain.limits import MAX_CPU_CONFIG, MAX_DISKS, MAX_TEXT
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
@@ -29,6 +30,17 @@ pytestmark = pytest.mark.real_only
 
 def beat(n: int = 0) -> Beat:
     return Beat(f"1:{n}", "i1", "e:1", {}, "d", (f"s{n}",))
+
+
+def test_the_assignment_memo_keeps_only_its_window_and_size() -> None:
+    """The assignments a replica writes again after a failover settle are the
+    last window's, at most ``most`` of them, oldest first."""
+    memo = AssignmentMemo(window_s=10, most=3)
+    for i in range(5):
+        memo.record(Assigned(float(i), f"s{i}", "n1", "e:1", f"r{i}"))
+    assert [a.sandbox_id for a in memo.recent(5.0)] == ["s2", "s3", "s4"]  # (size)
+    assert [a.reservation_id for a in memo.recent(13.5)] == ["r4"]  # (age: 3.5 s gone)
+    assert memo.recent(100.0) == [] and len(memo) == 0
 
 
 def test_the_memo_is_bounded_by_size_and_age() -> None:

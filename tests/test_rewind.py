@@ -22,7 +22,7 @@ from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.store.connection import async_client
 from scheduler.testing.lag import LaggingLink
-from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
+from scheduler.testing.redis_server import TILT_S, RedisServer, SentinelTopology, wait_until
 from scheduler.testing.replicas import (
     ServeProcess,
     ThreadedReplica,
@@ -269,3 +269,66 @@ def test_an_acknowledged_placement_survives_the_promotion_of_the_replica_that_wa
             missing = [rid for rid in acked if not ask(behind, "exists", key + rid)]
             assert missing == [], (missing, acked)
             assert len(ask(behind, "keys", key + "*")) < held  # it was behind
+
+
+@pytest.mark.slow
+def test_an_assignment_the_promoted_replica_lacked_is_written_again_and_ends(
+    redis_server: object, processes: list[ServeProcess]
+) -> None:
+    """At min_replicas_acked 0 the replica Sentinel promotes may lack the last
+    writes: here a placement's assignment, answered OK by the old primary.
+    The reservation came over pending, and nothing ended it (the gateway does
+    not send the assignment again; no roster names a pending reservation)
+    before unassigned_reservation_ttl (90 s): "stuck" in bench faults'
+    failover rows.  The replica writes again the assignments it answered
+    lately after the failover settle; the roster rules then end it."""
+    topo = SentinelTopology(replicas=1, sentinels=3, failover_timeout_ms=120_000)
+    behind = topo.replicas[0]
+    link = LaggingLink(topo.primary.port)
+    behind.extra_args = (*behind.extra_args[:-1], str(link.port))
+    with link, topo:
+        p = ServeProcess({"scheduler": {"min_replicas_acked": 0}}, topo.url, cell=CELL)
+        processes.append(p)
+        p.wait_serving(90)  # (a loaded host starts a replica slowly)
+        stamps = iter(range(int(time.time() * 1000), 1 << 62, 10))
+
+        with grpc.insecure_channel(p.address) as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+
+            def beat(*roster: str) -> None:
+                request = hb_request("n1", roster=list(roster), reported_at_unix_ms=next(stamps))
+                stub.Heartbeat(request, metadata=MD, timeout=5)
+
+            beat("s0")  # (a roster: the node is in roster mode)
+            resp, call = stub.Schedule.with_call(cold(1, 16), timeout=5)
+            rid = placed_id(call)
+            key = f"sched:{{{CELL}}}:res:{rid}"
+            wait_until(lambda: ask(behind, "exists", key), 10, "the reservation replicated")
+            link.hold()  # connected, and behind from now on
+            stub.RecordAssignment(
+                pb.RecordAssignmentRequest(sandbox_id="s1", node=resp.node),
+                metadata=(("x-reservation-id", rid),),
+                timeout=5,
+            )
+            assert ask(topo.primary, "hget", key, "state") == b"assigned"
+            topo.wait_untilted()  # (a sentinel in TILT would act 30 s later)
+            topo.primary.kill()
+            link.cut()  # (what it held never arrives)
+            wait_until(
+                lambda: topo.primary_port() == behind.port, 60 + TILT_S, "the one behind promoted"
+            )
+            wait_until(
+                lambda: ask(behind, "info", "replication")["role"] == "master", 30, "promoted"
+            )
+            # written again by the replica after its settle (it came over pending)
+            wait_until(
+                lambda: ask(behind, "hget", key, "sandbox_id") == b"s1",
+                30,
+                "the assignment written again",
+            )
+            assert ask(behind, "hget", key, "state") == b"assigned"
+            # s1 has ended: two heartbeats that do not list it release the reservation
+            beat("s0")
+            beat("s0")
+            assert ask(behind, "hget", key, "state") == b"released"
+            assert "wrote again 1 assignment(s)" in p.log()

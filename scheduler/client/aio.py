@@ -359,10 +359,31 @@ class AsyncScheduler(BaseClient):
     def explain(self, req: Request, strategy: str | None = None) -> Awaitable[Explanation]:
         return self._one(self.ops.explain(req, strategy))
 
-    def assign(
+    async def assign(
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
-    ) -> Awaitable[AssignResult]:
-        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+    ) -> AssignResult:
+        """Record an assignment; one that attached a reservation is kept a
+        while, to be written again after a failover settle or a rewind
+        (:meth:`replay_assignments`)."""
+        result = await self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        return result
+
+    async def replay_assignments(self) -> tuple[int, int]:
+        """Write again the assignments this client answered in the last
+        :data:`~scheduler.domain.history.REPLAY_WINDOW_S` (what a Redis that
+        lost its last writes may lack: :class:`AssignmentMemo`).  Returns
+        (written, refused): one refused (its node unregistered since, or not
+        registered in the data that came back) is skipped; a reservation the
+        data no longer knows is no refusal (the binding alone is written)."""
+        written = refused = 0
+        for call in self._replays():
+            try:
+                await self._one(call)
+                written += 1
+            except (UnknownNode, FailedPrecondition):
+                refused += 1
+        return written, refused
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
         return self._one(self.ops.cancel(reservation_id))

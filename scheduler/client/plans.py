@@ -33,8 +33,10 @@ from scheduler.domain.errors import (
     StaticNodesConflict,
     StoreUnavailable,
 )
+from scheduler.domain.history import Assigned, AssignmentMemo
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
+    AssignResult,
     Heartbeat,
     HeartbeatResult,
     ListedNode,
@@ -221,6 +223,8 @@ class BaseClient:
         #: what this client last wrote per node (bases of delta heartbeats),
         #: bounded by size and age, dropped when the node is unregistered
         self.beats: BeatMemo = BeatMemo()
+        #: the assignments answered OK lately (replay_assignments)
+        self.assigned = AssignmentMemo()
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.abandoned: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
@@ -231,6 +235,21 @@ class BaseClient:
         self.unchecked = ""
         #: the cell this client keeps (keep_cell): put back when Redis lost it
         self.kept: CellSetup | None = None
+
+    def _remember_assignment(
+        self, sandbox_id: str, node_id: str, endpoint: str, result: AssignResult
+    ) -> None:
+        """Keep an assignment that attached a reservation a while, to write it
+        again after a failover settle or a rewind (:class:`AssignmentMemo`)."""
+        if result.reservation_id:
+            self.assigned.record(
+                Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
+            )
+
+    def _replays(self) -> Iterator[Call[AssignResult]]:
+        """The calls that write the recent assignments again, oldest first."""
+        for a in self.assigned.recent(time.monotonic()):
+            yield self.ops.assign(a.sandbox_id, a.node_id, a.endpoint, a.reservation_id)
 
     # -- what every call goes through --------------------------------------
     @contextmanager

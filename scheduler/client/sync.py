@@ -23,8 +23,10 @@ from scheduler.client.plans import (
     log,
 )
 from scheduler.domain.errors import (
+    FailedPrecondition,
     SchedulerError,
     StoreUnavailable,
+    UnknownNode,
 )
 from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
@@ -279,7 +281,20 @@ class Scheduler(BaseClient):
     def assign(
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
     ) -> AssignResult:
-        return self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+        result = self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
+        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        return result
+
+    def replay_assignments(self) -> tuple[int, int]:
+        """As :meth:`AsyncScheduler.replay_assignments`."""
+        written = refused = 0
+        for call in self._replays():
+            try:
+                self._one(call)
+                written += 1
+            except (UnknownNode, FailedPrecondition):
+                refused += 1
+        return written, refused
 
     def cancel(self, reservation_id: str) -> str:
         return self._one(self.ops.cancel(reservation_id))

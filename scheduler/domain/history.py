@@ -26,6 +26,7 @@ meanwhile).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 #: Redis time may move this far (ms) against a replica's monotonic clock
@@ -46,6 +47,14 @@ REWOUND_GRACE_MS = 10_000
 
 #: Reservations one reconcile call ends at most (bounded work per call).
 RECONCILE_BATCH = 200
+
+#: A replica writes again the assignments it answered this long (s) before a
+#: failover settle or a rewind (:class:`AssignmentMemo`): what a promoted
+#: replica that was behind, or an old snapshot, may lack.  Well within the
+#: bindings' 30 s: a replayed one restores what the gateway was answered.
+REPLAY_WINDOW_S = 10.0
+#: ... and at most this many (about 40 s of 1,000 assignments a second per replica)
+REPLAY_MOST = 40_000
 
 
 @dataclass(frozen=True)
@@ -140,3 +149,53 @@ class HistoryWatch:
     def _take(self, probe: Probe) -> None:
         self.last = probe
         self.placed = 0
+
+
+@dataclass(frozen=True)
+class Assigned:
+    """One assignment this replica answered OK (RecordAssignment)."""
+
+    #: this replica's monotonic clock when it was answered, s
+    at: float
+    sandbox_id: str
+    node_id: str
+    endpoint: str
+    #: the reservation the assignment attached (named by the gateway, or the
+    #: node's oldest unclaimed one that the script chose)
+    reservation_id: str
+
+
+class AssignmentMemo:
+    """The assignments this replica answered OK in the last ``window_s``.
+
+    Redis that lost its last writes (a failover at ``min_replicas_acked: 0``
+    to a replica that had not received them, a restart from an old snapshot)
+    may hold a placement's reservation without the assignment the gateway was
+    answered for: nothing then ends it (no roster names its sandbox's
+    reservation, and the gateway does not send it again) before
+    ``unassigned_reservation_ttl``.  After the settle the replica writes them
+    again (``lua/assign-5.lua`` naming the reservation it attached): the
+    normal rules follow, a roster that lists the sandbox releases it and one
+    that no longer does releases it after two heartbeats.  An assignment the
+    new primary has already is charged once (the script keeps the charge it
+    has), so writing one again changes nothing."""
+
+    def __init__(self, window_s: float = REPLAY_WINDOW_S, most: int = REPLAY_MOST) -> None:
+        self.window_s = window_s
+        self._kept: deque[Assigned] = deque(maxlen=most)
+
+    def record(self, item: Assigned) -> None:
+        self._kept.append(item)
+        self._drop_before(item.at - self.window_s)
+
+    def recent(self, now: float) -> list[Assigned]:
+        """Those answered within the window before ``now``, oldest first."""
+        self._drop_before(now - self.window_s)
+        return list(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _drop_before(self, t: float) -> None:
+        while self._kept and self._kept[0].at < t:
+            self._kept.popleft()

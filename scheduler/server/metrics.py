@@ -35,6 +35,8 @@ Ours:
                                                 by this replica
     sched_rewound_reservations_total            reservations that came back from the past,
                                                 ended by this replica
+    sched_replayed_assignments_total            assignments this replica wrote again after a
+                                                failover settle or a rewind
     sched_script_duration_seconds{script}       Lua script call latency, this replica
     sched_batches_total{kind}                   batch calls sent (schedule, heartbeat), this replica
     sched_batched_calls_total{kind}             the calls they carried (their mean size: the ratio)
@@ -306,6 +308,12 @@ class Metrics:
         self.rewound_reservations = Counter(
             "sched_rewound_reservations",
             "Reservations that came back from the past (a rewound dataset), ended by this replica.",
+            registry=r,
+        )
+        self.replayed_assignments = Counter(
+            "sched_replayed_assignments",
+            "Assignments this replica answered lately and wrote again after a failover "
+            "settle or a rewind (Redis may have lost them).",
             registry=r,
         )
         self.script_duration = Histogram(

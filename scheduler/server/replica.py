@@ -265,6 +265,31 @@ class Replica:
             )
         except SchedulerError as e:
             log.warning("could not settle the cell after the failover: %s", e.message)
+            return
+        # the promoted replica may lack assignments the old primary answered:
+        # their reservations would wait for unassigned_reservation_ttl
+        await self.replay_assignments("the failover")
+
+    async def replay_assignments(self, why: str) -> None:
+        """Write again the assignments this replica answered lately
+        (:class:`~scheduler.domain.history.AssignmentMemo`): Redis may have
+        lost them with its last writes.  A failure is logged; the reservations
+        then end by their TTL as before."""
+        try:
+            written, refused = await self.sched.replay_assignments()
+        except SchedulerError as e:
+            log.warning("could not write the assignments again after %s: %s", why, e.message)
+            return
+        if written or refused:
+            self.metrics.replayed_assignments.inc(written)
+            log.warning(
+                "after %s, wrote again %d assignment(s) this replica answered in the last "
+                "%.0f s (Redis may have lost them; one it has changes nothing)%s",
+                why,
+                written,
+                self.sched.assigned.window_s,
+                f"; {refused} refused (node unknown)" if refused else "",
+            )
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -642,6 +667,11 @@ class Replica:
             # (a clock that jumped forward) bindings Redis itself expired by its
             # clock, so that no roster releases the reservations they charged
             await self._reconcile_rewound(now_ms - self.rewind_grace_ms)
+            # the younger reservations stay: the assignments they may have lost
+            # are written again (the roster rules then end them)
+            await self.replay_assignments(
+                "data from the past" if verdict.reason == "rewound" else "a clock jump"
+            )
 
     async def _reconcile_rewound(self, before_ms: int) -> None:
         ended, more = 0, True

@@ -5,6 +5,7 @@ failover)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -182,6 +183,10 @@ def wait_until(
         time.sleep(interval)
 
 
+#: how long a sentinel in TILT mode acts on nothing (Redis's SENTINEL_TILT_PERIOD)
+TILT_S = 30.0
+
+
 class SentinelTopology:
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum: a
     majority) on 127.0.0.1, free ports, temp dirs.  ``url`` is the
@@ -209,7 +214,10 @@ class SentinelTopology:
             for _ in range(replicas)
         ]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
-        self.sentinel_dir = Path(tempfile.mkdtemp(prefix="sched-sentinel-"))
+        # (a sentinel fsyncs its config on every change, in its main thread: on a
+        # busy disk that stalls it past 2 s and it enters TILT; memory does not)
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.sentinel_dir = Path(tempfile.mkdtemp(prefix="sched-sentinel-", dir=shm))
         self.sentinel_procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -292,12 +300,41 @@ class SentinelTopology:
     def server(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)
 
+    def tilted(self) -> bool:
+        """Whether a sentinel is in TILT mode: its own timer ran more than 2 s
+        late (a host too busy to schedule it, a slow fsync of its config),
+        and for the next 30 s it acts on nothing, a failover included."""
+        for port in self.sentinel_ports:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                info: Any = self.sentinel(port).info("sentinel")
+                if int(info.get("sentinel_tilt", 0)):
+                    return True
+        return False
+
+    def tilts(self) -> int:
+        """TILT entries in the sentinels' logs so far (see :meth:`tilted`)."""
+        total = 0
+        for log in self.sentinel_dir.glob("sentinel-*.log"):
+            with contextlib.suppress(OSError):
+                total += log.read_text(errors="replace").count("+tilt")
+        return total
+
+    def wait_untilted(self, timeout: float = TILT_S + 15) -> None:
+        """Until no sentinel is in TILT (a fault injected meanwhile would wait
+        up to 30 s for Sentinel to act on it)."""
+        wait_until(lambda: not self.tilted(), timeout, "the sentinels out of TILT", 0.2)
+
     def failover(self, timeout: float = 20) -> RedisServer:
-        """SENTINEL FAILOVER: returns the new primary once it takes writes."""
+        """SENTINEL FAILOVER: returns the new primary once it takes writes.
+
+        Sent once no sentinel is in TILT (on a loaded host one enters it
+        before a failover as often as not; SENTINEL FAILOVER then does
+        nothing for up to 30 s), and the wait allows one more TILT period."""
+        self.wait_untilted(TILT_S + timeout)
         old = self.primary_port()
         sentinel: Any = self.sentinel()
         sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
-        wait_until(lambda: self.primary_port() != old, timeout, "a new primary named")
+        wait_until(lambda: self.primary_port() != old, TILT_S + timeout, "a new primary named")
         new = self.server(self.primary_port())
         wait_until(
             lambda: new.client().info("replication")["role"] == "master",
