@@ -283,6 +283,67 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
             assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)
 
 
+#: the files whose HMGET replies are read by name (issue 27); the others are
+#: being changed in parallel, their positional reads are listed in the
+#: CHANGELOG (heartbeat.lua, bindings.lua, assign-5.lua, ...)
+BY_NAME_INCLUDES = [
+    *("index_bucket", "index_moves", "index_pick", "stages", "common"),
+    *("nodes", "peers", "cpu_config", "snapshot"),
+]
+NOT_YET_SCRIPTS = [
+    "assign",
+    "events",
+    "settle",
+    "sync_nodes",
+    "sync_discovered",
+    "heartbeat_steady",
+]
+#: `v = redis.call('HMGET', ...)`, `prev = prev or ...`, `f(id, redis.call(...))`;
+#: not `a, b = unpack(redis.call('HMGET', ...))`: named locals
+_HMGET = re.compile(r"\b(\w+) = (?:\1 or )?(?:(?!unpack\()\w+\()?redis\.call\('HMGET'")
+
+
+def _code(text: str) -> str:
+    return "\n".join(line.split("--")[0] for line in text.splitlines())
+
+
+def test_hmget_replies_are_read_by_name_in_the_converted_files() -> None:
+    """In the files converted, what an HMGET answers is read through a layout
+    (``r[RES_READ.state]``), never by position (``r[1]``, ``v[o + 5]``): the
+    loader resolves the names to the same positions."""
+    from scheduler.store.scripts import _files
+
+    includes, scripts = _files()
+    texts = {f"lua/includes/{n}.lua": includes[n] for n in BY_NAME_INCLUDES}
+    texts |= {f"lua/{n}-{k}.lua": t for n, (k, t) in scripts.items() if n not in NOT_YET_SCRIPTS}
+    replies = 0
+    for where, text in texts.items():
+        code = _code(text)
+        for var in set(_HMGET.findall(code)):
+            replies += 1
+            positional = re.findall(rf"\b{var}\[(\d+|\w+ *[-+] *\d+)\]", code)
+            assert not positional, f"{where}: {var}[{positional[0]}], not read by name"
+            assert re.search(rf"\b{var}\[[A-Z_]+\.\w+\]", code), f"{where}: {var} by no layout"
+    assert replies >= 15  # (the check sees the reads it is about)
+
+
+def test_unpack_of_a_field_list_is_folded_and_its_layout_dropped() -> None:
+    """``redis.call('HMGET', k, unpack(L))`` is built as the fields spelled out
+    (no unpack at run time); a script's layout it then no longer reads goes
+    (no table made per call); an unpack that is not a call's last argument
+    (one value) stays as written."""
+    includes = {"a": "-- @exports K\nlocal K = 1\n"}
+    script = (
+        "-- @include a\n-- @layout L\nlocal L = { 'x', 'y' }\n"
+        "local v = redis.call('HMGET', KEYS[1], unpack(L))\nreturn v[L.y]\n"
+    )
+    text = _lib(includes, script)
+    assert "local v = redis.call('HMGET', KEYS[1], 'x', 'y')\nreturn v[2]\n" in text
+    assert "local L" not in text and "unpack" not in text
+    kept = script.replace("unpack(L))", "unpack(L), 'z')")
+    assert "unpack(L), 'z')" in _lib(includes, kept) and "local L = {" in _lib(includes, kept)
+
+
 def test_the_ctx_constructor_fills_its_layout_in_order() -> None:
     """ctx is an array read by name (the layout CTX): each slot of the
     constructor names the field it fills, in the layout's order."""

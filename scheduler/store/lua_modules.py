@@ -410,14 +410,20 @@ class ExportError(Exception):
 LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
 
 
-@cache
 def layouts(text: str, where: str) -> dict[str, list[str]]:
     """The record layouts the file declares: a ``-- @layout NAME`` line, then
     ``local NAME = { ... }``, a list whose entries are field names (strings)
     or ``OTHER.field`` (a position in layout OTHER, named by that field).
     NAME -> its fields in order.  (Cached, one answer per file: a caller
     copies it, never changes it.)"""
+    return _layouts(text, where)[0]
+
+
+@cache
+def _layouts(text: str, where: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(layouts, field_lists)."""
     out: dict[str, list[str]] = {}
+    spelled: dict[str, list[str]] = {}
     toks = tokens(text)
     for m in LAYOUT.finditer(text):
         name, line = m.group(1), text.count("\n", 0, m.start()) + 1
@@ -433,6 +439,7 @@ def layouts(text: str, where: str) -> dict[str, list[str]]:
             t = toks[i]
             if t.kind == "value" and t.text[0] in "'\"":
                 fields.append(t.text[1:-1])
+                spelled.setdefault(name, []).append(t.text)
                 i += 1
             elif t.kind == "name" and toks[i + 1].text == "." and toks[i + 2].kind == "name":
                 fields.append(toks[i + 2].text)
@@ -447,15 +454,45 @@ def layouts(text: str, where: str) -> dict[str, list[str]]:
         if len(set(fields)) != len(fields):
             raise ExportError(f"{where} line {line}: layout {name} names a field twice")
         out[name] = fields
-    return out
+        if len(spelled.get(name, ())) != len(fields):
+            spelled.pop(name, None)  # (it holds positions in another layout)
+    return out, spelled
 
 
-def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
+def field_lists(text: str, where: str) -> dict[str, list[str]]:
+    """The file's layouts of field names (not of positions in another
+    layout): NAME -> its fields as Lua strings, in order: what
+    ``unpack(NAME)`` folds into (:func:`substitute`)."""
+    return _layouts(text, where)[1]
+
+
+def substitute(
+    text: str,
+    known: dict[str, list[str]],
+    where: str,
+    lists: dict[str, list[str]] | None = None,
+) -> str:
     """The text with every ``LAYOUT.field`` of a known layout replaced by the
     field's position (1-based): a name in the source, a number at run time.
-    A field the layout does not hold is an error naming ``where`` and the line."""
+    A field the layout does not hold is an error naming ``where`` and the line.
+    And ``, unpack(NAME))`` of a layout in ``lists`` (the last argument of a
+    call: ``redis.call('HMGET', key, unpack(NAME))``) becomes its fields
+    spelled out, ``, 'a', 'b')``: the same call, without unpack's."""
     toks = tokens(text)
     spans: list[tuple[int, int, str]] = []
+    for i, t in enumerate(toks[:-4]):
+        if (
+            lists
+            and i
+            and t.text == "unpack"
+            and toks[i - 1].text == ","
+            and toks[i + 1].text == "("
+            and toks[i + 2].text in lists
+            and toks[i + 3].text == ")"
+            and toks[i + 4].text == ")"
+        ):
+            close = toks[i + 3]
+            spans.append((t.start, close.start + 1, ", ".join(lists[toks[i + 2].text])))
     for i, t in enumerate(toks[:-2]):
         if t.kind != "name" or t.text not in known or toks[i + 1].text != ".":
             continue
@@ -466,6 +503,36 @@ def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
         if field.kind != "name" or field.text not in fields:
             raise ExportError(f"{where} line {t.line}: {t.text} has no field {field.text!r}")
         spans.append((t.start, field.start + len(field.text), str(fields.index(field.text) + 1)))
-    for start, end, number in reversed(spans):
+    for start, end, number in sorted(spans, reverse=True):
         text = text[:start] + number + text[end:]
+    return text
+
+
+def drop_folded(text: str, keep: frozenset[str] = frozenset()) -> str:
+    """The (substituted) text without the declaration of each layout it no
+    longer reads (every ``NAME.field`` became a number, every ``unpack(NAME)``
+    its fields), but for those in ``keep`` (exports): a script's layout costs
+    no table per call.  Lines stay where they were."""
+    toks = tokens(text)
+    count: dict[str, int] = {}
+    for t in toks:
+        if t.kind == "name":
+            count[t.text] = count.get(t.text, 0) + 1
+    cuts: list[tuple[int, int]] = []
+    for m in LAYOUT.finditer(text):
+        name = m.group(1)
+        if name in keep or count.get(name) != 1:
+            continue
+        i = next((k for k, t in enumerate(toks) if t.start > m.start()), len(toks))
+        if [t.text for t in toks[i : i + 4]] != ["local", name, "=", "{"]:
+            continue
+        depth, j = 0, i + 3
+        while j < len(toks):
+            depth += {"{": 1, "}": -1}.get(toks[j].text, 0)
+            if depth == 0:
+                break
+            j += 1
+        cuts.append((toks[i].start, toks[j].start + 1))
+    for start, end in reversed(cuts):
+        text = text[:start] + "\n" * text.count("\n", start, end) + text[end:]
     return text

@@ -179,11 +179,20 @@ class _Modules:
         self.checked: set[str] = set()
         #: record layouts (`-- @layout`): NAME -> its fields, by position
         self.layouts: dict[str, list[str]] = {}
+        #: the layouts of field names: NAME -> its fields as Lua strings
+        self.lists: dict[str, list[str]] = {}
         for name, text in includes.items():
             try:
-                self.layouts.update(lua_modules.layouts(text, _include_path(name)))
+                found = lua_modules.layouts(text, _include_path(name))
+                self.lists.update(lua_modules.field_lists(text, _include_path(name)))
             except lua_modules.ExportError as e:
                 raise IncludeError(str(e)) from None
+            for layout in found:
+                if layout in self.layouts:
+                    raise IncludeError(
+                        f"{_include_path(name)}: layout {layout} is declared by another include too"
+                    )
+            self.layouts.update(found)
         #: exports assigned after their include loaded: kept as locals of the
         #: main chunk (a copy bound in another module would go stale)
         self.mutable: set[str] = set()
@@ -208,12 +217,21 @@ class _Modules:
                 if (home == own and a.in_function) or (home != own and a.free):
                     self.mutable.add(a.name)
 
-    def named(self, text: str, where: str) -> str:
-        """``text`` with its layout fields resolved to positions."""
+    def named(
+        self, text: str, where: str, keep: Sequence[str] = (), source: str | None = None
+    ) -> str:
+        """``text`` with its layout fields resolved to positions, the field
+        lists it unpacks spelled out, and the layouts it then no longer reads
+        dropped (but for ``keep``: an include's exports; ``source``: the
+        file as written, when ``text`` is its body with exports hoisted)."""
         try:
-            return lua_modules.substitute(text, self.layouts, where)
+            own = lua_modules.layouts(source or text, where)
+            known = {**self.layouts, **own}
+            lists = {**self.lists, **lua_modules.field_lists(source or text, where)}
+            out = lua_modules.substitute(text, known, where, lists)
         except lua_modules.ExportError as e:
             raise IncludeError(str(e)) from None
+        return lua_modules.drop_folded(out, frozenset(keep)) if own else out
 
     def order(self, text: str, where: str) -> list[str]:
         """The includes file ``where`` needs, dependencies first; each checked
@@ -323,7 +341,7 @@ class _Modules:
             body = lua_modules.hoisted(text, self.exports[name], path)
         except lua_modules.ExportError as e:
             raise IncludeError(f"{e} (chain: {_steps(self.chains[name])})") from None
-        body = lua_modules.strip_exports(self.named(body, path))
+        body = lua_modules.strip_exports(self.named(body, path, self.exports[name], text))
         shared = [n for n in self.exports[name] if n in self.mutable]
         table = [n for n in self.exports[name] if n not in self.mutable]
         head = f"local {', '.join(shared)}\n" if shared else ""
