@@ -396,7 +396,8 @@ def sources() -> dict[str, tuple[int, str]]:
                 if inc not in blocks:
                     blocks[inc] = mods.block(inc)
                 parts.append(blocks[inc])
-            # (the body in a function of its own, as in the library)
+            # (the body in a function of its own, as in the library; it
+            # binds what the body uses, and bind_call, which it calls)
             parts += [
                 "return (function()\n",
                 mods.imports(f"{text}\nbind_call()"),
@@ -436,6 +437,7 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
             needed += [inc for inc in mods.order(text, where) if inc not in needed]
             mods.check(text, where, (), script=True)
         body = "".join(mods.block(inc) for inc in needed)
+        # (what each script's function binds: what its body uses, and bind_call)
         heads = {name: mods.imports(f"{text}\nbind_call()") for name, (_, text) in scripts.items()}
         scripts = {
             name: (nkeys, mods.named(text, _script_path(name, nkeys)))
