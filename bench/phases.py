@@ -38,7 +38,14 @@ from bench.runner import Result, Target, machine
 from bench.versus import Params as VersusParams
 from bench.versus import _Run
 from scheduler import Policy, Request, Scheduler
-from scheduler.store.scripts import FUNCTION, Library, _files, build_library, library
+from scheduler.store.scripts import (
+    FUNCTION,
+    Library,
+    _files,
+    build_library,
+    library,
+    module_table,
+)
 
 COLUMNS = ["operation", "phase", "us", "share"]
 OPERATIONS = ("coalesced placement", "changed heartbeat")
@@ -82,14 +89,22 @@ def phased_library() -> tuple[Library, list[str]]:
     includes = {k: _marked(v) for k, v in includes.items()}
     includes["base"] += PROFILER
     lib = build_library(includes, {k: (n, _marked(t)) for k, (n, t) in scripts.items()})
+    # (the profiler's exports live in base's module table: bound once here)
+    table = module_table("base")
     extra = (
+        "do (function()\n"
+        f"local PHASE_SUMS, phase_begin, phase = {table}.PHASE_SUMS, {table}.phase_begin, "
+        f"{table}.phase\n"
         f"redis.register_function('{lib.name}_phase_report', function(keys, args)\n"
         "  local out = {}\n"
         "  for name, s in pairs(PHASE_SUMS) do out[#out + 1] = { name, s[1], s[2] } end\n"
-        "  if args[1] == 'reset' then PHASE_SUMS = {} end\n"
+        "  if args[1] == 'reset' then\n"
+        "    for name in pairs(PHASE_SUMS) do PHASE_SUMS[name] = nil end\n"
+        "  end\n"
         "  return out\nend)\n"
         f"redis.register_function('{lib.name}_phase_probe', function(keys, args)\n"
         "  phase_begin()\n  for _ = 1, 100 do phase('probe') end\n  return 1\nend)\n"
+        "end)() end\n"
     )
     return Library(lib.name, lib.text + extra, lib.functions), names
 

@@ -21,9 +21,15 @@ local rid = ARGV[1]
 local forget = ARGV[2] == '1'
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
-local r = redis.call('HMGET', res_key(rid), 'state', 'node_id')
+-- What it reads of the reservation, and of its node (layouts: names in the
+-- source, positions in the built text, folded by the loader)
+-- @layout CANCEL_RES
+local CANCEL_RES = { 'state', 'node_id' }
+-- @layout CANCEL_OWED
+local CANCEL_OWED = { 'node_id', 'fails_owed' }
+local r = redis.call('HMGET', res_key(rid), unpack(CANCEL_RES))
 local now = now_ms(P)
-if not r[1] and not r[2] then
+if not r[CANCEL_RES.state] and not r[CANCEL_RES.node_id] then
   if not forget then return fail(ERR.NOT_FOUND, 'reservation ' .. rid .. ' not found') end
   local s_now = fmt(now)
   redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', '', 'state', 'cancelled',
@@ -32,9 +38,9 @@ if not r[1] and not r[2] then
     P.reservation_ttl_ms)))
   return { '', s_now }
 end
-if ENDED[r[1]] then
-  if forget then return { r[2] or '', fmt(now) } end
-  return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' already ' .. r[1])
+if ENDED[r[CANCEL_RES.state]] then
+  if forget then return { r[CANCEL_RES.node_id] or '', fmt(now) } end
+  return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' already ' .. r[CANCEL_RES.state])
 end
 -- (a state that is none, corrupt state, is ended too: end_reservation)
 end_reservation(ctx, rid, 'cancelled', now)
@@ -45,16 +51,16 @@ end_reservation(ctx, rid, 'cancelled', now)
 -- the node's next heartbeat; includes/heartbeat.lua).  Not a forget: its
 -- create was never sent.)
 -- (a reservation without its node, corrupt state, owes no node anything)
-if r[1] == 'pending' and not forget and r[2] then
-  local owed = redis.call('HMGET', node_key(r[2]), 'node_id', 'fails_owed')
-  if owed[1] then
-    if (tonumber(owed[2]) or 0) > 0 then
-      redis.call('HINCRBY', node_key(r[2]), 'fails_owed', '-1')
+if r[CANCEL_RES.state] == 'pending' and not forget and r[CANCEL_RES.node_id] then
+  local owed = redis.call('HMGET', node_key(r[CANCEL_RES.node_id]), unpack(CANCEL_OWED))
+  if owed[CANCEL_OWED.node_id] then
+    if (tonumber(owed[CANCEL_OWED.fails_owed]) or 0) > 0 then
+      redis.call('HINCRBY', node_key(r[CANCEL_RES.node_id]), 'fails_owed', '-1')
     else
-      redis.call('HINCRBY', node_key(r[2]), 'cancels_uncounted', '1')
+      redis.call('HINCRBY', node_key(r[CANCEL_RES.node_id]), 'cancels_uncounted', '1')
     end
   end
 end
 sweep_expired(ctx, now)
 reindex_touched(ctx, P, now)
-return { r[2] or '', fmt(now) }
+return { r[CANCEL_RES.node_id] or '', fmt(now) }

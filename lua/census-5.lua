@@ -35,11 +35,18 @@ local cursor = redis.call('HGET', CENSUS_KEY, 'cursor') or ''
 local from = '-'
 if cursor ~= '' then from = '(' .. cursor end
 local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(step))
+-- What it reads of each node, and of the census (layouts)
+-- @layout CENSUS_NODE
+local CENSUS_NODE = { 'last_seen_ms', 'lingering', 'status' }
+-- @layout CENSUS_HEAD
+local CENSUS_HEAD = { 'done_ms', 'passes' }
 local counts = {}
 for _, id in ipairs(ids) do
-  local v = redis.call('HMGET', node_key(id), 'last_seen_ms', 'lingering', 'status')
+  local v = redis.call('HMGET', node_key(id), unpack(CENSUS_NODE))
   local n = {
-    last_seen = tonumber(v[1]), lingering = v[2] == '1', reported = v[3] or '',
+    last_seen = tonumber(v[CENSUS_NODE.last_seen_ms]),
+    lingering = v[CENSUS_NODE.lingering] == '1',
+    reported = v[CENSUS_NODE.status] or '',
   }
   local status = derive_status(n, P, now)
   counts[status] = (counts[status] or 0) + 1
@@ -68,8 +75,8 @@ if #ids < step then
 else
   redis.call('HSET', CENSUS_KEY, 'cursor', ids[#ids])
 end
-local head = redis.call('HMGET', CENSUS_KEY, 'done_ms', 'passes')
-local out = { head[1] or '', head[2] or '0' }
+local head = redis.call('HMGET', CENSUS_KEY, unpack(CENSUS_HEAD))
+local out = { head[CENSUS_HEAD.done_ms] or '', head[CENSUS_HEAD.passes] or '0' }
 local flat = redis.call('HGETALL', CENSUS_KEY)
 for i = 1, #flat, 2 do
   if string.sub(flat[i], 1, 2) == 'd:' then

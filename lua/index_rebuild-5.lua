@@ -51,5 +51,6 @@ end
 local now = now_ms(P)
 local done, moved = true, 0
 if P.index_format == INDEX_FORMAT then done, moved = REBUILD.step(ctx, P, now, budget) end
-local st = redis.call('HMGET', BASE .. 'idx-rebuild', 'epoch', 'cursor')
-return { done and 1 or 0, moved, st[1] or '', st[2] or '' }
+local st = redis.call('HMGET', BASE .. 'idx-rebuild', unpack(REBUILD_STATE))
+return { done and 1 or 0, moved, st[REBUILD_STATE.epoch] or '',
+  st[REBUILD_STATE.cursor] or '' }

@@ -42,17 +42,22 @@ else
   ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
 end
 local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
+-- What a row reads of the record besides read_node's fields (a layout:
+-- names in the source, positions in the built text)
+-- @layout OBSERVED_NODE
+local OBSERVED_NODE = { 'cluster_id', 'static' }
 for _, id in ipairs(ids) do
   local n = read_node(id)
   local seen = n.last_seen ~= nil
-  local f = redis.call('HMGET', node_key(id), 'cluster_id', 'static')
-  local c = f[1] or ''
+  local f = redis.call('HMGET', node_key(id), unpack(OBSERVED_NODE))
+  local c = f[OBSERVED_NODE.cluster_id] or ''
   if (seen or with_unseen) and (cluster == '' or c == cluster) then
     local row
     if full then
       row = redis.call('HGETALL', node_key(id))
     else
-      row = { 'node_id', id, 'endpoint', n.endpoint, 'static', f[2] == '1' and '1' or '0' }
+      local static = f[OBSERVED_NODE.static] == '1' and '1' or '0'
+      row = { 'node_id', id, 'endpoint', n.endpoint, 'static', static }
     end
     row[#row + 1] = 'derived_status'
     row[#row + 1] = derive_status(n, P, now)

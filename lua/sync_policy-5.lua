@@ -53,12 +53,15 @@ else
 end
 local format = redis.call('HGET', POLICY_KEY, 'index_format')
 if outcome == 'created' or outcome == 'overwritten' then
-  local clock = redis.call('HMGET', POLICY_KEY, 'time_offset_ms', 'frozen_now_ms', 'settle_ms')
+  -- (the drill clock, kept through an overwrite; named locals, not a layout:
+  -- these are policy fields, which no table of a Lua file may copy)
+  local offset, frozen, settle = unpack(redis.call('HMGET', POLICY_KEY, 'time_offset_ms',
+    'frozen_now_ms', 'settle_ms'))
   redis.call('DEL', POLICY_KEY)
   if nwant > 0 then redis.call('HSET', POLICY_KEY, unpack(ARGV, 2)) end
-  if clock[1] then redis.call('HSET', POLICY_KEY, 'time_offset_ms', clock[1]) end
-  if clock[2] then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', clock[2]) end
-  if clock[3] then redis.call('HSET', POLICY_KEY, 'settle_ms', clock[3]) end
+  if offset then redis.call('HSET', POLICY_KEY, 'time_offset_ms', offset) end
+  if frozen then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', frozen) end
+  if settle then redis.call('HSET', POLICY_KEY, 'settle_ms', settle) end
   if restoring and outcome == 'created' then
     local t = redis.call('TIME')
     redis.call('HSET', POLICY_KEY, 'settle_ms',

@@ -7,6 +7,7 @@ a name used only if an include it names exports it."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ def _lib(includes: dict[str, str], script: str = "-- @include a\nreturn 1\n") ->
     return build_library(includes, {"op": (1, script)}).text
 
 
-def test_each_include_is_a_block_with_only_its_exports_hoisted() -> None:
+def test_each_include_is_a_function_returning_its_exports_as_a_table() -> None:
     text = _lib(
         {
             "a": "-- @exports f N\nlocal N = 2\nlocal helper = 3\n"
@@ -80,10 +81,51 @@ def test_each_include_is_a_block_with_only_its_exports_hoisted() -> None:
         "-- @include a\nreturn f(1)\n",
     )
     body = text[text.index("\n") + 1 : text.index("redis.register_function(")]
-    assert body.splitlines()[:2] == ["local f, N", "do -- lua/includes/a.lua"]
-    assert "\n N = 2\n" in body and "\n function f(x)" in body  # (assigns the hoisted)
-    assert "local helper = 3" in body  # private: a local of the block
-    assert body.rstrip().endswith("end")
+    lines = body.splitlines()
+    assert lines[:2] == ["local MOD_a = (function() -- lua/includes/a.lua", "local f, N"]
+    assert "\n N = 2\n" in body and "\n function f(x)" in body  # (assigns its own)
+    assert "local helper = 3" in body  # private: a local of its function
+    assert "return { f = f, N = N }\nend)()\n" in body
+    # the script's function binds what it uses, once, from the module's table
+    assert "do (function()\nlocal f = MOD_a.f\n" in body
+
+
+def test_the_main_chunk_holds_only_module_tables_and_exports_set_per_call() -> None:
+    """An export assigned after load (in a function of its own include, or by
+    another file) stays a local of the main chunk: a copy would go stale."""
+    includes = {
+        "a": "-- @exports K f C\nlocal K\nlocal C = 1\nlocal function f(k) K = k end\n",
+        "b": "-- @exports g\n-- @include a\nlocal function g() C = 2 return K end\n",
+    }
+    text = _lib(includes, "-- @include b\nreturn g()\n")
+    top = [line for line in text.splitlines() if line.startswith("local ")]
+    assert top[:2] == ["local K, C", "local MOD_a = (function() -- lua/includes/a.lua"]
+    # (b binds nothing from a's table: K and C are the main chunk's)
+    assert "local MOD_b = (function() -- lua/includes/b.lua\nlocal g\n" in text
+    assert "MOD_a.K" not in text and "MOD_a.C" not in text
+
+
+@pytest.mark.real_only
+def test_modules_load_and_answer_in_redis(redis_client: Any) -> None:
+    """The built library runs: a script reads an export a function of its
+    include set at call time (kept in the main chunk), functions forward-declared
+    inside one include call each other, and each module binds what it uses."""
+    includes = {
+        "a": "-- @exports ARGV bind_call twice\nlocal ARGV\n"
+        "local function bind_call(keys, args) ARGV = args return {} end\n"
+        "local function twice(x) return 2 * x end\n",
+        "b": "-- @exports total b_later\n-- @include a\n"
+        "local function total(x) return b_later(x) + tonumber(ARGV[1]) end\n"
+        "local function b_later(x) return twice(x) end\n",
+    }
+    lib = build_library(includes, {"op": (0, "-- @include b\nreturn total(tonumber(ARGV[2]))\n")})
+    text = lib.text
+    redis_client.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    try:
+        assert redis_client.execute_command("FCALL", lib.functions["op"], 0, 5, 20) == 45
+        assert redis_client.execute_command("FCALL", lib.functions["op"], 0, 7, 1) == 9
+    finally:
+        redis_client.execute_command("FUNCTION", "DELETE", lib.name)
 
 
 def test_a_private_name_is_not_visible_to_another_include() -> None:
@@ -177,6 +219,28 @@ def test_scopes_the_checker_reads() -> None:
     assert sorted(free) == ["ipairs", "k", "select", "y"]
 
 
+def test_assignments_the_checker_reads() -> None:
+    """Assignments to free or top-level names, with where they run; not to a
+    local of a block or function, nor to a field, nor a table key."""
+    names = analyse(
+        "local A, B\n"
+        "A = 1\n"
+        "local function f(x) local c; c, B = 1, 2; x = 3; t.u, G = 4, 5 end\n"
+        "function H() return { A = 1 } end\n"
+        "local y = z, w\n"
+        "if q then r[1], S = 1, 2 end\n"
+        "return A, B\n"
+    )
+    got = [(a.name, a.line, a.in_function, a.free) for a in names.assigned]
+    assert got == [
+        ("A", 2, False, False),
+        ("B", 3, True, False),
+        ("G", 3, True, True),
+        ("H", 4, False, True),
+        ("S", 6, False, True),
+    ]
+
+
 # -- record layouts --------------------------------------------------------
 def test_a_layout_field_is_its_position_in_the_built_text() -> None:
     includes = {
@@ -217,6 +281,67 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
         assert not re.findall(r"\[o \+ \d", code), name
         for layout in known:
             assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)
+
+
+#: the files whose HMGET replies are read by name (issue 27); the others are
+#: being changed in parallel, their positional reads are listed in the
+#: CHANGELOG (heartbeat.lua, bindings.lua, assign-5.lua, ...)
+BY_NAME_INCLUDES = [
+    *("index_bucket", "index_moves", "index_pick", "stages", "common"),
+    *("nodes", "peers", "cpu_config", "snapshot"),
+]
+NOT_YET_SCRIPTS = [
+    "assign",
+    "events",
+    "settle",
+    "sync_nodes",
+    "sync_discovered",
+    "heartbeat_steady",
+]
+#: `v = redis.call('HMGET', ...)`, `prev = prev or ...`, `f(id, redis.call(...))`;
+#: not `a, b = unpack(redis.call('HMGET', ...))`: named locals
+_HMGET = re.compile(r"\b(\w+) = (?:\1 or )?(?:(?!unpack\()\w+\()?redis\.call\('HMGET'")
+
+
+def _code(text: str) -> str:
+    return "\n".join(line.split("--")[0] for line in text.splitlines())
+
+
+def test_hmget_replies_are_read_by_name_in_the_converted_files() -> None:
+    """In the files converted, what an HMGET answers is read through a layout
+    (``r[RES_READ.state]``), never by position (``r[1]``, ``v[o + 5]``): the
+    loader resolves the names to the same positions."""
+    from scheduler.store.scripts import _files
+
+    includes, scripts = _files()
+    texts = {f"lua/includes/{n}.lua": includes[n] for n in BY_NAME_INCLUDES}
+    texts |= {f"lua/{n}-{k}.lua": t for n, (k, t) in scripts.items() if n not in NOT_YET_SCRIPTS}
+    replies = 0
+    for where, text in texts.items():
+        code = _code(text)
+        for var in set(_HMGET.findall(code)):
+            replies += 1
+            positional = re.findall(rf"\b{var}\[(\d+|\w+ *[-+] *\d+)\]", code)
+            assert not positional, f"{where}: {var}[{positional[0]}], not read by name"
+            assert re.search(rf"\b{var}\[[A-Z_]+\.\w+\]", code), f"{where}: {var} by no layout"
+    assert replies >= 15  # (the check sees the reads it is about)
+
+
+def test_unpack_of_a_field_list_is_folded_and_its_layout_dropped() -> None:
+    """``redis.call('HMGET', k, unpack(L))`` is built as the fields spelled out
+    (no unpack at run time); a script's layout it then no longer reads goes
+    (no table made per call); an unpack that is not a call's last argument
+    (one value) stays as written."""
+    includes = {"a": "-- @exports K\nlocal K = 1\n"}
+    script = (
+        "-- @include a\n-- @layout L\nlocal L = { 'x', 'y' }\n"
+        "local v = redis.call('HMGET', KEYS[1], unpack(L))\nreturn v[L.y]\n"
+    )
+    text = _lib(includes, script)
+    assert "local v = redis.call('HMGET', KEYS[1], 'x', 'y')\nreturn v[2]\n" in text
+    assert "local L" not in text and "unpack" not in text
+    kept = script.replace("unpack(L))", "unpack(L), 'z')")
+    assert "unpack(L), 'z')" in _lib(includes, kept) and "local L = {" in _lib(includes, kept)
 
 
 def test_the_ctx_constructor_fills_its_layout_in_order() -> None:

@@ -170,6 +170,10 @@ local function recount_pending(node_id)
   return count, cpu, mem, acked
 end
 
+-- What ending a reservation reads of its node's pending numbers (a layout)
+-- @layout PENDING_READ
+local PENDING_READ = { 'pending_count', 'pending_cpu', 'pending_memory_bytes', 'acked_count' }
+
 -- End a live reservation exactly once; outcome is released|cancelled|expired.
 -- `r`: its RES_READ fields if the caller read them in this call and nothing
 -- wrote the reservation since.  Returns true when this call ended it.
@@ -223,11 +227,11 @@ local function end_reservation(ctx, rid, outcome, now, r)
   else
     -- (in one read and one write)
     local nkey = node_key(node_id)
-    local n = redis.call('HMGET', nkey, 'pending_count', 'pending_cpu', 'pending_memory_bytes',
-      'acked_count')
-    if n[1] then
-      local count, cpu, mem, acked = number_of(n[1]), number_of(n[2]), number_of(n[3]),
-        number_of(n[4] or '0')
+    local n = redis.call('HMGET', nkey, unpack(PENDING_READ))
+    if n[PENDING_READ.pending_count] then
+      local count, cpu, mem, acked = number_of(n[PENDING_READ.pending_count]),
+        number_of(n[PENDING_READ.pending_cpu]), number_of(n[PENDING_READ.pending_memory_bytes]),
+        number_of(n[PENDING_READ.acked_count] or '0')
       if count_ok(count) and count_ok(cpu) and count_ok(mem) and count_ok(acked) then
         count, cpu, mem, acked = less_reservation(r, count, cpu, mem, acked)
       else
@@ -237,7 +241,8 @@ local function end_reservation(ctx, rid, outcome, now, r)
       end
       local hset = { 'pending_count', num_text(count), 'pending_cpu', num_text(cpu),
         'pending_memory_bytes', num_text(mem) }
-      if r[RES_READ.state] == 'acked' or not count_ok(number_of(n[4] or '0')) then
+      if r[RES_READ.state] == 'acked'
+        or not count_ok(number_of(n[PENDING_READ.acked_count] or '0')) then
         hset[7], hset[8] = 'acked_count', num_text(acked)
       end
       redis.call('HSET', nkey, unpack(hset))

@@ -17,6 +17,19 @@
 local PRUNE_STEP = '2' -- missing members the waiting round checks per ingest
 local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may after this
 
+-- What the exchange reads (layouts: names in the source, positions in the
+-- built text): a member's record; this node's config fields; the round as one
+-- ingest reads it, in the order of its HMGET ('m:<node>' and 'sent:<node>'
+-- are this node's member and sent fields); the compute lease.
+-- @layout CFG_MEMBER
+local CFG_MEMBER = { 'cluster_id', 'cpucfg_cluster' }
+-- @layout CFG_NODE
+local CFG_NODE = { 'cpu_config_json', 'cpu_config_digest', 'cpucfg_cluster' }
+-- @layout CFG_ROUND
+local CFG_ROUND = { 'member', 'missing', 'epoch', 'result_epoch', 'result', 'sent' }
+-- @layout CFG_LEASE
+local CFG_LEASE = { 'compute_epoch', 'compute_until' }
+
 local function missing_key(cfg_key) return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8) end
 
 local function cfg_leave(key, id)
@@ -31,8 +44,8 @@ end
 
 -- Is member `id` still in `cluster`'s round (its record says so)?
 local function cfg_member(id, cluster)
-  local v = redis.call('HMGET', node_key(id), 'cluster_id', 'cpucfg_cluster')
-  return v[1] == cluster and v[2] == cluster
+  local v = redis.call('HMGET', node_key(id), unpack(CFG_MEMBER))
+  return v[CFG_MEMBER.cluster_id] == cluster and v[CFG_MEMBER.cpucfg_cluster] == cluster
 end
 
 local cfg_prune
@@ -112,30 +125,34 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
 
   -- mode ingest: membership and this node's digest.
-  local n = redis.call('HMGET', nkey, 'cpu_config_json', 'cpu_config_digest', 'cpucfg_cluster')
+  local n = redis.call('HMGET', nkey, unpack(CFG_NODE))
   local digest = A[4]
   if digest ~= '' then
-    if digest ~= n[2] then redis.call('HSET', nkey, 'cpu_config_digest', digest) end
-  elseif n[2] then
-    digest = n[2]
-  elseif n[1] and n[1] ~= '' then
+    if digest ~= n[CFG_NODE.cpu_config_digest] then
+      redis.call('HSET', nkey, 'cpu_config_digest', digest)
+    end
+  elseif n[CFG_NODE.cpu_config_digest] then
+    digest = n[CFG_NODE.cpu_config_digest]
+  elseif n[CFG_NODE.cpu_config_json] and n[CFG_NODE.cpu_config_json] ~= '' then
     digest = 'stored'
   end
-  if n[3] ~= cluster then
-    if n[3] then cfg_leave(BASE .. 'cpucfg:' .. n[3], node_id) end
+  if n[CFG_NODE.cpucfg_cluster] ~= cluster then
+    if n[CFG_NODE.cpucfg_cluster] then
+      cfg_leave(BASE .. 'cpucfg:' .. n[CFG_NODE.cpucfg_cluster], node_id)
+    end
     redis.call('HSET', nkey, 'cpucfg_cluster', cluster)
   end
   -- (the round as it stands, in one read: most heartbeats change nothing in it)
   local c = redis.call('HMGET', cfg_key, 'm:' .. node_id, 'missing', 'epoch', 'result_epoch',
     'result', 'sent:' .. node_id)
-  local cur = c[1]
-  if cur == digest and A[5] ~= '1' and (tonumber(c[2]) or 0) <= 0 then
+  local cur = c[CFG_ROUND.member]
+  if cur == digest and A[5] ~= '1' and (tonumber(c[CFG_ROUND.missing]) or 0) <= 0 then
     -- a member with its config and nothing missing: cfg_deliver from that read
-    local e = c[3] or '0'
-    if c[4] == e then
-      if c[5] == '' or c[6] == e then return { 'none' } end
+    local e = c[CFG_ROUND.epoch] or '0'
+    if c[CFG_ROUND.result_epoch] == e then
+      if c[CFG_ROUND.result] == '' or c[CFG_ROUND.sent] == e then return { 'none' } end
       redis.call('HSET', cfg_key, 'sent:' .. node_id, e)
-      return { 'deliver', c[5] }
+      return { 'deliver', c[CFG_ROUND.result] }
     end
   end
   if cur ~= digest then
@@ -168,8 +185,11 @@ local function cpu_config_one(ctx, A, cfg_key)
   -- that moment answer none and get the result on their next heartbeat
   local epoch = cfg_epoch(cfg_key)
   local now = now_ms(P)
-  local lease = redis.call('HMGET', cfg_key, 'compute_epoch', 'compute_until')
-  if lease[1] == epoch and (tonumber(lease[2]) or 0) > now then return { 'none' } end
+  local lease = redis.call('HMGET', cfg_key, unpack(CFG_LEASE))
+  if lease[CFG_LEASE.compute_epoch] == epoch
+    and (tonumber(lease[CFG_LEASE.compute_until]) or 0) > now then
+    return { 'none' }
+  end
   redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
   local out = { 'compute', epoch }
   for _, id in ipairs(cfg_prune(cfg_key, cluster)) do

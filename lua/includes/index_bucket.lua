@@ -6,7 +6,7 @@
 ]]
 -- @exports SMALL_BUCKET SMALL_BUCKET_TEXT dim_key bucket_key bucket_of
 -- @exports parse_bucket parsed_as dim_score node_of_bucket shape_of
--- @exports counts_before shape_desc
+-- @exports counts_before shape_desc SHAPE
 -- @include stages
 
 -- Buckets of at most this many nodes are read whole when equals are rotated.
@@ -102,14 +102,18 @@ local function node_of_bucket(bucket)
   }
 end
 
--- A shape "C:M" as numbers {C, M}, kept like the parses above.
+-- A shape "C:M" as numbers {C, M} (a SHAPE_CAPS), kept like the parses above.
+-- @layout SHAPE_CAPS
+local SHAPE_CAPS = { 'cpu', 'mem' }
 local CAPS = kept_table(PARSED_MAX)
 local function shape_caps(shape)
   local x = CAPS.t[shape]
   if x then return x end
   local c, m = string.match(shape, '^([^:]+):(.+)$')
   x = { tonumber(c), tonumber(m) }
-  if not (count_ok(x[1]) and count_ok(x[2])) then return nil end -- (not a shape)
+  if not (count_ok(x[SHAPE_CAPS.cpu]) and count_ok(x[SHAPE_CAPS.mem])) then
+    return nil -- (not a shape)
+  end
   return keep(CAPS, shape, x)
 end
 
@@ -130,7 +134,9 @@ end
 -- Per call: a shape's capacities, its two streams' keys and its two pick
 -- streams (pick_stream: the CPU one, the memory one, each made when a pick
 -- first needs it), made once: a batch decides and moves many times over the
--- same shapes.
+-- same shapes.  A SHAPE, read by name (d[SHAPE.cpu_key]).
+-- @layout SHAPE
+local SHAPE = { 'cpu_cap', 'mem_cap', 'cpu_key', 'mem_key', 'cpu_stream', 'mem_stream' }
 local function shape_desc(ctx, shape)
   local descs = ctx[CTX.shape_desc]
   local d = descs[shape]
@@ -138,7 +144,8 @@ local function shape_desc(ctx, shape)
   local caps = shape_caps(shape)
   if caps == nil then return nil end -- (not a shape: a foreign write)
   -- (the streams' slots in the constructor: a table that grows is rebuilt)
-  d = { caps[1], caps[2], dim_key('cpu', shape), dim_key('mem', shape), false, false }
+  d = { caps[SHAPE_CAPS.cpu], caps[SHAPE_CAPS.mem], dim_key('cpu', shape), dim_key('mem', shape),
+    false, false }
   descs[shape] = d
   return d
 end

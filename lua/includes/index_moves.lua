@@ -6,7 +6,7 @@
 ]]
 -- @exports shapes shape_gone move_index index_entry reindex unindex
 -- @exports reindex_touched sweep_stale INDEX_FORMAT upgrade_index idx_remove
--- @exports REBUILD
+-- @exports REBUILD REBUILD_STATE
 -- @include index_bucket
 
 -- (The index as this call read and moved it is the call's: ctx.shapes,
@@ -135,7 +135,7 @@ local function idx_remove(ctx, node_id, bucket)
   local shape = left == 0 and shape_of(bucket)
   local d = shape and shape_desc(ctx, shape)
   if d then
-    local kc, km = d[3], d[4]
+    local kc, km = d[SHAPE.cpu_key], d[SHAPE.mem_key]
     redis.call('ZREM', kc, bucket)
     redis.call('ZREM', km, bucket)
     local firsts = ctx[CTX.firsts]
@@ -159,7 +159,7 @@ local function idx_add(ctx, node_id, bucket, n, from)
   local lc, lm = dim_score(b, false), dim_score(b, true)
   local shape = b.shape
   local d = shape_desc(ctx, shape)
-  local kc, km = d[3], d[4]
+  local kc, km = d[SHAPE.cpu_key], d[SHAPE.mem_key]
   local new
   if size ~= nil then
     new = size == 1
@@ -286,6 +286,9 @@ local REBUILD = {
   PLACEMENT_STEP = 32, -- nodes a placement's step reindexes, at most
 }
 local function rebuild_key() return BASE .. 'idx-rebuild' end
+-- What a rebuild step reads of its state (a layout)
+-- @layout REBUILD_STATE
+local REBUILD_STATE = { 'epoch', 'cursor' }
 
 -- The members of the buckets `among` (of equal rank: a pick rotates among
 -- all of them) that the pass under way has not reached (after its cursor),
@@ -304,9 +307,12 @@ function REBUILD.check(ctx, P, now, among)
   end
   local from = checked['']
   if from == nil then
-    local st = redis.call('HMGET', rebuild_key(), 'epoch', 'cursor')
+    local st = redis.call('HMGET', rebuild_key(), unpack(REBUILD_STATE))
     from = '-'
-    if st[1] == P.index_rebuild and st[2] and st[2] ~= '' then from = '(' .. st[2] end
+    local cursor = st[REBUILD_STATE.cursor]
+    if st[REBUILD_STATE.epoch] == P.index_rebuild and cursor and cursor ~= '' then
+      from = '(' .. cursor
+    end
     checked[''] = from -- (bucket ids are never '')
   end
   local todo, owners = {}, {}
@@ -348,10 +354,10 @@ function REBUILD.step(ctx, P, now, budget)
   local epoch = P.index_rebuild
   if not epoch then return true, 0 end
   local key = rebuild_key()
-  local st = redis.call('HMGET', key, 'epoch', 'cursor')
+  local st = redis.call('HMGET', key, unpack(REBUILD_STATE))
   local cursor = ''
   -- (another pass's cursor, or none: this pass starts from the first node)
-  if st[1] == epoch then cursor = st[2] or '' end
+  if st[REBUILD_STATE.epoch] == epoch then cursor = st[REBUILD_STATE.cursor] or '' end
   local from = '-'
   if cursor ~= '' then from = '(' .. cursor end
   local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(budget))

@@ -28,9 +28,10 @@ end
 local function new_stream(d, mem)
   -- (a table costs about 0.5 us to make here; every field in the
   -- constructor: a table that grows is rebuilt)
-  local st = { cap = mem and d[2] or d[1], add = 0, mem = mem, key = mem and d[4] or d[3],
+  local st = { cap = mem and d[SHAPE.mem_cap] or d[SHAPE.cpu_cap], add = 0, mem = mem,
+    key = mem and d[SHAPE.mem_key] or d[SHAPE.cpu_key],
     rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false }
-  if mem then d[6] = st else d[5] = st end
+  if mem then d[SHAPE.mem_stream] = st else d[SHAPE.cpu_stream] = st end
   return st
 end
 
@@ -111,18 +112,18 @@ local function pick_fetch(st)
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
 end
 
--- The shape's stream for this pick (d[5] or d[6], refilled by every pick of
--- the call), along the dimension where the request weighs more, opened at
+-- The shape's stream for this pick (d[SHAPE.cpu_stream] or
+-- d[SHAPE.mem_stream], refilled by every pick of the call), along the dimension where the request weighs more, opened at
 -- its first OPEN_SIZE members: read once a call, and kept up to date by its
 -- moves (ctx.firsts).
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
   local d = PK_descs[shape] or shape_desc(PK_ctx, shape)
   if d == nil then return nil end -- (not a shape: pick_walk drops it)
-  local c, m, req = d[1], d[2], PK_req
+  local c, m, req = d[SHAPE.cpu_cap], d[SHAPE.mem_cap], PK_req
   local mem = m > 0 and (c <= 0 or req.mem / m > req.cpu / c)
-  local st, add = d[5], req.cpu
-  if mem then st, add = d[6], req.mem end
+  local st, add = d[SHAPE.cpu_stream], req.cpu
+  if mem then st, add = d[SHAPE.mem_stream], req.mem end
   if not st then st = new_stream(d, mem) end
   local key = st.key
   local batch = PK_firsts[key]

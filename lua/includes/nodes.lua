@@ -45,6 +45,10 @@ local function leave_cpucfg(node_id, cluster)
   end
 end
 
+-- What removing a node reads of it (a layout)
+-- @layout REMOVE_READ
+local REMOVE_READ = { 'cluster_id', 'static', 'endpoint', 'lingering', 'cpucfg_cluster' }
+
 -- The node leaves: its bindings, reservations (cancelled), P2P presence and
 -- artifacts go.  A node of the static list keeps a bare record (id,
 -- endpoint, lingering; and `last_seen_ms` when it is forgotten rather than
@@ -60,19 +64,21 @@ local function remove_node(ctx, node_id, now, last_seen)
     end_reservation(ctx, rid, 'cancelled', now)
   end
   redis.call('DEL', node_res_key(node_id), BASE .. 'node-loc:' .. node_id)
-  local n = redis.call('HMGET', nkey, 'cluster_id', 'static', 'endpoint', 'lingering',
-    'cpucfg_cluster')
-  if n[1] then redis.call('SREM', BASE .. 'p2p:' .. n[1], node_id) end
-  if n[5] then leave_cpucfg(node_id, n[5]) end
+  local n = redis.call('HMGET', nkey, unpack(REMOVE_READ))
+  if n[REMOVE_READ.cluster_id] then
+    redis.call('SREM', BASE .. 'p2p:' .. n[REMOVE_READ.cluster_id], node_id)
+  end
+  if n[REMOVE_READ.cpucfg_cluster] then leave_cpucfg(node_id, n[REMOVE_READ.cpucfg_cluster]) end
   redis.call('ZREM', SEEN_KEY, node_id)
   for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)) do
     drop_holding(node_id, digest)
   end
   unindex(ctx, node_id)
   redis.call('DEL', nkey)
-  if n[2] == '1' then
-    redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[3], 'static', '1',
-      'lingering', n[4] or '0', last_seen and 'forgotten_ms' or 'unregistered_ms', fmt(now))
+  if n[REMOVE_READ.static] == '1' then
+    redis.call('HSET', nkey, 'node_id', node_id, 'endpoint', n[REMOVE_READ.endpoint],
+      'static', '1', 'lingering', n[REMOVE_READ.lingering] or '0',
+      last_seen and 'forgotten_ms' or 'unregistered_ms', fmt(now))
     if last_seen then redis.call('HSET', nkey, 'last_seen_ms', fmt(last_seen)) end
   else
     redis.call('ZREM', NODES_KEY, node_id)
@@ -123,6 +129,10 @@ local function shed(ctx, node_id, now, budget)
   return spent
 end
 
+-- What the forget sweep reads of a node (a layout)
+-- @layout FORGET_READ
+local FORGET_READ = { 'last_seen_ms', 'forgetting' }
+
 -- Forget nodes silent for P.node_forget_after_ms (0: never).  Returns the
 -- number of nodes removed in this call.
 local function forget_sweep(ctx, P, now)
@@ -135,14 +145,14 @@ local function forget_sweep(ctx, P, now)
   for _, node_id in ipairs(due) do
     if budget <= 0 then break end
     local nkey = node_key(node_id)
-    local v = redis.call('HMGET', nkey, 'last_seen_ms', 'forgetting')
-    local seen = tonumber(v[1])
+    local v = redis.call('HMGET', nkey, unpack(FORGET_READ))
+    local seen = tonumber(v[FORGET_READ.last_seen_ms])
     if not seen then
       redis.call('ZREM', SEEN_KEY, node_id)
     elseif seen >= cutoff then
       redis.call('ZADD', SEEN_KEY, fmt(seen), node_id) -- steady heartbeats kept it alive
     else
-      if not v[2] then
+      if not v[FORGET_READ.forgetting] then
         unindex(ctx, node_id)
         redis.call('HSET', nkey, 'forgetting', fmt(now), 'idx', '', 'roster_digest', '')
       end

@@ -9,15 +9,19 @@
 -- @exports peer_row sorted_bytes
 -- @include stages
 
+-- What a peer row reads of a node (a layout)
+-- @layout PEER_READ
+local PEER_READ = { 'cluster_id', 'p2p_backend', 'p2p_address' }
+
 -- {node_id, backend, address} when `id` passes the filter, else nil.
 local function peer_row(id, P, now, cluster, backend, exclude)
   if id == exclude then return nil end
-  local v = redis.call('HMGET', node_key(id), 'cluster_id', 'p2p_backend', 'p2p_address')
-  if not v[3] or v[3] == '' then return nil end
-  if cluster ~= '' and v[1] ~= cluster then return nil end
-  if backend ~= '' and v[2] ~= backend then return nil end
+  local v = redis.call('HMGET', node_key(id), unpack(PEER_READ))
+  if not v[PEER_READ.p2p_address] or v[PEER_READ.p2p_address] == '' then return nil end
+  if cluster ~= '' and v[PEER_READ.cluster_id] ~= cluster then return nil end
+  if backend ~= '' and v[PEER_READ.p2p_backend] ~= backend then return nil end
   if derive_status(read_node(id), P, now) ~= 'READY' then return nil end
-  return { id, v[2] or '', v[3] }
+  return { id, v[PEER_READ.p2p_backend] or '', v[PEER_READ.p2p_address] }
 end
 
 local function sorted_bytes(ids)

@@ -21,8 +21,10 @@ local NODE_FIELDS = {
 }
 
 -- The numbers of NODE_FIELDS that decisions read, checked by node_from:
--- {position, node_from key, field, derived (recounted), sent by every
--- full heartbeat (so a heard node lacking it is corrupt)}.
+-- each a CHECK, {position, node_from key, field, derived (recounted), sent by
+-- every full heartbeat (so a heard node lacking it is corrupt)}.
+-- @layout CHECK
+local CHECK = { 'at', 'key', 'field', 'derived', 'required' }
 local CHECKED = {
   { NODE_FIELDS.cpu_count, 'cpu_cap', 'cpu_count', false, true },
   { NODE_FIELDS.memory_total_bytes, 'mem_cap', 'memory_total_bytes', false, true },
@@ -83,18 +85,18 @@ local function node_from(id, v)
   end
   for i = 1, #CHECKED do
     local c = CHECKED[i]
-    local text = v[c[1]]
+    local text = v[c[CHECK.at]]
     if text then
-      if not count_ok(n[c[2]]) or (n[c[2]] == 0 and text ~= '0') then
-        n[c[2]] = 0 -- (what explain shows of a node it excludes: no NaN, no 1e300)
-        if c[4] then
+      if not count_ok(n[c[CHECK.key]]) or (n[c[CHECK.key]] == 0 and text ~= '0') then
+        n[c[CHECK.key]] = 0 -- (what explain shows of a node it excludes: no NaN, no 1e300)
+        if c[CHECK.derived] then
           n.recount = true
         elseif not n.corrupt then
-          n.corrupt = corrupt_text(node_key(id), c[3], text, 'an integer >= 0')
+          n.corrupt = corrupt_text(node_key(id), c[CHECK.field], text, 'an integer >= 0')
         end
       end
-    elseif heard and not c[4] and c[5] and not n.corrupt then
-      n.corrupt = corrupt_text(node_key(id), c[3], false)
+    elseif heard and not c[CHECK.derived] and c[CHECK.required] and not n.corrupt then
+      n.corrupt = corrupt_text(node_key(id), c[CHECK.field], false)
     end
   end
   if heard and not v[NODE_FIELDS.pending_count] then n.recount = true end

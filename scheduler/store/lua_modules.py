@@ -2,14 +2,27 @@
 
 An include declares its exports in header lines ``-- @exports name ...``
 (several such lines add up).  Every exported name must be declared by a
-``local`` statement (or ``local function``) at the include's top level; the
-script loader (:mod:`scheduler.store.scripts`) hoists the exported names as locals
-of the main chunk, just before the include, drops the ``local`` keyword of
-their declarations (so they assign the hoisted locals: the same variable, the
-same cost at run time) and wraps the include in a ``do ... end`` block of its
-own.  Everything else an include declares is private to its block, so the
-main chunk holds only exports and Lua's limit of 200 locals per function
-bounds the exports plus one include's private names, not the sum of all.
+``local`` statement (or ``local function``) at the include's top level.  The
+script loader (:mod:`scheduler.store.scripts`) makes each include a module: its
+text in a function of its own, run once when the library (or an EVAL script)
+loads, which
+
+* binds, as its first locals, the exports it mentions of the includes it
+  names (``local fail, fmt = MOD_base.fail, MOD_base.fmt``),
+* declares its own exports next, and drops the ``local`` of their
+  declarations (so a function may call an exported one defined below it),
+* returns them as its module's table (``return { f = f, N = N }``), which
+  the main chunk keeps as ``local MOD_<include>``.
+
+A function defined in the module reads what it uses as upvalues of the
+module's function: the same instruction (GETUPVAL) as an upvalue of the main
+chunk, so nothing costs more per call.  The exports assigned after their
+include loaded (``KEYS``, ``BASE`` ...: set per call by ``bind_call``; found by
+:attr:`Names.assigned`) stay locals of the main chunk, declared before the
+module, since a copy bound in another module would go stale.  So the main
+chunk holds one table per include and those few exports, and Lua's limit of
+200 locals per function bounds each module's own names (what it binds, its
+exports, its private top-level locals), not the sum of all.
 
 :func:`analyse` reads a file's names with a small Lua lexer and a scope
 walk: the names it uses that it does not declare (free names), and its
@@ -154,12 +167,31 @@ class Local:
     bare_end: int | None = None
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """An assignment to a name that is free or a top-level local of the file
+    (``x = 1``, ``a, x = f()``, ``function x() end``); not to a local of a
+    function or block, nor to a field."""
+
+    name: str
+    line: int
+    #: inside a function body: it runs at call time, not when the file loads
+    in_function: bool
+    #: the name is not declared in the file (else: one of its top-level locals)
+    free: bool
+
+
 @dataclass
 class Names:
     #: names used and not declared in scope -> the first line using each
     free: dict[str, int] = field(default_factory=dict)
     #: the top-level local statements, in order
     top: list[Local] = field(default_factory=list)
+    #: every name used anywhere (declared in scope or not): what the loader
+    #: binds from the modules a file names, a superset of `free`
+    mentioned: set[str] = field(default_factory=set)
+    #: assignments to free or top-level names, in order
+    assigned: list[Assignment] = field(default_factory=list)
 
 
 _BLOCKS = {"function", "do", "if", "repeat"}
@@ -185,9 +217,45 @@ def analyse(text: str) -> Names:
                 return
 
     def use(tok: Token) -> None:
+        out.mentioned.add(tok.text)
         if any(tok.text in names for _, names in stack):
             return
         out.free.setdefault(tok.text, tok.line)
+
+    def assign(tok: Token) -> None:
+        if any(tok.text in names for _, names in stack[1:]):
+            return  # (a local of a block or function)
+        out.assigned.append(
+            Assignment(
+                tok.text,
+                tok.line,
+                any(opener == "function" for opener, _ in stack),
+                tok.text not in stack[0][1],
+            )
+        )
+
+    def text_at(j: int) -> str:
+        return toks[j].text if j < len(toks) else ""
+
+    def target(i: int) -> bool:
+        """Is the name at toks[i] (at statement level) assigned: followed by
+        `=`, or by `, target, ... =`?"""
+        j = i + 1
+        while text_at(j) == ",":
+            if j + 1 >= len(toks) or toks[j + 1].kind != "name":
+                return False
+            j += 2
+            while text_at(j) in (".", "["):  # (a field: a.b, t[k])
+                if text_at(j) == ".":
+                    j += 2
+                    continue
+                depth = 0
+                while j < len(toks):
+                    depth += {"[": 1, "]": -1}.get(toks[j].text, 0)
+                    j += 1
+                    if depth == 0:
+                        break
+        return text_at(j) == "="
 
     def pop(closer: str, line: int) -> None:
         if len(stack) == 1:
@@ -245,6 +313,8 @@ def analyse(text: str) -> Names:
                 method = False
                 if toks[j].kind == "name":  # function a.b:c(...): `a` is a use
                     use(toks[j])
+                    if toks[j + 1].text == "(":  # function a(...): assigns `a`
+                        assign(toks[j])
                     j += 1
                     while toks[j].text in (".", ":"):
                         method = method or toks[j].text == ":"
@@ -281,6 +351,8 @@ def analyse(text: str) -> Names:
             key = nxt == "=" and stack[-1][0] == "{"
             if prev not in (".", ":") and not key:
                 use(t)
+                if stack[-1][0] not in _OPEN and nxt in ("=", ",") and target(i):
+                    assign(t)
         i += 1
     if len(stack) != 1:
         raise LuaSyntaxError(f"{stack[-1][0]!r} is not closed at the end of the file")
@@ -338,14 +410,20 @@ class ExportError(Exception):
 LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
 
 
-@cache
 def layouts(text: str, where: str) -> dict[str, list[str]]:
     """The record layouts the file declares: a ``-- @layout NAME`` line, then
     ``local NAME = { ... }``, a list whose entries are field names (strings)
     or ``OTHER.field`` (a position in layout OTHER, named by that field).
     NAME -> its fields in order.  (Cached, one answer per file: a caller
     copies it, never changes it.)"""
+    return _layouts(text, where)[0]
+
+
+@cache
+def _layouts(text: str, where: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(layouts, field_lists)."""
     out: dict[str, list[str]] = {}
+    spelled: dict[str, list[str]] = {}
     toks = tokens(text)
     for m in LAYOUT.finditer(text):
         name, line = m.group(1), text.count("\n", 0, m.start()) + 1
@@ -361,6 +439,7 @@ def layouts(text: str, where: str) -> dict[str, list[str]]:
             t = toks[i]
             if t.kind == "value" and t.text[0] in "'\"":
                 fields.append(t.text[1:-1])
+                spelled.setdefault(name, []).append(t.text)
                 i += 1
             elif t.kind == "name" and toks[i + 1].text == "." and toks[i + 2].kind == "name":
                 fields.append(toks[i + 2].text)
@@ -375,15 +454,45 @@ def layouts(text: str, where: str) -> dict[str, list[str]]:
         if len(set(fields)) != len(fields):
             raise ExportError(f"{where} line {line}: layout {name} names a field twice")
         out[name] = fields
-    return out
+        if len(spelled.get(name, ())) != len(fields):
+            spelled.pop(name, None)  # (it holds positions in another layout)
+    return out, spelled
 
 
-def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
+def field_lists(text: str, where: str) -> dict[str, list[str]]:
+    """The file's layouts of field names (not of positions in another
+    layout): NAME -> its fields as Lua strings, in order: what
+    ``unpack(NAME)`` folds into (:func:`substitute`)."""
+    return _layouts(text, where)[1]
+
+
+def substitute(
+    text: str,
+    known: dict[str, list[str]],
+    where: str,
+    lists: dict[str, list[str]] | None = None,
+) -> str:
     """The text with every ``LAYOUT.field`` of a known layout replaced by the
     field's position (1-based): a name in the source, a number at run time.
-    A field the layout does not hold is an error naming ``where`` and the line."""
+    A field the layout does not hold is an error naming ``where`` and the line.
+    And ``, unpack(NAME))`` of a layout in ``lists`` (the last argument of a
+    call: ``redis.call('HMGET', key, unpack(NAME))``) becomes its fields
+    spelled out, ``, 'a', 'b')``: the same call, without unpack's."""
     toks = tokens(text)
     spans: list[tuple[int, int, str]] = []
+    for i, t in enumerate(toks[:-4]):
+        if (
+            lists
+            and i
+            and t.text == "unpack"
+            and toks[i - 1].text == ","
+            and toks[i + 1].text == "("
+            and toks[i + 2].text in lists
+            and toks[i + 3].text == ")"
+            and toks[i + 4].text == ")"
+        ):
+            close = toks[i + 3]
+            spans.append((t.start, close.start + 1, ", ".join(lists[toks[i + 2].text])))
     for i, t in enumerate(toks[:-2]):
         if t.kind != "name" or t.text not in known or toks[i + 1].text != ".":
             continue
@@ -394,6 +503,36 @@ def substitute(text: str, known: dict[str, list[str]], where: str) -> str:
         if field.kind != "name" or field.text not in fields:
             raise ExportError(f"{where} line {t.line}: {t.text} has no field {field.text!r}")
         spans.append((t.start, field.start + len(field.text), str(fields.index(field.text) + 1)))
-    for start, end, number in reversed(spans):
+    for start, end, number in sorted(spans, reverse=True):
         text = text[:start] + number + text[end:]
+    return text
+
+
+def drop_folded(text: str, keep: frozenset[str] = frozenset()) -> str:
+    """The (substituted) text without the declaration of each layout it no
+    longer reads (every ``NAME.field`` became a number, every ``unpack(NAME)``
+    its fields), but for those in ``keep`` (exports): a script's layout costs
+    no table per call.  Lines stay where they were."""
+    toks = tokens(text)
+    count: dict[str, int] = {}
+    for t in toks:
+        if t.kind == "name":
+            count[t.text] = count.get(t.text, 0) + 1
+    cuts: list[tuple[int, int]] = []
+    for m in LAYOUT.finditer(text):
+        name = m.group(1)
+        if name in keep or count.get(name) != 1:
+            continue
+        i = next((k for k, t in enumerate(toks) if t.start > m.start()), len(toks))
+        if [t.text for t in toks[i : i + 4]] != ["local", name, "=", "{"]:
+            continue
+        depth, j = 0, i + 3
+        while j < len(toks):
+            depth += {"{": 1, "}": -1}.get(toks[j].text, 0)
+            if depth == 0:
+                break
+            j += 1
+        cuts.append((toks[i].start, toks[j].start + 1))
+    for start, end in reversed(cuts):
+        text = text[:start] + "\n" * text.count("\n", start, end) + text[end:]
     return text

@@ -3,8 +3,10 @@
 Each ``lua/<name>-<nkeys>.lua`` may say ``-- @include <file>``; the line
 brings in ``lua/includes/<file>.lua`` (BullMQ's convention).  Includes may
 include others; each file is emitted once, dependencies first, as a module
-(:mod:`scheduler.store.lua_modules`): its ``-- @exports`` hoisted as locals of the
-main chunk, the rest of it a ``do ... end`` block of its own.  One include
+(:mod:`scheduler.store.lua_modules`): a function run once at load that binds
+what it uses from the tables of the modules it names and returns its
+``-- @exports`` as its own table; each script's function binds the same way
+what it uses.  One include
 is written here rather than read: ``constants``, the Python tables as Lua
 (:mod:`scheduler.store.lua_constants`).  A missing include, an include cycle, an
 export not declared or a name used that no named include exports is an
@@ -177,18 +179,59 @@ class _Modules:
         self.checked: set[str] = set()
         #: record layouts (`-- @layout`): NAME -> its fields, by position
         self.layouts: dict[str, list[str]] = {}
+        #: the layouts of field names: NAME -> its fields as Lua strings
+        self.lists: dict[str, list[str]] = {}
         for name, text in includes.items():
             try:
-                self.layouts.update(lua_modules.layouts(text, _include_path(name)))
+                found = lua_modules.layouts(text, _include_path(name))
+                self.lists.update(lua_modules.field_lists(text, _include_path(name)))
             except lua_modules.ExportError as e:
                 raise IncludeError(str(e)) from None
+            for layout in found:
+                if layout in self.layouts:
+                    raise IncludeError(
+                        f"{_include_path(name)}: layout {layout} is declared by another include too"
+                    )
+            self.layouts.update(found)
+        #: exports assigned after their include loaded: kept as locals of the
+        #: main chunk (a copy bound in another module would go stale)
+        self.mutable: set[str] = set()
 
-    def named(self, text: str, where: str) -> str:
-        """``text`` with its layout fields resolved to positions."""
+    def find_mutable(self, texts: Sequence[tuple[str | None, str]]) -> None:
+        """Mark the exports that (include name or None for a script, text)
+        assign after their include's own top level: in a function, or from
+        another file."""
+        homes: dict[str, str] = {}
+        for name, text in self.includes.items():
+            for n in lua_modules.exports(text) or ():
+                homes.setdefault(n, name)
+        for own, text in texts:
+            try:
+                assigned = lua_modules.analyse(text).assigned
+            except lua_modules.LuaSyntaxError:
+                continue  # (reported with its file and line by check())
+            for a in assigned:
+                home = homes.get(a.name)
+                if home is None:
+                    continue
+                if (home == own and a.in_function) or (home != own and a.free):
+                    self.mutable.add(a.name)
+
+    def named(
+        self, text: str, where: str, keep: Sequence[str] = (), source: str | None = None
+    ) -> str:
+        """``text`` with its layout fields resolved to positions, the field
+        lists it unpacks spelled out, and the layouts it then no longer reads
+        dropped (but for ``keep``: an include's exports; ``source``: the
+        file as written, when ``text`` is its body with exports hoisted)."""
         try:
-            return lua_modules.substitute(text, self.layouts, where)
+            own = lua_modules.layouts(source or text, where)
+            known = {**self.layouts, **own}
+            lists = {**self.lists, **lua_modules.field_lists(source or text, where)}
+            out = lua_modules.substitute(text, known, where, lists)
         except lua_modules.ExportError as e:
             raise IncludeError(str(e)) from None
+        return lua_modules.drop_folded(out, frozenset(keep)) if own else out
 
     def order(self, text: str, where: str) -> list[str]:
         """The includes file ``where`` needs, dependencies first; each checked
@@ -212,6 +255,11 @@ class _Modules:
                 f"chain: {_steps(self.chains[name])})"
             )
         for n in names:
+            if n.startswith(MODULE_PREFIX):
+                raise IncludeError(
+                    f"{path}: exports {n!r}: names starting {MODULE_PREFIX} are the "
+                    f"loader's (chain: {_steps(self.chains[name])})"
+                )
             other = self.owner.get(n)
             if other is not None and other != name:
                 raise IncludeError(
@@ -262,17 +310,68 @@ class _Modules:
                 steps = f" (chain: {_steps(chain)})" if chain else ""
                 raise IncludeError(f"{where} line {line}: uses {name!r}, {why}{steps}")
 
+    def binds(self, text: str, own: str | None = None) -> dict[str, list[str]]:
+        """The exports of the includes ``text`` names (directly or through
+        them) that it mentions and reads from their modules' tables: include
+        -> names.  (Every mention, not only the free ones: a name bound and
+        shadowed costs a local, one missed would be a nil global.)"""
+        mentioned = lua_modules.analyse(text).mentioned
+        out: dict[str, list[str]] = {}
+        for n in sorted(self.visible(text) & mentioned):
+            home = self.owner[n]
+            if n not in self.mutable and home != own:
+                out.setdefault(home, []).append(n)
+        return dict(sorted(out.items()))
+
+    def imports(self, text: str, own: str | None = None) -> str:
+        """The statements that bind :meth:`binds`' names, one per module, or ""."""
+        return "".join(
+            f"local {', '.join(names)} = {', '.join(f'{module_table(home)}.{n}' for n in names)}\n"
+            for home, names in self.binds(text, own).items()
+        )
+
     def block(self, name: str) -> str:
-        """The include as a block, its exports hoisted before it."""
+        """The include as a module: its body in a function of its own, run
+        once, that binds what it imports, declares its exports and returns
+        them as its module's table; exports assigned after load are declared
+        before it, in the main chunk."""
         path = _include_path(name)
+        text = _strip(self.includes[name])
         try:
-            body = lua_modules.hoisted(_strip(self.includes[name]), self.exports[name], path)
+            body = lua_modules.hoisted(text, self.exports[name], path)
         except lua_modules.ExportError as e:
             raise IncludeError(f"{e} (chain: {_steps(self.chains[name])})") from None
-        body = self.named(body, path)
-        names = self.exports[name]
-        head = f"local {', '.join(names)}\n" if names else ""
-        return f"{head}do -- {path}\n{lua_modules.strip_exports(body)}\nend\n"
+        body = lua_modules.strip_exports(self.named(body, path, self.exports[name], text))
+        shared = [n for n in self.exports[name] if n in self.mutable]
+        table = [n for n in self.exports[name] if n not in self.mutable]
+        head = f"local {', '.join(shared)}\n" if shared else ""
+        own = f"local {', '.join(table)}\n" if table else ""
+        inner = f"{self.imports(self.includes[name], name)}{own}{body}\n"
+        if not table:
+            return f"{head}do (function() -- {path}\n{inner}end)() end\n"
+        fields = ", ".join(f"{n} = {n}" for n in table)
+        return (
+            f"{head}local {module_table(name)} = (function() -- {path}\n"
+            f"{inner}return {{ {fields} }}\nend)()\n"
+        )
+
+
+def module_table(include: str) -> str:
+    """The main chunk's local that holds an include's exports (those never
+    assigned after load): a module's table, read once, when the library or
+    script loads, by each module or script that uses them."""
+    return f"{MODULE_PREFIX}{include}"
+
+
+#: (an export may not start with it: see module_table)
+MODULE_PREFIX = "MOD_"
+
+
+def _texts(
+    includes: dict[str, str], scripts: dict[str, tuple[int, str]]
+) -> list[tuple[str | None, str]]:
+    """(include name or None for a script, text) of every file of a build."""
+    return [*includes.items(), *((None, text) for _, text in scripts.values())]
 
 
 @cache
@@ -281,6 +380,7 @@ def sources() -> dict[str, tuple[int, str]]:
     includes, scripts = _files()
     out: dict[str, tuple[int, str]] = {}
     modular = _modular(includes)
+    texts = _texts(includes, scripts)
     # an include's block is the same text in every script that names it: built
     # once (building one per script was most of a replica's start-up time)
     blocks: dict[str, str] = {}
@@ -289,22 +389,30 @@ def sources() -> dict[str, tuple[int, str]]:
         where = _script_path(name, nkeys)
         if modular:
             mods = _Modules(includes)
+            mods.find_mutable(texts)
             order = mods.order(text, where)
             mods.check(text, where, (), script=True)
             for inc in order:
                 if inc not in blocks:
                     blocks[inc] = mods.block(inc)
                 parts.append(blocks[inc])
-            text = mods.named(text, where)
+            # (the body in a function of its own, as in the library; it
+            # binds what the body uses, and bind_call, which it calls)
+            parts += [
+                "return (function()\n",
+                mods.imports(f"{text}\nbind_call()"),
+                f"local {CTX} = bind_call(KEYS_IN, ARGV_IN)\n",
+                _strip(mods.named(text, where)),
+                "\nend)()\n",
+            ]
         else:
             order = _order(text, includes, [], where)
             parts += [_strip(includes[inc]) for inc in order]
-        # (the body in a function of its own, as in the library)
-        parts += [
-            f"local {CTX} = bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n",
-            _strip(text),
-            "\nend)()\n",
-        ]
+            parts += [
+                f"local {CTX} = bind_call(KEYS_IN, ARGV_IN)\nreturn (function()\n",
+                _strip(text),
+                "\nend)()\n",
+            ]
         out[name] = (nkeys, "".join(parts))
     return out
 
@@ -320,13 +428,17 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
     -> (number of KEYS, text)); ``bench versus`` builds another revision's."""
     includes = {**generated_includes(), **includes}
     needed: list[str] = []
+    heads: dict[str, str] = {}  # script name -> what its function binds
     if _modular(includes):
         mods = _Modules(includes)
+        mods.find_mutable(_texts(includes, scripts))
         for name, (nkeys, text) in sorted(scripts.items()):
             where = _script_path(name, nkeys)
             needed += [inc for inc in mods.order(text, where) if inc not in needed]
             mods.check(text, where, (), script=True)
         body = "".join(mods.block(inc) for inc in needed)
+        # (what each script's function binds: what its body uses, and bind_call)
+        heads = {name: mods.imports(f"{text}\nbind_call()") for name, (_, text) in scripts.items()}
         scripts = {
             name: (nkeys, mods.named(text, _script_path(name, nkeys)))
             for name, (nkeys, text) in scripts.items()
@@ -336,17 +448,22 @@ def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]])
             _order(text, includes, needed, _script_path(name, nkeys))
         body = "".join(lua_modules.strip_exports(_strip(includes[inc])) for inc in needed)
     bodies = {name: _strip(text) for name, (_, text) in sorted(scripts.items())}
-    digest = hashlib.sha1((body + "".join(bodies.values())).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(
+        (body + "".join(heads.get(n, "") + t for n, t in bodies.items())).encode()
+    ).hexdigest()[:12]
     lib = f"sched_{digest}"
     functions = {name: f"{lib}_{name}" for name in bodies}
     parts = [f"#!lua name={lib}\n", body]
     for name, text in bodies.items():
         flags = ", ".join(f"'{f}'" for f in FLAGS.get(name, ()))
-        parts.append(
+        register = (
             f"redis.register_function({{function_name = '{functions[name]}', "
             f"flags = {{{flags}}}, callback = function(keys, args)\n"
             f"local {CTX} = bind_call(keys, args)\n{text}\nend}})\n"
         )
+        if name in heads:  # (its own function binds the exports it uses)
+            register = f"do (function()\n{heads[name]}{register}end)() end\n"
+        parts.append(register)
     return Library(lib, "".join(parts), functions)
 
 
