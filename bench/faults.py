@@ -58,7 +58,9 @@ What each row reports (invariants first):
   the final primary does not have (a failover at 0, or data loss, may lose
   them; their sandboxes are still counted by the nodes' own numbers);
 - ``phantoms``: live reservations no gateway was ever answered, counted
-  ``settle`` seconds after the load stopped; ``stuck``: answered ones still
+  ``settle`` seconds after the load stopped; ``cut_short``: Schedules a
+  killed replica had in flight (each may have left one, which its TTL
+  ends: the most phantoms a replica kill may leave); ``stuck``: answered ones still
   live then (after a rollback: those that came back from the past);
 - ``rewinds`` / ``rewound``: times the cell settled for data from the past
   or a clock that jumped (stats ``rewinds``), and reservations that came
@@ -212,6 +214,8 @@ class Outcome:
     end: float
     code: grpc.StatusCode
     details: str = ""
+    #: the replica it went to (-1: none)
+    replica: int = -1
 
 
 class Run:
@@ -256,13 +260,13 @@ class Run:
                 response = await call
             except grpc.aio.AioRpcError as e:
                 self.outcomes.append(
-                    Outcome(rpc, start, time.monotonic(), e.code(), e.details() or "")
+                    Outcome(rpc, start, time.monotonic(), e.code(), e.details() or "", i)
                 )
                 last = e
                 if e.code() == grpc.StatusCode.UNAVAILABLE and "Redis" not in (e.details() or ""):
                     continue  # the replica itself is unreachable: try another
                 raise
-            self.outcomes.append(Outcome(rpc, start, time.monotonic(), grpc.StatusCode.OK))
+            self.outcomes.append(Outcome(rpc, start, time.monotonic(), grpc.StatusCode.OK, "", i))
             return response, call
         assert last is not None
         raise last
@@ -750,6 +754,14 @@ def _measure(
             o.end for o in schedules if o.code == grpc.StatusCode.OK and o.start >= topo.switched_at
         ]
         after_switch = round(min(ok) - topo.switched_at, 3) if ok else None
+    # Schedules a killed replica had in flight: Redis may have written their
+    # reservations, and no one answered them (design.md: a replica killed
+    # mid-request leaves at most such a reservation, which its TTL clears)
+    cut_short = sum(
+        1
+        for o in schedules
+        if o.replica in run.dead and o.code != grpc.StatusCode.OK and o.start < fault_end
+    )
     window = [o for o in run.outcomes if fault_start <= o.start <= fault_end + 2.0]
     codes = Counter(o.code.name for o in window)
     every_code = Counter(o.code.name for o in run.outcomes)
@@ -764,6 +776,7 @@ def _measure(
         "placed": len(run.acked),
         "acked_missing": missing,
         "phantoms": phantoms,
+        "cut_short": cut_short,
         "stuck": stuck,
         "rewinds": int(stats.get(b"rewinds", 0)),
         "rewound": int(stats.get(b"rewound_total", 0)),

@@ -32,8 +32,12 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
     assert row["placed"] > 0, where
     # the ceiling held on every node, by the nodes' own count
     assert row["peak"] <= row["ceiling"], where
-    # no reservation that no gateway was ever answered
-    assert row["phantoms"] == 0, where
+    # no reservation that no gateway was ever answered, but those of the
+    # Schedules a killed replica had in flight (Redis may have written them
+    # before the kill; their unassigned_reservation_ttl ends them)
+    assert row["phantoms"] <= row["cut_short"], where
+    if scenario != "replica-kill":
+        assert row["cut_short"] == 0, where
     # never INTERNAL; health said NOT_SERVING while Redis could not take writes
     assert row["internal"] == 0, where
     assert row["health_honest"], where
