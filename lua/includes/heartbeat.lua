@@ -397,7 +397,8 @@ local function heartbeat_one(ctx, A)
       -- creation, still on its way.  The node keeps the newest seq it left
       -- (unclaimed_seq): a counter-mode DELETE of a sandbox charged one of
       -- those ends nothing (events-5.lua), the next rise does.
-      local top = redis.call('ZREVRANGE', node_res_key(node_id), '0', '0', 'WITHSCORES')
+      -- (the highest score is the last by rank: ZRANGE, which the ACL grants)
+      local top = redis.call('ZRANGE', node_res_key(node_id), '-1', '-1', 'WITHSCORES')
       if top[2] then
         hset[#hset + 1] = 'unclaimed_seq'
         hset[#hset + 1] = top[2]
