@@ -2,18 +2,17 @@
 (issue #28 point 3; what `bench churn`'s 300 s run measured, docs/performance.md
 "What holds the room at a refusal").
 
-The reference gateway's RecordAssignment names no reservation, so an
-assignment takes the node's oldest unclaimed one: the never-created
-placement's.  The creation's own reservation is then the one left pending,
-and the next creation's assignment takes that one in turn: the room of the
-placement that never happened is carried by ever younger reservations, and
-``unassigned_reservation_ttl`` (counted from each one's Schedule) never ends
-it while the node keeps creating more often than the TTL.  In the 300 s run
+The reference gateway's RecordAssignment names no reservation.  An
+assignment used to take the node's oldest unclaimed one: the never-created
+placement's.  The creation's own reservation was then the one left pending,
+and the next creation's assignment took that one in turn: the room of the
+placement that never happened was carried by ever younger reservations, and
+``unassigned_reservation_ttl`` (counted from each one's Schedule) never ended
+it while the node kept creating more often than the TTL.  In the 300 s run
 these stand-ins (``swapped`` and ``gone_unassigned``) held 10.3 of 64 slots
-on average.
-
-Strict xfail: the rule that would give the room back is not built; a fix that
-makes it pass turns the suite red until the mark goes.
+on average.  An assignment without id now takes the node's newest unclaimed
+reservation (lua/assign-5.lua ``newest_unclaimed``): the never-created one
+keeps its Schedule's age and the TTL ends it.
 """
 
 from __future__ import annotations
@@ -65,12 +64,6 @@ def test_the_control_a_quiet_node_gives_a_never_created_placement_back(
     assert pending(s) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an assignment naming no reservation takes the oldest unclaimed one, so a "
-    "never-created placement's room moves to ever younger reservations and its "
-    "unassigned_reservation_ttl never runs out while the node keeps creating",
-)
 def test_a_never_created_placement_gives_its_room_back_on_a_node_that_keeps_creating(
     make_scheduler: Make,
 ) -> None:
