@@ -83,3 +83,32 @@ def test_a_never_created_placement_gives_its_room_back_on_a_node_that_keeps_crea
     # 110 s after the never-created Schedule: every creation was assigned
     # and listed, the node's numbers hold all it runs; nothing is on its way
     assert pending(s) == 0
+
+
+def test_a_slow_creation_keeps_its_own_reservation_while_faster_ones_come_and_go(
+    make_scheduler: Make,
+) -> None:
+    """The other side (never dropped early): a real creation slower than the
+    ones placed after it keeps its room until its assignment, which is charged
+    its own placement's reservation (the faster ones took theirs); the TTL
+    never ended it on the way."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    roster_node(s, ["keep"], 1, 1)
+    slow = s.schedule(Request.cold(1, 1024))  # its create takes 60 s
+    assert slow.reservation_id
+    successes = 1
+    for beat in range(2, 2 + 60_000 // HEARTBEAT_MS):
+        s.schedule(Request.cold(1, 1024))
+        fast = s.assign(f"sb{beat}", "n1", EP)
+        assert fast.reservation_id != slow.reservation_id
+        successes += 1
+        s.advance_clock(HEARTBEAT_MS)
+        roster_node(s, ["keep", f"sb{beat}"], successes, beat)
+        assert pending(s) == 1  # the slow creation's, still on its way
+    done = s.assign("slow", "n1", EP)
+    assert done.reservation_id == slow.reservation_id
+    assert s.reservation(slow.reservation_id).state == "assigned"
+    assert pending(s) == 1  # (held until the node's numbers include it)
+    s.advance_clock(HEARTBEAT_MS)
+    roster_node(s, ["keep", "slow"], successes + 1, 100)
+    assert pending(s) == 0
