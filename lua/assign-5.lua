@@ -46,8 +46,9 @@ end
 -- onto ever younger reservations; docs/design.md, the RecordAssignment row,
 -- says why no real creation loses its slot by it).
 local function newest_unclaimed(node_id)
-  for _, rid in ipairs(redis.call('ZREVRANGE', node_res_key(node_id), '0', '-1')) do
-    if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
+  local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+  for i = #ids, 1, -1 do
+    if redis.call('HGET', res_key(ids[i]), 'state') == 'pending' then return ids[i] end
   end
   return nil
 end
