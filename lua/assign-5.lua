@@ -2,9 +2,10 @@
   assign-5.lua: record that a sandbox was created on a node (RecordAssignment).
 
   Attaches the sandbox to a pending reservation of that node (the one named,
-  or else the node's oldest unclaimed one) and writes the binding.  A
-  reservation the node's counter already released for a creation not yet
-  assigned (counted_unclaimed) is taken first, already ended: the counter
+  or else the node's newest unclaimed one, so a placement whose create never
+  came keeps aging until unassigned_reservation_ttl ends it) and writes the
+  binding.  A reservation the node's counter already released for a
+  creation not yet assigned (counted_unclaimed) is taken first, already ended: the counter
   counted this sandbox, and another placement's pending reservation must not
   be charged to it (its DELETE would end that one early).  If a
   roster of that node already listed the sandbox, the node's numbers include
@@ -15,13 +16,13 @@
   reservation charged to it there (includes/bindings.lua write_binding).  A sandbox is charged at most
   one reservation: one already charged (by an earlier assignment or event)
   stays; a named reservation that another sandbox of the node claimed first
-  is replaced by the node's oldest unclaimed one.
+  is replaced by the node's newest unclaimed one.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     sandbox_id
   ARGV[2]     node_id
   ARGV[3]     endpoint (must equal the node's stored endpoint)
-  ARGV[4]     reservation_id, "" = the node's oldest unclaimed one
+  ARGV[4]     reservation_id, "" = the node's newest unclaimed one
 
   Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
@@ -35,6 +36,19 @@
 local function oldest_unclaimed(node_id)
   for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
     if redis.call('HGET', res_key(rid), 'state') == 'pending' then return rid end
+  end
+  return nil
+end
+-- The node's newest reservation that no sandbox has claimed yet, or nil: the
+-- one an assignment naming none is charged.  A placement whose create never
+-- came then keeps the age of its own Schedule, and unassigned_reservation_ttl
+-- ends it however often the node creates (taking the oldest moved that room
+-- onto ever younger reservations; docs/design.md, the RecordAssignment row,
+-- says why no real creation loses its slot by it).
+local function newest_unclaimed(node_id)
+  local ids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+  for i = #ids, 1, -1 do
+    if redis.call('HGET', res_key(ids[i]), 'state') == 'pending' then return ids[i] end
   end
   return nil
 end
@@ -180,11 +194,11 @@ if not rid and not charged then
       -- the named reservation was claimed by another sandbox of this node (its
       -- CREATE event came first): this sandbox takes the next unclaimed one
       rid = counted_unclaimed(node_id, '', sb)
-      attached = not rid and oldest_unclaimed(node_id) or nil
+      attached = not rid and newest_unclaimed(node_id) or nil
     end
   else
     rid = counted_unclaimed(node_id, '', sb)
-    attached = not rid and oldest_unclaimed(node_id) or nil
+    attached = not rid and newest_unclaimed(node_id) or nil
   end
   if attached then
     -- (assigned: it lives placement_reservation_ttl from its Schedule, no

@@ -130,7 +130,7 @@ def test_a_gone_sandbox_is_released_while_another_creation_is_on_its_way(
     s.schedule(Request.cold(1, 1024))  # its create never comes
     p = s.schedule(Request.cold(1, 1024))
     charged = s.assign("sb1", "n1", EP, p.reservation_id if named else None).reservation_id
-    assert charged  # (without id: the oldest unclaimed, the other creation's)
+    assert charged  # (without id: the newest unclaimed, its own)
     assert counted(s) == 3
     # sb1 was created (create_successes 2) and is gone, its DELETE lost
     s.heartbeat(hb("n1", **keep, create_successes=2, reported_at_unix_ms=6_000))
@@ -223,9 +223,9 @@ def test_a_sandbox_created_and_deleted_between_heartbeats_with_its_delete(
     """Roster mode, the DELETE arrives: the reservation ends at once, once."""
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
     s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))
-    s.schedule(Request.cold(1, 1024))
     other = s.schedule(Request.cold(1, 1024))
-    s.assign("sb1", "n1", EP)
+    s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP)  # (no id: the newest unclaimed, not other's)
     s.events("n1", [ev("sb1", "CREATE"), ev("sb1", "DELETE")])
     assert counted(s) == 2  # keep + the other creation still on its way
     s.heartbeat(hb("n1", roster=["keep"], sandbox_count=1))

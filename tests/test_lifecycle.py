@@ -71,7 +71,7 @@ def test_assignment_after_the_roster_listed_it_releases_at_once(make_scheduler: 
     p = s.schedule(Request.cold(2, 1024))
     s.heartbeat(hb("n1", roster=["sb1"], sandbox_count=1, allocated_cpu=2))
     assert pending(s)[0] == 1  # the roster lists sb1, but nothing tied it to the reservation
-    a = s.assign("sb1", "n1", EP)  # no reservation id: the node's oldest unclaimed one
+    a = s.assign("sb1", "n1", EP)  # no reservation id: the node's newest unclaimed one
     assert a.reservation_id == p.reservation_id and a.released
     assert pending(s) == (0, 0, 0) and projected_cpu(s) == 2
 
@@ -91,7 +91,7 @@ def test_a_sandbox_listed_by_a_node_gone_silent_is_still_counted_once(
     with pytest.raises(NotFound):
         s.lookup("a")  # (expired for lookups)
     if how == "assign":
-        a = s.assign("a", "n1", EP)  # no reservation id: the node's oldest unclaimed one
+        a = s.assign("a", "n1", EP)  # no reservation id: the node's newest unclaimed one
         assert a.reservation_id == p.reservation_id and a.released
         assert s.reservation(p.reservation_id or "").state == "released"
         assert pending(s) == (0, 0, 0) and projected_cpu(s) == 1
@@ -134,21 +134,21 @@ def test_create_event_acknowledges_and_the_next_heartbeat_releases(make_schedule
     s.heartbeat(hb("n1"))
     p1 = s.schedule(Request.cold(1, 0))
     p2 = s.schedule(Request.cold(1, 0))
-    s.assign("sbA", "n1", EP)  # no reservation id: the oldest unclaimed, p1
+    s.assign("sbA", "n1", EP)  # no reservation id: the newest unclaimed, p2
     ev = s.events("n1", [SandboxEvent(sandbox_id="sbA", event_type="CREATE")])
     assert ev.acked == 1
-    assert s.reservation(p1.reservation_id or "").state == "acked"
+    assert s.reservation(p2.reservation_id or "").state == "acked"
     assert s.lookup("sbA").node_id == "n1"
     # counter mode, create_successes moved by the one creation: one release, not two
     r = s.heartbeat(hb("n1", create_successes=1, sandbox_count=1))
     assert r.released == 1
-    assert s.reservation(p2.reservation_id or "").state == "pending"
+    assert s.reservation(p1.reservation_id or "").state == "pending"
     # a FORK child is charged no reservation (forks are never reserved): it
     # takes none of a creation on its way, and its DELETE releases none
     ev = s.events("n1", [SandboxEvent(sandbox_id="child", event_type="FORK")])
     assert (ev.acked, ev.released) == (0, 0)
     assert s.events("n1", [SandboxEvent(sandbox_id="child", event_type="DELETE")]).released == 0
-    assert s.reservation(p2.reservation_id or "").state == "pending"
+    assert s.reservation(p1.reservation_id or "").state == "pending"
     assert pending(s)[0] == 1
 
 

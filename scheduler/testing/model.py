@@ -589,6 +589,15 @@ class CellModel:
                 return r.rid
         return None
 
+    def newest_unclaimed(self, node_id: str) -> str | None:
+        """What an assignment naming no reservation is charged
+        (lua/assign-5.lua): the newest pending one, so a never-created
+        placement keeps its age and unassigned_reservation_ttl ends it."""
+        for r in reversed(self.live_of(node_id)):
+            if r.state == "pending":
+                return r.rid
+        return None
+
     def counted_claim(self, node_id: str, wanted: str, sb: str) -> str | None:
         """Takes `wanted` ("" = the oldest) off the node's counted_unclaimed
         list and charges it to `sb` (it is ended already)."""
@@ -879,10 +888,10 @@ class CellModel:
                     and r.state in ("assigned", "acked", "released")
                 ):
                     rid = self.counted_claim(node_id, "", sb)
-                    attached = None if rid else self.oldest_unclaimed(node_id)
+                    attached = None if rid else self.newest_unclaimed(node_id)
             else:
                 rid = self.counted_claim(node_id, "", sb)
-                attached = None if rid else self.oldest_unclaimed(node_id)
+                attached = None if rid else self.newest_unclaimed(node_id)
             if attached is not None:
                 got = self.res[attached]
                 got.state = "assigned"
