@@ -291,11 +291,6 @@ BY_NAME_INCLUDES = [
     *("nodes", "peers", "cpu_config", "snapshot"),
 ]
 NOT_YET_SCRIPTS = [
-    "assign",
-    "events",
-    "settle",
-    "sync_nodes",
-    "sync_discovered",
     "heartbeat_steady",
 ]
 #: `v = redis.call('HMGET', ...)`, `prev = prev or ...`, `f(id, redis.call(...))`;
