@@ -285,17 +285,13 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
 
 #: the files whose HMGET replies are read by name (issue 27); the others are
 #: being changed in parallel, their positional reads are listed in the
-#: CHANGELOG (heartbeat.lua, bindings.lua, assign-5.lua, ...)
+#: CHANGELOG (heartbeat.lua, bindings.lua, ...)
 BY_NAME_INCLUDES = [
     *("index_bucket", "index_moves", "index_pick", "stages", "common"),
     *("nodes", "peers", "cpu_config", "snapshot"),
+    *("schedule", "locality"),
 ]
 NOT_YET_SCRIPTS = [
-    "assign",
-    "events",
-    "settle",
-    "sync_nodes",
-    "sync_discovered",
     "heartbeat_steady",
 ]
 #: `v = redis.call('HMGET', ...)`, `prev = prev or ...`, `f(id, redis.call(...))`;
