@@ -76,13 +76,18 @@ local function counted_unclaimed(node_id, wanted, sb)
   end
   return pick
 end
+-- What it reads of the named reservation (a layout)
+-- @layout ASSIGN_WANTED
+local ASSIGN_WANTED = { 'state', 'node_id' }
 -- The pending reservation an assignment names (`wanted`, when it is the
 -- node's and still pending), or with none named the node's oldest unclaimed
 -- one; nil when neither.
 local function named_or_oldest(node_id, wanted)
   if wanted == '' then return oldest_unclaimed(node_id) end
-  local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id')
-  if r[2] == node_id and r[1] == 'pending' then return wanted end
+  local r = redis.call('HMGET', res_key(wanted), unpack(ASSIGN_WANTED))
+  if r[ASSIGN_WANTED.node_id] == node_id and r[ASSIGN_WANTED.state] == 'pending' then
+    return wanted
+  end
   return nil
 end
 local sb = ARGV[1]
@@ -141,12 +146,15 @@ end
 -- instance replaced before the last (events-5.lua applies it) while the
 -- sandbox runs and that node's numbers include it; if it did end, it was
 -- counted there, and its end ends the count.
-local held = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted', 'reservation_id',
-  'expires_ms')
-if held[1] and held[1] ~= node_id and held[2] == '1'
-    and (held[3] ~= '1' or (tonumber(held[5]) or 0) > now) then
+-- What it reads of the sandbox's binding (a layout)
+-- @layout ASSIGN_HELD
+local ASSIGN_HELD = { 'node_id', 'listed', 'deleted', 'reservation_id', 'expires_ms' }
+local held = redis.call('HMGET', bind_key(sb), unpack(ASSIGN_HELD))
+if held[ASSIGN_HELD.node_id] and held[ASSIGN_HELD.node_id] ~= node_id
+    and held[ASSIGN_HELD.listed] == '1'
+    and (held[ASSIGN_HELD.deleted] ~= '1' or (tonumber(held[ASSIGN_HELD.expires_ms]) or 0) > now) then
   local rid, counted = nil, nil
-  if (held[4] or '') == '' then
+  if (held[ASSIGN_HELD.reservation_id] or '') == '' then
     -- (a rise of this node's counter that came first released one unclaimed
     -- for it: the assignment takes that one, already ended, as a tombstone's
     -- does above, never another placement's pending one, whose creation may
@@ -162,7 +170,7 @@ if held[1] and held[1] ~= node_id and held[2] == '1'
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     -- (the lister's numbers include it: end_charge moves this node's counter
     -- baseline, the reservation being this node's)
-    if end_charge(ctx, rid, held[1], now) then
+    if end_charge(ctx, rid, held[ASSIGN_HELD.node_id], now) then
       released = 1
       redis.call('HSET', bind_key(sb), 'reservation_id', rid)
     end
@@ -173,24 +181,35 @@ end
 
 -- A sandbox is charged one reservation, once: a repeated assignment keeps the
 -- one it has (live or already released).
+-- What it reads of a reservation an assignment names (a layout)
+-- @layout ASSIGN_NAMED
+local ASSIGN_NAMED = { 'state', 'node_id', 'sandbox_id' }
+-- What it reads of the node for the two-heartbeat rule (a layout)
+-- @layout ASSIGN_NODE
+local ASSIGN_NODE = { 'create_successes', 'pending_count', 'roster_mode', 'absent_watch',
+  'reported_order_ms' }
 local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
-local charged = (held[4] or '') ~= '' and (held[1] == node_id or held[3] ~= '1')
+local charged = (held[ASSIGN_HELD.reservation_id] or '') ~= ''
+  and (held[ASSIGN_HELD.node_id] == node_id or held[ASSIGN_HELD.deleted] ~= '1')
 if not rid and not charged then
   -- A creation the node's counter already counted before its assignment came
   -- released a pending reservation no sandbox had claimed (counted_unclaimed,
   -- above): the assignment takes that one, ended, never
   -- another placement's pending one, which a DELETE would then end early.
   if wanted ~= '' then
-    local r = redis.call('HMGET', res_key(wanted), 'state', 'node_id', 'sandbox_id')
-    if r[2] == node_id and r[1] == 'pending' then
+    local r = redis.call('HMGET', res_key(wanted), unpack(ASSIGN_NAMED))
+    if r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'pending' then
       attached = wanted
-    elseif r[2] == node_id and r[1] == 'released' and (r[3] or '') == '' then
+    elseif r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'released'
+        and (r[ASSIGN_NAMED.sandbox_id] or '') == '' then
       rid = counted_unclaimed(node_id, wanted, sb)
-    elseif r[2] == node_id and r[3] and r[3] ~= sb
-        and (r[1] == 'assigned' or r[1] == 'acked' or r[1] == 'released') then
+    elseif r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.sandbox_id]
+        and r[ASSIGN_NAMED.sandbox_id] ~= sb
+        and (r[ASSIGN_NAMED.state] == 'assigned' or r[ASSIGN_NAMED.state] == 'acked'
+          or r[ASSIGN_NAMED.state] == 'released') then
       -- the named reservation was claimed by another sandbox of this node (its
       -- CREATE event came first): this sandbox takes the next unclaimed one
       rid = counted_unclaimed(node_id, '', sb)
@@ -226,11 +245,13 @@ if attached and not already_listed then
   -- it arrives; and, of the stamped heartbeats received from now on, each
   -- with a stamp other than the last counted (absent_rt: at first the
   -- stored one, reported_order_ms), the second and later.
-  local nd = redis.call('HMGET', node_key(node_id), 'create_successes', 'pending_count',
-    'roster_mode', 'absent_watch', 'reported_order_ms')
+  local nd = redis.call('HMGET', node_key(node_id), unpack(ASSIGN_NODE))
   redis.call('HSET', res_key(attached), 'absent_cs',
-    fmt((tonumber(nd[1]) or 0) + (tonumber(nd[2]) or 1)), 'absent_rt', nd[5] or '0')
-  if nd[3] == '1' and nd[4] ~= '1' then redis.call('HSET', node_key(node_id), 'absent_watch', '1') end
+    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0) + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
+    'absent_rt', nd[ASSIGN_NODE.reported_order_ms] or '0')
+  if nd[ASSIGN_NODE.roster_mode] == '1' and nd[ASSIGN_NODE.absent_watch] ~= '1' then
+    redis.call('HSET', node_key(node_id), 'absent_watch', '1')
+  end
 end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
 reindex_touched(ctx, P, now)

@@ -40,10 +40,14 @@
           bind:*, node-sbx:<node>
 ]]
 -- @include bindings
+-- What it reads of the binding (a layout)
+-- @layout EVENTS_BIND
+local EVENTS_BIND = { 'node_id', 'listed', 'deleted' }
 -- Is `sb` listed by another node's last roster (that node holds it)?
 local function listed_elsewhere(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted')
-  return b[1] and b[1] ~= node_id and b[2] == '1' and b[3] ~= '1'
+  local b = redis.call('HMGET', bind_key(sb), unpack(EVENTS_BIND))
+  return b[EVENTS_BIND.node_id] and b[EVENTS_BIND.node_id] ~= node_id
+    and b[EVENTS_BIND.listed] == '1' and b[EVENTS_BIND.deleted] ~= '1'
 end
 local node_id = ARGV[1]
 
@@ -57,16 +61,23 @@ for i = 3, #ARGV, 2 do
   if not EVENT_TYPES[ARGV[i + 1]] then return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
 end
 local now = now_ms(P)
-local node = redis.call('HMGET', node_key(node_id), 'endpoint', 'roster_mode', 'counted_successes',
-  'service_instance_id', 'replaced_service_instance_id', 'unclaimed_seq')
+-- What it reads of the node: its endpoint, its mode and baseline, its
+-- instances (a layout)
+-- @layout EVENTS_NODE
+local EVENTS_NODE = { 'endpoint', 'roster_mode', 'counted_successes', 'service_instance_id',
+  'replaced_service_instance_id', 'unclaimed_seq' }
+local node = redis.call('HMGET', node_key(node_id), unpack(EVENTS_NODE))
 -- (the replaced instance's late events: what the current one established
 -- stays; an instance not heard from yet may be the next one, its events count)
-if sid ~= '' and sid ~= node[4] and sid == node[5] then return { 0, 0, fmt(now) } end
+if sid ~= '' and sid ~= node[EVENTS_NODE.service_instance_id]
+    and sid == node[EVENTS_NODE.replaced_service_instance_id] then
+  return { 0, 0, fmt(now) }
+end
 sweep_expired(ctx, now)
-local endpoint = node[1] or ''
-local roster_mode = node[2] == '1'
+local endpoint = node[EVENTS_NODE.endpoint] or ''
+local roster_mode = node[EVENTS_NODE.roster_mode] == '1'
 -- (a node that sent no heartbeat yet has no baseline: its first gives it)
-local counts = not roster_mode and node[3]
+local counts = not roster_mode and node[EVENTS_NODE.counted_successes]
 local acked, released = 0, 0
 for i = 3, #ARGV, 2 do
   local sb, kind = ARGV[i], ARGV[i + 1]
@@ -78,8 +89,9 @@ for i = 3, #ARGV, 2 do
     -- (a reservation a rise that guessed left live, unclaimed_seq: the
     -- sandbox may be the creation that rise counted, its reservation the
     -- room of one still on its way; kept, the next rise ends it)
-    if counts and own and node[6]
-        and (tonumber(redis.call('ZSCORE', node_res_key(node_id), rid)) or 0) <= (tonumber(node[6]) or 0) then
+    if counts and own and node[EVENTS_NODE.unclaimed_seq]
+        and (tonumber(redis.call('ZSCORE', node_res_key(node_id), rid)) or 0)
+          <= (tonumber(node[EVENTS_NODE.unclaimed_seq]) or 0) then
       rid = nil
     end
     if rid and end_charge(ctx, rid, node_id, now, r) then

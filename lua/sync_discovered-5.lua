@@ -25,7 +25,12 @@
           stats discovery_rv_1..3
 ]]
 -- @include nodes
-local FIELDS = { 'discovery_rv_1', 'discovery_rv_2', 'discovery_rv_3' }
+-- The positions of discovery stored in stats, in ARGV's order (a layout)
+-- @layout DISCOVERY_RV
+local DISCOVERY_RV = { 'discovery_rv_1', 'discovery_rv_2', 'discovery_rv_3' }
+-- What it reads of a listed node (a layout)
+-- @layout DISCOVERED_NODE
+local DISCOVERED_NODE = { 'endpoint', 'static', 'lingering' }
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
@@ -34,26 +39,30 @@ local function below(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
 end
-local stored = redis.call('HMGET', STATS_KEY, unpack(FIELDS))
+local stored = redis.call('HMGET', STATS_KEY, unpack(DISCOVERY_RV))
 local stale = false
 for i = 1, 3 do
   local p = ARGV[i]
   if #p < 1 or #p > 20 or string.find(p, '%D') or (#p > 1 and string.sub(p, 1, 1) == '0') then
     return fail(ERR.BADARG, 'position ' .. i .. ' must be a whole number (a resourceVersion)')
   end
+  -- (stored[i]: ARGV[i]'s field, DISCOVERY_RV in ARGV's order)
   if stored[i] and below(p, stored[i]) then stale = true end
 end
 if stale then
-  return { 'stale', 0, 0, stored[1] or '', stored[2] or '', stored[3] or '' }
+  return { 'stale', 0, 0, stored[DISCOVERY_RV.discovery_rv_1] or '',
+    stored[DISCOVERY_RV.discovery_rv_2] or '', stored[DISCOVERY_RV.discovery_rv_3] or '' }
 end
-redis.call('HSET', STATS_KEY, FIELDS[1], ARGV[1], FIELDS[2], ARGV[2], FIELDS[3], ARGV[3])
+redis.call('HSET', STATS_KEY, 'discovery_rv_1', ARGV[1], 'discovery_rv_2', ARGV[2],
+  'discovery_rv_3', ARGV[3])
 local wanted = {}
 local changed, removed = 0, 0
 for i = 4, #ARGV, 3 do
   local id, endpoint, lingering = ARGV[i], ARGV[i + 1], ARGV[i + 2] == '1' and '1' or '0'
   wanted[id] = true
-  local cur = redis.call('HMGET', node_key(id), 'endpoint', 'static', 'lingering')
-  if cur[1] ~= endpoint or cur[2] ~= '1' or (cur[3] or '0') ~= lingering
+  local cur = redis.call('HMGET', node_key(id), unpack(DISCOVERED_NODE))
+  if cur[DISCOVERED_NODE.endpoint] ~= endpoint or cur[DISCOVERED_NODE.static] ~= '1'
+      or (cur[DISCOVERED_NODE.lingering] or '0') ~= lingering
       or not redis.call('ZSCORE', NODES_KEY, id) then
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1',

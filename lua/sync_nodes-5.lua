@@ -26,13 +26,16 @@ if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local STATIC_KEY = BASE .. 'static'
 local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'
+-- What it reads of a listed node (a layout)
+-- @layout SYNC_NODE
+local SYNC_NODE = { 'endpoint', 'static' }
 local wanted = {}
 local changed, removed = 0, 0
 for i = 1, #ARGV, 2 do
   local id, endpoint = ARGV[i], ARGV[i + 1]
   wanted[id] = true
-  local cur = redis.call('HMGET', node_key(id), 'endpoint', 'static')
-  if cur[1] ~= endpoint or cur[2] ~= '1' or not redis.call('ZSCORE', NODES_KEY, id) then
+  local cur = redis.call('HMGET', node_key(id), unpack(SYNC_NODE))
+  if cur[SYNC_NODE.endpoint] ~= endpoint or cur[SYNC_NODE.static] ~= '1' or not redis.call('ZSCORE', NODES_KEY, id) then
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1')
     touch(ctx, id)

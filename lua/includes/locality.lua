@@ -179,6 +179,15 @@ function LOCALITY.ns_of(cluster, backend)
   return cluster .. '\n' .. backend
 end
 
+-- What locality reads of a node for its namespace (a layout)
+-- @layout LOCALITY_NS
+local LOCALITY_NS = { 'cluster_id', 'p2p_backend' }
+-- What a candidate decided through the index reads of its node: its bucket
+-- and the decision inputs it does not hold, then its namespace (a layout)
+-- @layout CANDIDATE_READ
+local CANDIDATE_READ = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
+  'p2p_backend' }
+
 -- Warm node `id` through the decision stages.  Decided through the index
 -- (fresh: no stale node in it), its bucket holds every decision input, as
 -- for the index's own pick: one read.  Otherwise (the full scan, a dry run)
@@ -186,22 +195,23 @@ end
 function LOCALITY.candidate(P, req, now, id, via_index)
   if not via_index then
     local n = evaluate(id, P, req, now)
-    local v = redis.call('HMGET', node_key(id), 'cluster_id', 'p2p_backend')
-    n.ns = LOCALITY.ns_of(v[1], v[2])
+    local v = redis.call('HMGET', node_key(id), unpack(LOCALITY_NS))
+    n.ns = LOCALITY.ns_of(v[LOCALITY_NS.cluster_id], v[LOCALITY_NS.p2p_backend])
     return n
   end
-  local v = redis.call('HMGET', node_key(id), 'idx', 'endpoint', 'last_seen_ms', 'lingering',
-    'status', 'cluster_id', 'p2p_backend')
-  if not v[1] or v[1] == '' then -- (not indexed: schedulable for no request)
+  local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_READ))
+  -- (not indexed: schedulable for no request)
+  if not v[CANDIDATE_READ.idx] or v[CANDIDATE_READ.idx] == '' then
     return { id = id, reason = 'not schedulable', ns = false, pressure = 0, known = false }
   end
-  local n = node_of_bucket(v[1])
-  n.id, n.idx, n.endpoint = id, v[1], v[2] or ''
-  n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+  local n = node_of_bucket(v[CANDIDATE_READ.idx])
+  n.id, n.idx, n.endpoint = id, v[CANDIDATE_READ.idx], v[CANDIDATE_READ.endpoint] or ''
+  n.last_seen, n.lingering, n.reported = tonumber(v[CANDIDATE_READ.last_seen_ms]),
+    v[CANDIDATE_READ.lingering] == '1', v[CANDIDATE_READ.status] or ''
   read_status(n, P, now)
   project(n, req)
   n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
-  n.ns = LOCALITY.ns_of(v[6], v[7])
+  n.ns = LOCALITY.ns_of(v[CANDIDATE_READ.cluster_id], v[CANDIDATE_READ.p2p_backend])
   return n
 end
 
@@ -273,8 +283,8 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   -- B first, read exactly (its namespace comes with its record's read)
   B.now_floor = floor
   if B.ns == nil and #L.keys > 0 then
-    local v = redis.call('HMGET', node_key(B.id), 'cluster_id', 'p2p_backend')
-    B.ns = LOCALITY.ns_of(v[1], v[2])
+    local v = redis.call('HMGET', node_key(B.id), unpack(LOCALITY_NS))
+    B.ns = LOCALITY.ns_of(v[LOCALITY_NS.cluster_id], v[LOCALITY_NS.p2p_backend])
   end
   B.coverage, B.pull = LOCALITY.coverage_of(L, B, nil)
   LOCALITY.bonus(P, L, B)

@@ -72,6 +72,18 @@ local NONE = {}
 -- decides (each one that fails takes a node out of the index it had left).
 local STALE_PICK_TRIES = 8
 
+-- What a retry's replay reads of the reservation it made (a layout)
+-- @layout REPLAY_RES
+local REPLAY_RES = { 'state', 'node_id', 'cpu', 'memory_bytes', 'pressure' }
+-- What the index's pick reads of the node it chose: its bucket holds the
+-- decision inputs (a layout); PICK_READ_NS is it and the node's namespace
+-- (the same positions first), for a request with artifact keys
+-- @layout PICK_READ
+local PICK_READ = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status' }
+-- @layout PICK_READ_NS
+local PICK_READ_NS = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
+  'p2p_backend' }
+
 -- round_robin and random without reading the fleet (#31): each decides
 -- from a bounded walk or a bounded sample of the node list, and the full
 -- scan below applies the same rule to the whole list when that walk or
@@ -234,19 +246,20 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   -- caller gave up on (cancelled before this call ran) places nothing.
   -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
   if req.create and not dry_run and not (ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid]) then
-    local prior = redis.call('HMGET', res_key(rid), 'state', 'node_id', 'cpu', 'memory_bytes',
-      'pressure')
-    if prior[1] then
-      if prior[1] == 'cancelled' or prior[1] == 'expired' then
-        return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was ' .. prior[1] ..
-          ' before its placement was answered')
+    local prior = redis.call('HMGET', res_key(rid), unpack(REPLAY_RES))
+    if prior[REPLAY_RES.state] then
+      if prior[REPLAY_RES.state] == 'cancelled' or prior[REPLAY_RES.state] == 'expired' then
+        return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was '
+          .. prior[REPLAY_RES.state] .. ' before its placement was answered')
       end
-      if prior[3] ~= fmt(req.cpu) or prior[4] ~= fmt(req.mem) then
+      if prior[REPLAY_RES.cpu] ~= fmt(req.cpu)
+          or prior[REPLAY_RES.memory_bytes] ~= fmt(req.mem) then
         return fail(ERR.BADARG, 'reservation_id ' .. rid .. ' is already used by another request')
       end
-      local n = read_node(prior[2])
+      local n = read_node(prior[REPLAY_RES.node_id])
       read_status(n, P, now)
-      return { prior[2], n.endpoint, rid, prior[5] or '0', req.cpu, req.mem, n.status, now }
+      return { prior[REPLAY_RES.node_id], n.endpoint, rid, prior[REPLAY_RES.pressure] or '0',
+        req.cpu, req.mem, n.status, now }
     end
   end
   -- @phase replay
@@ -292,23 +305,24 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
         -- (with artifact keys, the node's namespace too: locality reads it)
         local v
         if L and #L.keys > 0 then
-          v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
-            'lingering', 'status', 'cluster_id', 'p2p_backend')
+          v = redis.call('HMGET', node_key(picked), unpack(PICK_READ_NS))
         else
-          v = redis.call('HMGET', node_key(picked), 'idx', 'endpoint', 'last_seen_ms',
-            'lingering', 'status')
+          v = redis.call('HMGET', node_key(picked), unpack(PICK_READ))
         end
         local listed = false
         for i = 1, #among do
-          if among[i] == v[1] then listed = true end
+          if among[i] == v[PICK_READ.idx] then listed = true end
         end
-        if listed and not (stale and reindex(ctx, picked, P, now, true) ~= v[1]) then
-          local n = node_of_bucket(v[1])
-          n.id, n.idx, n.endpoint = picked, v[1], v[2] or ''
-          n.last_seen, n.lingering, n.reported = tonumber(v[3]), v[4] == '1', v[5] or ''
+        if listed and not (stale and reindex(ctx, picked, P, now, true) ~= v[PICK_READ.idx]) then
+          local n = node_of_bucket(v[PICK_READ.idx])
+          n.id, n.idx, n.endpoint = picked, v[PICK_READ.idx], v[PICK_READ.endpoint] or ''
+          n.last_seen, n.lingering, n.reported = tonumber(v[PICK_READ.last_seen_ms]),
+            v[PICK_READ.lingering] == '1', v[PICK_READ.status] or ''
           read_status(n, P, now)
           project(n, req)
-          if v[6] ~= nil then n.ns = LOCALITY.ns_of(v[6], v[7]) end
+          if v[PICK_READ_NS.cluster_id] ~= nil then
+            n.ns = LOCALITY.ns_of(v[PICK_READ_NS.cluster_id], v[PICK_READ_NS.p2p_backend])
+          end
           if not check_status(n) then chosen = n end
         end
         if chosen then break end

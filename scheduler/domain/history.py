@@ -161,7 +161,7 @@ class Assigned:
     node_id: str
     endpoint: str
     #: the reservation the assignment attached (named by the gateway, or the
-    #: node's oldest unclaimed one that the script chose)
+    #: node's newest unclaimed one that the script chose)
     reservation_id: str
 
 

@@ -610,6 +610,14 @@ class CellModel:
             self.ended[pick].sandbox_id = sb
         return pick
 
+    def counted_claim_or_oldest(self, node_id: str, wanted: str | None, sb: str) -> str | None:
+        """counted_claim of `wanted`, else of the oldest (assign-5.lua's
+        tombstone and listed-elsewhere paths try both, in that order)."""
+        counted = self.counted_claim(node_id, wanted or "", sb)
+        if counted is None and wanted:
+            counted = self.counted_claim(node_id, "", sb)
+        return counted
+
     def charged(self, sb: str, node_id: str) -> bool:
         """Charged before: on this node, or a live binding of another node
         carries its charge (it follows the sandbox)."""
@@ -816,9 +824,7 @@ class CellModel:
         if b is not None and b.deleted and b.node_id == node_id and b.expires_ms > now:
             buried = None
             if not b.rid and not self.meta[node_id].roster_mode:
-                buried = self.counted_claim(node_id, wanted or "", sb)
-                if buried is None and wanted:
-                    buried = self.counted_claim(node_id, "", sb)
+                buried = self.counted_claim_or_oldest(node_id, wanted, sb)
                 if buried is not None:
                     b.rid = buried
                 return buried
@@ -848,9 +854,7 @@ class CellModel:
             taken = None
             if not b.rid:
                 # (a rise of this node's counter released one for it first)
-                counted = self.counted_claim(node_id, wanted or "", sb)
-                if counted is None and wanted:
-                    counted = self.counted_claim(node_id, "", sb)
+                counted = self.counted_claim_or_oldest(node_id, wanted, sb)
                 if counted is not None:
                     b.rid = counted
                     return counted
