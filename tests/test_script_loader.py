@@ -283,17 +283,15 @@ def test_no_lua_file_reads_a_record_by_number() -> None:
             assert not re.findall(rf"\b{layout}\[\d", code), (name, layout)
 
 
-#: the files whose HMGET replies are read by name (issue 27); the others are
-#: being changed in parallel, their positional reads are listed in the
-#: CHANGELOG (heartbeat.lua, bindings.lua, ...)
+#: the files whose HMGET replies are read by name (issue 27): every include
+#: that reads a record, and every script (none is left out)
 BY_NAME_INCLUDES = [
     *("index_bucket", "index_moves", "index_pick", "stages", "common"),
     *("nodes", "peers", "cpu_config", "snapshot"),
     *("schedule", "locality"),
+    *("heartbeat", "heartbeat_steady", "bindings"),
 ]
-NOT_YET_SCRIPTS = [
-    "heartbeat_steady",
-]
+NOT_YET_SCRIPTS: list[str] = []
 #: `v = redis.call('HMGET', ...)`, `prev = prev or ...`, `f(id, redis.call(...))`;
 #: not `a, b = unpack(redis.call('HMGET', ...))`: named locals
 _HMGET = re.compile(r"\b(\w+) = (?:\1 or )?(?:(?!unpack\()\w+\()?redis\.call\('HMGET'")

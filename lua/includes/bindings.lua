@@ -40,10 +40,17 @@ local function roster_changed(node_id, removed)
   if removed == 1 then redis.call('HSET', node_key(node_id), 'roster_digest', '') end
 end
 
--- What write_binding and bound_reservation read of a binding (a layout:
--- prev[BIND_READ.node_id], ...).
+-- What write_binding, bury_binding and bound_reservation read of a binding
+-- (a layout: prev[BIND_READ.node_id], ...); what buried_on and listed_on
+-- read of one; what end_charge reads of the node a charge was on.
 -- @layout BIND_READ
 local BIND_READ = { 'node_id', 'reservation_id', 'deleted', 'listed' }
+-- @layout BURIED_READ
+local BURIED_READ = { 'node_id', 'deleted', 'expires_ms' }
+-- @layout LISTED_READ
+local LISTED_READ = { 'node_id', 'listed', 'deleted' }
+-- @layout CHARGED_NODE
+local CHARGED_NODE = { 'roster_mode', 'counted_successes' }
 
 -- End the live reservation `rid` charged to a sandbox that `node_id`'s
 -- numbers now include (its roster lists it) or that it reported deleted:
@@ -56,8 +63,8 @@ local function end_charge(ctx, rid, node_id, now, r)
   local of = r and r[RES_READ.node_id] or redis.call('HGET', res_key(rid), 'node_id')
   if not end_reservation(ctx, rid, 'released', now, r) then return false end
   if of and of ~= node_id then
-    local f = redis.call('HMGET', node_key(of), 'roster_mode', 'counted_successes')
-    if f[1] ~= '1' and f[2] then redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1') end
+    local f = redis.call('HMGET', node_key(of), unpack(CHARGED_NODE))
+    if f[CHARGED_NODE.roster_mode] ~= '1' and f[CHARGED_NODE.counted_successes] then redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1') end
   end
   return true
 end
@@ -135,11 +142,15 @@ end
 -- assignment on another node must not count again (assign-5.lua).
 local function bury_binding(ctx, sb, node_id, now, P)
   local bkey = bind_key(sb)
-  local b = redis.call('HMGET', bkey, 'node_id', 'reservation_id', 'deleted', 'listed')
-  roster_changed(node_id, drop_binding(sb, node_id, b[1] == node_id))
-  if b[1] and b[1] ~= node_id and b[3] ~= '1' then return end
+  local b = redis.call('HMGET', bkey, unpack(BIND_READ))
+  roster_changed(node_id, drop_binding(sb, node_id, b[BIND_READ.node_id] == node_id))
+  if b[BIND_READ.node_id] and b[BIND_READ.node_id] ~= node_id and b[BIND_READ.deleted] ~= '1' then
+    return
+  end
   local charged_rid, listed = '', '0'
-  if b[1] == node_id then charged_rid, listed = b[2] or '', b[4] == '1' and '1' or '0' end
+  if b[BIND_READ.node_id] == node_id then
+    charged_rid, listed = b[BIND_READ.reservation_id] or '', b[BIND_READ.listed] == '1' and '1' or '0'
+  end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1', 'listed', listed,
     'reservation_id', charged_rid, 'expires_ms', instant_text(ctx, now + P.binding_ttl_ms))
   redis.call('PEXPIRE', bkey, num_text(P.binding_ttl_ms))
@@ -147,8 +158,9 @@ end
 
 -- Did `node_id` report `sb` deleted within binding_ttl?
 local function buried_on(sb, node_id, now)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'deleted', 'expires_ms')
-  return b[1] == node_id and b[2] == '1' and (tonumber(b[3]) or 0) > now
+  local b = redis.call('HMGET', bind_key(sb), unpack(BURIED_READ))
+  return b[BURIED_READ.node_id] == node_id and b[BURIED_READ.deleted] == '1'
+    and (tonumber(b[BURIED_READ.expires_ms]) or 0) > now
 end
 
 -- The live reservation charged to `sb` while it is bound to `node_id`
@@ -171,7 +183,8 @@ end
 -- in the numbers the node last sent, and a reservation charged to it now
 -- would count the sandbox twice.
 local function listed_on(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed', 'deleted')
-  return b[1] == node_id and b[2] == '1' and b[3] ~= '1'
+  local b = redis.call('HMGET', bind_key(sb), unpack(LISTED_READ))
+  return b[LISTED_READ.node_id] == node_id and b[LISTED_READ.listed] == '1'
+    and b[LISTED_READ.deleted] ~= '1'
 end
 

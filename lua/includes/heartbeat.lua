@@ -12,6 +12,16 @@
 -- Texts that passed the whole-number check (kept_table, includes/base.lua).
 local WHOLE_TEXTS = kept_table(4096)
 
+-- What it reads besides the record (layouts, folded to positions by the
+-- loader): a node-sbx member's binding (the binding sample); a reservation
+-- roster mode watches for absence, and its sandbox's binding.
+-- @layout SAMPLED_BIND
+local SAMPLED_BIND = { 'node_id', 'listed' }
+-- @layout ABSENT_RES
+local ABSENT_RES = { 'state', 'absent_cs', 'absent_beats', 'sandbox_id', 'absent_rt' }
+-- @layout ABSENT_BIND
+local ABSENT_BIND = { 'node_id', 'listed', 'deleted' }
+
 local function heartbeat_one(ctx, A)
   -- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
   local node_id = A[1]
@@ -281,8 +291,10 @@ local function heartbeat_one(ctx, A)
   -- samples each).
   if generation % 2 == 0 then
     for _, sb in ipairs(redis.call('SRANDMEMBER', node_sbx_key(node_id), '2')) do
-      local b = redis.call('HMGET', bind_key(sb), 'node_id', 'listed')
-      if b[1] ~= node_id or b[2] == '1' then redis.call('SREM', node_sbx_key(node_id), sb) end
+      local b = redis.call('HMGET', bind_key(sb), unpack(SAMPLED_BIND))
+      if b[SAMPLED_BIND.node_id] ~= node_id or b[SAMPLED_BIND.listed] == '1' then
+        redis.call('SREM', node_sbx_key(node_id), sb)
+      end
     end
   end
   -- @phase binding_sample
@@ -421,21 +433,23 @@ local function heartbeat_one(ctx, A)
   if roster_mode and prev[PREV.absent_watch] == '1' then
     local watching = false
     for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-      local r = redis.call('HMGET', res_key(rid), 'state', 'absent_cs', 'absent_beats', 'sandbox_id',
-        'absent_rt')
-      if (r[1] == 'assigned' or r[1] == 'acked') and r[2] then
+      local r = redis.call('HMGET', res_key(rid), unpack(ABSENT_RES))
+      if (r[ABSENT_RES.state] == 'assigned' or r[ABSENT_RES.state] == 'acked')
+          and r[ABSENT_RES.absent_cs] then
         -- (absent: unbound, or this node's unlisted binding or tombstone; a
         -- live binding of another node carries the charge there, to end by
         -- that node's roster or DELETE)
-        local b = redis.call('HMGET', bind_key(r[4] or ''), 'node_id', 'listed', 'deleted')
-        local absent = not b[1] or b[3] == '1' or (b[1] == node_id and b[2] ~= '1')
-        local fresh = order and order ~= (r[5] or '0')
-        if (fresh or not restarted and successes >= (tonumber(r[2]) or 0)) and absent then
-          local beats = (tonumber(r[3]) or 0) + 1
+        local b = redis.call('HMGET', bind_key(r[ABSENT_RES.sandbox_id] or ''), unpack(ABSENT_BIND))
+        local absent = not b[ABSENT_BIND.node_id] or b[ABSENT_BIND.deleted] == '1'
+          or (b[ABSENT_BIND.node_id] == node_id and b[ABSENT_BIND.listed] ~= '1')
+        local fresh = order and order ~= (r[ABSENT_RES.absent_rt] or '0')
+        if (fresh or not restarted and successes >= (tonumber(r[ABSENT_RES.absent_cs]) or 0)) and absent then
+          local beats = (tonumber(r[ABSENT_RES.absent_beats]) or 0) + 1
           if beats >= 2 then
             if end_reservation(ctx, rid, 'released', now) then released = released + 1 end
           else
-            redis.call('HSET', res_key(rid), 'absent_beats', fmt(beats), 'absent_rt', fresh and order or r[5] or '0')
+            redis.call('HSET', res_key(rid), 'absent_beats', fmt(beats),
+              'absent_rt', fresh and order or r[ABSENT_RES.absent_rt] or '0')
             watching = true
           end
         else

@@ -20,12 +20,18 @@
 -- coalesced; one in four costs 6% and 10%: docs/performance.md.)  A
 -- placement or a reindex that reads the record meanwhile excludes the node
 -- at once (and its next steady heartbeat is a RESYNC).
-local VOUCH_EVERY = 4
-local STEADY_CHECKS = 10
+-- What it reads, by name (v[STEADY_READ.generation]: a layout, folded to
+-- positions by the loader): the checks (up to roster_digest), then the
+-- pending numbers (from STEADY_PENDING); the snapshot's numbers follow
+-- (WHOLE_FIELDS, appended at the first call, unnamed: from STEADY_SNAPSHOT,
+-- the 14th).  Read as `unpack(STEADY_READ, 1, n)`, never whole by name.
+-- @layout STEADY_READ
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
   'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed', 'roster_digest',
   'pending_count', 'pending_cpu', 'pending_memory_bytes' }
-local STEADY_PENDING, STEADY_SNAPSHOT = 11, 14 -- (then WHOLE_FIELDS, added at the first call)
+local VOUCH_EVERY = 4
+local STEADY_CHECKS = STEADY_READ.roster_digest
+local STEADY_PENDING, STEADY_SNAPSHOT = STEADY_READ.pending_count, 14
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
@@ -54,8 +60,11 @@ local function steady_one(ctx, A, P, now, swept)
   -- "": a sandbox left the roster held other than by this node's heartbeat
   -- (another node's roster took it, a DELETE buried it: roster_changed,
   -- includes/bindings.lua), and the full heartbeat restores what it lists)
-  if v[1] ~= sid or (v[2] or '') .. ':' .. (v[3] or '') ~= base or not v[4]
-      or not string.find(v[4], '^%d') or v[8] == '1' or (v[9] or '0') ~= '0' or v[10] == '' then
+  if v[STEADY_READ.service_instance_id] ~= sid
+      or (v[STEADY_READ.incarnation] or '') .. ':' .. (v[STEADY_READ.generation] or '') ~= base
+      or not v[STEADY_READ.idx] or not string.find(v[STEADY_READ.idx], '^%d')
+      or v[STEADY_READ.absent_watch] == '1' or (v[STEADY_READ.fails_owed] or '0') ~= '0'
+      or v[STEADY_READ.roster_digest] == '' then
     return { 'RESYNC' }
   end
   for i = STEADY_PENDING, #v do
@@ -72,29 +81,31 @@ local function steady_one(ctx, A, P, now, swept)
   -- not take the late heartbeat's fields for the record's, or the same late
   -- heartbeat again would go as steady without its stamp and move the clock)
   local order = (reported ~= '' and reported ~= '0') and reported or false
-  if order and (tonumber(order) or 0) < (tonumber(v[7]) or 0) then
-    return { tonumber(v[3]), v[5] == '1' and 1 or 0, instant_text(ctx, now), '' }
+  if order and (tonumber(order) or 0) < (tonumber(v[STEADY_READ.reported_order_ms]) or 0) then
+    return { tonumber(v[STEADY_READ.generation]), v[STEADY_READ.roster_mode] == '1' and 1 or 0,
+      instant_text(ctx, now), '' }
   end
   if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
-  local generation = tonumber(v[3]) + 1
+  local generation = tonumber(v[STEADY_READ.generation]) + 1
   local s_now = instant_text(ctx, now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
   if reported == '0' then reported = s_now end
   if reported ~= '' then
     hset[#hset + 1] = 'reported_at_unix_ms'
     hset[#hset + 1] = reported
-    if (v[7] or '0') ~= (order or '0') then
+    if (v[STEADY_READ.reported_order_ms] or '0') ~= (order or '0') then
       hset[#hset + 1] = 'reported_order_ms'
       hset[#hset + 1] = order or '0'
     end
   end
-  if seen_lags(v[6], now, P) then
+  if seen_lags(v[STEADY_READ.idx_seen_ms], now, P) then
     hset[#hset + 1] = 'idx_seen_ms'
     hset[#hset + 1] = s_now
     redis.call('ZADD', IDX_SEEN, s_now, node_id)
   end
   redis.call('HSET', nkey, unpack(hset))
-  return { generation, v[5] == '1' and 1 or 0, s_now, v[2] }
+  return { generation, v[STEADY_READ.roster_mode] == '1' and 1 or 0, s_now,
+    v[STEADY_READ.incarnation] }
 end
