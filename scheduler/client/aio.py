@@ -376,14 +376,7 @@ class AsyncScheduler(BaseClient):
         (written, refused): one refused (its node unregistered since, or not
         registered in the data that came back) is skipped; a reservation the
         data no longer knows is no refusal (the binding alone is written)."""
-        written = refused = 0
-        for call in self._replays():
-            try:
-                await self._one(call)
-                written += 1
-            except (UnknownNode, FailedPrecondition):
-                refused += 1
-        return written, refused
+        return await self._drive(self._replay())
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
         return self._one(self.ops.cancel(reservation_id))

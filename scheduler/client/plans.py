@@ -27,11 +27,13 @@ from redis.crc import key_slot
 
 from scheduler.domain.errors import (
     CellNotInitialised,
+    FailedPrecondition,
     NotFound,
     NotReplicated,
     PolicyConflict,
     StaticNodesConflict,
     StoreUnavailable,
+    UnknownNode,
 )
 from scheduler.domain.history import Assigned, AssignmentMemo
 from scheduler.domain.policy import Policy
@@ -246,10 +248,20 @@ class BaseClient:
                 Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
             )
 
-    def _replays(self) -> Iterator[Call[AssignResult]]:
-        """The calls that write the recent assignments again, oldest first."""
+    def _replay(self) -> Plan[tuple[int, int]]:
+        """Write the recent assignments again, oldest first: (written,
+        refused); one refused (its node unregistered since, or not registered
+        in the data that came back) is skipped."""
+        written = refused = 0
         for a in self.assigned.recent(time.monotonic()):
-            yield self.ops.assign(a.sandbox_id, a.node_id, a.endpoint, a.reservation_id)
+            try:
+                yield from self._step(
+                    self.ops.assign(a.sandbox_id, a.node_id, a.endpoint, a.reservation_id)
+                )
+                written += 1
+            except (UnknownNode, FailedPrecondition):
+                refused += 1
+        return written, refused
 
     # -- what every call goes through --------------------------------------
     @contextmanager
@@ -362,13 +374,7 @@ class BaseClient:
             return outcome
         if setup.nodes and not overwrite:
             # (ListNodes' pages, not one read of every node: #31)
-            listed: list[ListedNode] = []
-            after = ""
-            while True:
-                after, rows = cast(Page[ListedNode], (yield self.ops.listed(after)))
-                listed.extend(rows)
-                if not after:
-                    break
+            listed = yield from self._listed()
             stored = sorted((v.node_id, v.endpoint) for v in listed if v.static)
             if stored and stored != sorted(setup.nodes):
                 raise StaticNodesConflict(nodes_conflict(stored, sorted(setup.nodes)))

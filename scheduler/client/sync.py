@@ -23,10 +23,8 @@ from scheduler.client.plans import (
     log,
 )
 from scheduler.domain.errors import (
-    FailedPrecondition,
     SchedulerError,
     StoreUnavailable,
-    UnknownNode,
 )
 from scheduler.domain.history import Probe
 from scheduler.domain.policy import Policy
@@ -287,14 +285,7 @@ class Scheduler(BaseClient):
 
     def replay_assignments(self) -> tuple[int, int]:
         """As :meth:`AsyncScheduler.replay_assignments`."""
-        written = refused = 0
-        for call in self._replays():
-            try:
-                self._one(call)
-                written += 1
-            except (UnknownNode, FailedPrecondition):
-                refused += 1
-        return written, refused
+        return self._drive(self._replay())
 
     def cancel(self, reservation_id: str) -> str:
         return self._one(self.ops.cancel(reservation_id))
