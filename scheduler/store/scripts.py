@@ -380,7 +380,13 @@ def sources() -> dict[str, tuple[int, str]]:
     includes, scripts = _files()
     out: dict[str, tuple[int, str]] = {}
     modular = _modular(includes)
-    texts = _texts(includes, scripts)
+    # which exports are assigned after load: the same for every script (the
+    # analysis of every file, done once, as the blocks below are built once)
+    mutable: set[str] = set()
+    if modular:
+        found = _Modules(includes)
+        found.find_mutable(_texts(includes, scripts))
+        mutable = found.mutable
     # an include's block is the same text in every script that names it: built
     # once (building one per script was most of a replica's start-up time)
     blocks: dict[str, str] = {}
@@ -389,7 +395,7 @@ def sources() -> dict[str, tuple[int, str]]:
         where = _script_path(name, nkeys)
         if modular:
             mods = _Modules(includes)
-            mods.find_mutable(texts)
+            mods.mutable = mutable
             order = mods.order(text, where)
             mods.check(text, where, (), script=True)
             for inc in order:
