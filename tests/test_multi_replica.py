@@ -135,7 +135,11 @@ async def run_fleet(addresses: list[str], homes: list[int]) -> tuple[Result, lis
             result.placed[sandbox] = resp.node.node_id
             result.via[sandbox] = replica
 
-        await asyncio.gather(*(gateway(k) for k in range(CREATES)))
+        # One placement through each replica while the fleet has room (so a
+        # replica no node talks to is seen placing, whatever answers first),
+        # then the rest of the burst at once.
+        await asyncio.gather(*(gateway(k) for k in range(len(stubs))))
+        await asyncio.gather(*(gateway(k) for k in range(len(stubs), CREATES)))
         stop.set()
         await asyncio.gather(*beating)
         await asyncio.gather(*(n.heartbeat() for n in nodes))  # the nodes' final word
