@@ -321,7 +321,25 @@ def parser() -> argparse.ArgumentParser:
         "this tree's",
     )
     _burst_options(n, instructions.Params(), "rounds of bursts", "calls per burst", base=True)
+    n.add_argument(
+        "--ops",
+        type=_operations,
+        help="comma-separated operations to measure (default all: "
+        + ", ".join(instructions.OPERATIONS)
+        + ")",
+    )
     return p
+
+
+def _operations(text: str) -> tuple[str, ...]:
+    """``--ops``: a comma-separated subset of bench instructions' operations."""
+    ops = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in ops if x not in instructions.OPERATIONS]
+    if unknown or not ops:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'none given'} not of: {', '.join(instructions.OPERATIONS)}"
+        )
+    return ops
 
 
 def _setting(item: str) -> tuple[str, str]:
@@ -428,6 +446,8 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             {"nodes": "nodes", "rounds": "rounds", "burst": "burst"},
         )
         np_ = replace(np_, base=args.base, seed=args.seed)
+        if args.ops:
+            np_ = replace(np_, ops=args.ops)
         return lambda t: instructions.run(t, np_)
     if name == "scale":
         sp = _params(

@@ -62,6 +62,8 @@ class Params:
     rounds: int = 3
     burst: int = 160
     seed: int = 1
+    #: the operations measured (default every one of OPERATIONS), in that order
+    ops: tuple[str, ...] = OPERATIONS
 
     @classmethod
     def quick(cls) -> Params:
@@ -255,7 +257,7 @@ def run(target: Target, p: Params | None = None) -> Result:
     base, ours = versus.library_at(p.base), library()
     floor = _measure(ours, "floor", p)
     rows = []
-    for op in OPERATIONS:
+    for op in p.ops:
         o = _measure(ours, op, p)
         b = (
             _measure(base, op, p)
