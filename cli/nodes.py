@@ -23,7 +23,6 @@ from scheduler.store.translate import translated
 from .completion import node_ids
 from .options import Target, cell_options, pass_target
 from .output import age, bar, console, duration_text, gib, pressure_color, size, status_text
-from .snapshot import atomically
 
 
 def ceiling_amount(name: str, value: float) -> str:
@@ -218,9 +217,11 @@ WATCH_CHROME_LINES = 7
 
 
 def read_nodes(target: Target) -> tuple[list[NodeView], Policy | None]:
+    """The fleet page by page (each page one bounded call, NODES_PAGE nodes:
+    a large cell is never read in one call), then the policy."""
     s = target.scheduler
-    (_, views), policy = atomically(s, s.ops.nodes(), s.ops.policy())
-    return by_pressure(views), policy
+    views = s.nodes()
+    return by_pressure(views), s.run(s.ops.policy())
 
 
 def _pause(seconds: float) -> None:

@@ -96,7 +96,13 @@ def reservations(ctx: click.Context, node_id: str | None) -> None:
     if ctx.invoked_subcommand is None:
         target = ctx.ensure_object(Target)
         s = target.scheduler
-        found, (now, views) = atomically(s, s.ops.reservations(node_id), s.ops.nodes())
+        # (the node's view says whether it is known; without one, a page of
+        # one node gives the cell's clock: nothing reads the whole fleet)
+        found, (now, views) = atomically(
+            s,
+            s.ops.reservations(node_id),
+            s.ops.nodes(node_id.strip()) if node_id else s.ops.nodes(page=1),
+        )
         if node_id and node_id.strip() not in {v.node_id for v in views}:
             raise NotFound(f"node {node_id.strip()} is not known in {target.where}")
         target.out.emit(found, lambda: reservations_table(found, now, target.where))
@@ -128,7 +134,7 @@ def show(target: Target, reservation_id: str) -> None:
     """One reservation, live or ended (ended ones stay readable for the policy's
     reservation_tombstone_ttl, 10 minutes by default)."""
     s = target.scheduler
-    found, (now, _) = atomically(s, s.ops.reservations(None, reservation_id), s.ops.nodes())
+    found, (now, _) = atomically(s, s.ops.reservations(None, reservation_id), s.ops.nodes(page=1))
     if not found:
         raise NotFound(f"reservation {reservation_id.strip()} not found in {target.where}")
     view = ReservationView(
@@ -260,7 +266,7 @@ def _why_not_bound(target: Target, sb: str) -> Failure:
             detail={"sandbox_id": sb, "state": "missing"},
         )
     node = raw["node_id"]
-    (now, views), policy = atomically(s, s.ops.nodes(), s.ops.policy())
+    (now, views), policy = atomically(s, s.ops.nodes(node), s.ops.policy())
     view = next((v for v in views if v.node_id == node), None)
     ttl = policy.binding_ttl_ms if policy else 0
     listed = raw.get("listed") == "1"

@@ -5,21 +5,40 @@
   so status, pressure and verdict here are what Schedule sees.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV        none
+  ARGV[1]     node_id ("" = every node)
+  ARGV[2]     after: a page lists from after this node id ("" = from the first)
+  ARGV[3]     page: a page reads at most this many nodes ("" = every node;
+              a call without it reads every node too)
 
-  Returns {now_ms, node...}; node = {field, value, ...} with the
-  raw record fields, plus derived: derived_status, pressure, known, reason,
-  and for each configured ceiling that applies "use:<name>" (current +
-  pending) and "limit:<name>".
+  Returns {now_ms, next, node...} in node-id byte order;
+          node = {field, value, ...} with the raw record fields, plus
+          derived: derived_status, pressure, known, reason, and for each
+          configured ceiling that applies "use:<name>" (current + pending)
+          and "limit:<name>"; next = the ARGV[2] of the next page, "" when
+          this one is the last (the client stitches pages, as ListNodes':
+          docs/contract.md)
   Errors: NO_POLICY (no policy)
 ]]
 -- @include stages
+local one = ARGV[1] or ''
+local after = ARGV[2] or ''
+local page = tonumber(ARGV[3] or '')
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local req = { create = false, count = 0, cpu = 0, mem = 0 }
-local out = { fmt(now) }
-for _, id in ipairs(redis.call('ZRANGE', NODES_KEY, 0, -1)) do
+local ids
+if one ~= '' then
+  ids = {}
+  if redis.call('ZSCORE', NODES_KEY, one) then ids[1] = one end
+elseif page then
+  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
+    '0', fmt(page))
+else
+  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+end
+local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
+for _, id in ipairs(ids) do
   local n = evaluate(id, P, req, now)
   local row = redis.call('HGETALL', node_key(id))
   row[#row + 1] = 'derived_status'

@@ -219,7 +219,7 @@ def test_nodes_view_headroom_is_in_each_ceilings_unit() -> None:
     ]
     for c in catalog.CEILINGS:
         row += [f"use:{c.name}", "4", f"limit:{c.name}", "50"]
-    _, views = ops.nodes().parse(["0", row])
+    _, views = ops.nodes().parse(["0", "", row])
     view: NodeView = views[0]
     assert [u.name for u in view.ceilings] == list(catalog.CEILING_NAMES)
     for u in view.ceilings:

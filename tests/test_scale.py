@@ -10,13 +10,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
 from scheduler.client.aio import AsyncScheduler
-from scheduler.domain.records import MachineInfo
+from scheduler.domain.records import MachineInfo, NodeView
 from scheduler.server.replica import Replica
-from scheduler.store.calls import CENSUS_STEP
+from scheduler.store.calls import CENSUS_STEP, Call, Page
 from scheduler.store.connection import async_client
 from scheduler.store.cpuconfig import CpuConfigOps, digest
 from scheduler.testing.replicas import settings_for
@@ -233,14 +234,18 @@ def test_pages_list_every_node_exactly_once_while_nodes_change(
     s = make_scheduler(Policy())
     add_fleet(s, 200)
     present = {f"n{i:05d}" for i in range(200)}
-    for form in ("listed", "observed"):
+    for form in ("listed", "observed", "view"):
         during: list[set[str]] = []
         got: list[str] = []
-        after, added = "", 1_000 if form == "listed" else 2_000
+        after, added = "", {"listed": 1_000, "observed": 2_000, "view": 3_000}[form]
         while True:
             during.append(set(present))
-            call = (
-                s.ops.listed(after, 16) if form == "listed" else s.ops.observed("", "", after, 16)
+            call: Call[Page[Any]] = (
+                s.ops.listed(after, 16)
+                if form == "listed"
+                else s.ops.observed("", "", after, 16)
+                if form == "observed"
+                else s.ops.nodes_page(after, 16)
             )
             after, rows = s.run(call)
             got += [n.node_id for n in rows]
@@ -262,7 +267,7 @@ def test_pages_list_every_node_exactly_once_while_nodes_change(
 def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     make_scheduler: Callable[..., Scheduler],
 ) -> None:
-    from scheduler.store.calls import LIST_PAGE
+    from scheduler.store.calls import LIST_PAGE, NODES_PAGE
 
     s = make_scheduler(Policy())
     n = 2 * LIST_PAGE + 10
@@ -270,6 +275,29 @@ def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     ids = [f"n{i:05d}" for i in range(n)]
     assert [x.node_id for x in s.list_nodes()] == ids
     assert [x.node_id for x in s.observed_nodes()] == ids
+    # the nodes' view (Scheduler.nodes, schedctl nodes): page by page, each
+    # page at most NODES_PAGE nodes, the same views as one read of the whole
+    pages = []
+    after = ""
+    while True:
+        after, rows = s.run(s.ops.nodes_page(after))
+        assert len(rows) <= NODES_PAGE
+        pages.append(rows)
+        if not after:
+            break
+    assert len(pages) == -(-n // NODES_PAGE)
+    _, whole = s.run(s.ops.nodes())
+
+    def ageless(views: list[NodeView]) -> list[NodeView]:  # (the clock moves between reads)
+        return [msgspec.structs.replace(v, heartbeat_age_ms=None) for v in views]
+
+    paged = ageless([v for rows in pages for v in rows])
+    assert ageless(s.nodes()) == paged == ageless(whole)
+    assert [v.node_id for v in whole] == ids
+    # one node's view, or one page of one for the cell's clock
+    assert [v.node_id for v in s.run(s.ops.nodes(ids[-1]))[1]] == [ids[-1]]
+    assert [v.node_id for v in s.run(s.ops.nodes(page=1))[1]] == ids[:1]
+    assert s.run(s.ops.nodes("not-a-node"))[1] == []
     last = ids[-1]  # (one of the last page)
     assert s.observed_node(last).node_id == last
 

@@ -452,5 +452,4 @@ class BaseClient:
         return rows[0]
 
     def _nodes(self) -> Plan[list[NodeView]]:
-        _, views = yield from self._step(self.ops.nodes())
-        return views
+        return (yield from self._pages(lambda after: self.ops.nodes_page(after)))

@@ -568,11 +568,19 @@ class ObservedArgv(Argv, frozen=True):
     page: str
 
 
+class NodesViewArgv(Argv, frozen=True):
+    node_id: str
+    after: str
+    page: str
+
+
 class NodesReply(Reply):
-    """now_ms, then a field, value row per node (nodes_view)."""
+    """now_ms, the next page's ``after``, then a field, value row per node
+    (nodes_view)."""
 
     TAIL = "pairs"
     now_ms: Value
+    next: Value
 
 
 class ObservedReply(Reply):
@@ -664,7 +672,7 @@ CONTRACTS: dict[str, Contract] = {
     "heartbeat_batch": Contract(FIXED_KEYS, (HeartbeatBatchArgv,), (BatchReply,)),
     "heartbeat_steady": Contract(FIXED_KEYS, (SteadyArgv,), (SteadyReply, ResyncReply)),
     "lookup": Contract(FIXED_KEYS, (LookupArgv,), (LookupReply,)),
-    "nodes_view": Contract(FIXED_KEYS, (NoArgv,), (NodesReply,)),
+    "nodes_view": Contract(FIXED_KEYS, (NodesViewArgv,), (NodesReply,)),
     "observed": Contract(FIXED_KEYS, (ObservedArgv,), (ObservedReply,)),
     "peer_list": Contract(FIXED_KEYS, (PeerListArgv,), (PeersReply,)),
     "index_rebuild": Contract(FIXED_KEYS, (RebuildArgv,), (RebuildReply,)),

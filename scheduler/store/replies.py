@@ -182,7 +182,8 @@ def _headroom(name: str, limit: int, used: int, f: dict[str, str]) -> float:
     return float(limit - used)
 
 
-def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
+def parse_nodes_view(r: list[Any]) -> tuple[int, str, list[NodeView]]:
+    """(now_ms, the next page's ``after``: "" for the last, the views)."""
     a, rows = head(c.NodesReply, r)
     now = int(a.now_ms)
     views = []
@@ -243,7 +244,7 @@ def parse_nodes_view(r: list[Any]) -> tuple[int, list[NodeView]]:
                     )
                 )
         ceilings.sort(key=lambda c: CEILING_NAMES.index(c.name))
-    return now, views
+    return now, s(a.next), views
 
 
 def parse_reservation(f: dict[str, str]) -> Reservation:
