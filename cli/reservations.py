@@ -96,13 +96,16 @@ def reservations(ctx: click.Context, node_id: str | None) -> None:
     if ctx.invoked_subcommand is None:
         target = ctx.ensure_object(Target)
         s = target.scheduler
-        # (the node's view says whether it is known; without one, a page of
-        # one node gives the cell's clock: nothing reads the whole fleet)
-        found, (now, views) = atomically(
-            s,
-            s.ops.reservations(node_id),
-            s.ops.nodes(node_id.strip()) if node_id else s.ops.nodes(page=1),
-        )
+        if node_id:
+            # (one node's: its view says whether it is known, at the same instant)
+            found, (now, views) = atomically(
+                s, s.ops.reservations(node_id), s.ops.nodes(node_id.strip())
+            )
+        else:
+            # (the cell's, page by page; then one node's page for the clock:
+            # nothing reads the whole fleet in one call)
+            found = s.reservations()
+            now, views = s.run(s.ops.nodes(page=1))
         if node_id and node_id.strip() not in {v.node_id for v in views}:
             raise NotFound(f"node {node_id.strip()} is not known in {target.where}")
         target.out.emit(found, lambda: reservations_table(found, now, target.where))

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
+from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
 from scheduler.client.aio import AsyncScheduler
 from scheduler.domain.records import MachineInfo, NodeView
 from scheduler.server.replica import Replica
@@ -298,6 +298,14 @@ def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     assert [v.node_id for v in s.run(s.ops.nodes(ids[-1]))[1]] == [ids[-1]]
     assert [v.node_id for v in s.run(s.ops.nodes(page=1))[1]] == ids[:1]
     assert s.run(s.ops.nodes("not-a-node"))[1] == []
+    # the cell's live reservations: the nodes' pages, the same as one whole read
+    for _ in range(5):
+        s.schedule(Request.cold(1, 512))
+    whole_res = s.run(s.ops.reservations())
+    assert len(whole_res) == 5
+    assert s.reservations() == whole_res
+    after, first = s.run(s.ops.reservations_page("", 2))
+    assert after == ids[1] and all(r.node_id in ids[:2] for r in first)
     last = ids[-1]  # (one of the last page)
     assert s.observed_node(last).node_id == last
 

@@ -382,7 +382,7 @@ class AsyncScheduler(BaseClient):
         return self._one(self.ops.cancel(reservation_id))
 
     def reservations(self, node_id: str | None = None) -> Awaitable[list[Reservation]]:
-        return self._one(self.ops.reservations(node_id))
+        return self._drive(self._reservations(node_id))
 
     def reservation(self, reservation_id: str) -> Awaitable[Reservation]:
         return self._drive(self._reservation(reservation_id))

@@ -437,6 +437,12 @@ class BaseClient:
             if not after:
                 return out
 
+    def _reservations(self, node_id: str | None) -> Plan[list[Reservation]]:
+        """One node's live reservations (one call), or the cell's page by page."""
+        if node_id:
+            return (yield from self._step(self.ops.reservations(node_id)))
+        return (yield from self._pages(lambda after: self.ops.reservations_page(after)))
+
     def _listed(self) -> Plan[list[ListedNode]]:
         return (yield from self._pages(lambda after: self.ops.listed(after)))
 

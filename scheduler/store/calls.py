@@ -951,10 +951,17 @@ class Ops:
         argv = c.ReservationsArgv(
             node_id=validate_id("node_id", node_id) if node_id else "",
             reservation_id=validate_id("reservation_id", reservation_id) if reservation_id else "",
+            after="",
+            page="",
         )
-        return self._call(
-            "reservations", argv, lambda r: [parse_reservation(pairs(row)) for row in r]
-        )
+        return self._call("reservations", argv, lambda r: _reservations_page(r)[1])
+
+    def reservations_page(self, after: str = "", page: int = NODES_PAGE) -> Call[Page[Reservation]]:
+        """One page of every live reservation: those of at most ``page`` nodes
+        after node id ``after``, and the next page's ``after`` ("" after the
+        last)."""
+        argv = c.ReservationsArgv(node_id="", reservation_id="", after=after, page=str(page))
+        return self._call("reservations", argv, _reservations_page)
 
     def stats(self) -> Call[Stats]:
         def parse(r: list[Any]) -> Stats:
@@ -1128,3 +1135,8 @@ def policy_conflict_message(stored: dict[str, str], wanted: dict[str, str]) -> s
             lines.append(f"  {name:<44} {stored.get(name, '-'):>16} {wanted.get(name, '-'):>16}")
     lines.append("start with --overwrite-policy to replace the stored policy")
     return "\n".join(lines)
+
+
+def _reservations_page(r: list[Any]) -> Page[Reservation]:
+    a, rows = head(c.ReservationsReply, r)
+    return s(a.next), [parse_reservation(pairs(row)) for row in rows]

@@ -538,6 +538,15 @@ class SyncPolicyReply(Reply):
 class ReservationsArgv(Argv, frozen=True):
     node_id: str
     reservation_id: str
+    after: str
+    page: str
+
+
+class ReservationsReply(Reply):
+    """The next page's ``after``, then a field, value row per reservation."""
+
+    TAIL = "pairs"
+    next: Value
 
 
 class StatsArgv(Argv, frozen=True):
@@ -683,7 +692,7 @@ CONTRACTS: dict[str, Contract] = {
         (RewoundSettleArgv, RewoundReconcileArgv),
         (RewoundSettled, RewoundReconciled),
     ),
-    "reservations": Contract(FIXED_KEYS, (ReservationsArgv,), (Rows,)),
+    "reservations": Contract(FIXED_KEYS, (ReservationsArgv,), (ReservationsReply,)),
     "schedule": Contract(
         (*FIXED_KEYS, "rr"), (ScheduleArgv,), (ScheduleDecision, ScheduleExplanation)
     ),
