@@ -5,8 +5,14 @@
   ARGV[1]     cluster_id ("" = every cluster)
   ARGV[2]     backend ("" = every backend)
   ARGV[3]     exclude: a node id to leave out ("" = none)
+  ARGV[4]     after: without a cluster, a page lists from after this node id
+              ("" = from the first)
+  ARGV[5]     page: ... reading at most this many nodes ("" = every node; a
+              call without it reads every node too)
 
-  Returns {now_ms, peer...} in node-id byte order; peer = {node_id, backend, address}
+  Returns {now_ms, next, peer...} in node-id byte order;
+          peer = {node_id, backend, address}; next = the ARGV[4] of the next
+          page, "" when this one is the last (or with a cluster)
   Errors: NO_POLICY (no policy)
 ]]
 -- @include common
@@ -14,17 +20,24 @@
 local cluster = ARGV[1]
 local backend = ARGV[2]
 local exclude = ARGV[3]
+local after = ARGV[4] or ''
+local page = tonumber(ARGV[5] or '')
 
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local ids
+local following = ''
 if cluster ~= '' then
   ids = sorted_bytes(redis.call('SMEMBERS', BASE .. 'p2p:' .. cluster))
+elseif page then
+  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
+    '0', fmt(page))
+  if #ids >= page then following = ids[#ids] end
 else
   ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
 end
-local out = { fmt(now) }
+local out = { fmt(now), following }
 for _, id in ipairs(ids) do
   local row = peer_row(id, P, now, cluster, backend, exclude)
   if row then out[#out + 1] = row end

@@ -306,6 +306,14 @@ def test_a_big_list_is_read_in_pages_and_comes_back_whole(
     assert s.reservations() == whole_res
     after, first = s.run(s.ops.reservations_page("", 2))
     assert after == ids[1] and all(r.node_id in ids[:2] for r in first)
+    # ListP2pPeers without a cluster: the cell's nodes in pages of LIST_PAGE
+    beats = [msgspec.structs.replace(hb(i), p2p_backend="bt", p2p_address=f"{i}:7000") for i in ids]
+    for lo in range(0, n, BATCH):
+        s.run(s.ops.heartbeat_batch([s.ops.heartbeat(b) for b in beats[lo : lo + BATCH]]))
+    assert [p.node_id for p in s.peers()] == ids
+    assert [p.node_id for p in s.peers(exclude_node_id=ids[3])] == ids[:3] + ids[4:]
+    after, page = s.run(s.peer_ops.peers("", "", "", "", LIST_PAGE))
+    assert after == ids[LIST_PAGE - 1] and len(page) == LIST_PAGE
     last = ids[-1]  # (one of the last page)
     assert s.observed_node(last).node_id == last
 

@@ -406,7 +406,7 @@ class AsyncScheduler(BaseClient):
     def peers(
         self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
     ) -> Awaitable[list[Peer]]:
-        return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
+        return self._drive(self._peers(cluster_id, backend, exclude_node_id))
 
     def record_artifact(
         self,

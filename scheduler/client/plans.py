@@ -47,12 +47,12 @@ from scheduler.domain.records import (
     Reservation,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import Beat, Call, Ops, Page, Plan, Resync
+from scheduler.store.calls import LIST_PAGE, Beat, Call, Ops, Page, Plan, Resync
 from scheduler.store.cluster import is_cluster_client
 from scheduler.store.cpuconfig import CpuConfigOps, exchange
 from scheduler.store.durability import Durability
 from scheduler.store.keys import CellKeys, validate_id
-from scheduler.store.p2p import PeerOps
+from scheduler.store.p2p import Peer, PeerOps
 from scheduler.store.sentinel import Fence
 
 T = TypeVar("T")
@@ -442,6 +442,14 @@ class BaseClient:
         if node_id:
             return (yield from self._step(self.ops.reservations(node_id)))
         return (yield from self._pages(lambda after: self.ops.reservations_page(after)))
+
+    def _peers(self, cluster_id: str, backend: str, exclude: str) -> Plan[list[Peer]]:
+        """A cluster's peers (one call), or the cell's page by page."""
+        return (
+            yield from self._pages(
+                lambda after: self.peer_ops.peers(cluster_id, backend, exclude, after, LIST_PAGE)
+            )
+        )
 
     def _listed(self) -> Plan[list[ListedNode]]:
         return (yield from self._pages(lambda after: self.ops.listed(after)))

@@ -315,7 +315,7 @@ class Scheduler(BaseClient):
     def peers(
         self, cluster_id: str = "", backend: str = "", exclude_node_id: str = ""
     ) -> list[Peer]:
-        return self._one(self.peer_ops.peers(cluster_id, backend, exclude_node_id))
+        return self._drive(self._peers(cluster_id, backend, exclude_node_id))
 
     def record_artifact(
         self,

@@ -625,9 +625,19 @@ class PeerListArgv(Argv, frozen=True):
     cluster_id: str
     backend: str
     exclude: str
+    after: str
+    page: str
 
 
 class PeersReply(Reply):
+    TAIL = PeerRow
+    now_ms: Value
+    next: Value
+
+
+class HoldersReply(Reply):
+    """An artifact's holders (artifact_lookup), filtered as the peers are."""
+
     TAIL = PeerRow
     now_ms: Value
 
@@ -668,7 +678,7 @@ _ART_KEYS = (*FIXED_KEYS, "art-lru", "art-names")
 CONTRACTS: dict[str, Contract] = {
     "advance_clock": Contract(FIXED_KEYS, (AdvanceClockArgv,), (Scalar("now_ms"),)),
     "artifact_forget": Contract(_ART_KEYS, (ArtifactForgetArgv,), (ArtifactForgetReply,)),
-    "artifact_lookup": Contract(_ART_KEYS, (ArtifactLookupArgv,), (PeersReply,)),
+    "artifact_lookup": Contract(_ART_KEYS, (ArtifactLookupArgv,), (HoldersReply,)),
     "artifact_record": Contract(_ART_KEYS, (ArtifactRecordArgv,), (ArtifactRecordReply,)),
     "assign": Contract(FIXED_KEYS, (AssignArgv,), (AssignReply,)),
     "cancel": Contract(FIXED_KEYS, (CancelArgv,), (CancelReply,)),

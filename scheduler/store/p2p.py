@@ -18,7 +18,7 @@ import msgspec
 from scheduler.domain.errors import InvalidArgument
 from scheduler.domain.policy import MAX_ARTIFACT_KEY_BYTES, Policy
 from scheduler.store import contracts as c
-from scheduler.store.calls import Call
+from scheduler.store.calls import Call, Page
 from scheduler.store.contracts import head, whole_reply
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.replies import s
@@ -34,8 +34,17 @@ class Peer(msgspec.Struct, frozen=True, kw_only=True):
     address: str
 
 
-def _peers(r: list[Any]) -> list[Peer]:
-    _, rows = head(c.PeersReply, r)
+def _peers(r: list[Any]) -> Page[Peer]:
+    a, rows = head(c.PeersReply, r)
+    return s(a.next), _peer_rows(rows)
+
+
+def _holders(r: list[Any]) -> list[Peer]:
+    _, rows = head(c.HoldersReply, r)
+    return _peer_rows(rows)
+
+
+def _peer_rows(rows: list[Any]) -> list[Peer]:
     return [
         Peer(node_id=s(p.node_id), backend=s(p.backend), address=s(p.address))
         for p in (whole_reply(c.PeerRow, row) for row in rows)
@@ -80,13 +89,20 @@ class PeerOps:
     def _art_keys(self) -> list[str]:
         return [*self.k.fixed(), self.k.art_lru, self.k.art_names]
 
-    def peers(self, cluster_id: str, backend: str, exclude_node_id: str) -> Call[list[Peer]]:
+    def peers(
+        self, cluster_id: str, backend: str, exclude_node_id: str, after: str = "", page: int = 0
+    ) -> Call[Page[Peer]]:
+        """A cluster's peers (one call), or, without a cluster, one page of
+        the cell's: at most ``page`` nodes after node id ``after`` (0: every
+        node in one call); and the next page's ``after`` ("" after the last)."""
         cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
         exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
         argv = c.PeerListArgv(
             cluster_id=cluster,
             backend=_name_part("backend", backend.strip(), MAX_BACKEND),
             exclude=exclude,
+            after=after,
+            page=str(page) if page and not cluster else "",
         )
         return Call.of("peer_list", self.k.fixed(), argv, _peers)
 
@@ -145,4 +161,4 @@ class PeerOps:
             exclude=exclude,
             limit=str(max(limit, 0)),
         )
-        return Call.of("artifact_lookup", self._art_keys(), argv, _peers)
+        return Call.of("artifact_lookup", self._art_keys(), argv, _holders)
