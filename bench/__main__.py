@@ -60,14 +60,19 @@ def _shares(text: str) -> tuple[float, ...]:
     return values
 
 
-def _paths(text: str) -> tuple[str, ...]:
+def _subset(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A comma-separated choice among ``known`` (an option's value)."""
     values = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [v for v in values if v not in throughput.PATHS]
+    bad = [v for v in values if v not in known]
     if not values or bad:
         raise argparse.ArgumentTypeError(
-            f"paths are {', '.join(throughput.PATHS)}, comma-separated; not {text!r}"
+            f"{what} are {', '.join(known)}, comma-separated; not {text!r}"
         )
     return values
+
+
+def _paths(text: str) -> tuple[str, ...]:
+    return _subset(text, throughput.PATHS, "paths")
 
 
 def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
@@ -332,14 +337,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _operations(text: str) -> tuple[str, ...]:
-    """``--ops``: a comma-separated subset of bench instructions' operations."""
-    ops = tuple(x.strip() for x in text.split(",") if x.strip())
-    unknown = [x for x in ops if x not in instructions.OPERATIONS]
-    if unknown or not ops:
-        raise argparse.ArgumentTypeError(
-            f"{', '.join(unknown) or 'none given'} not of: {', '.join(instructions.OPERATIONS)}"
-        )
-    return ops
+    return _subset(text, instructions.OPERATIONS, "operations")
 
 
 def _setting(item: str) -> tuple[str, str]:

@@ -27,17 +27,8 @@ local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
 local req = { create = false, count = 0, cpu = 0, mem = 0 }
-local ids
-if one ~= '' then
-  ids = {}
-  if redis.call('ZSCORE', NODES_KEY, one) then ids[1] = one end
-elseif page then
-  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
-    '0', fmt(page))
-else
-  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
-end
-local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
+local ids, following = node_page(one, after, page)
+local out = { fmt(now), following }
 for _, id in ipairs(ids) do
   local n = evaluate(id, P, req, now)
   local row = redis.call('HGETALL', node_key(id))

@@ -31,17 +31,8 @@ local page = tonumber(ARGV[6] or '')
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local now = now_ms(P)
-local ids
-if one ~= '' then
-  ids = {}
-  if redis.call('ZSCORE', NODES_KEY, one) then ids[1] = one end
-elseif page then
-  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
-    '0', fmt(page))
-else
-  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
-end
-local out = { fmt(now), (page and #ids >= page) and ids[#ids] or '' }
+local ids, following = node_page(one, after, page)
+local out = { fmt(now), following }
 -- What a row reads of the record besides read_node's fields (a layout:
 -- names in the source, positions in the built text)
 -- @layout OBSERVED_NODE

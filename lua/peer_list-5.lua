@@ -30,12 +30,8 @@ local ids
 local following = ''
 if cluster ~= '' then
   ids = sorted_bytes(redis.call('SMEMBERS', BASE .. 'p2p:' .. cluster))
-elseif page then
-  ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+', 'LIMIT',
-    '0', fmt(page))
-  if #ids >= page then following = ids[#ids] end
 else
-  ids = redis.call('ZRANGE', NODES_KEY, 0, -1)
+  ids, following = node_page('', after, page)
 end
 local out = { fmt(now), following }
 for _, id in ipairs(ids) do

@@ -29,14 +29,8 @@ local ids
 if node_id ~= '' then
   ids = redis.call('ZRANGE', node_res_key(node_id), 0, -1)
 else
-  local nodes
-  if page then
-    nodes = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+',
-      'LIMIT', '0', fmt(page))
-    if #nodes >= page then out[1] = nodes[#nodes] end
-  else
-    nodes = redis.call('ZRANGE', NODES_KEY, 0, -1)
-  end
+  local nodes, following = node_page('', after, page)
+  out[1] = following
   ids = {}
   for _, nid in ipairs(nodes) do
     for _, rid in ipairs(redis.call('ZRANGE', node_res_key(nid), 0, -1)) do ids[#ids + 1] = rid end

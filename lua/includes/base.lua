@@ -16,7 +16,7 @@
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
 -- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
--- @exports corrupt_text count_ok
+-- @exports corrupt_text count_ok node_page
 -- @include constants
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
@@ -234,3 +234,16 @@ local function heard_ms(P)
   return now
 end
 
+-- The node ids one read of a list lists, in node-id byte order: `one` alone
+-- when it names a node of the cell (a node that is not: none), else at most
+-- `page` nodes after node id `after` ("" = from the first; `page` nil:
+-- every node, one call); and the next page's `after` ("" after the last).
+local function node_page(one, after, page)
+  if one ~= '' then
+    return redis.call('ZSCORE', NODES_KEY, one) and { one } or {}, ''
+  end
+  if not page then return redis.call('ZRANGE', NODES_KEY, 0, -1), '' end
+  local ids = redis.call('ZRANGEBYLEX', NODES_KEY, after == '' and '-' or '(' .. after, '+',
+    'LIMIT', '0', fmt(page))
+  return ids, #ids >= page and ids[#ids] or ''
+end
