@@ -16,7 +16,7 @@
 local CTX = {
   'P', 'now', 'heard', 'more_due', 'fresh', 'batch', 'rr', 'seq', 'new_ids',
   'counts', 'touched', 'held', 'instants', 'shapes', 'shape_set', 'firsts',
-  'firsts_more', 'sizes', 'members', 'picks', 'turns', 'shape_desc', 'rebuilt', 'checked',
+  'firsts_more', 'sizes', 'members', 'picks', 'shape_desc', 'rebuilt', 'checked',
 }
 
 local function new_ctx()
@@ -74,13 +74,6 @@ local function new_ctx()
     -- rank; false: none), kept while the index moves only by placements, or
     -- false.
     false, -- ctx[CTX.picks]
-    -- The last turns a batch's picks found among tied buckets too large to
-    -- read whole (pick_rotate, includes/index_pick.lua), one per set of
-    -- buckets: {equals, set (of their buckets), x (the node), before
-    -- (their members sorting before x), left (x has left them)}; members
-    -- leaving them keep them right (idx_remove), one joining forgets them
-    -- all (idx_add).  Or false.
-    false, -- ctx[CTX.turns]
     -- Shape -> its description (capacities, stream keys, pick streams).
     {}, -- ctx[CTX.shape_desc]
     -- This call took its step of the index rebuild under way (schedule_one).

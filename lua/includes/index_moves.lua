@@ -129,20 +129,6 @@ local function idx_remove(ctx, node_id, bucket)
   if redis.call('ZREM', bk, node_id) == 1 then
     if left then left = left - 1 end
     members_removed(ctx[CTX.members], bucket, node_id)
-    -- (the large picks' last turns: its node gone, or one before it fewer)
-    local turns = ctx[CTX.turns]
-    if turns then
-      for i = 1, #turns do
-        local turn = turns[i]
-        if turn.set[bucket] then
-          if node_id == turn.x then
-            turn.left = true
-          elseif bytes_lt(node_id, turn.x) then
-            turn.before = turn.before - 1
-          end
-        end
-      end
-    end
   end
   if left == nil then left = redis.call('ZCARD', bk) end
   sizes[bucket] = left
@@ -168,16 +154,6 @@ local function idx_add(ctx, node_id, bucket, n, from)
   local size = sizes[bucket]
   local added = redis.call('ZADD', bk, '0', node_id) == 1
   if added and size then size = size + 1 end
-  -- (a member joining a large pick's buckets: every turn is forgotten)
-  local turns = added and ctx[CTX.turns]
-  if turns then
-    for i = 1, #turns do
-      if turns[i].set[bucket] then
-        ctx[CTX.turns] = false
-        break
-      end
-    end
-  end
   -- scored by load (an integer: exact)
   local b = parsed_as(bucket, n)
   local lc, lm = dim_score(b, false), dim_score(b, true)

@@ -8,10 +8,6 @@
 -- @include index_moves
 
 local SCAN_BATCH = 32 -- largest batch; a stream opens with four buckets and doubles
--- A large tied pick's next turn read from the last one's node when at most
--- this many members after it (pick_rotate); further on, a bisection.
-local TURN_AHEAD = 8
-local TURNS_KEPT = 4 -- (one a request size of the batch, the last four)
 
 -- The k-th (0-based) of the byte-ordered merge of byte-ordered lists.
 local function kth_merged(lists, k)
@@ -323,41 +319,7 @@ local function pick_rotate(ctx, equals, rr_next)
     keys[i], starts[i], counts[i], total = key, 0, size, total + size
   end
   if total == 0 then return nil end
-  local k = (rr_next - 1) % total
-  -- The turn after the last one found among the same buckets (a batch: the
-  -- next creation of that size): when that node has left them and the turn
-  -- lies a few members after it, the members after it are read from each
-  -- bucket (one call a bucket) and merged, instead of a bisection.
-  local turns, turn = ctx[CTX.turns], nil
-  if turns then
-    for i = 1, #turns do
-      if turns[i].equals == equals then turn = turns[i] end
-    end
-  end
-  local picked
-  if turn and turn.left and k >= turn.before and k - turn.before < TURN_AHEAD then
-    local m = k - turn.before + 1
-    local after, lists = '(' .. turn.x, {}
-    for i = 1, #keys do
-      lists[i] = redis.call('ZRANGEBYLEX', keys[i], after, '+', 'LIMIT', '0', fmt(m))
-    end
-    picked = kth_merged(lists, m - 1)
-  else
-    picked = kth_union(keys, starts, counts, k)
-  end
-  if ctx[CTX.batch] and picked then
-    if not turn then
-      local set = {}
-      for _, bucket in ipairs(equals) do set[bucket] = true end
-      turn = { equals = equals, set = set }
-      turns = turns or {}
-      if #turns >= TURNS_KEPT then table.remove(turns, 1) end
-      turns[#turns + 1] = turn
-      ctx[CTX.turns] = turns
-    end
-    turn.x, turn.before, turn.left = picked, k, false
-  end
-  return picked
+  return kth_union(keys, starts, counts, (rr_next - 1) % total)
 end
 
 -- Least-loaded choice through the index: the chosen node id and the list of
