@@ -349,3 +349,19 @@ def test_the_ctx_constructor_fills_its_layout_in_order() -> None:
     body = text[text.index("local function new_ctx()") :]
     slots = re.findall(r"^    [^-\n]+, -- ctx\[CTX\.(\w+)\]", body, re.M)
     assert slots == fields
+
+
+def test_only_server_ms_reads_a_time_reply() -> None:
+    """TIME answers seconds and microseconds; one function (server_ms,
+    lua/includes/base.lua) turns them into ms, and no other Lua line calls
+    TIME or reads its fields."""
+    from scheduler.store.scripts import _files
+
+    includes, scripts = _files()
+    texts = {f"lua/includes/{n}.lua": t for n, t in includes.items()}
+    texts |= {f"lua/{n}-{k}.lua": t for n, (k, t) in scripts.items()}
+    calls = {where: _code(t).count("'TIME'") for where, t in texts.items()}
+    assert {where: n for where, n in calls.items() if n} == {"lua/includes/base.lua": 1}
+    base = _code(includes["base"])
+    body = base[base.index("local function server_ms()") :]
+    assert body.index("'TIME'") < body.index("\nend")
