@@ -146,15 +146,11 @@ end
 -- instance replaced before the last (events-5.lua applies it) while the
 -- sandbox runs and that node's numbers include it; if it did end, it was
 -- counted there, and its end ends the count.
--- What it reads of the sandbox's binding (a layout)
--- @layout ASSIGN_HELD
-local ASSIGN_HELD = { 'node_id', 'listed', 'deleted', 'reservation_id', 'expires_ms' }
-local held = redis.call('HMGET', bind_key(sb), unpack(ASSIGN_HELD))
-if held[ASSIGN_HELD.node_id] and held[ASSIGN_HELD.node_id] ~= node_id
-    and held[ASSIGN_HELD.listed] == '1'
-    and (held[ASSIGN_HELD.deleted] ~= '1' or (tonumber(held[ASSIGN_HELD.expires_ms]) or 0) > now) then
+-- (includes/bindings.lua listed_elsewhere; `held`: the binding as it read it)
+local lister, held = listed_elsewhere(sb, node_id, now)
+if lister then
   local rid, counted = nil, nil
-  if (held[ASSIGN_HELD.reservation_id] or '') == '' then
+  if (held[HOLDER_READ.reservation_id] or '') == '' then
     -- (a rise of this node's counter that came first released one unclaimed
     -- for it: the assignment takes that one, already ended, as a tombstone's
     -- does above, never another placement's pending one, whose creation may
@@ -170,7 +166,7 @@ if held[ASSIGN_HELD.node_id] and held[ASSIGN_HELD.node_id] ~= node_id
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     -- (the lister's numbers include it: end_charge moves this node's counter
     -- baseline, the reservation being this node's)
-    if end_charge(ctx, rid, held[ASSIGN_HELD.node_id], now) then
+    if end_charge(ctx, rid, lister, now) then
       released = 1
       redis.call('HSET', bind_key(sb), 'reservation_id', rid)
     end
@@ -192,8 +188,8 @@ local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
-local charged = (held[ASSIGN_HELD.reservation_id] or '') ~= ''
-  and (held[ASSIGN_HELD.node_id] == node_id or held[ASSIGN_HELD.deleted] ~= '1')
+local charged = (held[HOLDER_READ.reservation_id] or '') ~= ''
+  and (held[HOLDER_READ.node_id] == node_id or held[HOLDER_READ.deleted] ~= '1')
 if not rid and not charged then
   -- A creation the node's counter already counted before its assignment came
   -- released a pending reservation no sandbox had claimed (counted_unclaimed,
