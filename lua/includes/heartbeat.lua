@@ -373,10 +373,11 @@ local function baselines(prev, values, hset, restarted, roster_mode, joined)
     hset[#hset + 1] = 'deletes_uncounted'
     hset[#hset + 1] = '0'
   end
+  -- (counts: their texts are kept, num_text, as the same ones come back)
   local counted_now = baseline and baseline > successes and baseline or successes
-  if prev[PREV.counted_successes] ~= fmt(counted_now) then
+  if prev[PREV.counted_successes] ~= num_text(counted_now) then
     hset[#hset + 1] = 'counted_successes'
-    hset[#hset + 1] = fmt(counted_now)
+    hset[#hset + 1] = num_text(counted_now)
   end
   local fails = tonumber(values.create_fails or prev[PREV.create_fails]) or 0
   local fail_base = tonumber(prev[PREV.counted_fails] or prev[PREV.create_fails])
@@ -388,9 +389,9 @@ local function baselines(prev, values, hset, restarted, roster_mode, joined)
     hset[#hset + 1] = '0'
   end
   local fails_now = fail_base and fail_base > fails and fail_base or fails
-  if prev[PREV.counted_fails] ~= fmt(fails_now) then
+  if prev[PREV.counted_fails] ~= num_text(fails_now) then
     hset[#hset + 1] = 'counted_fails'
-    hset[#hset + 1] = fmt(fails_now)
+    hset[#hset + 1] = num_text(fails_now)
   end
   -- The heartbeat that switches the instance to roster mode (its first
   -- roster) applies the counter too: what it rose by since the last counter
@@ -409,9 +410,9 @@ local function baselines(prev, values, hset, restarted, roster_mode, joined)
   local rise = fail_base and fails - fail_base or 0
   local f = tonumber(prev[PREV.fails_owed]) or 0
   if rise < 0 then rise = 0 end
-  if fmt(rise) ~= (prev[PREV.fails_owed] or '0') then
+  if num_text(rise) ~= (prev[PREV.fails_owed] or '0') then
     hset[#hset + 1] = 'fails_owed'
-    hset[#hset + 1] = fmt(rise)
+    hset[#hset + 1] = num_text(rise)
   end
   return k, f, successes
 end

@@ -252,13 +252,9 @@ end
 
 -- Phase "replay": a retry (the same reservation id, after a connection
 -- error or a failover) gets the placement the first attempt made; an id its
--- caller gave up on (cancelled before this call ran) places nothing.  The
--- reply to give, or nil (no reservation of that id yet).
-local function replayed(ctx, P, req, rid, now)
-  -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
-  if ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid] then return nil end
-  local prior = redis.call('HMGET', res_key(rid), unpack(REPLAY_RES))
-  if not prior[REPLAY_RES.state] then return nil end
+-- caller gave up on (cancelled before this call ran) places nothing.
+-- `prior`: the reservation of that id (REPLAY_RES), found.  The reply.
+local function replayed(P, req, rid, now, prior)
   if prior[REPLAY_RES.state] == 'cancelled' or prior[REPLAY_RES.state] == 'expired' then
     return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was '
       .. prior[REPLAY_RES.state] .. ' before its placement was answered')
@@ -271,27 +267,6 @@ local function replayed(ctx, P, req, rid, now)
   read_status(n, P, now)
   return { prior[REPLAY_RES.node_id], n.endpoint, rid, prior[REPLAY_RES.pressure] or '0',
     req.cpu, req.mem, n.status, now }
-end
-
--- Phase "sweeps", before a decision: due expiries, the nodes this call's
--- load moved reindexed, a step of an index rebuild under way, stale index
--- entries.  The policy (a rebuild's last step writes a new one).
-local function swept(ctx, P, strategy, now)
-  -- (at one instant, a sweep that found less than a full batch due leaves
-  -- nothing for the next decision of the same call)
-  if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
-  reindex_touched(ctx, P, now)
-  if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
-    -- a rebuild under way (includes/index_moves.lua): one bounded step a
-    -- call; the step that ends it leaves a policy without index_rebuild
-    if P.index_rebuild and not ctx[CTX.rebuilt] then
-      ctx[CTX.rebuilt] = true
-      if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
-    end
-    if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
-  end
-  -- @phase sweeps
-  return P
 end
 
 -- Phase "index": least_loaded looks at few nodes (see includes/index.lua);
@@ -457,16 +432,34 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   local now = ctx[CTX.now] or now_ms(P)
   ctx[CTX.now] = now
   -- @phase arguments
-  if req.create and not dry_run then
-    local reply = replayed(ctx, P, req, rid, now)
-    if reply then return reply end
+  -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
+  if req.create and not dry_run and not (ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid]) then
+    local prior = redis.call('HMGET', res_key(rid), unpack(REPLAY_RES))
+    if prior[REPLAY_RES.state] then return replayed(P, req, rid, now, prior) end
   end
   -- @phase replay
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
   local rr_next = take_rr(ctx, RR_KEY, dry_run)
   local chosen = nil
   if not dry_run then
-    P = swept(ctx, P, strategy, now)
+    -- Sweeps, before a decision: due expiries, the nodes this call's load
+    -- moved reindexed, a step of an index rebuild under way, stale index
+    -- entries.  (At one instant, a sweep that found less than a full batch
+    -- due leaves nothing for the next decision of the same call.)
+    if ctx[CTX.more_due] ~= false then
+      ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH
+    end
+    reindex_touched(ctx, P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
+      -- a rebuild under way (includes/index_moves.lua): one bounded step a
+      -- call; the step that ends it leaves a policy without index_rebuild
+      if P.index_rebuild and not ctx[CTX.rebuilt] then
+        ctx[CTX.rebuilt] = true
+        if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
+      end
+      if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
+    end
+    -- @phase sweeps
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
       chosen = index_chosen(ctx, P, req, rr_next, now, L)
     end
