@@ -13,10 +13,11 @@
   lists it, that node holds it: the binding stays, and the reservation is
   released at once (in counter mode the node's counter baseline moves on
   by one with it).  Taking an unlisted binding from another node ends the
-  reservation charged to it there (includes/bindings.lua write_binding).  A sandbox is charged at most
-  one reservation: one already charged (by an earlier assignment or event)
-  stays; a named reservation that another sandbox of the node claimed first
-  is replaced by the node's newest unclaimed one.
+  reservation charged to it there (includes/bindings.lua write_binding).  A
+  sandbox is charged at most one reservation: one already charged (by an
+  earlier assignment or event) stays; a named reservation that another
+  sandbox of the node claimed first is replaced by the node's newest
+  unclaimed one.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     sandbox_id
@@ -117,7 +118,8 @@ if buried_on(sb, node_id, now) then
   if charged_before == '' and not roster then
     -- (counter mode: a rise that came before this assignment released one
     -- unclaimed for it; the tombstone takes that one, already ended)
-    rid = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    rid = counted_unclaimed(node_id, wanted, sb)
+      or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
   elseif charged_before == '' then
     rid = named_or_oldest(node_id, wanted)
@@ -155,7 +157,8 @@ if lister then
     -- for it: the assignment takes that one, already ended, as a tombstone's
     -- does above, never another placement's pending one, whose creation may
     -- still be on its way)
-    counted = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    counted = counted_unclaimed(node_id, wanted, sb)
+      or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     rid = counted or named_or_oldest(node_id, wanted)
   end
   local released = 0
@@ -228,7 +231,8 @@ if not rid and not charged then
   end
 end
 local released = 0
-if rid and already_listed and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
+if rid and already_listed
+    and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
   released = 1
 end
 if attached and not already_listed then
@@ -243,7 +247,8 @@ if attached and not already_listed then
   -- stored one, reported_order_ms), the second and later.
   local nd = redis.call('HMGET', node_key(node_id), unpack(ASSIGN_NODE))
   redis.call('HSET', res_key(attached), 'absent_cs',
-    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0) + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
+    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0)
+      + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
     'absent_rt', nd[ASSIGN_NODE.reported_order_ms] or '0')
   if nd[ASSIGN_NODE.roster_mode] == '1' and nd[ASSIGN_NODE.absent_watch] ~= '1' then
     redis.call('HSET', node_key(node_id), 'absent_watch', '1')

@@ -49,7 +49,9 @@ if not redis.call('ZSCORE', NODES_KEY, node_id) then
 end
 local sid = ARGV[2]
 for i = 3, #ARGV, 2 do
-  if not EVENT_TYPES[ARGV[i + 1]] then return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
+  if not EVENT_TYPES[ARGV[i + 1]] then
+    return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known')
+  end
 end
 local now = now_ms(P)
 -- What it reads of the node: its endpoint, its mode and baseline, its

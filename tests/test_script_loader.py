@@ -365,3 +365,26 @@ def test_only_server_ms_reads_a_time_reply() -> None:
     base = _code(includes["base"])
     body = base[base.index("local function server_ms()") :]
     assert body.index("'TIME'") < body.index("\nend")
+
+
+#: the longest line a Lua file may have (the Python files' limit, pyproject.toml)
+LUA_LINE = 100
+
+
+def test_no_lua_line_is_longer_than_the_python_limit() -> None:
+    """Every line of lua/ (scripts and includes, comments too) fits in
+    LUA_LINE characters, as ruff holds the Python files to."""
+    from importlib import resources
+
+    root = resources.files("scheduler.lua")
+    files = {f"lua/{f.name}": f for f in root.iterdir() if f.name.endswith(".lua")}
+    includes = root / "includes"
+    files |= {f"lua/includes/{f.name}": f for f in includes.iterdir() if f.name.endswith(".lua")}
+    assert len(files) > 40  # (the check sees the files it is about)
+    long = [
+        f"{where}:{i}: {len(line)} characters"
+        for where, f in sorted(files.items())
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if len(line) > LUA_LINE
+    ]
+    assert not long, "\n".join(long)

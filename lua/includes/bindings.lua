@@ -67,7 +67,9 @@ local function end_charge(ctx, rid, node_id, now, r)
   if not end_reservation(ctx, rid, 'released', now, r) then return false end
   if of and of ~= node_id then
     local f = redis.call('HMGET', node_key(of), unpack(CHARGED_NODE))
-    if f[CHARGED_NODE.roster_mode] ~= '1' and f[CHARGED_NODE.counted_successes] then redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1') end
+    if f[CHARGED_NODE.roster_mode] ~= '1' and f[CHARGED_NODE.counted_successes] then
+      redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1')
+    end
   end
   return true
 end
@@ -152,7 +154,8 @@ local function bury_binding(ctx, sb, node_id, now, P)
   end
   local charged_rid, listed = '', '0'
   if b[BIND_READ.node_id] == node_id then
-    charged_rid, listed = b[BIND_READ.reservation_id] or '', b[BIND_READ.listed] == '1' and '1' or '0'
+    charged_rid = b[BIND_READ.reservation_id] or ''
+    listed = b[BIND_READ.listed] == '1' and '1' or '0'
   end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1', 'listed', listed,
     'reservation_id', charged_rid, 'expires_ms', instant_text(ctx, now + P.binding_ttl_ms))

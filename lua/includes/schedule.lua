@@ -52,7 +52,8 @@ local function next_seq(ctx)
     ctx[CTX.seq] = number_of(v or '0')
     -- (it orders a node's reservations: never read as 0)
     if not count_ok(ctx[CTX.seq]) then
-      error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
     end
   end
   ctx[CTX.seq] = ctx[CTX.seq] + 1
