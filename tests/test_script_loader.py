@@ -388,3 +388,36 @@ def test_no_lua_line_is_longer_than_the_python_limit() -> None:
         if len(line) > LUA_LINE
     ]
     assert not long, "\n".join(long)
+
+
+def test_the_token_cache_changes_no_built_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sources() and build_library() tokenise each distinct text once
+    (lua_modules.token_cache); what they build is the same text as without
+    it, and nothing is kept once they return."""
+    from scheduler.store import lua_modules
+    from scheduler.store.scripts import _files, _sources
+
+    read: list[str] = []
+    plain = lua_modules._tokens
+
+    def counted(text: str) -> tuple[lua_modules.Token, ...]:
+        read.append(text)
+        return plain(text)
+
+    monkeypatch.setattr(lua_modules, "_tokens", counted)
+
+    def build() -> tuple[dict[str, tuple[int, str]], str]:
+        read.clear()
+        lua_modules.analyse.cache_clear()
+        lua_modules._layouts.cache_clear()
+        with lua_modules.token_cache():
+            scripts = _sources()
+        return scripts, build_library(*_files()).text
+
+    cached = build()
+    # (once per text in each of the two builds)
+    assert len(read) <= 2 * len(set(read))
+    assert lua_modules._TOKENS.get() is None
+    monkeypatch.setattr(lua_modules, "CACHE_TOKENS", False)
+    assert build() == cached
+    assert len(read) > 2 * len(set(read))
