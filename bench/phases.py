@@ -59,6 +59,7 @@ PROFILER = """
 -- @exports PHASE_SUMS phase_begin phase
 local PHASE_SUMS = {}
 local PHASE_LAST = nil
+local PHASE_SEQ = 0 -- (which phase was first reached first: the report's order)
 local function phase_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -67,7 +68,7 @@ local function phase_begin() PHASE_LAST = phase_now() end
 local function phase(name)
   local t = phase_now()
   local s = PHASE_SUMS[name]
-  if s == nil then s = { 0, 0 }; PHASE_SUMS[name] = s end
+  if s == nil then PHASE_SEQ = PHASE_SEQ + 1; s = { 0, 0, PHASE_SEQ }; PHASE_SUMS[name] = s end
   if PHASE_LAST then s[1], s[2] = s[1] + t - PHASE_LAST, s[2] + 1 end
   PHASE_LAST = t
 end
@@ -97,7 +98,7 @@ def phased_library() -> tuple[Library, list[str]]:
         f"{table}.phase\n"
         f"redis.register_function('{lib.name}_phase_report', function(keys, args)\n"
         "  local out = {}\n"
-        "  for name, s in pairs(PHASE_SUMS) do out[#out + 1] = { name, s[1], s[2] } end\n"
+        "  for name, s in pairs(PHASE_SUMS) do out[#out + 1] = { name, s[1], s[2], s[3] } end\n"
         "  if args[1] == 'reset' then\n"
         "    for name in pairs(PHASE_SUMS) do PHASE_SUMS[name] = nil end\n"
         "  end\n"
@@ -122,14 +123,18 @@ class Params:
 
 
 def _report(s: Scheduler, lib: Library) -> dict[str, tuple[int, int]]:
+    """Each phase's (microseconds, times timed) since the last report, in the
+    order the calls first reached them (a phase is a function's part, and the
+    functions of one operation are not in the source in the order they run)."""
     rows = s.client.execute_command("FCALL", f"{lib.name}_phase_report", 0, "reset")
+    rows.sort(key=lambda r: int(r[3]))
     return {r[0].decode(): (int(r[1]), int(r[2])) for r in rows}
 
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)
-    phased, order = phased_library()
+    phased, _ = phased_library()
     plain = library()
     cell = target.new_cell("phases")
     s = Scheduler.connect(
@@ -185,8 +190,7 @@ def run(target: Target, p: Params | None = None) -> Result:
                 name: statistics.median(
                     rounds[op][name] + [0.0] * (p.rounds - len(rounds[op][name]))
                 )
-                for name in order
-                if name in rounds[op]
+                for name in rounds[op]
             }
     finally:
         for name in (phased.name, "sched_bench_floor"):

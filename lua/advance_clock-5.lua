@@ -26,8 +26,7 @@ if mode == 'freeze' then
   redis.call('HSET', POLICY_KEY, 'frozen_now_ms', fmt(now))
   frozen = now
 elseif mode == 'thaw' and frozen then
-  local t = redis.call('TIME')
-  local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local real = server_ms()
   redis.call('HDEL', POLICY_KEY, 'frozen_now_ms')
   redis.call('HSET', POLICY_KEY, 'time_offset_ms', fmt(frozen - real))
   frozen = nil

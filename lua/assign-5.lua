@@ -13,10 +13,11 @@
   lists it, that node holds it: the binding stays, and the reservation is
   released at once (in counter mode the node's counter baseline moves on
   by one with it).  Taking an unlisted binding from another node ends the
-  reservation charged to it there (includes/bindings.lua write_binding).  A sandbox is charged at most
-  one reservation: one already charged (by an earlier assignment or event)
-  stays; a named reservation that another sandbox of the node claimed first
-  is replaced by the node's newest unclaimed one.
+  reservation charged to it there (includes/bindings.lua write_binding).  A
+  sandbox is charged at most one reservation: one already charged (by an
+  earlier assignment or event) stays; a named reservation that another
+  sandbox of the node claimed first is replaced by the node's newest
+  unclaimed one.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     sandbox_id
@@ -117,7 +118,8 @@ if buried_on(sb, node_id, now) then
   if charged_before == '' and not roster then
     -- (counter mode: a rise that came before this assignment released one
     -- unclaimed for it; the tombstone takes that one, already ended)
-    rid = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    rid = counted_unclaimed(node_id, wanted, sb)
+      or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     if rid then redis.call('HSET', bind_key(sb), 'reservation_id', rid) end
   elseif charged_before == '' then
     rid = named_or_oldest(node_id, wanted)
@@ -146,20 +148,17 @@ end
 -- instance replaced before the last (events-5.lua applies it) while the
 -- sandbox runs and that node's numbers include it; if it did end, it was
 -- counted there, and its end ends the count.
--- What it reads of the sandbox's binding (a layout)
--- @layout ASSIGN_HELD
-local ASSIGN_HELD = { 'node_id', 'listed', 'deleted', 'reservation_id', 'expires_ms' }
-local held = redis.call('HMGET', bind_key(sb), unpack(ASSIGN_HELD))
-if held[ASSIGN_HELD.node_id] and held[ASSIGN_HELD.node_id] ~= node_id
-    and held[ASSIGN_HELD.listed] == '1'
-    and (held[ASSIGN_HELD.deleted] ~= '1' or (tonumber(held[ASSIGN_HELD.expires_ms]) or 0) > now) then
+-- (includes/bindings.lua listed_elsewhere; `held`: the binding as it read it)
+local lister, held = listed_elsewhere(sb, node_id, now)
+if lister then
   local rid, counted = nil, nil
-  if (held[ASSIGN_HELD.reservation_id] or '') == '' then
+  if (held[HOLDER_READ.reservation_id] or '') == '' then
     -- (a rise of this node's counter that came first released one unclaimed
     -- for it: the assignment takes that one, already ended, as a tombstone's
     -- does above, never another placement's pending one, whose creation may
     -- still be on its way)
-    counted = counted_unclaimed(node_id, wanted, sb) or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
+    counted = counted_unclaimed(node_id, wanted, sb)
+      or (wanted ~= '' and counted_unclaimed(node_id, '', sb)) or nil
     rid = counted or named_or_oldest(node_id, wanted)
   end
   local released = 0
@@ -170,7 +169,7 @@ if held[ASSIGN_HELD.node_id] and held[ASSIGN_HELD.node_id] ~= node_id
     redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
     -- (the lister's numbers include it: end_charge moves this node's counter
     -- baseline, the reservation being this node's)
-    if end_charge(ctx, rid, held[ASSIGN_HELD.node_id], now) then
+    if end_charge(ctx, rid, lister, now) then
       released = 1
       redis.call('HSET', bind_key(sb), 'reservation_id', rid)
     end
@@ -192,8 +191,8 @@ local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
-local charged = (held[ASSIGN_HELD.reservation_id] or '') ~= ''
-  and (held[ASSIGN_HELD.node_id] == node_id or held[ASSIGN_HELD.deleted] ~= '1')
+local charged = (held[HOLDER_READ.reservation_id] or '') ~= ''
+  and (held[HOLDER_READ.node_id] == node_id or held[HOLDER_READ.deleted] ~= '1')
 if not rid and not charged then
   -- A creation the node's counter already counted before its assignment came
   -- released a pending reservation no sandbox had claimed (counted_unclaimed,
@@ -232,7 +231,8 @@ if not rid and not charged then
   end
 end
 local released = 0
-if rid and already_listed and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
+if rid and already_listed
+    and end_charge(ctx, rid, node_id, now, rid ~= attached and r_held or nil) then
   released = 1
 end
 if attached and not already_listed then
@@ -247,7 +247,8 @@ if attached and not already_listed then
   -- stored one, reported_order_ms), the second and later.
   local nd = redis.call('HMGET', node_key(node_id), unpack(ASSIGN_NODE))
   redis.call('HSET', res_key(attached), 'absent_cs',
-    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0) + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
+    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0)
+      + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
     'absent_rt', nd[ASSIGN_NODE.reported_order_ms] or '0')
   if nd[ASSIGN_NODE.roster_mode] == '1' and nd[ASSIGN_NODE.absent_watch] ~= '1' then
     redis.call('HSET', node_key(node_id), 'absent_watch', '1')

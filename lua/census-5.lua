@@ -27,7 +27,9 @@
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local step = tonumber(ARGV[1])
-if not step or step < 1 or step > 10000 then return fail(ERR.BADARG, 'ARGV[1] (census step): want 1..10000') end
+if not step or step < 1 or step > 10000 then
+  return fail(ERR.BADARG, 'ARGV[1] (census step): want 1..10000')
+end
 step = math.floor(step)
 local now = now_ms(P)
 local CENSUS_KEY = BASE .. 'census'

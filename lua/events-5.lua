@@ -40,15 +40,6 @@
           bind:*, node-sbx:<node>
 ]]
 -- @include bindings
--- What it reads of the binding (a layout)
--- @layout EVENTS_BIND
-local EVENTS_BIND = { 'node_id', 'listed', 'deleted' }
--- Is `sb` listed by another node's last roster (that node holds it)?
-local function listed_elsewhere(sb, node_id)
-  local b = redis.call('HMGET', bind_key(sb), unpack(EVENTS_BIND))
-  return b[EVENTS_BIND.node_id] and b[EVENTS_BIND.node_id] ~= node_id
-    and b[EVENTS_BIND.listed] == '1' and b[EVENTS_BIND.deleted] ~= '1'
-end
 local node_id = ARGV[1]
 
 local P = load_policy(ctx)
@@ -58,7 +49,9 @@ if not redis.call('ZSCORE', NODES_KEY, node_id) then
 end
 local sid = ARGV[2]
 for i = 3, #ARGV, 2 do
-  if not EVENT_TYPES[ARGV[i + 1]] then return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known') end
+  if not EVENT_TYPES[ARGV[i + 1]] then
+    return fail(ERR.BADARG, 'event_type ' .. tostring(ARGV[i + 1]) .. ' is not known')
+  end
 end
 local now = now_ms(P)
 -- What it reads of the node: its endpoint, its mode and baseline, its
@@ -102,7 +95,7 @@ for i = 3, #ARGV, 2 do
       if counts and own then redis.call('HINCRBY', node_key(node_id), 'deletes_uncounted', '1') end
     end
     bury_binding(ctx, sb, node_id, now, P)
-  elseif not listed_elsewhere(sb, node_id) then
+  elseif not listed_elsewhere(sb, node_id, now) then
     local creation = kind == 'CREATE' or kind == 'FORK'
     -- (a sandbox no reservation is charged to, a FORK child or one made
     -- outside the scheduler, is the node's own: it takes no reservation,

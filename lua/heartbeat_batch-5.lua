@@ -44,7 +44,8 @@ local a = 2
 for i = 1, n do
   local kind, m = ARGV[a], number_of(ARGV[a + 1])
   if not HEARTBEAT_KINDS[kind] or m == nil or m < 0 or m ~= math.floor(m) then
-    return fail(ERR.BADARG, 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES .. ' and a count')
+    return fail(ERR.BADARG, 'heartbeat ' .. i .. ' must be ' .. HEARTBEAT_KIND_CHOICES
+      .. ' and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
   a = a + 2 + m

@@ -25,8 +25,7 @@ local GROWING = { probes = true, reserved_total = true, assigned_total = true,
   released_total = true, cancelled_total = true, expired_total = true, refused_total = true,
   forgotten_total = true, rewound_total = true, incarnations = true, art_seq = true }
 local clock = load_clock()
-local t = redis.call('TIME')
-local raw = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local raw = server_ms()
 local s_now = fmt(now_ms(clock or { time_offset_ms = 0 }))
 redis.call('HINCRBY', STATS_KEY, 'probes', '1')
 redis.call('HSET', STATS_KEY, 'probed_ms', s_now)

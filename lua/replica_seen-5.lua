@@ -13,8 +13,7 @@
 ]]
 -- @include common
 local key = BASE .. 'replica:' .. ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 local fields = { 'replica_id', ARGV[1], 'seen_ms', fmt(now) }
 for i = 3, #ARGV - 1, 2 do
   fields[#fields + 1] = ARGV[i]

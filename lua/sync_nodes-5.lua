@@ -35,7 +35,8 @@ for i = 1, #ARGV, 2 do
   local id, endpoint = ARGV[i], ARGV[i + 1]
   wanted[id] = true
   local cur = redis.call('HMGET', node_key(id), unpack(SYNC_NODE))
-  if cur[SYNC_NODE.endpoint] ~= endpoint or cur[SYNC_NODE.static] ~= '1' or not redis.call('ZSCORE', NODES_KEY, id) then
+  if cur[SYNC_NODE.endpoint] ~= endpoint or cur[SYNC_NODE.static] ~= '1'
+      or not redis.call('ZSCORE', NODES_KEY, id) then
     redis.call('ZADD', NODES_KEY, 0, id)
     redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1')
     touch(ctx, id)

@@ -63,9 +63,7 @@ if outcome == 'created' or outcome == 'overwritten' then
   if frozen then redis.call('HSET', POLICY_KEY, 'frozen_now_ms', frozen) end
   if settle then redis.call('HSET', POLICY_KEY, 'settle_ms', settle) end
   if restoring and outcome == 'created' then
-    local t = redis.call('TIME')
-    redis.call('HSET', POLICY_KEY, 'settle_ms',
-      fmt(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+    redis.call('HSET', POLICY_KEY, 'settle_ms', fmt(server_ms()))
   end
   if format then redis.call('HSET', POLICY_KEY, 'index_format', format) end
   -- (a rebuild under way went with the old policy: REBUILD.start below starts over)

@@ -988,6 +988,35 @@ def test_a_late_delete_of_an_older_instance_lets_no_assignment_count_twice(
     assert counted(s, "a") + counted(s, "b") == held
 
 
+@pytest.mark.parametrize("kind", ["CREATE", "RESUME"])
+def test_an_event_after_a_late_delete_lets_no_assignment_count_twice(
+    make_scheduler: Make, kind: str
+) -> None:
+    """As above, but b reports the sandbox (an event) before the gateway
+    records it there: a's tombstone that its last roster listed is a's
+    listed binding for the event as for the assignment (one rule,
+    listed_elsewhere in lua/includes/bindings.lua), so the event writes no
+    binding of b's, and the assignment charges nothing that a's numbers
+    already include."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
+    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    listed = ["a-own", "sbx"]
+    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    s.events("b", [ev("sbx", kind)])
+    s.assign("sbx", "b", "b.local:5000", None)
+    assert all(r.sandbox_id != "sbx" for r in s.reservations())
+    assert state(s, p) == "released"
+    assert counted(s, "a") + counted(s, "b") == 3
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    assert s.lookup("sbx").node_id == "a"
+    assert counted(s, "a") + counted(s, "b") == 3
+
+
 def test_a_charge_follows_its_sandbox_to_the_node_whose_event_took_it(
     make_scheduler: Make,
 ) -> None:

@@ -349,3 +349,75 @@ def test_the_ctx_constructor_fills_its_layout_in_order() -> None:
     body = text[text.index("local function new_ctx()") :]
     slots = re.findall(r"^    [^-\n]+, -- ctx\[CTX\.(\w+)\]", body, re.M)
     assert slots == fields
+
+
+def test_only_server_ms_reads_a_time_reply() -> None:
+    """TIME answers seconds and microseconds; one function (server_ms,
+    lua/includes/base.lua) turns them into ms, and no other Lua line calls
+    TIME or reads its fields."""
+    from scheduler.store.scripts import _files
+
+    includes, scripts = _files()
+    texts = {f"lua/includes/{n}.lua": t for n, t in includes.items()}
+    texts |= {f"lua/{n}-{k}.lua": t for n, (k, t) in scripts.items()}
+    calls = {where: _code(t).count("'TIME'") for where, t in texts.items()}
+    assert {where: n for where, n in calls.items() if n} == {"lua/includes/base.lua": 1}
+    base = _code(includes["base"])
+    body = base[base.index("local function server_ms()") :]
+    assert body.index("'TIME'") < body.index("\nend")
+
+
+#: the longest line a Lua file may have (the Python files' limit, pyproject.toml)
+LUA_LINE = 100
+
+
+def test_no_lua_line_is_longer_than_the_python_limit() -> None:
+    """Every line of lua/ (scripts and includes, comments too) fits in
+    LUA_LINE characters, as ruff holds the Python files to."""
+    from importlib import resources
+
+    root = resources.files("scheduler.lua")
+    files = {f"lua/{f.name}": f for f in root.iterdir() if f.name.endswith(".lua")}
+    includes = root / "includes"
+    files |= {f"lua/includes/{f.name}": f for f in includes.iterdir() if f.name.endswith(".lua")}
+    assert len(files) > 40  # (the check sees the files it is about)
+    long = [
+        f"{where}:{i}: {len(line)} characters"
+        for where, f in sorted(files.items())
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if len(line) > LUA_LINE
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_the_token_cache_changes_no_built_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sources() and build_library() tokenise each distinct text once
+    (lua_modules.token_cache); what they build is the same text as without
+    it, and nothing is kept once they return."""
+    from scheduler.store import lua_modules
+    from scheduler.store.scripts import _files, _sources
+
+    read: list[str] = []
+    plain = lua_modules._tokens
+
+    def counted(text: str) -> tuple[lua_modules.Token, ...]:
+        read.append(text)
+        return plain(text)
+
+    monkeypatch.setattr(lua_modules, "_tokens", counted)
+
+    def build() -> tuple[dict[str, tuple[int, str]], str]:
+        read.clear()
+        lua_modules.analyse.cache_clear()
+        lua_modules._layouts.cache_clear()
+        with lua_modules.token_cache():
+            scripts = _sources()
+        return scripts, build_library(*_files()).text
+
+    cached = build()
+    # (once per text in each of the two builds)
+    assert len(read) <= 2 * len(set(read))
+    assert lua_modules._TOKENS.get() is None
+    monkeypatch.setattr(lua_modules, "CACHE_TOKENS", False)
+    assert build() == cached
+    assert len(read) > 2 * len(set(read))

@@ -15,7 +15,7 @@
 -- @exports SEEN_KEY IDX_SHAPES bind_call node_key node_res_key
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
--- @exports set_all ok_answer raw_policy load_clock now_ms seen_lags heard_ms
+-- @exports set_all ok_answer raw_policy load_clock server_ms now_ms seen_lags heard_ms
 -- @exports corrupt_text count_ok node_page
 -- @include constants
 -- @include ctx
@@ -204,12 +204,18 @@ local function load_clock()
   return C
 end
 
+-- Redis server time in whole ms, no drill offset: the one reader of TIME's
+-- reply (seconds, then microseconds within the second).
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- Redis server time in ms, plus the cell's drill offset (0 outside drills and
 -- tests), or the drill's frozen instant when one is set.
 local function now_ms(P)
   if P.frozen_now_ms then return P.frozen_now_ms end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + P.time_offset_ms
+  return server_ms() + P.time_offset_ms
 end
 
 -- Must a heartbeat heard at `now` write its node's score in idx-seen (or

@@ -3,7 +3,7 @@
   forgetting of silent nodes: includes/nodes.lua).
 ]]
 -- @exports write_binding drop_binding bury_binding buried_on
--- @exports bound_reservation end_charge listed_on
+-- @exports bound_reservation end_charge listed_on listed_elsewhere HOLDER_READ
 -- @include index
 ---------------------------------------------------------------------------
 -- Bindings
@@ -49,6 +49,9 @@ local BIND_READ = { 'node_id', 'reservation_id', 'deleted', 'listed' }
 local BURIED_READ = { 'node_id', 'deleted', 'expires_ms' }
 -- @layout LISTED_READ
 local LISTED_READ = { 'node_id', 'listed', 'deleted' }
+-- (what listed_elsewhere reads, and answers for its caller's next step)
+-- @layout HOLDER_READ
+local HOLDER_READ = { 'node_id', 'listed', 'deleted', 'expires_ms', 'reservation_id' }
 -- @layout CHARGED_NODE
 local CHARGED_NODE = { 'roster_mode', 'counted_successes' }
 
@@ -64,7 +67,9 @@ local function end_charge(ctx, rid, node_id, now, r)
   if not end_reservation(ctx, rid, 'released', now, r) then return false end
   if of and of ~= node_id then
     local f = redis.call('HMGET', node_key(of), unpack(CHARGED_NODE))
-    if f[CHARGED_NODE.roster_mode] ~= '1' and f[CHARGED_NODE.counted_successes] then redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1') end
+    if f[CHARGED_NODE.roster_mode] ~= '1' and f[CHARGED_NODE.counted_successes] then
+      redis.call('HINCRBY', node_key(of), 'deletes_uncounted', '1')
+    end
   end
   return true
 end
@@ -149,7 +154,8 @@ local function bury_binding(ctx, sb, node_id, now, P)
   end
   local charged_rid, listed = '', '0'
   if b[BIND_READ.node_id] == node_id then
-    charged_rid, listed = b[BIND_READ.reservation_id] or '', b[BIND_READ.listed] == '1' and '1' or '0'
+    charged_rid = b[BIND_READ.reservation_id] or ''
+    listed = b[BIND_READ.listed] == '1' and '1' or '0'
   end
   redis.call('HSET', bkey, 'sandbox_id', sb, 'node_id', node_id, 'deleted', '1', 'listed', listed,
     'reservation_id', charged_rid, 'expires_ms', instant_text(ctx, now + P.binding_ttl_ms))
@@ -186,5 +192,26 @@ local function listed_on(sb, node_id)
   local b = redis.call('HMGET', bind_key(sb), unpack(LISTED_READ))
   return b[LISTED_READ.node_id] == node_id and b[LISTED_READ.listed] == '1'
     and b[LISTED_READ.deleted] ~= '1'
+end
+
+-- Another node's listed binding: is `sb` bound to a node other than
+-- `node_id` whose last roster listed it, so that that node's numbers include
+-- it?  Then no other node's event or assignment takes the sandbox, counts it
+-- or charges a reservation to it (docs/design.md, the moves row).  Live, or
+-- a tombstone of that node that kept `listed` (bury_binding), until it
+-- expires at `now`: its DELETE may be a late one of an instance replaced
+-- before the last (events-5.lua applies it) while the sandbox still runs
+-- there.  The lister's id or false, then the binding's HOLDER_READ fields.
+-- (Not the two-heartbeat rule's question, includes/heartbeat.lua
+-- absent_here: there any live binding of another node, listed or not,
+-- carries the charge away, and a tombstone is an absence.)
+local function listed_elsewhere(sb, node_id, now)
+  local b = redis.call('HMGET', bind_key(sb), unpack(HOLDER_READ))
+  local by = b[HOLDER_READ.node_id]
+  if by and by ~= node_id and b[HOLDER_READ.listed] == '1' and (b[HOLDER_READ.deleted] ~= '1'
+      or (tonumber(b[HOLDER_READ.expires_ms]) or 0) > now) then
+    return by, b
+  end
+  return false, b
 end
 

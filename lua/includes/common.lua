@@ -129,7 +129,8 @@ local RES_READ = { 'state', 'node_id', 'cpu', 'memory_bytes', 'locality' }
 -- (its RES_READ fields).
 local function less_reservation(r, count, cpu, mem, acked)
   if r[RES_READ.state] == 'acked' then acked = acked - 1 end
-  return count - 1, cpu - number_of(r[RES_READ.cpu]), mem - number_of(r[RES_READ.memory_bytes]), acked
+  return count - 1, cpu - number_of(r[RES_READ.cpu]), mem - number_of(r[RES_READ.memory_bytes]),
+    acked
 end
 
 
@@ -157,7 +158,8 @@ local function recount_pending(node_id)
         and (r[RES_READ.node_id] or node_id) == node_id then
       local c, m = res_number(r[RES_READ.cpu]), res_number(r[RES_READ.memory_bytes])
       if c == nil then
-        error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(rkey, 'cpu', r[RES_READ.cpu], 'an integer >= 0') })
+        error({ err = ERR.CORRUPT .. ' '
+          .. corrupt_text(rkey, 'cpu', r[RES_READ.cpu], 'an integer >= 0') })
       end
       if m == nil then
         error({ err = ERR.CORRUPT .. ' '
@@ -198,7 +200,8 @@ local function end_reservation(ctx, rid, outcome, now, r)
   if not sound and not (node_id and redis.call('ZSCORE', node_res_key(node_id), rid)) then
     -- (no node holds it that it names: ended, its node unknown; `schedctl
     -- doctor --repair` counts that node's pending numbers again)
-    redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt and names no node holding it')
+    redis.log(redis.LOG_WARNING, 'ending ' .. rkey
+      .. ', whose record is corrupt and names no node holding it')
     node_id = nil
   elseif not sound then
     redis.log(redis.LOG_WARNING, 'ending ' .. rkey .. ', whose record is corrupt: '

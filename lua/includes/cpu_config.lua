@@ -30,7 +30,9 @@ local CFG_ROUND = { 'member', 'missing', 'epoch', 'result_epoch', 'result', 'sen
 -- @layout CFG_LEASE
 local CFG_LEASE = { 'compute_epoch', 'compute_until' }
 
-local function missing_key(cfg_key) return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8) end
+local function missing_key(cfg_key)
+  return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8)
+end
 
 local function cfg_leave(key, id)
   local cur = redis.call('HGET', key, 'm:' .. id)

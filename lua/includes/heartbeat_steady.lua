@@ -53,7 +53,8 @@ local function steady_one(ctx, A, P, now, swept)
   end
   -- (the generation the replica last wrote, from its base "<incarnation>:<generation>")
   local vouch = tonumber(string.match(base, '(%d+)$') or '0') % VOUCH_EVERY == 0
-  local v = redis.call('HMGET', nkey, unpack(STEADY_READ, 1, vouch and #STEADY_READ or STEADY_CHECKS))
+  local v = redis.call('HMGET', nkey,
+    unpack(STEADY_READ, 1, vouch and #STEADY_READ or STEADY_CHECKS))
   -- (absent_watch: the node has assigned reservations its rosters do not
   -- list yet, which a full heartbeat counts; fails_owed: a create_fails rise
   -- the next full heartbeat releases: includes/heartbeat.lua; roster_digest
@@ -85,11 +86,13 @@ local function steady_one(ctx, A, P, now, swept)
     return { tonumber(v[STEADY_READ.generation]), v[STEADY_READ.roster_mode] == '1' and 1 or 0,
       instant_text(ctx, now), '' }
   end
-  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now), 'LIMIT', '0', '1') > 0 then
+  if not swept and #redis.call('ZRANGEBYSCORE', EXPIRY_KEY, '-inf', instant_text(ctx, now),
+      'LIMIT', '0', '1') > 0 then
     return { 'RESYNC' }
   end
   local generation = tonumber(v[STEADY_READ.generation]) + 1
-  local s_now = instant_text(ctx, now) -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+  -- (strings: Redis 7.0 prints a Lua number argument with %.17g)
+  local s_now = instant_text(ctx, now)
   local hset = { 'last_seen_ms', s_now, 'generation', fmt(generation) }
   if reported == '0' then reported = s_now end
   if reported ~= '' then

@@ -26,11 +26,13 @@ local function bucket_of(n)
   -- lookup costs a fraction of a call, and this runs on every index move.
   local T, Z = TEXT.t, PADDED.t
   local start, running, paused = n.starting_reported + n.pend_count, n.running, n.paused
-  local c, m, ac, pc, am, pm = n.cpu_cap, n.mem_cap, n.alloc_cpu, n.pend_cpu, n.alloc_mem, n.pend_mem
+  local c, m, ac, pc, am, pm = n.cpu_cap, n.mem_cap, n.alloc_cpu, n.pend_cpu, n.alloc_mem,
+    n.pend_mem
   local lc, lm = ac + n.paused_cpu + pc, am + n.paused_mem + pm
   local sr, pend = n.starting_reported, n.pend_count
   return (Z[start] or pad9(start)) .. (Z[running] or pad9(running)) .. (Z[paused] or pad9(paused))
-    .. ':' .. (T[c] or num_text(c)) .. ':' .. (T[m] or num_text(m)) .. ':' .. (T[lc] or num_text(lc))
+    .. ':' .. (T[c] or num_text(c)) .. ':' .. (T[m] or num_text(m))
+    .. ':' .. (T[lc] or num_text(lc))
     .. ':' .. (T[lm] or num_text(lm)) .. ':' .. (T[ac] or num_text(ac)) .. ':'
     .. (T[pc] or num_text(pc)) .. ':' .. (T[am] or num_text(am)) .. ':' .. (T[pm] or num_text(pm))
     .. ':' .. (T[sr] or num_text(sr)) .. ':' .. (T[pend] or num_text(pend))
@@ -40,7 +42,8 @@ end
 -- goes stale: parses are kept (kept_table, includes/base.lua), at most
 -- PARSED_MAX.  Nobody may change a parse.
 -- 13 captures (a literal: built once, at load)
-local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
+local BUCKET_RE = '^(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)'
+  .. ':([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+):([^:]+)$'
 local PARSED_MAX = 1024 -- (4,096 parses measured 3.5 MB of Lua memory)
 local PARSED = kept_table(PARSED_MAX)
 local function keep_parse(bucket, b)

@@ -225,7 +225,8 @@ local function reindex(ctx, node_id, P, now, registered)
     redis.call('HSET', node_key(node_id), 'idx', n.idx)
   end
   if n.corrupt and moved and n.idx == '' then
-    redis.log(redis.LOG_WARNING, n.corrupt .. ': the node is not placed on until its next full heartbeat')
+    redis.log(redis.LOG_WARNING, n.corrupt
+      .. ': the node is not placed on until its next full heartbeat')
   end
   if n.idx ~= '' and n.last_seen then
     redis.call('ZADD', IDX_SEEN, fmt(n.last_seen), node_id)
@@ -402,7 +403,9 @@ local function upgrade_index(ctx, P, now)
     end
   end
   redis.call('DEL', IDX_SHAPES, IDX_SEEN)
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do reindex(ctx, node_id, P, now) end
+  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do
+    reindex(ctx, node_id, P, now)
+  end
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
   redis.call('HDEL', POLICY_KEY, 'index_rebuild') -- (built whole: nothing stale)
 end

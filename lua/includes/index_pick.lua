@@ -113,9 +113,10 @@ local function pick_fetch(st)
 end
 
 -- The shape's stream for this pick (d[SHAPE.cpu_stream] or
--- d[SHAPE.mem_stream], refilled by every pick of the call), along the dimension where the request weighs more, opened at
--- its first OPEN_SIZE members: read once a call, and kept up to date by its
--- moves (ctx.firsts).
+-- d[SHAPE.mem_stream], refilled by every pick of the call), along the
+-- dimension where the request weighs more, opened at its first OPEN_SIZE
+-- members: read once a call, and kept up to date by its moves
+-- (ctx.firsts).
 local OPEN_SIZE, OPEN_LAST_TEXT = 4, '3'
 local function pick_stream(shape)
   local d = PK_descs[shape] or shape_desc(PK_ctx, shape)
@@ -184,7 +185,8 @@ end
 -- known bucket is eligible.
 local function pick_walk(ctx, P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
-  PK_ctx, PK_descs, PK_firsts, PK_more = ctx, ctx[CTX.shape_desc], ctx[CTX.firsts], ctx[CTX.firsts_more]
+  PK_ctx, PK_descs = ctx, ctx[CTX.shape_desc]
+  PK_firsts, PK_more = ctx[CTX.firsts], ctx[CTX.firsts_more]
   local streams, k, unknown = PK_streams, 0, false
   local empty = nil
   for _, shape in ipairs(shapes(ctx)) do
@@ -264,7 +266,8 @@ local function kth_union(keys, starts, counts, k)
     for i = 1, #keys do
       if i ~= big and hi_below[i] > lo_below[i] then
         local j = #nkeys + 1
-        nkeys[j], nstarts[j], ncounts[j] = keys[i], starts[i] + lo_below[i], hi_below[i] - lo_below[i]
+        nkeys[j], nstarts[j] = keys[i], starts[i] + lo_below[i]
+        ncounts[j] = hi_below[i] - lo_below[i]
       end
     end
     keys, starts, counts = nkeys, nstarts, ncounts

@@ -323,7 +323,8 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
       if not explain then LOCALITY.bonus(P, L, n) end
       local s = n.pressure - n.bonus
       if s < best_score or (s == best_score and best ~= B
-          and (ranks_before(n, best) or (not ranks_before(best, n) and bytes_lt(n.id, best.id)))) then
+          and (ranks_before(n, best)
+            or (not ranks_before(best, n) and bytes_lt(n.id, best.id)))) then
         if best ~= B then best.lost = 'a warmer or cooler node won' end
         best, best_score = n, s
       else

@@ -97,7 +97,8 @@ end
 -- member goes, it leaves the index and its roster digest is cleared, so no
 -- delta or steady heartbeat can build on a half-removed roster (they RESYNC).
 local FORGET_NODES_TEXT = '4' -- silent nodes looked at per call
-local FORGET_WORK = 1024 -- bindings (unlisted, then listed), artifacts, reservations dropped per call
+-- bindings (unlisted, then listed), artifacts, reservations dropped per call
+local FORGET_WORK = 1024
 
 -- Drop up to `budget` of the node's members; returns how many went.
 local function shed(ctx, node_id, now, budget)
@@ -120,7 +121,8 @@ local function shed(ctx, node_id, now, budget)
     end
   end
   if spent < budget then
-    for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', num_text(budget - spent - 1))) do
+    local ids = redis.call('ZRANGE', node_res_key(node_id), '0', num_text(budget - spent - 1))
+    for _, rid in ipairs(ids) do
       end_reservation(ctx, rid, 'cancelled', now)
       redis.call('ZREM', node_res_key(node_id), rid)
       spent = spent + 1

@@ -52,7 +52,8 @@ local function next_seq(ctx)
     ctx[CTX.seq] = number_of(v or '0')
     -- (it orders a node's reservations: never read as 0)
     if not count_ok(ctx[CTX.seq]) then
-      error({ err = ERR.CORRUPT .. ' ' .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
+      error({ err = ERR.CORRUPT .. ' '
+        .. corrupt_text(STATS_KEY, 'reserved_total', v, 'an integer >= 0') })
     end
   end
   ctx[CTX.seq] = ctx[CTX.seq] + 1
@@ -203,158 +204,141 @@ SPREAD.PICK = {
   end,
 }
 
--- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
-local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
+-- Phase "arguments": the policy, the kind, the strategy, the request's
+-- numbers, the random number and the locality argument checked; nothing
+-- read but the policy.  The policy, the strategy, the request and the
+-- locality (nil: off), or false and the error reply.
+local function schedule_args(ctx, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
     loc_arg)
-  -- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
   local P = ctx[CTX.P] or load_policy(ctx)
-  if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
+  if not P then return false, fail(ERR.NO_POLICY, NO_POLICY) end
   ctx[CTX.P] = P
 
-  if kind ~= 'create' and kind ~= 'route' then return fail(ERR.BADARG, 'kind must be create or route') end
+  if kind ~= 'create' and kind ~= 'route' then
+    return false, fail(ERR.BADARG, 'kind must be create or route')
+  end
   local strategy = strategy_arg
   if strategy == '' then strategy = P.strategy end
   if not STRATEGIES[strategy] then
-    return fail(ERR.BADARG, 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
+    return false, fail(ERR.BADARG, 'strategy must be ' .. STRATEGY_CHOICES .. ', not ' .. strategy)
   end
   local req = { create = kind == 'create', count = 0, cpu = 0, mem = 0 }
   if req.create then
     req.count = 1
     req.cpu = whole(cpu_arg, P.default_cpu)
-    if req.cpu == nil then return fail(ERR.BADARG, 'cpu must be a non-negative whole number') end
+    if req.cpu == nil then
+      return false, fail(ERR.BADARG, 'cpu must be a non-negative whole number')
+    end
     req.mem = whole(mem_arg, P.default_memory_bytes)
-    if req.mem == nil then return fail(ERR.BADARG, 'memory_bytes must be a non-negative whole number') end
-    if not dry_run and (rid == nil or rid == '') then return fail(ERR.BADARG, 'reservation_id is required') end
+    if req.mem == nil then
+      return false, fail(ERR.BADARG, 'memory_bytes must be a non-negative whole number')
+    end
+    if not dry_run and (rid == nil or rid == '') then
+      return false, fail(ERR.BADARG, 'reservation_id is required')
+    end
   end
   if strategy == 'random' and (rand == nil or rand < 0 or rand >= 1) then
-    return fail(ERR.BADARG, 'random must be in [0, 1)')
+    return false, fail(ERR.BADARG, 'random must be in [0, 1)')
   end
   -- locality (includes/locality.lua): on for least_loaded creations that
   -- carry it, in a cell whose locality.weight > 0; nil otherwise
   local L = nil
   if loc_arg ~= nil and loc_arg ~= '' then
     L = LOCALITY.parse(P, loc_arg)
-    if L == false then return fail(ERR.BADARG, 'locality is not a locality argument') end
+    if L == false then return false, fail(ERR.BADARG, 'locality is not a locality argument') end
     if not (req.create and strategy == 'least_loaded') then L = nil end
   end
+  return P, strategy, req, L
+end
 
-  local now = ctx[CTX.now] or now_ms(P)
-  ctx[CTX.now] = now
-  -- @phase arguments
-  -- Stage "replay": a retry (the same reservation id, after a connection
-  -- error or a failover) gets the placement the first attempt made; an id its
-  -- caller gave up on (cancelled before this call ran) places nothing.
-  -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
-  if req.create and not dry_run and not (ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid]) then
-    local prior = redis.call('HMGET', res_key(rid), unpack(REPLAY_RES))
-    if prior[REPLAY_RES.state] then
-      if prior[REPLAY_RES.state] == 'cancelled' or prior[REPLAY_RES.state] == 'expired' then
-        return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was '
-          .. prior[REPLAY_RES.state] .. ' before its placement was answered')
-      end
-      if prior[REPLAY_RES.cpu] ~= fmt(req.cpu)
-          or prior[REPLAY_RES.memory_bytes] ~= fmt(req.mem) then
-        return fail(ERR.BADARG, 'reservation_id ' .. rid .. ' is already used by another request')
-      end
-      local n = read_node(prior[REPLAY_RES.node_id])
+-- Phase "replay": a retry (the same reservation id, after a connection
+-- error or a failover) gets the placement the first attempt made; an id its
+-- caller gave up on (cancelled before this call ran) places nothing.
+-- `prior`: the reservation of that id (REPLAY_RES), found.  The reply.
+local function replayed(P, req, rid, now, prior)
+  if prior[REPLAY_RES.state] == 'cancelled' or prior[REPLAY_RES.state] == 'expired' then
+    return fail(ERR.PRECONDITION, 'reservation ' .. rid .. ' was '
+      .. prior[REPLAY_RES.state] .. ' before its placement was answered')
+  end
+  if prior[REPLAY_RES.cpu] ~= fmt(req.cpu)
+      or prior[REPLAY_RES.memory_bytes] ~= fmt(req.mem) then
+    return fail(ERR.BADARG, 'reservation_id ' .. rid .. ' is already used by another request')
+  end
+  local n = read_node(prior[REPLAY_RES.node_id])
+  read_status(n, P, now)
+  return { prior[REPLAY_RES.node_id], n.endpoint, rid, prior[REPLAY_RES.pressure] or '0',
+    req.cpu, req.mem, n.status, now }
+end
+
+-- Phase "index": least_loaded looks at few nodes (see includes/index.lua);
+-- the chosen node's record must sit in one of the buckets it was chosen
+-- among.  The node chosen, evaluated from its bucket, or nil: the full scan
+-- decides (and an index found to disagree is rebuilt).
+local function index_chosen(ctx, P, req, rr_next, now, L)
+  -- While the index is rebuilt, an entry may still be the old policy's:
+  -- the chosen node is reindexed from its record first, and one that
+  -- leaves its bucket (out of the index, or elsewhere) is not taken; the
+  -- pick runs again without it, a bounded number of times.
+  local stale = P.index_rebuild ~= nil
+  local tries = stale and STALE_PICK_TRIES or 1
+  for _ = 1, tries do
+    local picked, among = pick_indexed(ctx, P, req, rr_next)
+    -- (and the members of its equals the pass has not reached yet, so
+    -- that the turn among them is the full scan's)
+    for _ = 1, tries do
+      if not (stale and picked and REBUILD.check(ctx, P, now, among)) then break end
+      picked, among = pick_indexed(ctx, P, req, rr_next)
+    end
+    -- @phase pick
+    if not picked then return nil end
+    -- The record must sit in one of the buckets it was chosen among; its
+    -- bucket then holds every decision input, so nothing else is read.
+    -- (with artifact keys, the node's namespace too: locality reads it)
+    local v
+    if L and #L.keys > 0 then
+      v = redis.call('HMGET', node_key(picked), unpack(PICK_READ_NS))
+    else
+      v = redis.call('HMGET', node_key(picked), unpack(PICK_READ))
+    end
+    local listed = false
+    for i = 1, #among do
+      if among[i] == v[PICK_READ.idx] then listed = true end
+    end
+    if listed and not (stale and reindex(ctx, picked, P, now, true) ~= v[PICK_READ.idx]) then
+      local n = node_of_bucket(v[PICK_READ.idx])
+      n.id, n.idx, n.endpoint = picked, v[PICK_READ.idx], v[PICK_READ.endpoint] or ''
+      n.last_seen, n.lingering, n.reported = tonumber(v[PICK_READ.last_seen_ms]),
+        v[PICK_READ.lingering] == '1', v[PICK_READ.status] or ''
       read_status(n, P, now)
-      return { prior[REPLAY_RES.node_id], n.endpoint, rid, prior[REPLAY_RES.pressure] or '0',
-        req.cpu, req.mem, n.status, now }
-    end
-  end
-  -- @phase replay
-  -- The rotation counter moves once per decision: taken now, given back on a refusal.
-  local rr_next = take_rr(ctx, RR_KEY, dry_run)
-  local chosen = nil
-  if not dry_run then
-    -- (at one instant, a sweep that found less than a full batch due leaves
-    -- nothing for the next decision of the same call)
-    if ctx[CTX.more_due] ~= false then ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH end
-    reindex_touched(ctx, P, now)
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
-      -- a rebuild under way (includes/index_moves.lua): one bounded step a
-      -- call; the step that ends it leaves a policy without index_rebuild
-      if P.index_rebuild and not ctx[CTX.rebuilt] then
-        ctx[CTX.rebuilt] = true
-        if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
+      project(n, req)
+      if v[PICK_READ_NS.cluster_id] ~= nil then
+        n.ns = LOCALITY.ns_of(v[PICK_READ_NS.cluster_id], v[PICK_READ_NS.p2p_backend])
       end
-      if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
+      if not check_status(n) then return n end
     end
-    -- @phase sweeps
-    -- Stage "index": least_loaded looks at few nodes; the full scan below
-    -- decides whenever the index cannot (see includes/index.lua).
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
-      -- While the index is rebuilt, an entry may still be the old policy's:
-      -- the chosen node is reindexed from its record first, and one that
-      -- leaves its bucket (out of the index, or elsewhere) is not taken; the
-      -- pick runs again without it, a bounded number of times.
-      local stale = P.index_rebuild ~= nil
-      local tries = stale and STALE_PICK_TRIES or 1
-      for _ = 1, tries do
-        local picked, among = pick_indexed(ctx, P, req, rr_next)
-        -- (and the members of its equals the pass has not reached yet, so
-        -- that the turn among them is the full scan's)
-        for _ = 1, tries do
-          if not (stale and picked and REBUILD.check(ctx, P, now, among)) then break end
-          picked, among = pick_indexed(ctx, P, req, rr_next)
-        end
-        -- @phase pick
-        if not picked then break end
-        -- The record must sit in one of the buckets it was chosen among; its
-        -- bucket then holds every decision input, so nothing else is read.
-        -- (with artifact keys, the node's namespace too: locality reads it)
-        local v
-        if L and #L.keys > 0 then
-          v = redis.call('HMGET', node_key(picked), unpack(PICK_READ_NS))
-        else
-          v = redis.call('HMGET', node_key(picked), unpack(PICK_READ))
-        end
-        local listed = false
-        for i = 1, #among do
-          if among[i] == v[PICK_READ.idx] then listed = true end
-        end
-        if listed and not (stale and reindex(ctx, picked, P, now, true) ~= v[PICK_READ.idx]) then
-          local n = node_of_bucket(v[PICK_READ.idx])
-          n.id, n.idx, n.endpoint = picked, v[PICK_READ.idx], v[PICK_READ.endpoint] or ''
-          n.last_seen, n.lingering, n.reported = tonumber(v[PICK_READ.last_seen_ms]),
-            v[PICK_READ.lingering] == '1', v[PICK_READ.status] or ''
-          read_status(n, P, now)
-          project(n, req)
-          if v[PICK_READ_NS.cluster_id] ~= nil then
-            n.ns = LOCALITY.ns_of(v[PICK_READ_NS.cluster_id], v[PICK_READ_NS.p2p_backend])
-          end
-          if not check_status(n) then chosen = n end
-        end
-        if chosen then break end
-        if not (stale and listed) then
-          -- (a member its record does not place there, a foreign write among
-          -- them, leaves those buckets: the rebuild goes by the records; this
-          -- decision is the full scan's)
-          if not listed then
-            for i = 1, #among do idx_remove(ctx, picked, among[i]) end
-          end
-          redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
-          REBUILD.start()
-          load_policy(ctx)
-          break
-        end
+    if not (stale and listed) then
+      -- (a member its record does not place there, a foreign write among
+      -- them, leaves those buckets: the rebuild goes by the records; this
+      -- decision is the full scan's)
+      if not listed then
+        for i = 1, #among do idx_remove(ctx, picked, among[i]) end
       end
+      redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
+      REBUILD.start()
+      load_policy(ctx)
+      return nil
     end
   end
-  -- Stage "spread": round_robin and random from a bounded walk or sample
-  -- (SPREAD); the full scan below decides when it finds nothing.
-  if chosen == nil and not dry_run and strategy ~= 'least_loaded' then
-    chosen = SPREAD[strategy](ctx, P, req, now, rand)
-  end
-  -- @phase record_check
+  return nil
+end
 
-  -- Stage "filter": evaluate every node (byte order by id).  (Decided
-  -- through the index, no node is evaluated: NONE stands for every list.)
-  local ids, evaluated, known, unknown, counts = NONE, NONE, NONE, NONE, NONE
-  if chosen == nil then
-    ids = redis.call('ZRANGE', NODES_KEY, '0', '-1')
-    evaluated, known, unknown, counts = {}, {}, {}, {}
-  end
+-- Phase "full scan": every node evaluated (byte order by id), then the
+-- strategy's pick among those of known capacity, never-heard-from ones as
+-- fallback.  The node chosen or nil, every node evaluated, and the refusal
+-- ('' when one was chosen).
+local function full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
+  local ids = redis.call('ZRANGE', NODES_KEY, '0', '-1')
+  local evaluated, known, unknown, counts = {}, {}, {}, {}
   for i, id in ipairs(ids) do
     local n = evaluate(id, P, req, now)
     evaluated[i] = n
@@ -368,17 +352,130 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       unknown[#unknown + 1] = n
     end
   end
-
-  -- Stage "pick": nodes of known capacity first, never-heard-from ones as fallback.
   local group = known
   if #group == 0 then group = unknown end
-  local refusal = ''
-  if chosen ~= nil then
-    -- decided through the index
-  elseif #group == 0 then
-    refusal = summarize_reasons(counts, #ids)
+  if #group == 0 then return nil, evaluated, summarize_reasons(counts, #ids) end
+  return SPREAD.PICK[strategy](group, rr_next, rand, evaluated), evaluated, ''
+end
+
+-- Phase "explain" (a dry run): the decision and every node evaluated, with
+-- its inputs; nothing written.
+local function explained(now, strategy, chosen, rr_next, req, refusal, warm, evaluated, L)
+  local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),
+    fmt(req.mem), refusal }
+  local warm_by = {}
+  for _, w in ipairs(warm) do warm_by[w.id] = w end
+  for _, n in ipairs(evaluated) do
+    local row = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
+      fmt(n.starting), fmt(n.running), fmt(n.paused), fmt(n.proj_cpu), fmt(n.proj_mem),
+      fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
+    local w = warm_by[n.id] or n
+    if L and w.coverage then
+      row[14], row[15], row[16] = fmt(w.coverage), fmt(w.bonus), w.lost or ''
+    end
+    out[#out + 1] = row
+  end
+  return out
+end
+
+-- Phase "reserve": the placement counts in every projection from now on:
+-- the reservation, its expiry, the node's pending load and index entry.
+local function reserved(ctx, P, req, rid, n, now, L)
+  -- the cell's count of reservations made, this one included, orders a node's reservations
+  local seq = next_seq(ctx)
+  -- (text, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
+  -- far slower than fmt's integer conversion; the decisions of one call share
+  -- their instant, so instant_text makes each text once a call)
+  -- (unassigned, it ends after unassigned_reservation_ttl; its assignment
+  -- moves the expiry to placement_reservation_ttl after the Schedule)
+  local ttl = P.reservation_ttl_ms
+  if P.unassigned_reservation_ttl_ms < ttl then ttl = P.unassigned_reservation_ttl_ms end
+  local s_expires = instant_text(ctx, now + ttl)
+  -- (a locality placement's group in the same write)
+  if L and L.group then
+    redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', n.id,
+      'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
+      'created_ms', instant_text(ctx, now), 'expires_ms', s_expires,
+      'pressure', num_text(n.pressure), 'locality', L.group)
+    LOCALITY.reserve(P, L, n, now)
   else
-    chosen = SPREAD.PICK[strategy](group, rr_next, rand, evaluated)
+    redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', n.id,
+      'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
+      'created_ms', instant_text(ctx, now), 'expires_ms', s_expires,
+      'pressure', num_text(n.pressure))
+  end
+  if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
+  redis.call('ZADD', node_res_key(n.id), seq, rid)
+  redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
+  -- @phase reservation_writes
+  -- the node's new pending load and index entry, in one write
+  n.pend_count = n.pend_count + 1
+  n.pend_cpu = n.pend_cpu + req.cpu
+  n.pend_mem = n.pend_mem + req.mem
+  local want = ''
+  if n.idx ~= '' then want = bucket_of(n) else touch(ctx, n.id) end
+  move_index(ctx, n, want, true)
+  -- @phase index_move
+  redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
+    num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
+  -- @phase node_write
+end
+
+-- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
+-- Phase by phase (each phase above says what it decides); every check comes
+-- before the first write.
+local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
+    loc_arg)
+  -- @phase-begin (phase marks: `python -m bench phases` times them; comments otherwise)
+  local P, strategy, req, L = schedule_args(ctx, kind, dry_run, strategy_arg, cpu_arg, mem_arg,
+    rid, rand, loc_arg)
+  if not P then return strategy end -- (the error reply)
+  local now = ctx[CTX.now] or now_ms(P)
+  ctx[CTX.now] = now
+  -- @phase arguments
+  -- (a batch that found none of its ids in Redis reads only ids it reserved itself)
+  if req.create and not dry_run and not (ctx[CTX.new_ids] and not ctx[CTX.new_ids][rid]) then
+    local prior = redis.call('HMGET', res_key(rid), unpack(REPLAY_RES))
+    if prior[REPLAY_RES.state] then return replayed(P, req, rid, now, prior) end
+  end
+  -- @phase replay
+  -- The rotation counter moves once per decision: taken now, given back on a refusal.
+  local rr_next = take_rr(ctx, RR_KEY, dry_run)
+  local chosen = nil
+  if not dry_run then
+    -- Sweeps, before a decision: due expiries, the nodes this call's load
+    -- moved reindexed, a step of an index rebuild under way, stale index
+    -- entries.  (At one instant, a sweep that found less than a full batch
+    -- due leaves nothing for the next decision of the same call.)
+    if ctx[CTX.more_due] ~= false then
+      ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH
+    end
+    reindex_touched(ctx, P, now)
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
+      -- a rebuild under way (includes/index_moves.lua): one bounded step a
+      -- call; the step that ends it leaves a policy without index_rebuild
+      if P.index_rebuild and not ctx[CTX.rebuilt] then
+        ctx[CTX.rebuilt] = true
+        if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
+      end
+      if not ctx[CTX.fresh] then ctx[CTX.fresh] = sweep_stale(ctx, P, now) end
+    end
+    -- @phase sweeps
+    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
+      chosen = index_chosen(ctx, P, req, rr_next, now, L)
+    end
+  end
+  -- Stage "spread": round_robin and random from a bounded walk or sample
+  -- (SPREAD); the full scan decides when it finds nothing.
+  if chosen == nil and not dry_run and strategy ~= 'least_loaded' then
+    chosen = SPREAD[strategy](ctx, P, req, now, rand)
+  end
+  -- @phase record_check
+  -- (decided through the index or the spread, no node is evaluated: NONE
+  -- stands for the list)
+  local evaluated, refusal = NONE, ''
+  if chosen == nil then
+    chosen, evaluated, refusal = full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
   end
   -- Stage "locality": a warm node may win within the pressure margin of
   -- the node just chosen (includes/locality.lua).
@@ -389,75 +486,20 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     chosen, warm = LOCALITY.choose(P, req, now, L, chosen, #evaluated == 0 and not P.index_rebuild,
       dry_run)
   end
-
   if dry_run then
-    local out = { fmt(now), strategy, chosen and chosen.id or '', fmt(rr_next), fmt(req.cpu),
-      fmt(req.mem), refusal }
-    local warm_by = {}
-    for _, w in ipairs(warm) do warm_by[w.id] = w end
-    for _, n in ipairs(evaluated) do
-      local row = { n.id, n.status, n.reason or '', fmt(n.pressure), n.known and '1' or '0',
-        fmt(n.starting), fmt(n.running), fmt(n.paused), fmt(n.proj_cpu), fmt(n.proj_mem),
-        fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
-      local w = warm_by[n.id] or n
-      if L and w.coverage then
-        row[14], row[15], row[16] = fmt(w.coverage), fmt(w.bonus), w.lost or ''
-      end
-      out[#out + 1] = row
-    end
-    return out
+    return explained(now, strategy, chosen, rr_next, req, refusal, warm, evaluated, L)
   end
-
   if chosen == nil then
     give_back_rr(ctx, RR_KEY)
     redis.call('HINCRBY', STATS_KEY, 'refused_total', '1')
     reindex_touched(ctx, P, now)
     return fail(ERR.NO_NODES, refusal)
   end
-
   -- @phase full_scan
   if strategy == 'round_robin' then redis.call('SET', SPREAD.key(), chosen.id) end
-  -- Stage "reserve": the placement counts in every projection from now on.
   local out_rid = ''
   if req.create then
-    -- the cell's count of reservations made, this one included, orders a node's reservations
-    local seq = next_seq(ctx)
-    -- (text, not a bare number: Redis 7.0 prints a Lua number with %.17g, which is
-    -- far slower than fmt's integer conversion; the decisions of one call share
-    -- their instant, so instant_text makes each text once a call)
-    -- (unassigned, it ends after unassigned_reservation_ttl; its assignment
-    -- moves the expiry to placement_reservation_ttl after the Schedule)
-    local ttl = P.reservation_ttl_ms
-    if P.unassigned_reservation_ttl_ms < ttl then ttl = P.unassigned_reservation_ttl_ms end
-    local s_expires = instant_text(ctx, now + ttl)
-    -- (a locality placement's group in the same write)
-    if L and L.group then
-      redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-        'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
-        'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure),
-        'locality', L.group)
-      LOCALITY.reserve(P, L, chosen, now)
-    else
-      redis.call('HSET', res_key(rid), 'reservation_id', rid, 'node_id', chosen.id,
-        'cpu', num_text(req.cpu), 'memory_bytes', num_text(req.mem), 'state', 'pending', 'seq', seq,
-        'created_ms', instant_text(ctx, now), 'expires_ms', s_expires, 'pressure', num_text(chosen.pressure))
-    end
-    if ctx[CTX.new_ids] then ctx[CTX.new_ids][rid] = true end
-    redis.call('ZADD', node_res_key(chosen.id), seq, rid)
-    redis.call('ZADD', EXPIRY_KEY, s_expires, rid)
-    -- @phase reservation_writes
-    -- the node's new pending load and index entry, in one write
-    local n = chosen
-    n.pend_count = n.pend_count + 1
-    n.pend_cpu = n.pend_cpu + req.cpu
-    n.pend_mem = n.pend_mem + req.mem
-    local want = ''
-    if n.idx ~= '' then want = bucket_of(n) else touch(ctx, n.id) end
-    move_index(ctx, n, want, true)
-    -- @phase index_move
-    redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
-      num_text(n.pend_cpu), 'pending_memory_bytes', num_text(n.pend_mem), 'idx', want)
-    -- @phase node_write
+    reserved(ctx, P, req, rid, chosen, now, L)
     out_rid = rid
   end
   reindex_touched(ctx, P, now)

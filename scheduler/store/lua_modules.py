@@ -37,6 +37,9 @@ its ``until``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -133,8 +136,41 @@ class Token:
     line: int
 
 
-def tokens(text: str) -> list[Token]:
-    """The file's tokens, without spaces and comments."""
+#: the tokens of each text read within token_cache(), or None outside it
+_TOKENS: ContextVar[dict[str, tuple[Token, ...]] | None] = ContextVar("lua_tokens", default=None)
+#: whether token_cache() keeps anything (a test turns it off to compare builds)
+CACHE_TOKENS = True
+
+
+@contextmanager
+def token_cache() -> Iterator[None]:
+    """Within it each distinct text is tokenised once: one build reads the
+    same texts several times (the analysis, the layouts, the substitution
+    and the layouts dropped, per script).  The cache goes when the outermost
+    one ends: nothing grows from build to build."""
+    if _TOKENS.get() is not None or not CACHE_TOKENS:
+        yield
+        return
+    reset = _TOKENS.set({})
+    try:
+        yield
+    finally:
+        _TOKENS.reset(reset)
+
+
+def tokens(text: str) -> tuple[Token, ...]:
+    """The file's tokens, without spaces and comments (kept within
+    token_cache(): a tuple, shared, never changed)."""
+    kept = _TOKENS.get()
+    if kept is None:
+        return _tokens(text)
+    got = kept.get(text)
+    if got is None:
+        got = kept[text] = _tokens(text)
+    return got
+
+
+def _tokens(text: str) -> tuple[Token, ...]:
     out: list[Token] = []
     pos, line = 0, 1
     while pos < len(text):
@@ -153,7 +189,7 @@ def tokens(text: str) -> list[Token]:
             out.append(Token("value", s, pos, line))
         line += s.count("\n")
         pos = m.end()
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

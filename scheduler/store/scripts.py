@@ -377,6 +377,11 @@ def _texts(
 @cache
 def sources() -> dict[str, tuple[int, str]]:
     """name -> (number of KEYS, standalone script for EVAL)."""
+    with lua_modules.token_cache():
+        return _sources()
+
+
+def _sources() -> dict[str, tuple[int, str]]:
     includes, scripts = _files()
     out: dict[str, tuple[int, str]] = {}
     modular = _modular(includes)
@@ -432,6 +437,11 @@ def library() -> Library:
 def build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]]) -> Library:
     """The function library of these files (include name -> text, script name
     -> (number of KEYS, text)); ``bench versus`` builds another revision's."""
+    with lua_modules.token_cache():
+        return _build_library(includes, scripts)
+
+
+def _build_library(includes: dict[str, str], scripts: dict[str, tuple[int, str]]) -> Library:
     includes = {**generated_includes(), **includes}
     needed: list[str] = []
     heads: dict[str, str] = {}  # script name -> what its function binds

@@ -629,10 +629,17 @@ class CellModel:
         b = self.bind.get(sb)
         return b is not None and b.node_id == node_id and b.listed and not b.deleted
 
-    def listed_elsewhere(self, sb: str, node_id: str) -> bool:
-        """Listed by another node's last roster: that node holds it."""
+    def listed_elsewhere(self, sb: str, node_id: str, now: int) -> bool:
+        """Listed by another node's last roster: that node holds it, live or
+        as a tombstone that kept ``listed`` until it expires (its DELETE may
+        be a late one while the sandbox still runs there)."""
         b = self.bind.get(sb)
-        return b is not None and b.node_id != node_id and b.listed and not b.deleted
+        return (
+            b is not None
+            and b.node_id != node_id
+            and b.listed
+            and (not b.deleted or b.expires_ms > now)
+        )
 
     def counter_moves(self, node_id: str) -> None:
         """A counter-mode node's baseline moves on by one at its next heartbeat."""
@@ -842,13 +849,7 @@ class CellModel:
                 self.end(buried, "released")
                 b.rid = buried  # (the tombstone remembers it)
             return buried
-        if b is not None and (
-            self.listed_elsewhere(sb, node_id)
-            or b.deleted
-            and b.listed
-            and b.node_id != node_id
-            and b.expires_ms > now
-        ):
+        if b is not None and self.listed_elsewhere(sb, node_id, now):
             # another node's roster lists it: that node holds it, this
             # placement's reservation ends at once, once
             taken = None
@@ -947,7 +948,7 @@ class CellModel:
                     node_id, "", was_listed, charged, now + self.policy.binding_ttl_ms, deleted=True
                 )
                 continue
-            if self.listed_elsewhere(sb, node_id):
+            if self.listed_elsewhere(sb, node_id, now):
                 continue  # another node's roster lists it: that node holds it
             creation = kind in ("CREATE", "FORK")
             listed = self.listed_on(sb, node_id)
