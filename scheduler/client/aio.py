@@ -24,7 +24,7 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.domain.history import Probe
+from scheduler.domain.history import REWOUND_GRACE_MS, Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -350,6 +350,7 @@ class AsyncScheduler(BaseClient):
                     placed = await self.coalescer.submit(call)
             if reservation_id is None and placed.reservation_id and self.on_placed is not None:
                 self.on_placed(sent_at)  # (a fresh id: a new reservation in Redis)
+            self._remember_placement(placed)
             return placed
         except (Exception, asyncio.CancelledError) as e:
             if rid and not wrote_nothing(e):
@@ -377,6 +378,16 @@ class AsyncScheduler(BaseClient):
         registered in the data that came back) is skipped; a reservation the
         data no longer knows is no refusal (the binding alone is written)."""
         return await self._drive(self._replay())
+
+    async def replay_reservations(
+        self, grace_ms: int = REWOUND_GRACE_MS
+    ) -> tuple[int, int, int, int]:
+        """Write back the placements this client answered in the last
+        :data:`~scheduler.domain.history.REPLAY_PLACEMENTS_WINDOW_S` that the
+        cell lacks (lua/replay-5.lua; :class:`PlacementMemo`): (written
+        pending, written ended, left as they were, not written).  Call it
+        after a settle, before :meth:`replay_assignments`."""
+        return await self._drive(self._replay_reservations(grace_ms))
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
         return self._one(self.ops.cancel(reservation_id))

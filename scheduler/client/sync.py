@@ -26,7 +26,7 @@ from scheduler.domain.errors import (
     SchedulerError,
     StoreUnavailable,
 )
-from scheduler.domain.history import Probe
+from scheduler.domain.history import REWOUND_GRACE_MS, Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -256,12 +256,14 @@ class Scheduler(BaseClient):
         reservation is cancelled, now or on a later call, so none stays behind."""
         call = self.ops.schedule(req, strategy, reservation_id)
         try:
-            return self._one(call)
+            placed = self._one(call)
         except Exception as e:
             rid = schedule_argv(call).reservation_id
             if rid and not wrote_nothing(e):
                 self._remember(rid)
             raise
+        self._remember_placement(placed)
+        return placed
 
     def abandon(self, reservation_id: str) -> None:
         """Cancel this placement, now or on a later call: its caller gave up
@@ -286,6 +288,10 @@ class Scheduler(BaseClient):
     def replay_assignments(self) -> tuple[int, int]:
         """As :meth:`AsyncScheduler.replay_assignments`."""
         return self._drive(self._replay())
+
+    def replay_reservations(self, grace_ms: int = REWOUND_GRACE_MS) -> tuple[int, int, int, int]:
+        """As :meth:`AsyncScheduler.replay_reservations`."""
+        return self._drive(self._replay_reservations(grace_ms))
 
     def cancel(self, reservation_id: str) -> str:
         return self._one(self.ops.cancel(reservation_id))

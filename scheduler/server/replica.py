@@ -56,6 +56,10 @@ from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")
 T = TypeVar("T")
+#: A replica writes its assignments again this long (s) after its first
+#: replay: the reservations they name may be another replica's placements,
+#: which that replica writes back after its own next probe (about 1 s).
+REPLAY_AGAIN_S = 3.0
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
@@ -185,6 +189,8 @@ class Replica:
         self.rewind_grace_ms = REWOUND_GRACE_MS
         self._history_lock = asyncio.Lock()
         self._history_at = 0.0
+        #: second passes of replay_assignments under way
+        self._replays: set[asyncio.Task[None]] = set()
         sched.on_placed = self.history.placement
         #: new connections to another Redis server hold writes until checked
         self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
@@ -270,11 +276,36 @@ class Replica:
         # their reservations would wait for unassigned_reservation_ttl
         await self.replay_assignments("the failover")
 
-    async def replay_assignments(self, why: str) -> None:
-        """Write again the assignments this replica answered lately
-        (:class:`~scheduler.domain.history.AssignmentMemo`): Redis may have
-        lost them with its last writes.  A failure is logged; the reservations
-        then end by their TTL as before."""
+    async def replay_assignments(self, why: str, again: bool = True) -> None:
+        """Write back what Redis may have lost with its last writes: first the
+        placements this replica answered that the cell lacks
+        (:class:`~scheduler.domain.history.PlacementMemo`, lua/replay-5.lua),
+        then the assignments it answered lately
+        (:class:`~scheduler.domain.history.AssignmentMemo`).  ``again``: the
+        assignments once more :data:`REPLAY_AGAIN_S` later, when another
+        replica may have written back the reservations they name (each
+        replica replays its own placements after its own probe).  A failure
+        is logged; the reservations then end by their TTL as before."""
+        try:
+            live, ended, kept, unknown = await self.sched.replay_reservations(self.rewind_grace_ms)
+        except SchedulerError as e:
+            log.warning("could not write back the placements after %s: %s", why, e.message)
+        else:
+            if live or ended:
+                self.metrics.replayed_reservations.labels("live").inc(live)
+                self.metrics.replayed_reservations.labels("ended").inc(ended)
+                log.warning(
+                    "after %s, wrote back %d placement(s) this replica answered in the last "
+                    "%.0f s that Redis lacked: %d pending (in flight), %d ended (in their "
+                    "nodes' rosters or over); %d it had%s",
+                    why,
+                    live + ended,
+                    self.sched.placed.window_s,
+                    live,
+                    ended,
+                    kept,
+                    f", {unknown} not written (node unknown)" if unknown else "",
+                )
         try:
             written, refused = await self.sched.replay_assignments()
         except SchedulerError as e:
@@ -290,6 +321,19 @@ class Replica:
                 self.sched.assigned.window_s,
                 f"; {refused} refused (node unknown)" if refused else "",
             )
+        if again and written and not self._stopping:
+            task = asyncio.create_task(self._replay_again(why), name="replay-again")
+            self._replays.add(task)
+            task.add_done_callback(self._replays.discard)
+
+    async def _replay_again(self, why: str) -> None:
+        await asyncio.sleep(REPLAY_AGAIN_S)
+        if self._stopping:
+            return
+        try:
+            await self.sched.replay_assignments()
+        except SchedulerError as e:
+            log.warning("could not write the assignments again after %s: %s", why, e.message)
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -419,6 +463,8 @@ class Replica:
         await self.health.enter_graceful_shutdown()
         if self.sentinel is not None:
             await self.sentinel.stop()
+        for task in list(self._replays):
+            task.cancel()
         if self._monitor is not None:
             self._monitor.cancel()
             # wait_for() before Python 3.12 can swallow a cancellation; the loop
@@ -631,6 +677,11 @@ class Replica:
             verdict = self.history.observe(probe)
             if before is not None and probe.generation > before.generation:
                 self.sched.beats.clear()  # another replica settled: resend in full
+                if verdict is None:
+                    # what this replica answered the settled data may lack too
+                    # (the settling replica wrote back only its own)
+                    await self.replay_assignments("another replica's settle of the cell")
+                    return
             if verdict is None:
                 return
             self.sched.beats.clear()

@@ -30,7 +30,7 @@ from scheduler.domain.catalog import (
     STRATEGIES,
 )
 from scheduler.domain.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
-from scheduler.domain.history import Probe
+from scheduler.domain.history import Placed, Probe
 from scheduler.domain.limits import (
     MAX_CPU_CONFIG,
     MAX_EVENTS,
@@ -783,6 +783,31 @@ class Ops:
             return int(a.ended), s(a.more) == c.YES
 
         return self._call("rewound", argv, parse)
+
+    def replay(
+        self, placements: Sequence[tuple[Placed, str]], grace_ms: int
+    ) -> Call[tuple[int, int, int, int]]:
+        """Write back the placements (each with its sandbox id, "" = not
+        known) the cell lacks (lua/replay-5.lua): (written pending, written
+        ended, left as they were, not written)."""
+        flat: list[str] = []
+        for p, sandbox_id in placements:
+            flat += [
+                validate_id("reservation_id", p.reservation_id),
+                validate_id("node_id", p.node_id),
+                str(p.cpu),
+                str(p.memory_bytes),
+                str(p.created_ms),
+                repr(float(p.pressure)),
+                validate_id("sandbox_id", sandbox_id) if sandbox_id else "",
+            ]
+        argv = c.ReplayArgv(grace_ms=str(grace_ms), count=str(len(placements)), placements=flat)
+
+        def parse(r: list[Any]) -> tuple[int, int, int, int]:
+            a = whole_reply(c.ReplayReply, r)
+            return int(a.live), int(a.ended), int(a.kept), int(a.unknown)
+
+        return self._call("replay", argv, parse)
 
     def events(
         self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""

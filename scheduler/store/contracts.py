@@ -440,6 +440,22 @@ class RewoundReconciled(Reply):
     more: Value
 
 
+class ReplayArgv(Argv, frozen=True):
+    #: a placement made this long (ms) before the settle or less may be in flight
+    grace_ms: str
+    count: str
+    #: each placement's (reservation id, node id, cpu, memory bytes,
+    #: created_ms, pressure, sandbox id or "")
+    placements: list[str]
+
+
+class ReplayReply(Reply):
+    live: Value
+    ended: Value
+    kept: Value
+    unknown: Value
+
+
 class RebuildArgv(Argv, frozen=True):
     mode: str
     step: str
@@ -675,6 +691,7 @@ CONTRACTS: dict[str, Contract] = {
         (RewoundSettleArgv, RewoundReconcileArgv),
         (RewoundSettled, RewoundReconciled),
     ),
+    "replay": Contract(FIXED_KEYS, (ReplayArgv,), (ReplayReply,)),
     "reservations": Contract(FIXED_KEYS, (ReservationsArgv,), (Rows,)),
     "schedule": Contract(
         (*FIXED_KEYS, "rr"), (ScheduleArgv,), (ScheduleDecision, ScheduleExplanation)
