@@ -367,7 +367,7 @@ class AsyncScheduler(BaseClient):
         while, to be written again after a failover settle or a rewind
         (:meth:`replay_assignments`)."""
         result = await self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
-        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        self._remember_assignment(sandbox_id, node_id, endpoint, result, reservation_id)
         return result
 
     async def replay_assignments(self) -> tuple[int, int]:

@@ -250,14 +250,21 @@ class BaseClient:
         self.kept: CellSetup | None = None
 
     def _remember_assignment(
-        self, sandbox_id: str, node_id: str, endpoint: str, result: AssignResult
+        self,
+        sandbox_id: str,
+        node_id: str,
+        endpoint: str,
+        result: AssignResult,
+        named: str | None = None,
     ) -> None:
         """Keep an assignment that attached a reservation a while, to write it
-        again after a failover settle or a rewind (:class:`AssignmentMemo`)."""
-        if result.reservation_id:
-            self.assigned.record(
-                Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
-            )
+        again after a failover settle or a rewind (:class:`AssignmentMemo`);
+        also one that named a reservation the cell did not have (yet): another
+        replica may write that one back after its settle (``lua/replay-5.lua``),
+        and this assignment written again then attaches it."""
+        rid = result.reservation_id or named
+        if rid:
+            self.assigned.record(Assigned(time.monotonic(), sandbox_id, node_id, endpoint, rid))
 
     def _remember_placement(self, placed: Placement) -> None:
         """Keep a placement answered OK a while, to write it back after a

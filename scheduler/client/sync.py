@@ -282,7 +282,7 @@ class Scheduler(BaseClient):
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
     ) -> AssignResult:
         result = self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
-        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        self._remember_assignment(sandbox_id, node_id, endpoint, result, reservation_id)
         return result
 
     def replay_assignments(self) -> tuple[int, int]:

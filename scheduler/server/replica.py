@@ -321,7 +321,7 @@ class Replica:
                 self.sched.assigned.window_s,
                 f"; {refused} refused (node unknown)" if refused else "",
             )
-        if again and written and not self._stopping:
+        if again and not self._stopping:
             task = asyncio.create_task(self._replay_again(why), name="replay-again")
             self._replays.add(task)
             task.add_done_callback(self._replays.discard)
