@@ -50,10 +50,14 @@ RECONCILE_BATCH = 200
 
 #: A replica writes again the assignments it answered this long (s) before a
 #: failover settle or a rewind (:class:`AssignmentMemo`): what a promoted
-#: replica that was behind, or an old snapshot, may lack.  Well within the
+#: replica that was behind, or an old snapshot, may lack.  It covers the
+#: placements written back pending (those made within REWOUND_GRACE_MS of
+#: the settle, :class:`PlacementMemo`) for 10 s more: another replica sees
+#: the settle at its next probe and writes its placements back then, and
+#: the assignments that name them go again in the later passes.  Within the
 #: bindings' 30 s: a replayed one restores what the gateway was answered.
-REPLAY_WINDOW_S = 10.0
-#: ... and at most this many (about 40 s of 1,000 assignments a second per replica)
+REPLAY_WINDOW_S = 20.0
+#: ... and at most this many (about 20 s of 2,000 assignments a second per replica)
 REPLAY_MOST = 40_000
 
 #: A replica writes back the placements it answered this long (s) before a

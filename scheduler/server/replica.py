@@ -56,10 +56,11 @@ from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")
 T = TypeVar("T")
-#: A replica writes its assignments again this long (s) after its first
+#: A replica writes its assignments again these long (s) after its first
 #: replay: the reservations they name may be another replica's placements,
-#: which that replica writes back after its own next probe (about 1 s).
-REPLAY_AGAIN_S = 3.0
+#: which that replica writes back after its own next probe (about 1 s; a
+#: few on a loaded host).
+REPLAY_AGAIN_S = (2.0, 5.0)
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
@@ -282,7 +283,7 @@ class Replica:
         (:class:`~scheduler.domain.history.PlacementMemo`, lua/replay-5.lua),
         then the assignments it answered lately
         (:class:`~scheduler.domain.history.AssignmentMemo`).  ``again``: the
-        assignments once more :data:`REPLAY_AGAIN_S` later, when another
+        assignments again at each of :data:`REPLAY_AGAIN_S` later, when another
         replica may have written back the reservations they name (each
         replica replays its own placements after its own probe).  A failure
         is logged; the reservations then end by their TTL as before."""
@@ -327,13 +328,16 @@ class Replica:
             task.add_done_callback(self._replays.discard)
 
     async def _replay_again(self, why: str) -> None:
-        await asyncio.sleep(REPLAY_AGAIN_S)
-        if self._stopping:
-            return
-        try:
-            await self.sched.replay_assignments()
-        except SchedulerError as e:
-            log.warning("could not write the assignments again after %s: %s", why, e.message)
+        waited = 0.0
+        for at in REPLAY_AGAIN_S:
+            await asyncio.sleep(at - waited)
+            waited = at
+            if self._stopping:
+                return
+            try:
+                await self.sched.replay_assignments()
+            except SchedulerError as e:
+                log.warning("could not write the assignments again after %s: %s", why, e.message)
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
