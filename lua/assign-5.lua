@@ -26,7 +26,8 @@
 
   Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
-  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
+  Writes: bind:<sandbox> (claim: a named reservation the cell has no record
+          of), node-sbx:<node>, res:<id> (state assigned, sandbox_id,
           absent_cs, absent_rt), node:<node> absent_watch, counted_unclaimed
           (deletes_uncounted), stats; another node's res:<id> and
           deletes_uncounted (a take)
@@ -190,6 +191,10 @@ local ASSIGN_NODE = { 'create_successes', 'pending_count', 'roster_mode', 'absen
   'reported_order_ms' }
 local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
+-- (a named reservation the cell has no record of: the binding keeps its id
+-- as `claim`, so that the placement, written back after a rewind by the
+-- replica that answered it (replay-5.lua), attaches to this sandbox)
+local claim = nil
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
 local charged = (held[ASSIGN_HELD.reservation_id] or '') ~= ''
@@ -203,6 +208,8 @@ if not rid and not charged then
     local r = redis.call('HMGET', res_key(wanted), unpack(ASSIGN_NAMED))
     if r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'pending' then
       attached = wanted
+    elseif not r[ASSIGN_NAMED.state] and not r[ASSIGN_NAMED.node_id] then
+      claim = wanted
     elseif r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'released'
         and (r[ASSIGN_NAMED.sandbox_id] or '') == '' then
       rid = counted_unclaimed(node_id, wanted, sb)
@@ -254,5 +261,6 @@ if attached and not already_listed then
   end
 end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
+if claim then redis.call('HSET', bind_key(sb), 'claim', claim) end
 reindex_touched(ctx, P, now)
 return { rid or '', released, fmt(now) }

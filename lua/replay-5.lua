@@ -18,9 +18,14 @@
     expired;
   - its node not in the cell: not written;
   - else written pending, charged to its node as schedule-5.lua charges it,
-    with the expiry of its original Schedule: an assignment then attaches
-    it (placement_reservation_ttl from that Schedule), and the usual rules
-    end it (a roster that lists the sandbox, the two-heartbeat rule, its TTL).
+    with the expiry of its original Schedule; when its sandbox is bound to
+    the node charged nothing (the replica knows the sandbox, or an
+    assignment that came while the cell had no record of the reservation
+    left a `claim` on the binding, assign-5.lua), attached to it at once as
+    an assignment attaches one (placement_reservation_ttl from that
+    Schedule); else the assignment written again after it attaches it.
+    Then the usual rules end it (a roster that lists the sandbox, the
+    two-heartbeat rule, its TTL).
   A tombstone written lives the tombstone TTL from its Schedule (never longer
   than the original's would have); one whose TTL is already over is not
   written.
@@ -38,8 +43,9 @@
           or tombstone TTL over)
   Errors: NO_POLICY (no policy), BADARG a count or number that is not one
   Writes: res:<id>, node-res:<node>, node:<node> pending_count, pending_cpu,
-          pending_memory_bytes, expiry, bind:<sandbox> reservation_id, stats
-          replayed_total, replayed_ended_total, the index
+          pending_memory_bytes (acked_count, absent_watch), expiry,
+          bind:<sandbox> reservation_id (claim), stats replayed_total,
+          replayed_ended_total, assigned_total, the index
 ]]
 -- @include bindings
 local W = 7
@@ -74,10 +80,33 @@ if P.unassigned_reservation_ttl_ms < ttl then ttl = P.unassigned_reservation_ttl
 local seq = redis.call('HGET', STATS_KEY, 'reserved_total') or '0'
 -- What it reads of a node it charges (a layout)
 -- @layout REPLAY_NODE
-local REPLAY_NODE = { 'pending_count', 'pending_cpu', 'pending_memory_bytes' }
+local REPLAY_NODE = { 'pending_count', 'pending_cpu', 'pending_memory_bytes', 'create_successes',
+  'roster_mode', 'absent_watch', 'reported_order_ms' }
 -- What it reads of the sandbox's binding (a layout)
 -- @layout REPLAY_BIND
-local REPLAY_BIND = { 'node_id', 'reservation_id' }
+local REPLAY_BIND = { 'node_id', 'reservation_id', 'claim' }
+-- The sandbox whose binding on `node_id` claims reservation `rid` and is
+-- charged none (assign-5.lua wrote the claim: its assignment came when the
+-- cell had no record of the reservation), or nil.  A node's bindings are
+-- read once a call.
+local claims = {}
+local function claimed(node_id, rid)
+  local c = claims[node_id]
+  if not c then
+    c = {}
+    for _, set in ipairs({ node_sbx_key(node_id), node_roster_key(node_id) }) do
+      for _, b in ipairs(redis.call('SMEMBERS', set)) do
+        local f = redis.call('HMGET', bind_key(b), unpack(REPLAY_BIND))
+        if f[REPLAY_BIND.claim] and f[REPLAY_BIND.node_id] == node_id
+            and (f[REPLAY_BIND.reservation_id] or '') == '' then
+          c[f[REPLAY_BIND.claim]] = b
+        end
+      end
+    end
+    claims[node_id] = c
+  end
+  return c[rid]
+end
 local live, ended, kept, unknown = 0, 0, 0, 0
 for i = 1, n do
   local a = 2 + W * (i - 1)
@@ -88,6 +117,13 @@ for i = 1, n do
   if redis.call('EXISTS', rkey) == 1 then
     kept = kept + 1
   else
+    if sb == '' and created >= cutoff then sb = claimed(node_id, rid) or '' end
+    -- (the sandbox's binding on this node, charged no reservation: this one takes it)
+    local bound = false
+    if sb ~= '' then
+      local f = redis.call('HMGET', bind_key(sb), unpack(REPLAY_BIND))
+      bound = f[REPLAY_BIND.node_id] == node_id and (f[REPLAY_BIND.reservation_id] or '') == ''
+    end
     local outcome = nil
     if created < cutoff then
       outcome = 'released'
@@ -96,28 +132,25 @@ for i = 1, n do
     elseif created + ttl <= now then
       outcome = 'expired'
     end
-    local registered = redis.call('ZSCORE', NODES_KEY, node_id)
     if outcome then
       local left = created + P.reservation_tombstone_ttl_ms - now
       if left > 0 then
         local fields = { 'reservation_id', rid, 'node_id', node_id, 'cpu', cpu, 'memory_bytes', mem,
           'state', outcome, 'seq', seq, 'created_ms', fmt(created), 'expires_ms', fmt(created + ttl),
           'pressure', pressure, 'ended_ms', fmt(now), 'replayed', '1' }
-        if sb ~= '' then
-          fields[#fields + 1], fields[#fields + 2] = 'sandbox_id', sb
-          -- (charged once: a later assignment of that sandbox charges nothing more)
-          local b = redis.call('HMGET', bind_key(sb), unpack(REPLAY_BIND))
-          if b[REPLAY_BIND.node_id] == node_id and (b[REPLAY_BIND.reservation_id] or '') == '' then
-            redis.call('HSET', bind_key(sb), 'reservation_id', rid)
-          end
-        end
+        if sb ~= '' then fields[#fields + 1], fields[#fields + 2] = 'sandbox_id', sb end
         redis.call('HSET', rkey, unpack(fields))
         redis.call('PEXPIRE', rkey, fmt(left))
+        if bound then
+          -- (charged once: a later assignment of that sandbox charges nothing more)
+          redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+          redis.call('HDEL', bind_key(sb), 'claim')
+        end
         ended = ended + 1
       else
         unknown = unknown + 1
       end
-    elseif not registered then
+    elseif not redis.call('ZSCORE', NODES_KEY, node_id) then
       unknown = unknown + 1
     else
       local expires = fmt(created + ttl)
@@ -125,7 +158,6 @@ for i = 1, n do
         'memory_bytes', mem, 'state', 'pending', 'seq', seq, 'created_ms', fmt(created),
         'expires_ms', expires, 'pressure', pressure, 'replayed', '1')
       redis.call('ZADD', node_res_key(node_id), seq, rid)
-      redis.call('ZADD', EXPIRY_KEY, expires, rid)
       local nkey = node_key(node_id)
       local r = redis.call('HMGET', nkey, unpack(REPLAY_NODE))
       local count, pcpu, pmem = number_of(r[REPLAY_NODE.pending_count] or '0'),
@@ -140,6 +172,23 @@ for i = 1, n do
       end
       redis.call('HSET', nkey, 'pending_count', num_text(count), 'pending_cpu', num_text(pcpu),
         'pending_memory_bytes', num_text(pmem))
+      if bound then
+        -- its sandbox's assignment came already (this replica's, or one that
+        -- claimed it): attached as assign-5.lua attaches one, the
+        -- two-heartbeat rule from now on, placement_reservation_ttl from its Schedule
+        expires = fmt(created + P.reservation_ttl_ms)
+        redis.call('HSET', rkey, 'state', 'assigned', 'sandbox_id', sb, 'assigned_ms', fmt(now),
+          'expires_ms', expires, 'absent_cs',
+          fmt((tonumber(r[REPLAY_NODE.create_successes]) or 0) + count),
+          'absent_rt', r[REPLAY_NODE.reported_order_ms] or '0')
+        redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
+        if r[REPLAY_NODE.roster_mode] == '1' and r[REPLAY_NODE.absent_watch] ~= '1' then
+          redis.call('HSET', nkey, 'absent_watch', '1')
+        end
+        redis.call('HSET', bind_key(sb), 'reservation_id', rid)
+        redis.call('HDEL', bind_key(sb), 'claim')
+      end
+      redis.call('ZADD', EXPIRY_KEY, expires, rid)
       touch(ctx, node_id, true)
       live = live + 1
     end

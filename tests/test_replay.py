@@ -166,6 +166,40 @@ def test_an_assignment_written_after_it_attaches_it_and_a_roster_releases_it(
         t.close()
 
 
+def test_an_assignment_that_came_first_through_another_replica_claims_it(
+    server: RedisServer,
+) -> None:
+    """The gateway's assignment reached another replica after the rewind and
+    before the replica that answered the placement wrote it back: the cell
+    had no record of the reservation, and the binding keeps its id as a
+    claim.  Written back, the reservation attaches to that sandbox at once
+    (before, it stayed pending, unclaimed, for unassigned_reservation_ttl),
+    and the roster that lists the sandbox releases it."""
+    s = connect(server)
+    s.schedule(Request.cold(1, 1024))
+    ask(server, "save")
+    b = s.schedule(Request.cold(1, 1024))
+    assert b.reservation_id
+    t = restart_from_snapshot(server, s)
+    other = Scheduler.connect(server.url, cell=CELL)  # knows nothing of `b`
+    try:
+        assert other.assign("s2", "n1", EP, b.reservation_id).reservation_id is None
+        assert t.replay_reservations(LONG_GRACE_MS) == (1, 0, 1, 0)
+        back = t.reservation(b.reservation_id)
+        assert back.state == "assigned" and back.sandbox_id == "s2"
+        assert back.expires_ms == back.created_ms + POLICY.reservation_ttl_ms
+        assert pending(t) == 2
+        # the assignment sent again charges nothing more
+        other.assign("s2", "n1", EP, b.reservation_id)
+        assert pending(t) == 2
+        t.heartbeat(hb("n1", roster=["s2"], sandbox_count=1))
+        assert t.reservation(b.reservation_id).state == "released"
+        assert pending(t) == 1
+    finally:
+        other.close()
+        t.close()
+
+
 def test_an_ended_one_is_not_revived(server: RedisServer) -> None:
     s = connect(server)
     a = s.schedule(Request.cold(1, 1024))

@@ -277,16 +277,18 @@ class Replica:
         # their reservations would wait for unassigned_reservation_ttl
         await self.replay_assignments("the failover")
 
-    async def replay_assignments(self, why: str, again: bool = True) -> None:
+    async def replay_assignments(self, why: str) -> None:
         """Write back what Redis may have lost with its last writes: first the
         placements this replica answered that the cell lacks
         (:class:`~scheduler.domain.history.PlacementMemo`, lua/replay-5.lua),
-        then the assignments it answered lately
-        (:class:`~scheduler.domain.history.AssignmentMemo`).  ``again``: the
-        assignments again at each of :data:`REPLAY_AGAIN_S` later, when another
-        replica may have written back the reservations they name (each
-        replica replays its own placements after its own probe).  A failure
-        is logged; the reservations then end by their TTL as before."""
+        before writes go on (a creation in flight whose reservation went is
+        counted by no one until its node lists it); then, in the
+        background, the assignments it answered lately
+        (:class:`~scheduler.domain.history.AssignmentMemo`), at once and
+        again at each of :data:`REPLAY_AGAIN_S`: the reservations they name
+        may be another replica's placements, which that replica writes back
+        after its own probe.  A failure is logged; the reservations then end
+        by their TTL as before."""
         try:
             live, ended, kept, unknown = await self.sched.replay_reservations(self.rewind_grace_ms)
         except SchedulerError as e:
@@ -307,37 +309,34 @@ class Replica:
                     kept,
                     f", {unknown} not written (node unknown)" if unknown else "",
                 )
-        try:
-            written, refused = await self.sched.replay_assignments()
-        except SchedulerError as e:
-            log.warning("could not write the assignments again after %s: %s", why, e.message)
+        if self._stopping:
             return
-        if written or refused:
-            self.metrics.replayed_assignments.inc(written)
-            log.warning(
-                "after %s, wrote again %d assignment(s) this replica answered in the last "
-                "%.0f s (Redis may have lost them; one it has changes nothing)%s",
-                why,
-                written,
-                self.sched.assigned.window_s,
-                f"; {refused} refused (node unknown)" if refused else "",
-            )
-        if again and not self._stopping:
-            task = asyncio.create_task(self._replay_again(why), name="replay-again")
-            self._replays.add(task)
-            task.add_done_callback(self._replays.discard)
+        task = asyncio.create_task(self._replay_assignments(why), name="replay-assignments")
+        self._replays.add(task)
+        task.add_done_callback(self._replays.discard)
 
-    async def _replay_again(self, why: str) -> None:
+    async def _replay_assignments(self, why: str) -> None:
         waited = 0.0
-        for at in REPLAY_AGAIN_S:
+        for at in (0.0, *REPLAY_AGAIN_S):
             await asyncio.sleep(at - waited)
             waited = at
             if self._stopping:
                 return
             try:
-                await self.sched.replay_assignments()
+                written, refused = await self.sched.replay_assignments()
             except SchedulerError as e:
                 log.warning("could not write the assignments again after %s: %s", why, e.message)
+                continue
+            if at == 0.0 and (written or refused):
+                self.metrics.replayed_assignments.inc(written)
+                log.warning(
+                    "after %s, wrote again %d assignment(s) this replica answered in the last "
+                    "%.0f s (Redis may have lost them; one it has changes nothing)%s",
+                    why,
+                    written,
+                    self.sched.assigned.window_s,
+                    f"; {refused} refused (node unknown)" if refused else "",
+                )
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
