@@ -174,12 +174,14 @@ for i = 1, n do
         'pending_memory_bytes', num_text(pmem))
       if bound then
         -- its sandbox's assignment came already (this replica's, or one that
-        -- claimed it): attached as assign-5.lua attaches one, the
-        -- two-heartbeat rule from now on, placement_reservation_ttl from its Schedule
+        -- claimed it): attached as assign-5.lua attaches one written back,
+        -- the two-heartbeat rule counting from the stored count (the
+        -- sandbox was in the node's store at that assignment),
+        -- placement_reservation_ttl from its Schedule
         expires = fmt(created + P.reservation_ttl_ms)
         redis.call('HSET', rkey, 'state', 'assigned', 'sandbox_id', sb, 'assigned_ms', fmt(now),
           'expires_ms', expires, 'absent_cs',
-          fmt((tonumber(r[REPLAY_NODE.create_successes]) or 0) + count),
+          fmt(tonumber(r[REPLAY_NODE.create_successes]) or 0),
           'absent_rt', r[REPLAY_NODE.reported_order_ms] or '0')
         redis.call('HINCRBY', STATS_KEY, 'assigned_total', '1')
         if r[REPLAY_NODE.roster_mode] == '1' and r[REPLAY_NODE.absent_watch] ~= '1' then

@@ -200,6 +200,41 @@ def test_an_assignment_that_came_first_through_another_replica_claims_it(
         t.close()
 
 
+@pytest.mark.parametrize("claimed", [False, True])
+def test_a_written_back_one_whose_sandbox_ended_is_released_by_two_heartbeats(
+    server: RedisServer, claimed: bool
+) -> None:
+    """Its sandbox ran and ended before the settle (never listed again, its
+    DELETE lost): the two-heartbeat rule releases it, also on a node that
+    stamps nothing and creates nothing more.  Counted from the node's live
+    reservations, as for a fresh assignment, it waited for as many more
+    creations as were written back (189 stuck in the rdb-rollback-replica
+    row)."""
+    s = connect(server)
+    s.heartbeat(hb("n1", roster=["s0"], sandbox_count=1))  # (roster mode)
+    s.schedule(Request.cold(1, 1024))
+    ask(server, "save")
+    b = s.schedule(Request.cold(1, 1024))
+    assert b.reservation_id
+    if not claimed:
+        s.assign("s2", "n1", EP, b.reservation_id)
+    t = restart_from_snapshot(server, s)
+    other = Scheduler.connect(server.url, cell=CELL)
+    try:
+        if claimed:  # (through another replica, after the rewind)
+            other.assign("s2", "n1", EP, b.reservation_id)
+        assert t.replay_reservations(LONG_GRACE_MS)[0] == 1
+        t.replay_assignments()
+        assert t.reservation(b.reservation_id).state == "assigned"
+        t.heartbeat(hb("n1", roster=["s0"], sandbox_count=1))
+        assert t.reservation(b.reservation_id).state == "assigned"  # one is not enough
+        t.heartbeat(hb("n1", roster=["s0"], sandbox_count=1))
+        assert t.reservation(b.reservation_id).state == "released"
+    finally:
+        other.close()
+        t.close()
+
+
 def test_an_ended_one_is_not_revived(server: RedisServer) -> None:
     s = connect(server)
     a = s.schedule(Request.cold(1, 1024))
