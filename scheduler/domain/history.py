@@ -87,6 +87,10 @@ class Probe:
     generation: int
     #: this replica's monotonic clock when the answer came, s
     at: float = 0.0
+    #: ... and when the call was made (0: not known): which of two probes
+    #: is the older one; one sent before a failover may be answered by the
+    #: old primary after one sent to the new primary
+    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,7 @@ class HistoryWatch:
                 sequence=probe.sequence,
                 generation=generation,
                 at=probe.at,
+                sent=probe.sent,
             )
         )
 

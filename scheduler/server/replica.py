@@ -673,9 +673,13 @@ class Replica:
         put back first); live reservations made more than ``rewind_grace_ms``
         before the settle end (their nodes' next heartbeats count what runs)."""
         async with self._history_lock:
-            if probe.at < self._history_at:
+            # (by when each was sent: a probe in flight to the old primary at a
+            # failover may be answered after one the new primary answered, and
+            # compared with it, it read as data from the past: a second settle)
+            order = probe.sent or probe.at
+            if order < self._history_at:
                 return  # an older probe than one already compared
-            self._history_at = probe.at
+            self._history_at = order
             before = self.history.last
             verdict = self.history.observe(probe)
             if before is not None and probe.generation > before.generation:

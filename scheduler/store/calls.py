@@ -731,7 +731,9 @@ class Ops:
         """A call that Redis refuses wherever it would refuse a write (health);
         it writes (the probe count), so it is refused by EVALSHA too.  What it
         read of the cell's history (:mod:`scheduler.domain.history`); ``at`` is when
-        the answer came (this process's monotonic clock)."""
+        the answer came, ``sent`` when the call was made (this process's
+        monotonic clock)."""
+        sent = time.monotonic()
 
         def parse(r: list[Any]) -> Probe:
             a = whole_reply(c.ProbeReply, r)
@@ -742,6 +744,7 @@ class Ops:
                 sequence=int(a.sequence),
                 generation=int(a.generation),
                 at=time.monotonic(),
+                sent=sent,
             )
 
         return self._call("probe", c.ProbeArgv(write=c.flag(write)), parse)
