@@ -363,3 +363,41 @@ def test_a_probe_sent_before_another_is_not_compared_after_it(
     r.call(rep.check_history(stale))
     assert rewinds(r, "rewound") == 0 and rewinds(r, "clock") == 0
     assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 0
+
+
+def test_a_probe_of_another_server_with_a_lower_generation_settles_nothing(
+    server: RedisServer, replica: ThreadedReplica
+) -> None:
+    """Sent after the replica's last probe, and still the old primary's (it
+    answers until Sentinel demotes it): its generation is below the one the
+    replica saw, which read as data from the past, and the settle went to
+    the new primary, which has that generation: a second settle there (the
+    clock-skew-ahead row's `rewinds` 2 in about one run in three).  The
+    settle now names the generation the probe read; a server that has the
+    one the replica saw is not settled."""
+    r = replica
+    assert r.replica is not None
+    rep = r.replica
+    s = Scheduler.connect(server.url, cell=CELL)
+    try:
+        assert s.rewound(0, None, 5_000)[0]  # a first settle: generation 1
+    finally:
+        s.close()
+    seen_by_probe(r, server.url)
+    assert rep.history.last is not None and rep.history.last.generation == 1
+    fresh = r.call(rep.sched.probe_cell(5))
+    stale = Probe(
+        now_ms=fresh.now_ms - 900_000,
+        has_policy=True,
+        raw_ms=fresh.raw_ms - 900_000,
+        sequence=max(0, fresh.sequence - 5),
+        generation=0,
+        at=time.monotonic(),
+        sent=time.monotonic(),
+    )
+    r.call(rep.check_history(stale))
+    assert rewinds(r, "rewound") == 0 and rewinds(r, "clock") == 0
+    assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 1
+    # the baseline is still this server's: its next probe finds nothing to settle
+    r.call(rep.check_history(r.call(rep.sched.probe_cell(5))))
+    assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 1

@@ -285,11 +285,11 @@ class AsyncScheduler(BaseClient):
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self, generation: int, expected_now_ms: int | None, bound_ms: int, probed: int | None = None
     ) -> Awaitable[tuple[bool, int, int, int, int]]:
         """Settle a cell whose data went back in time or whose clock jumped
         (see Ops.rewound)."""
-        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms, probed))
 
     def reconcile_rewound(self, before_ms: int, most: int) -> Awaitable[tuple[int, bool]]:
         return self.run(self.ops.reconcile_rewound(before_ms, most))

@@ -211,9 +211,9 @@ class Scheduler(BaseClient):
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self, generation: int, expected_now_ms: int | None, bound_ms: int, probed: int | None = None
     ) -> tuple[bool, int, int, int, int]:
-        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms, probed))
 
     def reconcile_rewound(self, before_ms: int, most: int) -> tuple[int, bool]:
         return self.run(self.ops.reconcile_rewound(before_ms, most))

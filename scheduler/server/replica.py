@@ -694,9 +694,23 @@ class Replica:
             self.sched.beats.clear()
             bound = self.history.clock_bound_ms
             expected = verdict.expected_now_ms if abs(verdict.skew_ms) > bound else None
+            # (a lower generation than this replica saw: settled only where the
+            # data really is from before that settle)
+            probed = probe.generation if probe.generation < verdict.generation else None
             settled, generation, now_ms, moved, age = await self.sched.rewound(
-                verdict.generation, expected, bound
+                verdict.generation, expected, bound, probed
             )
+            if not settled and probed is not None:
+                # the probe was another server's (the old primary, answering
+                # late): not a baseline; the next probe compares again
+                log.info(
+                    "a probe read generation %d, older than the %d this replica saw, "
+                    "while the primary has %d: another server's answer, ignored",
+                    probed,
+                    verdict.generation,
+                    generation,
+                )
+                return
             self.history.settled(probe, generation, now_ms)
             if settled:
                 self.metrics.redis_rewinds.labels(verdict.reason).inc()

@@ -750,16 +750,24 @@ class Ops:
         return self._call("probe", c.ProbeArgv(write=c.flag(write)), parse)
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self,
+        generation: int,
+        expected_now_ms: int | None,
+        bound_ms: int,
+        probed: int | None = None,
     ) -> Call[tuple[bool, int, int, int, int]]:
         """Settle a cell whose data went back in time or whose clock jumped
         (lua/rewound-5.lua): (settled here, generation, now_ms, clock moved
-        by ms, ms since the cell's last recorded probe)."""
+        by ms, ms since the cell's last recorded probe).  ``probed``: the
+        lower generation the caller's probe read, if that is the verdict's
+        cause: a server that has ``generation`` is not settled then (the
+        probe was another server's)."""
         argv = c.RewoundSettleArgv(
             mode=c.REWOUND_SETTLE,
             generation=str(generation),
             expected_ms="" if expected_now_ms is None else str(expected_now_ms),
             bound_ms=str(bound_ms),
+            probed=None if probed is None else str(probed),
         )
 
         def parse(r: list[Any]) -> tuple[bool, int, int, int, int]:

@@ -415,6 +415,9 @@ class RewoundSettleArgv(Argv, frozen=True):
     #: the clock bound (ms); (declared optional only because the reconcile
     #: form has no fourth value: the settle always sends it)
     bound_ms: str | None = None
+    #: for a probe that read a lower generation than the caller saw: the
+    #: generation it read (absent otherwise)
+    probed: str | None = None
 
 
 class RewoundReconcileArgv(Argv, frozen=True):
@@ -425,6 +428,8 @@ class RewoundReconcileArgv(Argv, frozen=True):
     most: str
     #: (no fourth value: the settle form's bound)
     spare: str | None = None
+    #: (no fifth value: the settle form's probed generation)
+    spare2: str | None = None
 
 
 class RewoundSettled(Reply):
