@@ -737,12 +737,16 @@ def _measure(
         cell_ms = int(raw_s) * 1000 + int(raw_us) // 1000 + offset
         cell_clock_off = round(cell_ms / 1000 - time.time(), 1)
     phantoms = stuck = 0
+    #: the stuck ones by state, and whether a replica wrote them back (lua/replay-5.lua)
+    stuck_kinds: Counter[str] = Counter()
     for key in primary.scan_iter(match=base + "res:*", count=1000):
         state = primary.hget(key, "state")
         if state in LIVE:
             rid = key.decode().rsplit(":", 1)[1]
             if rid in run.acked:
                 stuck += 1
+                replayed = primary.hget(key, "replayed") == b"1"
+                stuck_kinds[state.decode() + (" written back" if replayed else "")] += 1
             else:
                 phantoms += 1
     primary.close()
@@ -778,6 +782,7 @@ def _measure(
         "phantoms": phantoms,
         "cut_short": cut_short,
         "stuck": stuck,
+        "stuck_kinds": dict(stuck_kinds),
         "rewinds": int(stats.get(b"rewinds", 0)),
         "rewound": int(stats.get(b"rewound_total", 0)),
         "cell_clock_off_s": cell_clock_off,

@@ -27,7 +27,8 @@
 
   Returns {reservation_id attached or "", released now 1/0, now_ms}
   Errors: UNKNOWN_NODE node is not in scheduler node list, NO_POLICY (no policy)
-  Writes: bind:<sandbox>, node-sbx:<node>, res:<id> (state assigned, sandbox_id,
+  Writes: bind:<sandbox> (claim: a named reservation the cell has no record
+          of), node-sbx:<node>, res:<id> (state assigned, sandbox_id,
           absent_cs, absent_rt), node:<node> absent_watch, counted_unclaimed
           (deletes_uncounted), stats; another node's res:<id> and
           deletes_uncounted (a take)
@@ -189,6 +190,15 @@ local ASSIGN_NODE = { 'create_successes', 'pending_count', 'roster_mode', 'absen
   'reported_order_ms' }
 local rid, _, r_held = bound_reservation(sb, node_id)
 local attached = nil
+-- (a named reservation the cell has no record of: the binding keeps its id
+-- as `claim`, so that the placement, written back after a rewind by the
+-- replica that answered it (replay-5.lua), attaches to this sandbox)
+local claim = nil
+-- What it reads of the reservation it attaches (a layout)
+-- @layout ASSIGN_ATTACHED
+local ASSIGN_ATTACHED = { 'created_ms', 'replayed' }
+-- (the attached one was written back after a rewind, replay-5.lua)
+local replayed = false
 -- (charged before: on this node, or a live binding of another node that
 -- carries its charge here: it follows the sandbox, write_binding)
 local charged = (held[HOLDER_READ.reservation_id] or '') ~= ''
@@ -202,6 +212,8 @@ if not rid and not charged then
     local r = redis.call('HMGET', res_key(wanted), unpack(ASSIGN_NAMED))
     if r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'pending' then
       attached = wanted
+    elseif not r[ASSIGN_NAMED.state] and not r[ASSIGN_NAMED.node_id] then
+      claim = wanted
     elseif r[ASSIGN_NAMED.node_id] == node_id and r[ASSIGN_NAMED.state] == 'released'
         and (r[ASSIGN_NAMED.sandbox_id] or '') == '' then
       rid = counted_unclaimed(node_id, wanted, sb)
@@ -221,7 +233,9 @@ if not rid and not charged then
   if attached then
     -- (assigned: it lives placement_reservation_ttl from its Schedule, no
     -- longer unassigned_reservation_ttl)
-    local created = tonumber(redis.call('HGET', res_key(attached), 'created_ms')) or now
+    local a = redis.call('HMGET', res_key(attached), unpack(ASSIGN_ATTACHED))
+    local created = tonumber(a[ASSIGN_ATTACHED.created_ms]) or now
+    replayed = a[ASSIGN_ATTACHED.replayed] == '1'
     local s_expires = fmt(created + P.reservation_ttl_ms)
     redis.call('HSET', res_key(attached), 'state', 'assigned', 'sandbox_id', sb,
       'assigned_ms', fmt(now), 'expires_ms', s_expires)
@@ -245,15 +259,23 @@ if attached and not already_listed then
   -- it arrives; and, of the stamped heartbeats received from now on, each
   -- with a stamp other than the last counted (absent_rt: at first the
   -- stored one, reported_order_ms), the second and later.
+  -- A reservation written back after a rewind (replay-5.lua) was placed
+  -- before the settle, and its sandbox assigned then too: counted from the
+  -- stored count alone (the second heartbeat received from now on was
+  -- taken after the first was answered, after that assignment, when the
+  -- sandbox, if it still ran, was in the node's store).  The live
+  -- reservations would hold it for as many more creations as were written
+  -- back, which a node that stopped creating never makes.
   local nd = redis.call('HMGET', node_key(node_id), unpack(ASSIGN_NODE))
+  local more = replayed and 0 or (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)
   redis.call('HSET', res_key(attached), 'absent_cs',
-    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0)
-      + (tonumber(nd[ASSIGN_NODE.pending_count]) or 1)),
+    fmt((tonumber(nd[ASSIGN_NODE.create_successes]) or 0) + more),
     'absent_rt', nd[ASSIGN_NODE.reported_order_ms] or '0')
   if nd[ASSIGN_NODE.roster_mode] == '1' and nd[ASSIGN_NODE.absent_watch] ~= '1' then
     redis.call('HSET', node_key(node_id), 'absent_watch', '1')
   end
 end
 write_binding(ctx, sb, node_id, endpoint, already_listed and '1' or '0', rid, now, P)
+if claim then redis.call('HSET', bind_key(sb), 'claim', claim) end
 reindex_touched(ctx, P, now)
 return { rid or '', released, fmt(now) }

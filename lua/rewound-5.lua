@@ -30,6 +30,10 @@
               expected, or "" (no clock check); reconcile: most to end
   ARGV[4]     bound_ms | spare: or absent (reconcile sends three); settle:
               the clock bound (ms), always sent
+  ARGV[5]     probed | spare2: or absent; settle: the lower generation the
+              caller's probe read, when that is why it settles: a server
+              whose generation is ARGV[2] or more is then not settled
+              ("known": the probe was another server's)
 
   Returns settle: {outcome "settled"|"known", generation, now_ms, moved_ms
                    (the clock moved by), age_ms (since the cell's last
@@ -64,7 +68,11 @@ if mode == 'reconcile' then
 end
 
 local generation = tonumber(redis.call('HGET', STATS_KEY, 'rewinds')) or 0
-if generation > (tonumber(ARGV[2]) or 0) then
+local seen = tonumber(ARGV[2]) or 0
+-- (a probe that read a lower generation than the caller saw, while this
+-- server has it: the probe was another server's, the old primary answering
+-- late at a failover; this data is not from before the settle it saw)
+if generation > seen or (ARGV[5] and generation >= seen) then
   return { 'known', fmt(generation), fmt(now), 0, 0 }
 end
 local moved = 0

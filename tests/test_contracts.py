@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from scheduler.domain.errors import CorruptState
+from scheduler.domain.history import Placed
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import Heartbeat, NodeSnapshot, Request
 from scheduler.store import contracts as c
@@ -235,6 +236,7 @@ def _calls() -> dict[str, list[Any]]:
         ops.probe(),
         ops.rewound(1, None, 1000),
         ops.reconcile_rewound(5, 10),
+        ops.replay([(Placed(0.0, "r1", "n1", 1, 2, 3, 0.5), "sb1")], 10_000),
         ops.index_rebuild(),
         ops.events("n1", []),
         ops.lookup("sb1"),

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from bench import clockshift
 from scheduler import Policy, Scheduler
+from scheduler.domain.history import Probe
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.store.connection import async_client
@@ -332,3 +333,71 @@ def test_an_assignment_the_promoted_replica_lacked_is_written_again_and_ends(
             beat("s0")
             assert ask(behind, "hget", key, "state") == b"released"
             assert "wrote again 1 assignment(s)" in p.log()
+
+
+def test_a_probe_sent_before_another_is_not_compared_after_it(
+    server: RedisServer, replica: ThreadedReplica
+) -> None:
+    """A probe in flight to the old primary when Sentinel switched may be
+    answered after one the new primary answered.  Ordered by when each was
+    answered, the old primary's (older data, another clock, a lower
+    generation) was compared with the new primary's and read as data from
+    the past: the cell settled a second time (the clock-skew-ahead row's
+    `rewinds` 2).  Ordered by when each was sent, it is dropped."""
+    r = replica
+    assert r.replica is not None
+    rep = r.replica
+    seen_by_probe(r, server.url)
+    fresh = r.call(rep.sched.probe_cell(5))
+    r.call(rep.check_history(fresh))
+    # answered after `fresh`, sent before it, by a server 15 min behind with older data
+    stale = Probe(
+        now_ms=fresh.now_ms - 900_000,
+        has_policy=True,
+        raw_ms=fresh.raw_ms - 900_000,
+        sequence=max(0, fresh.sequence - 5),
+        generation=fresh.generation,
+        at=fresh.at + 0.5,
+        sent=fresh.sent - 0.5,
+    )
+    r.call(rep.check_history(stale))
+    assert rewinds(r, "rewound") == 0 and rewinds(r, "clock") == 0
+    assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 0
+
+
+def test_a_probe_of_another_server_with_a_lower_generation_settles_nothing(
+    server: RedisServer, replica: ThreadedReplica
+) -> None:
+    """Sent after the replica's last probe, and still the old primary's (it
+    answers until Sentinel demotes it): its generation is below the one the
+    replica saw, which read as data from the past, and the settle went to
+    the new primary, which has that generation: a second settle there (the
+    clock-skew-ahead row's `rewinds` 2 in about one run in three).  The
+    settle now names the generation the probe read; a server that has the
+    one the replica saw is not settled."""
+    r = replica
+    assert r.replica is not None
+    rep = r.replica
+    s = Scheduler.connect(server.url, cell=CELL)
+    try:
+        assert s.rewound(0, None, 5_000)[0]  # a first settle: generation 1
+    finally:
+        s.close()
+    seen_by_probe(r, server.url)
+    assert rep.history.last is not None and rep.history.last.generation == 1
+    fresh = r.call(rep.sched.probe_cell(5))
+    stale = Probe(
+        now_ms=fresh.now_ms - 900_000,
+        has_policy=True,
+        raw_ms=fresh.raw_ms - 900_000,
+        sequence=max(0, fresh.sequence - 5),
+        generation=0,
+        at=time.monotonic(),
+        sent=time.monotonic(),
+    )
+    r.call(rep.check_history(stale))
+    assert rewinds(r, "rewound") == 0 and rewinds(r, "clock") == 0
+    assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 1
+    # the baseline is still this server's: its next probe finds nothing to settle
+    r.call(rep.check_history(r.call(rep.sched.probe_cell(5))))
+    assert int(ask(server, "hget", f"sched:{{{CELL}}}:stats", "rewinds") or 0) == 1

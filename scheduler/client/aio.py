@@ -24,7 +24,7 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.domain.history import Probe
+from scheduler.domain.history import REWOUND_GRACE_MS, Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -285,11 +285,11 @@ class AsyncScheduler(BaseClient):
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL), timeout)
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self, generation: int, expected_now_ms: int | None, bound_ms: int, probed: int | None = None
     ) -> Awaitable[tuple[bool, int, int, int, int]]:
         """Settle a cell whose data went back in time or whose clock jumped
         (see Ops.rewound)."""
-        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms, probed))
 
     def reconcile_rewound(self, before_ms: int, most: int) -> Awaitable[tuple[int, bool]]:
         return self.run(self.ops.reconcile_rewound(before_ms, most))
@@ -350,6 +350,7 @@ class AsyncScheduler(BaseClient):
                     placed = await self.coalescer.submit(call)
             if reservation_id is None and placed.reservation_id and self.on_placed is not None:
                 self.on_placed(sent_at)  # (a fresh id: a new reservation in Redis)
+            self._remember_placement(placed)
             return placed
         except (Exception, asyncio.CancelledError) as e:
             if rid and not wrote_nothing(e):
@@ -366,7 +367,7 @@ class AsyncScheduler(BaseClient):
         while, to be written again after a failover settle or a rewind
         (:meth:`replay_assignments`)."""
         result = await self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
-        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        self._remember_assignment(sandbox_id, node_id, endpoint, result, reservation_id)
         return result
 
     async def replay_assignments(self) -> tuple[int, int]:
@@ -377,6 +378,16 @@ class AsyncScheduler(BaseClient):
         registered in the data that came back) is skipped; a reservation the
         data no longer knows is no refusal (the binding alone is written)."""
         return await self._drive(self._replay())
+
+    async def replay_reservations(
+        self, grace_ms: int = REWOUND_GRACE_MS
+    ) -> tuple[int, int, int, int]:
+        """Write back the placements this client answered in the last
+        :data:`~scheduler.domain.history.REPLAY_PLACEMENTS_WINDOW_S` that the
+        cell lacks (lua/replay-5.lua; :class:`PlacementMemo`): (written
+        pending, written ended, left as they were, not written).  Call it
+        after a settle, before :meth:`replay_assignments`."""
+        return await self._drive(self._replay_reservations(grace_ms))
 
     def cancel(self, reservation_id: str) -> Awaitable[str]:
         return self._one(self.ops.cancel(reservation_id))

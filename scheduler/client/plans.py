@@ -35,7 +35,13 @@ from scheduler.domain.errors import (
     StoreUnavailable,
     UnknownNode,
 )
-from scheduler.domain.history import Assigned, AssignmentMemo
+from scheduler.domain.history import (
+    REWOUND_GRACE_MS,
+    Assigned,
+    AssignmentMemo,
+    Placed,
+    PlacementMemo,
+)
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -44,6 +50,7 @@ from scheduler.domain.records import (
     ListedNode,
     NodeView,
     ObservedNode,
+    Placement,
     Reservation,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
@@ -62,6 +69,8 @@ log = logging.getLogger("scheduler.client.sync")
 #: reservations expire by then anyway) and at most this many are remembered.
 ABANDON_FOR_S = 15 * 60
 ABANDON_MAX = 10_000
+#: Placements one replay call writes back at most (bounded work per call).
+REPLAY_BATCH = 200
 
 #: What a Redis Cluster answers while a slot moves, a shard fails over or the
 #: cluster is down: nothing ran, so the call is sent again until its deadline.
@@ -227,6 +236,8 @@ class BaseClient:
         self.beats: BeatMemo = BeatMemo()
         #: the assignments answered OK lately (replay_assignments)
         self.assigned = AssignmentMemo()
+        #: the placements answered OK lately (replay_reservations)
+        self.placed = PlacementMemo()
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.abandoned: dict[str, float] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
@@ -239,14 +250,59 @@ class BaseClient:
         self.kept: CellSetup | None = None
 
     def _remember_assignment(
-        self, sandbox_id: str, node_id: str, endpoint: str, result: AssignResult
+        self,
+        sandbox_id: str,
+        node_id: str,
+        endpoint: str,
+        result: AssignResult,
+        named: str | None = None,
     ) -> None:
         """Keep an assignment that attached a reservation a while, to write it
-        again after a failover settle or a rewind (:class:`AssignmentMemo`)."""
-        if result.reservation_id:
-            self.assigned.record(
-                Assigned(time.monotonic(), sandbox_id, node_id, endpoint, result.reservation_id)
+        again after a failover settle or a rewind (:class:`AssignmentMemo`);
+        also one that named a reservation the cell did not have (yet): another
+        replica may write that one back after its settle (``lua/replay-5.lua``),
+        and this assignment written again then attaches it."""
+        rid = result.reservation_id or named
+        if rid:
+            self.assigned.record(Assigned(time.monotonic(), sandbox_id, node_id, endpoint, rid))
+
+    def _remember_placement(self, placed: Placement) -> None:
+        """Keep a placement answered OK a while, to write it back after a
+        rewind or failover settle if the cell lacks it (:class:`PlacementMemo`)."""
+        if placed.reservation_id:
+            self.placed.record(
+                Placed(
+                    time.monotonic(),
+                    placed.reservation_id,
+                    placed.node_id,
+                    placed.cpu,
+                    placed.memory_bytes,
+                    placed.now_ms,
+                    placed.pressure,
+                )
             )
+
+    def _replay_reservations(
+        self, grace_ms: int = REWOUND_GRACE_MS
+    ) -> Plan[tuple[int, int, int, int]]:
+        """Write back the recent placements the cell lacks, oldest first, in
+        calls of :data:`REPLAY_BATCH` (lua/replay-5.lua), each with its
+        sandbox when this client recorded its assignment: (written pending,
+        written ended, left as they were, not written)."""
+        sandboxes = {
+            a.reservation_id: a.sandbox_id
+            for a in self.assigned.recent(time.monotonic())
+            if a.reservation_id
+        }
+        items = [
+            (p, sandboxes.get(p.reservation_id, "")) for p in self.placed.recent(time.monotonic())
+        ]
+        totals = [0, 0, 0, 0]
+        for i in range(0, len(items), REPLAY_BATCH):
+            got = yield from self._step(self.ops.replay(items[i : i + REPLAY_BATCH], grace_ms))
+            for k in range(4):
+                totals[k] += got[k]
+        return totals[0], totals[1], totals[2], totals[3]
 
     def _replay(self) -> Plan[tuple[int, int]]:
         """Write the recent assignments again, oldest first: (written,

@@ -26,7 +26,7 @@ from scheduler.domain.errors import (
     SchedulerError,
     StoreUnavailable,
 )
-from scheduler.domain.history import Probe
+from scheduler.domain.history import REWOUND_GRACE_MS, Probe
 from scheduler.domain.policy import Policy
 from scheduler.domain.records import (
     AssignResult,
@@ -211,9 +211,9 @@ class Scheduler(BaseClient):
         return self.run(self.ops.probe(write=self.scripts.mode == EVAL))
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self, generation: int, expected_now_ms: int | None, bound_ms: int, probed: int | None = None
     ) -> tuple[bool, int, int, int, int]:
-        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms))
+        return self.run(self.ops.rewound(generation, expected_now_ms, bound_ms, probed))
 
     def reconcile_rewound(self, before_ms: int, most: int) -> tuple[int, bool]:
         return self.run(self.ops.reconcile_rewound(before_ms, most))
@@ -256,12 +256,14 @@ class Scheduler(BaseClient):
         reservation is cancelled, now or on a later call, so none stays behind."""
         call = self.ops.schedule(req, strategy, reservation_id)
         try:
-            return self._one(call)
+            placed = self._one(call)
         except Exception as e:
             rid = schedule_argv(call).reservation_id
             if rid and not wrote_nothing(e):
                 self._remember(rid)
             raise
+        self._remember_placement(placed)
+        return placed
 
     def abandon(self, reservation_id: str) -> None:
         """Cancel this placement, now or on a later call: its caller gave up
@@ -280,12 +282,16 @@ class Scheduler(BaseClient):
         self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
     ) -> AssignResult:
         result = self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
-        self._remember_assignment(sandbox_id, node_id, endpoint, result)
+        self._remember_assignment(sandbox_id, node_id, endpoint, result, reservation_id)
         return result
 
     def replay_assignments(self) -> tuple[int, int]:
         """As :meth:`AsyncScheduler.replay_assignments`."""
         return self._drive(self._replay())
+
+    def replay_reservations(self, grace_ms: int = REWOUND_GRACE_MS) -> tuple[int, int, int, int]:
+        """As :meth:`AsyncScheduler.replay_reservations`."""
+        return self._drive(self._replay_reservations(grace_ms))
 
     def cancel(self, reservation_id: str) -> str:
         return self._one(self.ops.cancel(reservation_id))

@@ -50,11 +50,29 @@ RECONCILE_BATCH = 200
 
 #: A replica writes again the assignments it answered this long (s) before a
 #: failover settle or a rewind (:class:`AssignmentMemo`): what a promoted
-#: replica that was behind, or an old snapshot, may lack.  Well within the
+#: replica that was behind, or an old snapshot, may lack.  It covers the
+#: placements written back pending (those made within REWOUND_GRACE_MS of
+#: the settle, :class:`PlacementMemo`) for 10 s more: another replica sees
+#: the settle at its next probe and writes its placements back then, and
+#: the assignments that name them go again in the later passes.  Within the
 #: bindings' 30 s: a replayed one restores what the gateway was answered.
-REPLAY_WINDOW_S = 10.0
-#: ... and at most this many (about 40 s of 1,000 assignments a second per replica)
+REPLAY_WINDOW_S = 20.0
+#: ... and at most this many (about 20 s of 2,000 assignments a second per replica)
 REPLAY_MOST = 40_000
+
+#: A replica writes back the placements it answered this long (s) before a
+#: rewind or failover settle that the cell's data lacks (:class:`PlacementMemo`).
+#: It must cover the oldest snapshot a restart may load: Redis's default
+#: ``save 3600 1 300 100 60 10000`` (Debian's) snapshots at least every 300 s
+#: while the cell writes 100 keys in 5 min (a cell under any load: one
+#: placement writes four), every 60 s under 10,000; a cell that writes less
+#: makes fewer placements to lose.  300 s also stays within the tombstone
+#: TTL (10 min): what is older than that would be gone in its own history too.
+REPLAY_PLACEMENTS_WINDOW_S = 300.0
+#: ... and at most this many (300 s of about 330 placements a second per
+#: replica; an entry is about 240 bytes with uuid4 ids, measured with
+#: tracemalloc: 24 MB at the bound)
+REPLAY_PLACEMENTS_MOST = 100_000
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,10 @@ class Probe:
     generation: int
     #: this replica's monotonic clock when the answer came, s
     at: float = 0.0
+    #: ... and when the call was made (0: not known): which of two probes
+    #: is the older one; one sent before a failover may be answered by the
+    #: old primary after one sent to the new primary
+    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +165,7 @@ class HistoryWatch:
                 sequence=probe.sequence,
                 generation=generation,
                 at=probe.at,
+                sent=probe.sent,
             )
         )
 
@@ -189,6 +212,62 @@ class AssignmentMemo:
         self._drop_before(item.at - self.window_s)
 
     def recent(self, now: float) -> list[Assigned]:
+        """Those answered within the window before ``now``, oldest first."""
+        self._drop_before(now - self.window_s)
+        return list(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _drop_before(self, t: float) -> None:
+        while self._kept and self._kept[0].at < t:
+            self._kept.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One placement this replica answered OK (a Schedule that reserved)."""
+
+    #: this replica's monotonic clock when it was answered, s
+    at: float
+    reservation_id: str
+    node_id: str
+    #: what it charged the node
+    cpu: int
+    memory_bytes: int
+    #: the cell's time of its Schedule (ms): its TTLs count from here
+    created_ms: int
+    pressure: float
+
+
+class PlacementMemo:
+    """The placements this replica answered OK in the last ``window_s``, at
+    most ``most`` (the oldest go first).
+
+    A Redis that lost its last writes (a restart from an old snapshot, a
+    failover to a replica that was behind) lacks their reservations: a
+    creation in flight whose reservation went is counted by no one until its
+    node lists it, and the gateway was told it is kept.  After the settle the
+    replica writes back those the cell lacks (``lua/replay-5.lua``): one the
+    cell has (live or ended) is left as it is; one made more than the
+    rewind grace before the settle, or whose sandbox its node already lists,
+    comes back ended; the others pending, with their original TTLs."""
+
+    def __init__(
+        self, window_s: float = REPLAY_PLACEMENTS_WINDOW_S, most: int = REPLAY_PLACEMENTS_MOST
+    ) -> None:
+        self.window_s = window_s
+        self._kept: deque[Placed] = deque(maxlen=most)
+
+    @property
+    def most(self) -> int:
+        return self._kept.maxlen or 0
+
+    def record(self, item: Placed) -> None:
+        self._kept.append(item)
+        self._drop_before(item.at - self.window_s)
+
+    def recent(self, now: float) -> list[Placed]:
         """Those answered within the window before ``now``, oldest first."""
         self._drop_before(now - self.window_s)
         return list(self._kept)

@@ -37,6 +37,9 @@ Ours:
                                                 ended by this replica
     sched_replayed_assignments_total            assignments this replica wrote again after a
                                                 failover settle or a rewind
+    sched_replayed_reservations_total{outcome}  placements this replica answered that the cell
+                                                lacked after a settle, written back live
+                                                (pending) or ended
     sched_script_duration_seconds{script}       Lua script call latency, this replica
     sched_batches_total{kind}                   batch calls sent (schedule, heartbeat), this replica
     sched_batched_calls_total{kind}             the calls they carried (their mean size: the ratio)
@@ -314,6 +317,13 @@ class Metrics:
             "sched_replayed_assignments",
             "Assignments this replica answered lately and wrote again after a failover "
             "settle or a rewind (Redis may have lost them).",
+            registry=r,
+        )
+        self.replayed_reservations = Counter(
+            "sched_replayed_reservations",
+            "Placements this replica answered OK that the cell lacked after a failover "
+            "settle or a rewind, written back: live (pending) or ended.",
+            ["outcome"],
             registry=r,
         )
         self.script_duration = Histogram(

@@ -56,6 +56,11 @@ from scheduler.store.translate import translated
 
 log = logging.getLogger("scheduler.server.replica")
 T = TypeVar("T")
+#: A replica writes its assignments again these long (s) after its first
+#: replay: the reservations they name may be another replica's placements,
+#: which that replica writes back after its own next probe (about 1 s; a
+#: few on a loaded host).
+REPLAY_AGAIN_S = (2.0, 5.0)
 
 SERVICE_NAME = "scheduler.v1.Scheduler"
 LOOKUP_METHOD = f"/{SERVICE_NAME}/LookupNode"
@@ -185,6 +190,8 @@ class Replica:
         self.rewind_grace_ms = REWOUND_GRACE_MS
         self._history_lock = asyncio.Lock()
         self._history_at = 0.0
+        #: second passes of replay_assignments under way
+        self._replays: set[asyncio.Task[None]] = set()
         sched.on_placed = self.history.placement
         #: new connections to another Redis server hold writes until checked
         self.restart_guard: RestartGuard | None = getattr(sched.client, "restart_guard", None)
@@ -271,25 +278,65 @@ class Replica:
         await self.replay_assignments("the failover")
 
     async def replay_assignments(self, why: str) -> None:
-        """Write again the assignments this replica answered lately
-        (:class:`~scheduler.domain.history.AssignmentMemo`): Redis may have
-        lost them with its last writes.  A failure is logged; the reservations
-        then end by their TTL as before."""
+        """Write back what Redis may have lost with its last writes: first the
+        placements this replica answered that the cell lacks
+        (:class:`~scheduler.domain.history.PlacementMemo`, lua/replay-5.lua),
+        before writes go on (a creation in flight whose reservation went is
+        counted by no one until its node lists it); then, in the
+        background, the assignments it answered lately
+        (:class:`~scheduler.domain.history.AssignmentMemo`), at once and
+        again at each of :data:`REPLAY_AGAIN_S`: the reservations they name
+        may be another replica's placements, which that replica writes back
+        after its own probe.  A failure is logged; the reservations then end
+        by their TTL as before."""
         try:
-            written, refused = await self.sched.replay_assignments()
+            live, ended, kept, unknown = await self.sched.replay_reservations(self.rewind_grace_ms)
         except SchedulerError as e:
-            log.warning("could not write the assignments again after %s: %s", why, e.message)
+            log.warning("could not write back the placements after %s: %s", why, e.message)
+        else:
+            if live or ended:
+                self.metrics.replayed_reservations.labels("live").inc(live)
+                self.metrics.replayed_reservations.labels("ended").inc(ended)
+                log.warning(
+                    "after %s, wrote back %d placement(s) this replica answered in the last "
+                    "%.0f s that Redis lacked: %d pending (in flight), %d ended (in their "
+                    "nodes' rosters or over); %d it had%s",
+                    why,
+                    live + ended,
+                    self.sched.placed.window_s,
+                    live,
+                    ended,
+                    kept,
+                    f", {unknown} not written (node unknown)" if unknown else "",
+                )
+        if self._stopping:
             return
-        if written or refused:
-            self.metrics.replayed_assignments.inc(written)
-            log.warning(
-                "after %s, wrote again %d assignment(s) this replica answered in the last "
-                "%.0f s (Redis may have lost them; one it has changes nothing)%s",
-                why,
-                written,
-                self.sched.assigned.window_s,
-                f"; {refused} refused (node unknown)" if refused else "",
-            )
+        task = asyncio.create_task(self._replay_assignments(why), name="replay-assignments")
+        self._replays.add(task)
+        task.add_done_callback(self._replays.discard)
+
+    async def _replay_assignments(self, why: str) -> None:
+        waited = 0.0
+        for at in (0.0, *REPLAY_AGAIN_S):
+            await asyncio.sleep(at - waited)
+            waited = at
+            if self._stopping:
+                return
+            try:
+                written, refused = await self.sched.replay_assignments()
+            except SchedulerError as e:
+                log.warning("could not write the assignments again after %s: %s", why, e.message)
+                continue
+            if at == 0.0 and (written or refused):
+                self.metrics.replayed_assignments.inc(written)
+                log.warning(
+                    "after %s, wrote again %d assignment(s) this replica answered in the last "
+                    "%.0f s (Redis may have lost them; one it has changes nothing)%s",
+                    why,
+                    written,
+                    self.sched.assigned.window_s,
+                    f"; {refused} refused (node unknown)" if refused else "",
+                )
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -419,6 +466,8 @@ class Replica:
         await self.health.enter_graceful_shutdown()
         if self.sentinel is not None:
             await self.sentinel.stop()
+        for task in list(self._replays):
+            task.cancel()
         if self._monitor is not None:
             self._monitor.cancel()
             # wait_for() before Python 3.12 can swallow a cancellation; the loop
@@ -624,21 +673,44 @@ class Replica:
         put back first); live reservations made more than ``rewind_grace_ms``
         before the settle end (their nodes' next heartbeats count what runs)."""
         async with self._history_lock:
-            if probe.at < self._history_at:
+            # (by when each was sent: a probe in flight to the old primary at a
+            # failover may be answered after one the new primary answered, and
+            # compared with it, it read as data from the past: a second settle)
+            order = probe.sent or probe.at
+            if order < self._history_at:
                 return  # an older probe than one already compared
-            self._history_at = probe.at
+            self._history_at = order
             before = self.history.last
             verdict = self.history.observe(probe)
             if before is not None and probe.generation > before.generation:
                 self.sched.beats.clear()  # another replica settled: resend in full
+                if verdict is None:
+                    # what this replica answered the settled data may lack too
+                    # (the settling replica wrote back only its own)
+                    await self.replay_assignments("another replica's settle of the cell")
+                    return
             if verdict is None:
                 return
             self.sched.beats.clear()
             bound = self.history.clock_bound_ms
             expected = verdict.expected_now_ms if abs(verdict.skew_ms) > bound else None
+            # (a lower generation than this replica saw: settled only where the
+            # data really is from before that settle)
+            probed = probe.generation if probe.generation < verdict.generation else None
             settled, generation, now_ms, moved, age = await self.sched.rewound(
-                verdict.generation, expected, bound
+                verdict.generation, expected, bound, probed
             )
+            if not settled and probed is not None:
+                # the probe was another server's (the old primary, answering
+                # late): not a baseline; the next probe compares again
+                log.info(
+                    "a probe read generation %d, older than the %d this replica saw, "
+                    "while the primary has %d: another server's answer, ignored",
+                    probed,
+                    verdict.generation,
+                    generation,
+                )
+                return
             self.history.settled(probe, generation, now_ms)
             if settled:
                 self.metrics.redis_rewinds.labels(verdict.reason).inc()

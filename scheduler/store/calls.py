@@ -30,7 +30,7 @@ from scheduler.domain.catalog import (
     STRATEGIES,
 )
 from scheduler.domain.errors import InvalidArgument, PolicyConflict, SchedulerError, from_reply
-from scheduler.domain.history import Probe
+from scheduler.domain.history import Placed, Probe
 from scheduler.domain.limits import (
     MAX_CPU_CONFIG,
     MAX_EVENTS,
@@ -734,7 +734,9 @@ class Ops:
         """A call that Redis refuses wherever it would refuse a write (health);
         it writes (the probe count), so it is refused by EVALSHA too.  What it
         read of the cell's history (:mod:`scheduler.domain.history`); ``at`` is when
-        the answer came (this process's monotonic clock)."""
+        the answer came, ``sent`` when the call was made (this process's
+        monotonic clock)."""
+        sent = time.monotonic()
 
         def parse(r: list[Any]) -> Probe:
             a = whole_reply(c.ProbeReply, r)
@@ -745,21 +747,30 @@ class Ops:
                 sequence=int(a.sequence),
                 generation=int(a.generation),
                 at=time.monotonic(),
+                sent=sent,
             )
 
         return self._call("probe", c.ProbeArgv(write=c.flag(write)), parse)
 
     def rewound(
-        self, generation: int, expected_now_ms: int | None, bound_ms: int
+        self,
+        generation: int,
+        expected_now_ms: int | None,
+        bound_ms: int,
+        probed: int | None = None,
     ) -> Call[tuple[bool, int, int, int, int]]:
         """Settle a cell whose data went back in time or whose clock jumped
         (lua/rewound-5.lua): (settled here, generation, now_ms, clock moved
-        by ms, ms since the cell's last recorded probe)."""
+        by ms, ms since the cell's last recorded probe).  ``probed``: the
+        lower generation the caller's probe read, if that is the verdict's
+        cause: a server that has ``generation`` is not settled then (the
+        probe was another server's)."""
         argv = c.RewoundSettleArgv(
             mode=c.REWOUND_SETTLE,
             generation=str(generation),
             expected_ms="" if expected_now_ms is None else str(expected_now_ms),
             bound_ms=str(bound_ms),
+            probed=None if probed is None else str(probed),
         )
 
         def parse(r: list[Any]) -> tuple[bool, int, int, int, int]:
@@ -786,6 +797,31 @@ class Ops:
             return int(a.ended), s(a.more) == c.YES
 
         return self._call("rewound", argv, parse)
+
+    def replay(
+        self, placements: Sequence[tuple[Placed, str]], grace_ms: int
+    ) -> Call[tuple[int, int, int, int]]:
+        """Write back the placements (each with its sandbox id, "" = not
+        known) the cell lacks (lua/replay-5.lua): (written pending, written
+        ended, left as they were, not written)."""
+        flat: list[str] = []
+        for p, sandbox_id in placements:
+            flat += [
+                validate_id("reservation_id", p.reservation_id),
+                validate_id("node_id", p.node_id),
+                str(p.cpu),
+                str(p.memory_bytes),
+                str(p.created_ms),
+                repr(float(p.pressure)),
+                validate_id("sandbox_id", sandbox_id) if sandbox_id else "",
+            ]
+        argv = c.ReplayArgv(grace_ms=str(grace_ms), count=str(len(placements)), placements=flat)
+
+        def parse(r: list[Any]) -> tuple[int, int, int, int]:
+            a = whole_reply(c.ReplayReply, r)
+            return int(a.live), int(a.ended), int(a.kept), int(a.unknown)
+
+        return self._call("replay", argv, parse)
 
     def events(
         self, node_id: str, events: list[SandboxEvent], service_instance_id: str = ""

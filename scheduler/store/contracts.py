@@ -415,6 +415,9 @@ class RewoundSettleArgv(Argv, frozen=True):
     #: the clock bound (ms); (declared optional only because the reconcile
     #: form has no fourth value: the settle always sends it)
     bound_ms: str | None = None
+    #: for a probe that read a lower generation than the caller saw: the
+    #: generation it read (absent otherwise)
+    probed: str | None = None
 
 
 class RewoundReconcileArgv(Argv, frozen=True):
@@ -425,6 +428,8 @@ class RewoundReconcileArgv(Argv, frozen=True):
     most: str
     #: (no fourth value: the settle form's bound)
     spare: str | None = None
+    #: (no fifth value: the settle form's probed generation)
+    spare2: str | None = None
 
 
 class RewoundSettled(Reply):
@@ -438,6 +443,22 @@ class RewoundSettled(Reply):
 class RewoundReconciled(Reply):
     ended: Value
     more: Value
+
+
+class ReplayArgv(Argv, frozen=True):
+    #: a placement made this long (ms) before the settle or less may be in flight
+    grace_ms: str
+    count: str
+    #: each placement's (reservation id, node id, cpu, memory bytes,
+    #: created_ms, pressure, sandbox id or "")
+    placements: list[str]
+
+
+class ReplayReply(Reply):
+    live: Value
+    ended: Value
+    kept: Value
+    unknown: Value
 
 
 class RebuildArgv(Argv, frozen=True):
@@ -702,6 +723,7 @@ CONTRACTS: dict[str, Contract] = {
         (RewoundSettleArgv, RewoundReconcileArgv),
         (RewoundSettled, RewoundReconciled),
     ),
+    "replay": Contract(FIXED_KEYS, (ReplayArgv,), (ReplayReply,)),
     "reservations": Contract(FIXED_KEYS, (ReservationsArgv,), (ReservationsReply,)),
     "schedule": Contract(
         (*FIXED_KEYS, "rr"), (ScheduleArgv,), (ScheduleDecision, ScheduleExplanation)
