@@ -172,6 +172,8 @@ class Params:
     #: it adds an explain to each of ours' decisions, so its Redis time is
     #: not a measure), and compare each arrival with kube's placement of it
     diagnose: bool = False
+    #: Params.diagnose lists ours' placements that took a node to this pressure
+    hot_pressure: float = 0.875
 
     @classmethod
     def quick(cls) -> Params:
@@ -614,6 +616,24 @@ def _sort_cold(
     return out
 
 
+def _hot(d: Decision, node: SimNode, warm: bool) -> dict[str, Any]:
+    """One placement of ours that took its node to Params.hot_pressure or
+    over: was it locality's doing (the node above the coolest eligible)?"""
+    assert d.explanation is not None and d.placement is not None
+    verdicts = {v.node_id: v for v in d.explanation.verdicts}
+    chosen = verdicts[d.placement.node_id]
+    eligible = [v.pressure for v in verdicts.values() if v.reason is None]
+    return {
+        "sandbox": d.arrival.sandbox_id,
+        "node": node.node_id,
+        "after": round(node.pressure(), 3),
+        "chosen_pressure": round(chosen.pressure, 3),
+        "coolest": round(min(eligible, default=chosen.pressure), 3),
+        "coverage": round(chosen.coverage, 3),
+        "warm": warm,
+    }
+
+
 def diagnosis(rows: list[dict[str, Any]]) -> list[str]:
     """The diagnostic rows' summary (and their private keys dropped): for
     each of ours' rows, its cold placements by cause, and what kube (same
@@ -622,7 +642,7 @@ def diagnosis(rows: list[dict[str, Any]]) -> list[str]:
     ll = next((r for r in rows if r.get("strategy") == "least_loaded" and "_seen" in r), None)
     out: list[str] = []
     for row in rows:
-        cold = row.get("_cold")
+        cold = row.get("cold_placements")
         if row.get("strategy") != "ours" or cold is None:
             continue
         head = f"ours {row.get('setting') or 'default'} x{row.get('replicas')}"
@@ -677,7 +697,6 @@ def diagnosis(rows: list[dict[str, Any]]) -> list[str]:
             )
         row["diagnosis"] = summary
     for row in rows:
-        row.pop("_cold", None)
         row.pop("_seen", None)
     return out
 
@@ -767,6 +786,7 @@ def run_one(
     #: every counted arrival's (warm, node, its pressure after the create)
     diag: list[dict[str, Any]] = []
     seen: dict[str, tuple[bool, str, float]] = {}
+    hot: list[dict[str, Any]] = []
     weight = policy.locality.weight if "locality" in Policy.__struct_fields__ else 0.0
     events: list[tuple[float, int, str, Any]] = []
     seq = itertools.count()
@@ -844,6 +864,8 @@ def run_one(
                 node.create(a.sandbox_id, a.cpu, a.memory_mb * MIB, a.lifetime_s)
                 if counted and p.diagnose:
                     seen[a.sandbox_id] = (warm, node.node_id, round(node.pressure(), 3))
+                    if d.explanation is not None and node.pressure() >= p.hot_pressure:
+                        hot.append(_hot(d, node, warm))
                 side.assign(a.sandbox_id, node.node_id, node.endpoint, d.placement.reservation_id)
                 if began:
                     heapq.heappush(events, (ready, next(seq), "pulled", (i, began)))
@@ -888,7 +910,7 @@ def run_one(
         "index_agrees": agrees,
         "per_node_peak_sandboxes": [n.peak_sandboxes for n in nodes],
         "cache_used_gib": [round(c.used() / GIB, 1) for c in caches],
-        **({"_cold": diag, "_seen": seen} if p.diagnose else {}),
+        **({"cold_placements": diag, "hot_placements": hot, "_seen": seen} if p.diagnose else {}),
     }
 
 
