@@ -62,6 +62,8 @@ local function load_policy(ctx)
     locality_weight = tonumber(raw.locality_weight) or LOCALITY_DEFAULTS.locality_weight,
     locality_max_pressure_gap = tonumber(raw.locality_max_pressure_gap)
       or LOCALITY_DEFAULTS.locality_max_pressure_gap,
+    locality_pending_decay = tonumber(raw.locality_pending_decay)
+      or LOCALITY_DEFAULTS.locality_pending_decay,
     locality_affinity_ttl_ms = tonumber(raw.locality_affinity_ttl_ms)
       or LOCALITY_DEFAULTS.locality_affinity_ttl_ms,
     locality_affinity_max_nodes = tonumber(raw.locality_affinity_max_nodes)

@@ -268,7 +268,7 @@ function LOCALITY.bonus(P, L, n)
   if L.group and n.coverage > 0 then
     n.same = tonumber(redis.call('HGET', LOCALITY.loc_key(n.id), L.group)) or 0
   end
-  n.bonus = P.locality_weight * n.coverage / (1 + n.same)
+  n.bonus = P.locality_weight * n.coverage / (1 + P.locality_pending_decay * n.same)
 end
 
 -- The placement among B (the decision without locality) and the warm set:

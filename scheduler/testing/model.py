@@ -335,7 +335,7 @@ def locality(
     for v in verdicts:
         c, _ = coverage(v.node_id)
         same = loc.pending.get(v.node_id, {}).get(group, 0) if group and c > 0 else 0
-        scores[v.node_id] = (c, lp.weight * c / (1 + same))
+        scores[v.node_id] = (c, lp.weight * c / (1 + lp.pending_decay * same))
 
     def score(v: ModelVerdict) -> float:
         return v.pressure - scores[v.node_id][1]
