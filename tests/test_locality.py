@@ -127,6 +127,7 @@ def scenario(draw: Any) -> dict[str, Any]:
                 weight=draw(st.sampled_from([0.0, 0.1, 0.5, 2.0])),
                 max_pressure_gap=draw(st.sampled_from([0.0, 0.1, 0.3])),
                 pending_decay=draw(st.sampled_from([0.0, 0.25, 1.0])),
+                headroom_share=draw(st.sampled_from([0.0, 0.5])),
                 affinity_max_nodes=draw(st.sampled_from([1, 16])),
             ),
             limits=Limits(max_sandbox_count=draw(st.sampled_from([0, 2, 4]))),

@@ -64,6 +64,8 @@ local function load_policy(ctx)
       or LOCALITY_DEFAULTS.locality_max_pressure_gap,
     locality_pending_decay = tonumber(raw.locality_pending_decay)
       or LOCALITY_DEFAULTS.locality_pending_decay,
+    locality_headroom_share = tonumber(raw.locality_headroom_share)
+      or LOCALITY_DEFAULTS.locality_headroom_share,
     locality_affinity_ttl_ms = tonumber(raw.locality_affinity_ttl_ms)
       or LOCALITY_DEFAULTS.locality_affinity_ttl_ms,
     locality_affinity_max_nodes = tonumber(raw.locality_affinity_max_nodes)
