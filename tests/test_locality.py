@@ -259,6 +259,31 @@ def test_a_warm_coolest_node_wins_without_reading_the_warm_set(real_url: str) ->
     assert p.node_id != "cool" and p.warmth == "full"
 
 
+def test_headroom_share_caps_the_gap_as_the_coolest_node_fills(redis_client: Any) -> None:
+    """With headroom_share 0.5 a warm node may be at most half the coolest
+    node's headroom above it, however wide max_pressure_gap is: with the
+    coolest at (8 + 1) / 16 = 0.5625 the limit is 0.5625 + 0.5 x 0.4375 =
+    0.78125, so a warm node at 12 / 16 competes (and wins) and one at 13 / 16
+    does not, though both are within the gap (0.5); with the coolest at
+    3 / 16 the cap is wider than the 7 / 16 node needs.  The model agrees."""
+    s = Scheduler(redis_client, cell="share")
+    policy = Policy(locality=Locality(weight=0.5, max_pressure_gap=0.5, headroom_share=0.5))
+    s.sync_policy(policy)
+    req = Request(cpu=1, memory_bytes=GIB, locality=(LR(key="snap"),))
+    for cool_alloc, warm_alloc, want in ((8, 11, "warm"), (8, 12, "cold"), (2, 6, "warm")):
+        beat(s, "cold", alloc=cool_alloc)
+        beat(s, "warm", alloc=warm_alloc)
+        s.record_artifact("c1", "bt", "snap", "warm")
+        ex = s.explain(req)
+        loc = loc_state(s, {"warm": {"snap"}}, groups_of([req]))
+        model = decide(node_states(s), policy, req, ex.now_ms, ex.rotation, loc=loc)
+        assert ex.chosen == model.chosen == want, (cool_alloc, warm_alloc)
+        if want == "cold":
+            why = {v.node_id: v.locality for v in ex.verdicts}["warm"]
+            # (13/16 over 9/16 + the capped margin, half of 7/16)
+            assert why == "pressure 0.812 over 0.562 + max_pressure_gap 0.219"
+
+
 def test_locality_never_brings_back_a_filtered_node(redis_client: Any) -> None:
     s = Scheduler(redis_client, cell="filt")
     s.sync_policy(Policy(locality=ON, limits=Limits(max_sandbox_count=1)))
@@ -558,6 +583,14 @@ def test_policy_set_turns_locality_on_and_show_reads_it(real_url: str) -> None:
     assert bad.exit_code != 0 and "--locality-pending-decay" in bad.output
     with pytest.raises(InvalidArgument, match="locality.pending_decay"):
         Policy(locality=Locality(weight=0.2, pending_decay=101)).validate()
+    got = runner.invoke(main, ["policy", "set", *where, "--locality-headroom-share", "0.4"])
+    assert got.exit_code == 0, got.output
+    p = s.policy()
+    assert p is not None and (p.locality.headroom_share, p.locality.pending_decay) == (0.4, 0.5)
+    bad = runner.invoke(main, ["policy", "set", *where, "--locality-headroom-share", "2"])
+    assert bad.exit_code != 0 and "--locality-headroom-share" in bad.output
+    with pytest.raises(InvalidArgument, match="locality.headroom_share"):
+        Policy(locality=Locality(weight=0.2, headroom_share=1.5)).validate()
 
 
 def test_the_reference_models_pr51_preference_piles_onto_the_warm_node() -> None:
