@@ -351,8 +351,8 @@ def our_request(tpl: Template, cpu: int, memory_mb: int) -> Request:
 
 #: ``ours``' locality weight when the policy's default is 0 (off) and no
 #: --locality weight=... is given: the setting docs/design.md ("Locality")
-#: turns locality on with (``{"weight": 0.15}``, the other keys their defaults)
-ON_WEIGHT = 0.15
+#: turns locality on with (``{"weight": 0.2}``, the other keys their defaults)
+ON_WEIGHT = 0.2
 
 
 def locality_policy(policy: Policy, overrides: Sequence[tuple[str, str]], on: bool) -> Policy:
