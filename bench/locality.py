@@ -73,6 +73,13 @@ start empty):
   decisions' script calls (the alternatives' explain and lookups
   included), per decision, and ``vs_least_loaded``: its ratio to ``least_loaded``'s in the
   same run.
+
+``Params.diagnose`` (``--diagnose``) takes an explanation with each of
+ours' Schedules, in the same MULTI/EXEC, and sorts every counted placement
+on a node short of its template by what kept the full holders from winning
+(``cold_placements``, summed in ``diagnosis``, beside what ``kube`` did with
+the same arrivals), and lists the placements that took a node to
+``hot_pressure`` (``hot_placements``).  Its Redis times are not a measure.
 """
 
 from __future__ import annotations
