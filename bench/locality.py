@@ -574,7 +574,7 @@ CAUSES = ("score", "decay", "gap", "capacity unknown", "index", "other", "inelig
 def _cause(v: Verdict, weight: float) -> str:
     if v.reason is not None:
         return "ineligible"
-    if "max_pressure_gap" in v.locality:
+    if " + max_pressure_gap " in v.locality or " + headroom_share " in v.locality:
         return "gap"
     if v.locality.startswith("pressure - bonus"):
         return "decay" if v.bonus < weight * v.coverage - 1e-9 else "score"
@@ -677,7 +677,7 @@ def diagnosis(rows: list[dict[str, Any]]) -> list[str]:
             details: dict[str, int] = {}
             for c in items:
                 key = str(c.get("detail", ""))
-                key = key.split(" over ")[0] if "max_pressure_gap" in key else key[:40]
+                key = key.split(" over ")[0] if c.get("cause") == "gap" else key[:40]
                 details[key] = details.get(key, 0) + 1
             info["details"] = details
             summary[cause] = info

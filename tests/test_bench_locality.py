@@ -217,6 +217,8 @@ def test_a_cause_is_read_from_the_verdict() -> None:
     assert locality._cause(v("at max_sandbox_count (64)"), 0.15) == "ineligible"
     gap = "pressure 0.700 over 0.500 + max_pressure_gap 0.150"
     assert locality._cause(v(None, gap), 0.15) == "gap"
+    capped = "pressure 0.812 over 0.562 + headroom_share 0.219"
+    assert locality._cause(v(None, capped), 0.15) == "gap"
     lost = "pressure - bonus 0.600 not below 0.500"
     assert locality._cause(v(None, lost, bonus=0.075), 0.15) == "decay"
     assert locality._cause(v(None, lost, bonus=0.15), 0.15) == "score"

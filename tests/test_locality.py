@@ -281,7 +281,7 @@ def test_headroom_share_caps_the_gap_as_the_coolest_node_fills(redis_client: Any
         if want == "cold":
             why = {v.node_id: v.locality for v in ex.verdicts}["warm"]
             # (13/16 over 9/16 + the capped margin, half of 7/16)
-            assert why == "pressure 0.812 over 0.562 + max_pressure_gap 0.219"
+            assert why == "pressure 0.812 over 0.562 + headroom_share 0.219"
 
 
 def test_locality_never_brings_back_a_filtered_node(redis_client: Any) -> None:
