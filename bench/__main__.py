@@ -308,6 +308,12 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--no-scale", action="store_true", help="skip those rows")
     lo.add_argument("--seed", type=int, default=1, help="seed of the fleet and the arrivals")
     lo.add_argument("--plot", metavar="FILE.png", help="draw the chart (needs the bench extra)")
+    lo.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="sort ours' placements short of a full holder by cause, beside kube's of the "
+        "same arrivals (adds an explain to each of ours' decisions: no Redis figures)",
+    )
 
     g = sub.add_parser(
         "phases",
@@ -423,7 +429,9 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             tuple(_setting(item) for item in text.split(",") if item.strip())
             for text in args.sweep or ()
         )
-        lop = replace(lop, seed=args.seed, locality=tuple(pairs), sweep=sweep)
+        lop = replace(
+            lop, seed=args.seed, locality=tuple(pairs), sweep=sweep, diagnose=args.diagnose
+        )
         if args.scale_nodes:
             lop = replace(lop, scale_nodes=args.scale_nodes)
         if args.no_scale:

@@ -73,6 +73,13 @@ start empty):
   decisions' script calls (the alternatives' explain and lookups
   included), per decision, and ``vs_least_loaded``: its ratio to ``least_loaded``'s in the
   same run.
+
+``Params.diagnose`` (``--diagnose``) takes an explanation with each of
+ours' Schedules, in the same MULTI/EXEC, and sorts every counted placement
+on a node short of its template by what kept the full holders from winning
+(``cold_placements``, summed in ``diagnosis``, beside what ``kube`` did with
+the same arrivals), and lists the placements that took a node to
+``hot_pressure`` (``hot_placements``).  Its Redis times are not a measure.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ import heapq
 import itertools
 import math
 import random
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +174,13 @@ class Params:
     #: Schedules whose redis.calls MONITOR counts, per strategy and fleet size
     scale_monitored: int = 20
     seed: int = 1
+    #: sort ours' placements short of a full holder by what an explanation
+    #: taken in the same MULTI/EXEC says of the full holders (a diagnostic:
+    #: it adds an explain to each of ours' decisions, so its Redis time is
+    #: not a measure), and compare each arrival with kube's placement of it
+    diagnose: bool = False
+    #: Params.diagnose lists ours' placements that took a node to this pressure
+    hot_pressure: float = 0.875
 
     @classmethod
     def quick(cls) -> Params:
@@ -305,6 +320,9 @@ class Cache:
                 evicted.append(k)
         return evicted
 
+    def holds(self, tpl: Template) -> bool:
+        return all(k in self.held for k, _ in tpl.artifacts)
+
     def release(self, tpl: Template) -> None:
         for k, _ in tpl.artifacts:
             left = self.pins.get(k, 0) - 1
@@ -340,8 +358,8 @@ def our_request(tpl: Template, cpu: int, memory_mb: int) -> Request:
 
 #: ``ours``' locality weight when the policy's default is 0 (off) and no
 #: --locality weight=... is given: the setting docs/design.md ("Locality")
-#: turns locality on with (``{"weight": 0.15}``, the other keys their defaults)
-ON_WEIGHT = 0.15
+#: turns locality on with (``{"weight": 0.2}``, the other keys their defaults)
+ON_WEIGHT = 0.2
 
 
 def locality_policy(policy: Policy, overrides: Sequence[tuple[str, str]], on: bool) -> Policy:
@@ -405,6 +423,8 @@ class Decision:
     placement: Placement | None
     pinned: str | None = None
     refusal: str | None = None
+    #: the dry run of the same decision in its MULTI/EXEC (Params.diagnose)
+    explanation: Explanation | None = None
 
 
 def _refused(e: BaseException) -> str:
@@ -427,6 +447,8 @@ class Decider:
 
     def decide(self, r: Replica, a: Arrival) -> Decision:
         req = self.request(a)
+        if self.strategy == "ours" and self.p.diagnose:
+            return self._explained(r, a, req)
         if self.strategy in LIBRARY:
             try:
                 return Decision(a, r.s.schedule(req, strategy=LIBRARY[self.strategy]))
@@ -508,6 +530,20 @@ class Decider:
         best = max(sc for sc, _ in scores)
         return r.rng.choice([nid for sc, nid in scores if sc == best])
 
+    def _explained(self, r: Replica, a: Arrival, req: Request) -> Decision:
+        """The library's decision with its explanation, in one MULTI/EXEC (the
+        dry run sees exactly the state the Schedule decides from)."""
+        ex_call = r.s.ops.explain(req, LIBRARY[self.strategy])
+        call = r.s.ops.schedule(req, LIBRARY[self.strategy])
+        pipe = r.s.client.pipeline(transaction=True)
+        r.s.scripts.call(ex_call.script, ex_call.keys, ex_call.args, client=pipe)
+        r.s.scripts.call(call.script, call.keys, call.args, client=pipe)
+        got, reply = pipe.execute(raise_on_error=False)
+        ex = ex_call.parse(got)
+        if isinstance(reply, Exception):
+            return Decision(a, None, refusal=_refused(reply), explanation=ex)
+        return Decision(a, call.parse(reply), explanation=ex)
+
     # -- placing the chosen node through the library -----------------------------
     def _pinned(
         self, r: Replica, a: Arrival, req: Request, group: list[Verdict], chosen: str | None
@@ -526,6 +562,150 @@ class Decider:
         if isinstance(reply, Exception):
             return Decision(a, None, pinned=chosen, refusal=_refused(reply))
         return Decision(a, call.parse(reply), pinned=chosen)
+
+
+# ---------------------------------------------------------------------------
+# Params.diagnose: where ours' cold starts come from
+# ---------------------------------------------------------------------------
+#: what kept a full holder from winning, closest to winning first
+CAUSES = ("score", "decay", "gap", "capacity unknown", "index", "other", "ineligible")
+
+
+def _cause(v: Verdict, weight: float) -> str:
+    if v.reason is not None:
+        return "ineligible"
+    if " + max_pressure_gap " in v.locality or " + headroom_share " in v.locality:
+        return "gap"
+    if v.locality.startswith("pressure - bonus"):
+        return "decay" if v.bonus < weight * v.coverage - 1e-9 else "score"
+    if v.locality == "capacity unknown":
+        return v.locality
+    if v.coverage < 1:
+        return "index"
+    return "other"
+
+
+def _sort_cold(
+    d: Decision, tpl: Template, nodes: Sequence[SimNode], caches: Sequence[Cache], weight: float
+) -> dict[str, Any]:
+    """One placement of ours on a node short of ``tpl``: why no full holder
+    (by the simulated caches) won, by the explanation taken with it."""
+    assert d.explanation is not None and d.placement is not None
+    verdicts = {v.node_id: v for v in d.explanation.verdicts}
+    chosen = verdicts[d.placement.node_id]
+    eligible = [v for v in verdicts.values() if v.reason is None]
+    coolest = min(v.pressure for v in eligible) if eligible else chosen.pressure
+    out: dict[str, Any] = {
+        "sandbox": d.arrival.sandbox_id,
+        "template": tpl.name,
+        "chosen": chosen.node_id,
+        "chosen_pressure": round(chosen.pressure, 3),
+        "chosen_coverage": round(chosen.coverage, 3),
+        "coolest": round(coolest, 3),
+        "cause": "no full holder",
+    }
+    full = [verdicts[n.node_id] for n, c in zip(nodes, caches, strict=True) if c.holds(tpl)]
+    if not full:
+        return out
+    causes = {v.node_id: _cause(v, weight) for v in full}
+    best = min(full, key=lambda v: (CAUSES.index(causes[v.node_id]), v.pressure))
+    cause = causes[best.node_id]
+    out.update(
+        cause=cause,
+        detail=best.reason or best.locality,
+        holders=len(full),
+        holder=best.node_id,
+        holder_pressure=round(best.pressure, 3),
+        holder_bonus=round(best.bonus, 3),
+        excess=round(best.pressure - coolest, 3),
+        causes=sorted(causes.values()),
+    )
+    return out
+
+
+def _hot(d: Decision, node: SimNode, warm: bool) -> dict[str, Any]:
+    """One placement of ours that took its node to Params.hot_pressure or
+    over: was it locality's doing (the node above the coolest eligible)?"""
+    assert d.explanation is not None and d.placement is not None
+    verdicts = {v.node_id: v for v in d.explanation.verdicts}
+    chosen = verdicts[d.placement.node_id]
+    eligible = [v.pressure for v in verdicts.values() if v.reason is None]
+    return {
+        "sandbox": d.arrival.sandbox_id,
+        "node": node.node_id,
+        "after": round(node.pressure(), 3),
+        "chosen_pressure": round(chosen.pressure, 3),
+        "coolest": round(min(eligible, default=chosen.pressure), 3),
+        "coverage": round(chosen.coverage, 3),
+        "warm": warm,
+    }
+
+
+def diagnosis(rows: list[dict[str, Any]]) -> list[str]:
+    """The diagnostic rows' summary (and their private keys dropped): for
+    each of ours' rows, its cold placements by cause, and what kube (same
+    replicas) did with the same arrivals."""
+    kube = next((r for r in rows if r.get("strategy") == "kube" and "_seen" in r), None)
+    ll = next((r for r in rows if r.get("strategy") == "least_loaded" and "_seen" in r), None)
+    out: list[str] = []
+    for row in rows:
+        cold = row.get("cold_placements")
+        if row.get("strategy") != "ours" or cold is None:
+            continue
+        head = f"ours {row.get('setting') or 'default'} x{row.get('replicas')}"
+        by: dict[str, list[dict[str, Any]]] = {}
+        for c in cold:
+            by.setdefault(c["cause"], []).append(c)
+        summary: dict[str, Any] = {}
+        out.append(f"{head}: {len(cold)} placements short of a full holder")
+        for cause, items in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            line = f"  {cause}: {len(items)}"
+            info: dict[str, Any] = {"n": len(items)}
+            ex = sorted(c["excess"] for c in items if "excess" in c)
+            if ex:
+                info["excess"] = [ex[0], ex[len(ex) // 2], ex[-1]]
+                line += f"; holder pressure over the coolest min/median/max {info['excess']}"
+            if kube is not None and kube.get("replicas") == row.get("replicas"):
+                ks = [kube["_seen"].get(c["sandbox"]) for c in items]
+                kw = [k for k in ks if k is not None and k[0]]
+                kp = sorted(k[2] for k in kw)
+                info["kube_warm"] = len(kw)
+                line += f"; kube warm {len(kw)}"
+                if kp:
+                    info["kube_pressure"] = [kp[0], kp[len(kp) // 2], kp[-1]]
+                    line += f" at node pressure after min/median/max {info['kube_pressure']}"
+            details: dict[str, int] = {}
+            for c in items:
+                key = str(c.get("detail", ""))
+                key = key.split(" over ")[0] if c.get("cause") == "gap" else key[:40]
+                details[key] = details.get(key, 0) + 1
+            info["details"] = details
+            summary[cause] = info
+            out.append(line)
+        if kube is not None and kube.get("replicas") == row.get("replicas"):
+            mine = row["_seen"]
+            theirs = kube["_seen"]
+            both = set(mine) & set(theirs)
+            only_kube = sum(1 for k in both if theirs[k][0] and not mine[k][0])
+            only_ours = sum(1 for k in both if mine[k][0] and not theirs[k][0])
+            hot = sorted(v[2] for v in theirs.values())
+            out.append(
+                f"  same arrivals: kube warm where ours not {only_kube}, ours warm where "
+                f"kube not {only_ours}; kube's node pressure after placement p50/p90/p99/max "
+                f"{[percentile(hot, q) for q in (50, 90, 99, 100)]}"
+            )
+        if ll is not None:
+            hot = sorted(v[2] for v in row["_seen"].values())
+            base = sorted(v[2] for v in ll["_seen"].values())
+            out.append(
+                f"  ours' node pressure after placement p50/p90/p99/max "
+                f"{[percentile(hot, q) for q in (50, 90, 99, 100)]}; least_loaded's "
+                f"{[percentile(base, q) for q in (50, 90, 99, 100)]}"
+            )
+        row["diagnosis"] = summary
+    for row in rows:
+        row.pop("_seen", None)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -609,6 +789,12 @@ def run_one(
     side = pool[0].s
     decider = Decider(p, strategy, tpls)
     tally = Tally()
+    #: Params.diagnose: ours' placements short of a full holder, sorted; and
+    #: every counted arrival's (warm, node, its pressure after the create)
+    diag: list[dict[str, Any]] = []
+    seen: dict[str, tuple[bool, str, float]] = {}
+    hot: list[dict[str, Any]] = []
+    weight = policy.locality.weight if "locality" in Policy.__struct_fields__ else 0.0
     events: list[tuple[float, int, str, Any]] = []
     seq = itertools.count()
     redis_now = [0.0]
@@ -678,9 +864,15 @@ def run_one(
                     continue
                 i = by_id[d.placement.node_id]
                 node, tpl = nodes[i], tpls[a.template]
+                if counted and d.explanation is not None and not caches[i].holds(tpl):
+                    diag.append(_sort_cold(d, tpl, nodes, caches, weight))
                 warm, pulled, ready, began = caches[i].start(tpl, now[0], p.pull_mib_s * MIB)
                 node.starting_s = ready - now[0] + p.warm_start_s
                 node.create(a.sandbox_id, a.cpu, a.memory_mb * MIB, a.lifetime_s)
+                if counted and p.diagnose:
+                    seen[a.sandbox_id] = (warm, node.node_id, round(node.pressure(), 3))
+                    if d.explanation is not None and node.pressure() >= p.hot_pressure:
+                        hot.append(_hot(d, node, warm))
                 side.assign(a.sandbox_id, node.node_id, node.endpoint, d.placement.reservation_id)
                 if began:
                     heapq.heappush(events, (ready, next(seq), "pulled", (i, began)))
@@ -725,6 +917,7 @@ def run_one(
         "index_agrees": agrees,
         "per_node_peak_sandboxes": [n.peak_sandboxes for n in nodes],
         "cache_used_gib": [round(c.used() / GIB, 1) for c in caches],
+        **({"cold_placements": diag, "hot_placements": hot, "_seen": seen} if p.diagnose else {}),
     }
 
 
@@ -955,6 +1148,9 @@ def run(target: Target, p: Params | None = None) -> Result:
             row["vs_least_loaded"] = round(
                 row["redis_us_per_decision"] / base["redis_us_per_decision"], 2
             )
+    found = diagnosis(rows)
+    for line in found:
+        print(line, file=sys.stderr, flush=True)
     mean_cpu = sum(c for c, _ in SIZES) / len(SIZES)
     rate = p.utilisation * total_cpu / (mean_cpu * p.mean_lifetime_s)
     notes = [

@@ -55,7 +55,9 @@ def policy_table(p: Policy, where: str) -> Table:
     loc = p.locality
     table.add_row(
         "locality",
-        f"weight {loc.weight:g}, max_pressure_gap {loc.max_pressure_gap:g}, affinity_ttl "
+        f"weight {loc.weight:g}, max_pressure_gap {loc.max_pressure_gap:g}, headroom_share "
+        f"{loc.headroom_share:g}, pending_decay "
+        f"{loc.pending_decay:g}, affinity_ttl "
         f"{format_duration(loc.affinity_ttl_ms)}, affinity_max_nodes {loc.affinity_max_nodes}"
         if loc.weight > 0
         else Text("off (weight 0)", style="dim"),
@@ -159,6 +161,16 @@ def _limit(text: str) -> tuple[str, int]:
     help="A warm node competes only within this pressure of the coolest.",
 )
 @click.option(
+    "--locality-headroom-share",
+    type=click.FloatRange(0, 1),
+    help="The gap is at most this share of the coolest node's headroom (0 = no cap).",
+)
+@click.option(
+    "--locality-pending-decay",
+    type=click.FloatRange(0, 100),
+    help="The bonus is divided by 1 + this x the node's pending starts of the template.",
+)
+@click.option(
     "--locality-affinity-ttl",
     type=Duration(),
     help="How long a start keeps its node warm for its template.",
@@ -187,6 +199,8 @@ def set_(
     artifact_key_max_bytes: int | None,
     locality_weight: float | None,
     locality_max_pressure_gap: float | None,
+    locality_headroom_share: float | None,
+    locality_pending_decay: float | None,
     locality_affinity_ttl: int | None,
     locality_affinity_max_nodes: int | None,
 ) -> None:
@@ -213,6 +227,8 @@ def set_(
         for k, v in (
             ("weight", locality_weight),
             ("max_pressure_gap", locality_max_pressure_gap),
+            ("headroom_share", locality_headroom_share),
+            ("pending_decay", locality_pending_decay),
             ("affinity_ttl_ms", locality_affinity_ttl),
             ("affinity_max_nodes", locality_affinity_max_nodes),
         )

@@ -9,6 +9,7 @@ No timing is asserted; the ratios are checked for shape only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -155,3 +156,70 @@ def test_cache_evicts_least_recent_unpinned() -> None:
     c.start(cc, 6.0, gib)
     assert c.arrived(["c/0"], {"c/0": gib}) == ["b/0"]
     assert list(c.held) == ["a/0", "c/0"]
+
+
+def test_diagnose_sorts_every_cold_placement_and_places_the_same(target: Target) -> None:
+    """``--diagnose`` (an explanation in the same MULTI/EXEC as each of
+    ours' Schedules): every counted placement of ours on a node short of its
+    template is sorted into one cause, the summary's counts add up to them,
+    the placements themselves are the library's (no violation, the index in
+    step), and the private per-arrival maps are not left in the rows."""
+    if not locality.library_locality():
+        pytest.skip("this tree's library has no locality")
+    p = dataclasses.replace(
+        locality.Params.quick(), strategies=("kube", "ours"), scale_nodes=(), diagnose=True
+    )
+    got = locality.run(target, p)
+    ours = [r for r in got.rows if r["strategy"] == "ours"]
+    assert {r["replicas"] for r in ours} == {1, 3}
+    for row in got.rows:
+        assert "_seen" not in row
+    for row in ours:
+        cold = row["cold_placements"]
+        short = round(row["placed"] * (100 - row["warm_pct"]) / 100)
+        assert abs(len(cold) - short) <= 1  # (warm_pct is rounded to 0.1)
+        assert {c["cause"] for c in cold} <= {*locality.CAUSES, "no full holder"}
+        assert sum(v["n"] for v in row["diagnosis"].values()) == len(cold)
+        for c in cold:
+            if c["cause"] == "gap":
+                assert c["holder_pressure"] > c["coolest"]
+            if c["cause"] == "ineligible":
+                assert c["detail"]
+        assert row["violations"] == 0 and row["index_agrees"] is True
+        for h in row["hot_placements"]:
+            assert h["after"] >= p.hot_pressure
+
+
+def test_a_cause_is_read_from_the_verdict() -> None:
+    """What kept a full holder from winning, from its verdict's fields."""
+    from scheduler.domain.records import Verdict
+
+    def v(reason: str | None = None, locality_text: str = "", bonus: float = 0.15) -> Verdict:
+        return Verdict(
+            node_id="n",
+            status="READY",
+            reason=reason,
+            pressure=0.5,
+            known_capacity=True,
+            starting=0,
+            running=0,
+            paused=0,
+            projected_cpu=1,
+            projected_memory_bytes=1,
+            cpu_capacity=16,
+            memory_capacity_bytes=1,
+            endpoint="n:1",
+            coverage=1.0,
+            bonus=bonus,
+            locality=locality_text,
+        )
+
+    assert locality._cause(v("at max_sandbox_count (64)"), 0.15) == "ineligible"
+    gap = "pressure 0.700 over 0.500 + max_pressure_gap 0.150"
+    assert locality._cause(v(None, gap), 0.15) == "gap"
+    capped = "pressure 0.812 over 0.562 + headroom_share 0.219"
+    assert locality._cause(v(None, capped), 0.15) == "gap"
+    lost = "pressure - bonus 0.600 not below 0.500"
+    assert locality._cause(v(None, lost, bonus=0.075), 0.15) == "decay"
+    assert locality._cause(v(None, lost, bonus=0.15), 0.15) == "score"
+    assert locality._cause(v(None, "capacity unknown"), 0.15) == "capacity unknown"

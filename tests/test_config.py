@@ -77,6 +77,7 @@ def test_full_reference_config(tmp_path: Path) -> None:
                     "artifact_lookup_node_limit": 3,
                     "overcommit": {"cpu": 2.0},
                     "default_request": {"cpu": 1, "memory_mb": 512},
+                    "locality": {"weight": 0.15, "pending_decay": 0.5},
                     "cell": "eu-1",
                 },
                 "log_level": "debug",
@@ -94,6 +95,7 @@ def test_full_reference_config(tmp_path: Path) -> None:
     )
     assert p.limits.active() == {"max_sandbox_count": 10, "max_cpu_used_percent": 90}
     assert (p.overcommit.cpu, p.overcommit.memory) == (2.0, 1.0)
+    assert (p.locality.weight, p.locality.pending_decay) == (0.15, 0.5)
     assert p.static_nodes and s.discovery == "static"
     assert s.nodes == [("n1", "10.0.0.1:5000"), ("n2", "10.0.0.2:5000")]
     assert (s.grpc_listen, s.metrics_listen) == ("[::]:7000", "127.0.0.1:7001")
@@ -154,6 +156,10 @@ def test_defaults() -> None:
         ({"scheduler": {"min_replicas_acked": -1}}, "scheduler.min_replicas_acked: must be 0..64"),
         ({"scheduler": {"replica_ack_timeout": "soon"}}, "scheduler.replica_ack_timeout"),
         ({"scheduler": {"redis_timeout": "0s"}}, "scheduler.redis_timeout"),
+        (
+            {"scheduler": {"locality": {"weight": 0.15, "pending_decay": -0.5}}},
+            "scheduler.locality.pending_decay: must be in [0, 100]",
+        ),
         ({"log_level": "loud"}, "log_level"),
         ({"log_format": "xml"}, "log_format"),
         ("{not json", "not valid JSON"),

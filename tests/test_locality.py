@@ -126,6 +126,8 @@ def scenario(draw: Any) -> dict[str, Any]:
             locality=Locality(
                 weight=draw(st.sampled_from([0.0, 0.1, 0.5, 2.0])),
                 max_pressure_gap=draw(st.sampled_from([0.0, 0.1, 0.3])),
+                pending_decay=draw(st.sampled_from([0.0, 0.25, 1.0])),
+                headroom_share=draw(st.sampled_from([0.0, 0.5])),
                 affinity_max_nodes=draw(st.sampled_from([1, 16])),
             ),
             limits=Limits(max_sandbox_count=draw(st.sampled_from([0, 2, 4]))),
@@ -257,6 +259,31 @@ def test_a_warm_coolest_node_wins_without_reading_the_warm_set(real_url: str) ->
     assert p.node_id != "cool" and p.warmth == "full"
 
 
+def test_headroom_share_caps_the_gap_as_the_coolest_node_fills(redis_client: Any) -> None:
+    """With headroom_share 0.5 a warm node may be at most half the coolest
+    node's headroom above it, however wide max_pressure_gap is: with the
+    coolest at (8 + 1) / 16 = 0.5625 the limit is 0.5625 + 0.5 x 0.4375 =
+    0.78125, so a warm node at 12 / 16 competes (and wins) and one at 13 / 16
+    does not, though both are within the gap (0.5); with the coolest at
+    3 / 16 the cap is wider than the 7 / 16 node needs.  The model agrees."""
+    s = Scheduler(redis_client, cell="share")
+    policy = Policy(locality=Locality(weight=0.5, max_pressure_gap=0.5, headroom_share=0.5))
+    s.sync_policy(policy)
+    req = Request(cpu=1, memory_bytes=GIB, locality=(LR(key="snap"),))
+    for cool_alloc, warm_alloc, want in ((8, 11, "warm"), (8, 12, "cold"), (2, 6, "warm")):
+        beat(s, "cold", alloc=cool_alloc)
+        beat(s, "warm", alloc=warm_alloc)
+        s.record_artifact("c1", "bt", "snap", "warm")
+        ex = s.explain(req)
+        loc = loc_state(s, {"warm": {"snap"}}, groups_of([req]))
+        model = decide(node_states(s), policy, req, ex.now_ms, ex.rotation, loc=loc)
+        assert ex.chosen == model.chosen == want, (cool_alloc, warm_alloc)
+        if want == "cold":
+            why = {v.node_id: v.locality for v in ex.verdicts}["warm"]
+            # (13/16 over 9/16 + the capped margin, half of 7/16)
+            assert why == "pressure 0.812 over 0.562 + headroom_share 0.219"
+
+
 def test_locality_never_brings_back_a_filtered_node(redis_client: Any) -> None:
     s = Scheduler(redis_client, cell="filt")
     s.sync_policy(Policy(locality=ON, limits=Limits(max_sandbox_count=1)))
@@ -297,6 +324,33 @@ def test_a_burst_spreads_over_the_warm_set_then_grows_it(redis_client: Any, temp
     for r in s.reservations():
         s.cancel(r.reservation_id)
     assert not s.client.keys(f"{s.keys.base}node-loc:*")
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.25, 1.0])
+def test_pending_decay_sets_how_much_a_pending_start_takes_off_the_bonus(
+    redis_client: Any, decay: float
+) -> None:
+    """The bonus is weight x coverage / (1 + pending_decay x the template's
+    pending starts on the node): two starts pending on a warm node take a
+    third (0.25) or two thirds (1.0) of it, none at 0; the model agrees; and
+    which node a third start goes to follows (weight 0.3: the warm node at
+    (4 + 2 pending + 1) / 16 = 0.4375 against the cold one at 0.3125)."""
+    s = Scheduler(redis_client, cell=f"decay{decay}")
+    policy = Policy(locality=Locality(weight=0.3, max_pressure_gap=0.5, pending_decay=decay))
+    s.sync_policy(policy)
+    beat(s, "cold", alloc=4)
+    beat(s, "warm", alloc=4)
+    s.record_artifact("c1", "bt", "snap", "warm")
+    req = Request(cpu=1, memory_bytes=GIB, template_id="tA", locality=(LR(key="snap"),))
+    assert [s.schedule(req).node_id for _ in range(2)] == ["warm", "warm"]
+    ex = s.explain(req)
+    bonus = {v.node_id: v.bonus for v in ex.verdicts}["warm"]
+    assert bonus == 0.3 / (1 + decay * 2)
+    loc = loc_state(s, {"warm": {"snap"}}, groups_of([req]))
+    want = decide(node_states(s), policy, req, ex.now_ms, ex.rotation, loc=loc)
+    # 0.4375 - bonus against 0.3125: warm while the bonus is above 0.125
+    assert ex.chosen == want.chosen == ("warm" if bonus > 0.125 else "cold")
+    assert s.schedule(req).node_id == ex.chosen
 
 
 def test_affinity_keeps_recent_starters_bounded_with_a_ttl(redis_client: Any) -> None:
@@ -521,6 +575,22 @@ def test_policy_set_turns_locality_on_and_show_reads_it(real_url: str) -> None:
     assert json.loads(shown.stdout)["locality"]["weight"] == 0.2
     bad = runner.invoke(main, ["policy", "set", *where, "--locality-weight", "11"])
     assert bad.exit_code != 0 and "--locality-weight" in bad.output
+    got = runner.invoke(main, ["policy", "set", *where, "--locality-pending-decay", "0.5"])
+    assert got.exit_code == 0, got.output
+    p = s.policy()
+    assert p is not None and p.locality.pending_decay == 0.5 and p.locality.weight == 0.2
+    bad = runner.invoke(main, ["policy", "set", *where, "--locality-pending-decay", "-1"])
+    assert bad.exit_code != 0 and "--locality-pending-decay" in bad.output
+    with pytest.raises(InvalidArgument, match="locality.pending_decay"):
+        Policy(locality=Locality(weight=0.2, pending_decay=101)).validate()
+    got = runner.invoke(main, ["policy", "set", *where, "--locality-headroom-share", "0.4"])
+    assert got.exit_code == 0, got.output
+    p = s.policy()
+    assert p is not None and (p.locality.headroom_share, p.locality.pending_decay) == (0.4, 0.5)
+    bad = runner.invoke(main, ["policy", "set", *where, "--locality-headroom-share", "2"])
+    assert bad.exit_code != 0 and "--locality-headroom-share" in bad.output
+    with pytest.raises(InvalidArgument, match="locality.headroom_share"):
+        Policy(locality=Locality(weight=0.2, headroom_share=1.5)).validate()
 
 
 def test_the_reference_models_pr51_preference_piles_onto_the_warm_node() -> None:

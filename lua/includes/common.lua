@@ -58,20 +58,27 @@ local function load_policy(ctx)
       or BOUNDS_DEFAULTS.reservation_tombstone_ttl_ms,
     artifact_key_max_bytes = tonumber(raw.artifact_key_max_bytes)
       or BOUNDS_DEFAULTS.artifact_key_max_bytes,
-    -- locality-aware placement (includes/locality.lua); weight 0 = off
+    -- locality-aware placement (includes/locality.lua); weight 0 = off, and
+    -- then its other settings are not read (below)
     locality_weight = tonumber(raw.locality_weight) or LOCALITY_DEFAULTS.locality_weight,
-    locality_max_pressure_gap = tonumber(raw.locality_max_pressure_gap)
-      or LOCALITY_DEFAULTS.locality_max_pressure_gap,
-    locality_affinity_ttl_ms = tonumber(raw.locality_affinity_ttl_ms)
-      or LOCALITY_DEFAULTS.locality_affinity_ttl_ms,
-    locality_affinity_max_nodes = tonumber(raw.locality_affinity_max_nodes)
-      or LOCALITY_DEFAULTS.locality_affinity_max_nodes,
     -- Nodes last heard from at or before this instant are not placed on until
     -- they heartbeat again (for one report TTL): Redis may have lost placements
     -- made just before (a failover, a restart without data); see settle-5.lua.
     settle_ms = tonumber(raw.settle_ms),
     limits = {},
   }
+  if P.locality_weight > 0 then
+    local D = LOCALITY_DEFAULTS
+    P.locality_max_pressure_gap = tonumber(raw.locality_max_pressure_gap)
+      or D.locality_max_pressure_gap
+    P.locality_pending_decay = tonumber(raw.locality_pending_decay) or D.locality_pending_decay
+    P.locality_headroom_share = tonumber(raw.locality_headroom_share)
+      or D.locality_headroom_share
+    P.locality_affinity_ttl_ms = tonumber(raw.locality_affinity_ttl_ms)
+      or D.locality_affinity_ttl_ms
+    P.locality_affinity_max_nodes = tonumber(raw.locality_affinity_max_nodes)
+      or D.locality_affinity_max_nodes
+  end
   -- (a number the policy holds is never read as unset or 0 when it is not
   -- one: the call is refused naming it, before its first write; a replica
   -- with --overwrite-policy, or `schedctl policy set`, writes it anew)

@@ -262,13 +262,26 @@ function LOCALITY.most_bonus(P, L, c)
   return P.locality_weight * (m / L.total)
 end
 
+-- How far above B a warm node may be: max_pressure_gap, and with
+-- headroom_share > 0 at most that share of B's headroom (1 - its pressure);
+-- and the name of the bound that applies (for explain).
+function LOCALITY.margin(P, B)
+  local gap, share = P.locality_max_pressure_gap, P.locality_headroom_share
+  if share > 0 then
+    local room = share * (1 - B.pressure)
+    if room < 0 then room = 0 end
+    if room < gap then return room, 'headroom_share' end
+  end
+  return gap, 'max_pressure_gap'
+end
+
 -- n's bonus: weight x coverage, decayed by the group's starts pending on it.
 function LOCALITY.bonus(P, L, n)
   n.same = 0
   if L.group and n.coverage > 0 then
     n.same = tonumber(redis.call('HGET', LOCALITY.loc_key(n.id), L.group)) or 0
   end
-  n.bonus = P.locality_weight * n.coverage / (1 + n.same)
+  n.bonus = P.locality_weight * n.coverage / (1 + P.locality_pending_decay * n.same)
 end
 
 -- The placement among B (the decision without locality) and the warm set:
@@ -295,7 +308,7 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   -- is the most any node gets: decided without the warm set (the common case).
   if not explain and B.bonus >= P.locality_weight then return B, {} end
   local warm = LOCALITY.warm_set(P, L, now)
-  local evaluated, limit = {}, B.pressure + P.locality_max_pressure_gap
+  local evaluated, limit = {}, B.pressure + (LOCALITY.margin(P, B))
   local in_warm = false
   for _, w in ipairs(warm) do
     if w[1] == B.id then
@@ -317,8 +330,9 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
     elseif n.coverage == 0 then
       n.lost = 'holds none of it here'
     elseif n.pressure > limit then
+      local margin, bound = LOCALITY.margin(P, B)
       n.lost = 'pressure ' .. LOCALITY.p3(n.pressure) .. ' over ' .. LOCALITY.p3(B.pressure)
-        .. ' + max_pressure_gap ' .. LOCALITY.p3(P.locality_max_pressure_gap)
+        .. ' + ' .. bound .. ' ' .. LOCALITY.p3(margin)
     else
       if not explain then LOCALITY.bonus(P, L, n) end
       local s = n.pressure - n.bonus

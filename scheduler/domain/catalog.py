@@ -118,7 +118,9 @@ BOUNDS_DEFAULTS: dict[str, int] = {
 #: weight of 0 is locality off: every decision exactly as without it.
 LOCALITY_DEFAULTS: dict[str, float | int] = {
     "locality_weight": 0.0,
-    "locality_max_pressure_gap": 0.15,
+    "locality_max_pressure_gap": 0.2,
+    "locality_pending_decay": 1.0,
+    "locality_headroom_share": 0.5,
     "locality_affinity_ttl_ms": 600_000,
     "locality_affinity_max_nodes": 16,
 }

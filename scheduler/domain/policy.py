@@ -76,6 +76,10 @@ class Locality(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight: float = float(LOCALITY_DEFAULTS["locality_weight"])
     #: a warm node wins only while its pressure is within this of the coolest
     max_pressure_gap: float = float(LOCALITY_DEFAULTS["locality_max_pressure_gap"])
+    #: the bonus is divided by 1 + this x the node's pending starts of the group
+    pending_decay: float = float(LOCALITY_DEFAULTS["locality_pending_decay"])
+    #: > 0: the gap is at most this share of the coolest node's headroom (1 - pressure)
+    headroom_share: float = float(LOCALITY_DEFAULTS["locality_headroom_share"])
     #: how long a node that started a template (or first image) stays warm for it
     affinity_ttl_ms: int = int(LOCALITY_DEFAULTS["locality_affinity_ttl_ms"])
     #: the most recent starters kept per template (or first image)
@@ -85,6 +89,8 @@ class Locality(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         values: dict[str, float | int] = {
             "locality_weight": float(self.weight),
             "locality_max_pressure_gap": float(self.max_pressure_gap),
+            "locality_pending_decay": float(self.pending_decay),
+            "locality_headroom_share": float(self.headroom_share),
             "locality_affinity_ttl_ms": self.affinity_ttl_ms,
             "locality_affinity_max_nodes": self.affinity_max_nodes,
         }
@@ -102,6 +108,8 @@ class Locality(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             max_pressure_gap=float(
                 f.get("locality_max_pressure_gap", d["locality_max_pressure_gap"])
             ),
+            pending_decay=float(f.get("locality_pending_decay", d["locality_pending_decay"])),
+            headroom_share=float(f.get("locality_headroom_share", d["locality_headroom_share"])),
             affinity_ttl_ms=int(f.get("locality_affinity_ttl_ms", d["locality_affinity_ttl_ms"])),
             affinity_max_nodes=int(
                 f.get("locality_affinity_max_nodes", d["locality_affinity_max_nodes"])
@@ -114,6 +122,14 @@ class Locality(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not 0 <= self.max_pressure_gap <= 10:
             raise InvalidArgument(
                 "locality.max_pressure_gap", f"must be in [0, 10], not {self.max_pressure_gap}"
+            )
+        if not 0 <= self.pending_decay <= 100:
+            raise InvalidArgument(
+                "locality.pending_decay", f"must be in [0, 100], not {self.pending_decay}"
+            )
+        if not 0 <= self.headroom_share <= 1:
+            raise InvalidArgument(
+                "locality.headroom_share", f"must be in [0, 1], not {self.headroom_share}"
             )
         if not 1 <= self.affinity_ttl_ms <= YEAR_MS:
             raise InvalidArgument(

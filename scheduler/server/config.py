@@ -83,6 +83,8 @@ class LocalitySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     weight: float = Locality().weight
     max_pressure_gap: float = Locality().max_pressure_gap
+    pending_decay: float = Locality().pending_decay
+    headroom_share: float = Locality().headroom_share
     affinity_ttl: str = "10m"
     affinity_max_nodes: int = Locality().affinity_max_nodes
 
@@ -488,6 +490,8 @@ def _settings(
             locality=Locality(
                 weight=sec.locality.weight,
                 max_pressure_gap=sec.locality.max_pressure_gap,
+                pending_decay=sec.locality.pending_decay,
+                headroom_share=sec.locality.headroom_share,
                 affinity_ttl_ms=parse_duration_ms(
                     "scheduler.locality.affinity_ttl", sec.locality.affinity_ttl
                 ),
@@ -588,7 +592,9 @@ def summary(s: Settings, target: str) -> list[str]:
         f"artifact_key_max_bytes: {p.artifact_key_max_bytes}",
         (
             f"locality: weight {p.locality.weight:g}, max_pressure_gap "
-            f"{p.locality.max_pressure_gap:g}, affinity_ttl {p.locality.affinity_ttl_ms}ms, "
+            f"{p.locality.max_pressure_gap:g}, headroom_share {p.locality.headroom_share:g}, "
+            f"pending_decay {p.locality.pending_decay:g}, "
+            f"affinity_ttl {p.locality.affinity_ttl_ms}ms, "
             f"affinity_max_nodes {p.locality.affinity_max_nodes}"
             if p.locality.weight > 0
             else "locality: off (weight 0)"

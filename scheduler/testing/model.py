@@ -335,11 +335,14 @@ def locality(
     for v in verdicts:
         c, _ = coverage(v.node_id)
         same = loc.pending.get(v.node_id, {}).get(group, 0) if group and c > 0 else 0
-        scores[v.node_id] = (c, lp.weight * c / (1 + same))
+        scores[v.node_id] = (c, lp.weight * c / (1 + lp.pending_decay * same))
 
     def score(v: ModelVerdict) -> float:
         return v.pressure - scores[v.node_id][1]
 
+    margin = lp.max_pressure_gap
+    if lp.headroom_share > 0:
+        margin = min(margin, max(0.0, lp.headroom_share * (1 - chosen.pressure)))
     rivals = [
         v
         for v in verdicts
@@ -347,7 +350,7 @@ def locality(
         and v.node_id != chosen.node_id
         and scores[v.node_id][0] > 0
         and v.known == chosen.known
-        and v.pressure <= chosen.pressure + lp.max_pressure_gap
+        and v.pressure <= chosen.pressure + margin
     ]
     best = chosen
     if rivals:
