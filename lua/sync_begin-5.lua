@@ -21,7 +21,7 @@
   any stream begins nothing ("stale"); otherwise its positions are stored.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     token: the new pass's (1..64 of [0-9a-f])
+  ARGV[1]     token: the new pass's (1..19 digits, random)
   ARGV[2]     kind: "static" (the static list) or "discovered"
   ARGV[3]     digest: the list's (1..128 bytes; a pass of the same is joined)
   ARGV[4]     listed: "1" a non-empty list, "0" an empty one (static only:
@@ -47,9 +47,8 @@
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 local token, kind, digest, listed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if not token or #token < 1 or #token > 64 or string.find(token, '[^0-9a-f]') then
-  return fail(ERR.BADARG, 'ARGV[1] (token): want 1..64 of [0-9a-f]')
-end
+local bad = check_token(token)
+if bad then return bad end
 if kind ~= 'static' and kind ~= 'discovered' then
   return fail(ERR.BADARG, 'ARGV[2] (kind): want static or discovered')
 end
@@ -88,7 +87,7 @@ elseif #ARGV ~= 4 then
   return fail(ERR.BADARG, 'positions: a static pass takes none')
 end
 local pass = redis.call('HMGET', pass_key(), unpack(PASS))
-local live = pass[PASS.token] and pass[PASS.done] ~= '1'
+local live = pass[PASS.token]
 if kind == 'static' and listed == '0' and not live
     and redis.call('HGET', STATS_KEY, 'static_set') == '1'
     and redis.call('SCARD', static_key()) == 0 then

@@ -38,9 +38,9 @@ for i = 4, #ARGV, 3 do
     return fail(ERR.BADARG, 'lingering of ' .. ARGV[i - 2] .. ': want 1, 0 or ""')
   end
 end
-local pass, refused = load_pass(token)
+local pass, refused, committed = load_pass(token)
 if refused then return refused end
-if pass[PASS.done] == '1' then return { 0 } end -- (a joined replica ended it: the list is in)
+if committed then return { 0 } end -- (a replica that joined it ended it: the list is in)
 if pass[PASS.listed] ~= '1' then return fail(ERR.BADARG, 'a pass of an empty list stages nothing') end
 local SKEY = stage_key(token)
 -- What it reads of a listed node (a layout)

@@ -21,7 +21,8 @@
   Errors: NO_POLICY (no policy); BADARG (ARGV); SUPERSEDED (not the pass
           under way: another began since, or it expired; nothing written)
   Writes: removals (node:<id> static, and as unregister), static,
-          sync-pass cursor, removed, done, sync-stage:<token>, stats static_set
+          sync-pass (cursor, removed; deleted at the commit), sync-stage:<token>,
+          stats static_set, sync_done, sync_done_changed, sync_done_removed
 ]]
 -- @include sync_pass
 -- @include nodes
@@ -35,11 +36,9 @@ local step = tonumber(ARGV[2])
 if not step or step < 1 or step > 10000 or step % 1 ~= 0 or #ARGV ~= 2 then
   return fail(ERR.BADARG, 'ARGV[2] (nodes per step): want 1..10000')
 end
-local pass, refused = load_pass(token)
+local pass, refused, committed = load_pass(token)
 if refused then return refused end
-if pass[PASS.done] == '1' then -- (a joined replica ended it)
-  return { '1', pass[PASS.changed], pass[PASS.removed] }
-end
+if committed then return { '1', committed[1], committed[2] } end -- (a replica that joined it ended it)
 local SKEY, STATIC_KEY = stage_key(token), static_key()
 local listed = pass[PASS.listed] == '1'
 local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'
@@ -93,6 +92,7 @@ if not ended then
 end
 -- the pass commits: the node list is the pass's list
 if pass[PASS.kind] == 'static' and not whole then redis.call('HSET', STATS_KEY, 'static_set', '1') end
-redis.call('DEL', SKEY)
-redis.call('HSET', pass_key(), 'done', '1')
+redis.call('DEL', SKEY, pass_key())
+redis.call('HSET', STATS_KEY, 'sync_done', token, 'sync_done_changed', totals[COUNTS.changed],
+  'sync_done_removed', totals[COUNTS.removed])
 return { '1', totals[COUNTS.changed], totals[COUNTS.removed] }

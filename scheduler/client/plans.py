@@ -422,7 +422,7 @@ class BaseClient:
             return (yield from self._step(call))
 
         for attempt in range(1, SYNC_ATTEMPTS + 1):
-            token = secrets.token_hex(8)
+            token = str(secrets.randbits(62))
             try:
                 outcome, token = yield from one(self.ops.sync_begin(token, lst))
                 if outcome == DISCOVERY_STALE:

@@ -39,7 +39,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>aff:<digest>        zset    sha1 of a template / first image -> node -> last start (ms)
     <base>node-loc:<node>     hash    sha1 of a template / first image -> the node's pending starts
     <base>replica:<replica>   hash    a replica serving the cell (version, host, pid; expires)
-    <base>sync-pass           hash    the node-list sync pass under way (lua/sync_begin-5.lua; expires)
+    <base>sync-pass           hash    a node-list sync pass under way (sync_begin-5.lua; expires)
     <base>sync-stage:<token>  set     that pass's listed ids not walked yet (expires)
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
