@@ -25,6 +25,10 @@ local WALK_REMOVALS = 32 -- nodes a walk step removes at most
 -- @layout PASS
 local PASS = { 'token', 'kind', 'digest', 'listed', 'cursor', 'changed', 'removed' }
 
+-- The last pass committed, in stats (a layout)
+-- @layout SYNC_DONE
+local SYNC_DONE = { 'sync_done', 'sync_done_changed', 'sync_done_removed' }
+
 local function pass_key() return BASE .. 'sync-pass' end
 local function stage_key(token) return BASE .. 'sync-stage:' .. token end
 -- (the static nodes as a set, see sync_walk-5.lua)
@@ -45,9 +49,6 @@ end
 local function load_pass(token)
   local pass = redis.call('HMGET', pass_key(), unpack(PASS))
   if pass[PASS.token] == token then return pass, nil, nil end
-  -- The last pass committed (a layout)
-  -- @layout SYNC_DONE
-  local SYNC_DONE = { 'sync_done', 'sync_done_changed', 'sync_done_removed' }
   local last = redis.call('HMGET', STATS_KEY, unpack(SYNC_DONE))
   if last[SYNC_DONE.sync_done] == token then
     return pass, nil, { last[SYNC_DONE.sync_done_changed], last[SYNC_DONE.sync_done_removed] }
