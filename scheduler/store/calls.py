@@ -112,7 +112,7 @@ REBUILD_MODES = ("step", "start", "fresh")
 #: at most its STAGE_MAX), and nodes one step of its removal walk reads
 #: (lua/sync_walk-5.lua, which removes at most 32 a step): see
 #: docs/performance.md for what each costs at 10,000 and 100,000 nodes.
-SYNC_CHUNK = 128
+SYNC_CHUNK = 64
 MAX_SYNC_CHUNK = 1000
 SYNC_WALK_STEP = 256
 MAX_SYNC_WALK_STEP = 10_000
