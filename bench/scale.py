@@ -246,6 +246,7 @@ def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]
     longest: dict[str, float] = {"ms": 0.0, "cpu_ms": 0.0}
     steps, total_ms, total_cpu = 0, 0.0, 0.0
     answer: Any = None
+    slowest = ""
     try:
         call = next(plan)
         while True:
@@ -254,6 +255,8 @@ def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]
             ms = target.script_stats_since(before)[1] / 1000
             cpu_ms = (target.cpu_seconds() - cpu) * 1000
             steps, total_ms, total_cpu = steps + 1, total_ms + ms, total_cpu + cpu_ms
+            if cpu_ms > longest["cpu_ms"]:
+                slowest = f"{call.script} (call {steps})"
             longest = {"ms": max(longest["ms"], ms), "cpu_ms": max(longest["cpu_ms"], cpu_ms)}
             call = plan.send(reply)
     except StopIteration as done:
@@ -265,6 +268,7 @@ def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]
         "all_steps_ms": round(total_ms, 1),
         "all_steps_cpu_ms": round(total_cpu, 1),
         "answer": list(answer) if isinstance(answer, tuple) else answer,
+        "longest_cpu": slowest,
     }
 
 

@@ -47,13 +47,16 @@ local SKEY = stage_key(token)
 -- @layout LISTED_NODE
 local LISTED_NODE = { 'endpoint', 'static', 'lingering' }
 local changed = 0
+-- (an unchanged listed node is in the static set once the set is whole)
+local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'
 for i = 2, #ARGV, 3 do
   local id, endpoint, lingering = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   redis.call('SADD', SKEY, id)
   local cur = redis.call('HMGET', node_key(id), unpack(LISTED_NODE))
-  if cur[LISTED_NODE.endpoint] ~= endpoint or cur[LISTED_NODE.static] ~= '1'
-      or (lingering ~= '' and (cur[LISTED_NODE.lingering] or '0') ~= lingering)
-      or not redis.call('ZSCORE', NODES_KEY, id) then
+  local moved = lingering ~= '' and (cur[LISTED_NODE.lingering] or '0') ~= lingering
+  local known = redis.call('ZSCORE', NODES_KEY, id)
+  if cur[LISTED_NODE.endpoint] ~= endpoint or cur[LISTED_NODE.static] ~= '1' or moved
+      or not known then
     redis.call('ZADD', NODES_KEY, 0, id)
     if lingering ~= '' then
       redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1',
@@ -61,10 +64,14 @@ for i = 2, #ARGV, 3 do
     else
       redis.call('HSET', node_key(id), 'node_id', id, 'endpoint', endpoint, 'static', '1')
     end
-    touch(ctx, id)
+    -- (the index holds no endpoint nor static: only lingering moves a node
+    -- there, or a record the node list did not name)
+    if moved or not known then touch(ctx, id) end
     changed = changed + 1
+    redis.call('SADD', static_key(), id)
+  elseif not whole then
+    redis.call('SADD', static_key(), id) -- (the set is made whole by a static pass)
   end
-  redis.call('SADD', static_key(), id)
 end
 redis.call('PEXPIRE', SKEY, PASS_TTL_MS)
 redis.call('PEXPIRE', pass_key(), PASS_TTL_MS)

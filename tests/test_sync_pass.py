@@ -288,3 +288,30 @@ def test_an_empty_discovered_list_removes_every_node(
     assert listed(s) == set() == static_set(s)
     with pytest.raises(NoNodesAvailable):
         s.schedule(Request.cold(1, 1))
+
+
+def test_a_chunk_moves_the_index_when_lingering_changes_and_only_then(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    s = make_scheduler(Policy())
+    for i in range(2):
+        s.heartbeat(hb(f"h{i}"))
+    # discovery marks h0 lingering: no placement goes to it any more
+    assert s.sync_discovered([1, 1, 1], [("h0", "h0:9", True), ("h1", "h1:9", False)]) == (
+        True,
+        2,
+        0,
+    )
+    assert {s.schedule(Request.cold(1, 1)).node_id for _ in range(6)} == {"h1"}
+    # back active: placements go to it again, at the listed endpoint
+    assert s.sync_discovered([2, 2, 2], [("h0", "h0:7", False), ("h1", "h1:9", False)]) == (
+        True,
+        1,
+        0,
+    )
+    got = {(p.node_id, p.endpoint) for p in (s.schedule(Request.cold(1, 1)) for _ in range(8))}
+    assert ("h0", "h0:7") in got
+    # a static list moving only the endpoint: the node keeps its placements
+    s.sync_nodes([("h0", "h0:5"), ("h1", "h1:9")])
+    got = {(p.node_id, p.endpoint) for p in (s.schedule(Request.cold(1, 1)) for _ in range(8))}
+    assert ("h0", "h0:5") in got and ("h1", "h1:9") in got
