@@ -1,7 +1,7 @@
 --[[
   sync_walk-5.lua: one bounded step of a node-list sync pass's removal walk
   (sync_begin-5.lua): from the pass's cursor, in node-id byte order, at most
-  ARGV[2] nodes read and WALK_REMOVALS (32) removed; a node not on the
+  ARGV[2] nodes read and WALK_REMOVALS (16) removed; a node not on the
   pass's list (not in its staging set) leaves, like an unregister.  Take
   steps only once every chunk is staged (sync_stage-5.lua).  The steps of
   replicas that joined one pass share its cursor.  The step that ends the

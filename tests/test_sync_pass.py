@@ -7,6 +7,7 @@ Redis commands (INFO commandstats), never timed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,11 +15,11 @@ import pytest
 
 from scheduler import Policy, Request, Scheduler
 from scheduler.domain.errors import NoNodesAvailable, SyncSuperseded
-from scheduler.store.calls import SYNC_CHUNK, SYNC_WALK_STEP, Call
+from scheduler.store.calls import MAX_SYNC_CHUNK, SYNC_CHUNK, SYNC_WALK_STEP, Call
 from tests.helpers import hb
 
 #: what one walk step removes at most (lua/includes/sync_pass.lua WALK_REMOVALS)
-WALK_REMOVALS = 32
+WALK_REMOVALS = 16
 
 
 def _stats(client: Any) -> dict[str, int]:
@@ -70,6 +71,15 @@ def static_set(s: Scheduler) -> set[str]:
 
 def nodes(lo: int, hi: int) -> list[tuple[str, str]]:
     return [(f"m{i:05d}", f"10.1.{i // 256}.{i % 256}:5000") for i in range(lo, hi)]
+
+
+def test_the_bounds_are_the_scripts_own() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "lua/includes/sync_pass.lua").read_text()
+    assert re.search(rf"^local WALK_REMOVALS = {WALK_REMOVALS}\b", text, re.M)
+    assert re.search(rf"^local STAGE_MAX = {MAX_SYNC_CHUNK}\b", text, re.M)
+    assert SYNC_CHUNK <= MAX_SYNC_CHUNK
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@
 -- @include common
 local PASS_TTL_MS = '60000' -- a pass no step touched for this long is gone
 local STAGE_MAX = 1000 -- nodes a chunk may hold
-local WALK_REMOVALS = 32 -- nodes a walk step removes at most
+local WALK_REMOVALS = 16 -- nodes a walk step removes at most (each as an unregister)
 -- The pass under way (a layout)
 -- @layout PASS
 local PASS = { 'token', 'kind', 'digest', 'listed', 'cursor', 'changed', 'removed' }

@@ -110,7 +110,7 @@ REBUILD_MODES = ("step", "start", "fresh")
 
 #: Nodes of the list one chunk of a node-list sync stages (lua/sync_stage-5.lua,
 #: at most its STAGE_MAX), and nodes one step of its removal walk reads
-#: (lua/sync_walk-5.lua, which removes at most 32 a step): see
+#: (lua/sync_walk-5.lua, which removes at most 16 a step): see
 #: docs/performance.md for what each costs at 10,000 and 100,000 nodes.
 SYNC_CHUNK = 64
 MAX_SYNC_CHUNK = 1000
