@@ -56,7 +56,7 @@ class FailedPrecondition(SchedulerError):
 
 
 class SyncSuperseded(FailedPrecondition):
-    """A step of a node-list sync pass (lua/sync_pass-5.lua) that is not the
+    """A step of a node-list sync pass (lua/includes/sync_pass.lua) that is not the
     pass under way: another replica began one of another list since, or the
     pass expired.  Nothing was written by the refused step."""
 
