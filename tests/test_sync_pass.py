@@ -325,3 +325,36 @@ def test_a_chunk_moves_the_index_when_lingering_changes_and_only_then(
     s.sync_nodes([("h0", "h0:5"), ("h1", "h1:9")])
     got = {(p.node_id, p.endpoint) for p in (s.schedule(Request.cold(1, 1)) for _ in range(8))}
     assert ("h0", "h0:5") in got and ("h1", "h1:9") in got
+
+
+def test_async_replicas_starting_at_once_with_one_list_make_it_whole(real_url: str) -> None:
+    """Replicas starting together (each prepare_cell syncs its static list,
+    concurrently, through the asyncio client) end with the list, every one
+    of them answering OK."""
+    import asyncio
+
+    from scheduler.client.aio import AsyncScheduler
+    from scheduler.store.connection import async_client
+
+    lst = nodes(0, 4 * SYNC_CHUNK + 3)
+
+    async def go() -> list[Any]:
+        replicas = [
+            AsyncScheduler(async_client(real_url), cell="startup", url=real_url) for _ in range(3)
+        ]
+        try:
+            for r in replicas:
+                r.keep_cell(Policy(static_nodes=True), lst)
+            return await asyncio.gather(*(r.prepare_cell(overwrite=True) for r in replicas))
+        finally:
+            for r in replicas:
+                await r.close()
+
+    outcomes = asyncio.run(go())
+    assert len(outcomes) == 3 and set(outcomes) <= {"created", "same", "overwritten"}
+    s = Scheduler.connect(real_url, cell="startup")
+    try:
+        assert listed(s) == {i for i, _ in lst} == static_set(s)
+        assert not s.client.keys(s.keys.base + "sync-stage:*")
+    finally:
+        s.close()
