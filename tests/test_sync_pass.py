@@ -250,6 +250,10 @@ def test_a_pass_cut_short_expires_and_the_next_pass_supersedes_it(
     # its keys expire (Redis time) unless a step comes
     for key in (s.keys.base + "sync-pass", s.keys.base + "sync-stage:21"):
         assert 0 < s.client.pttl(key) <= 60_000, key
+    # and what it left is consistent (schedctl doctor finds nothing)
+    from scheduler.ops.doctor import doctor
+
+    assert doctor(s).ok, doctor(s).findings
     # nothing it wrote is placeable: the heartbeat-registered nodes it would
     # remove still take every placement, its listed nodes none
     placed = {s.schedule(Request.cold(1, 1)).node_id for _ in range(8)}
