@@ -41,7 +41,10 @@ the index rebuild it starts), a batch of 16 placements while the index is
 stale, and the rebuild's steps, taken until the index
 is whole as a replica's monitor takes them (the longest step, and how many);
 and, apart, one that still reads the fleet: the unpaged list the monitor
-used to make every 5 s.  The
+used to make every 5 s.  Last, the sync of a static list and a discovery's
+of the fleet (its first MAX_STATIC_NODES nodes; the others leave), each a
+pass of bounded steps (lua/sync_begin-5.lua): the longest step, how many,
+all of them together.  The
 longest single call comes from ``SLOWLOG`` (every call over 1 ms logged,
 reset before the measured rounds): the longest of the periodic and hot-path
 calls, and of the start-up and one-off ones, reported apart.
@@ -77,6 +80,7 @@ from scheduler.store.calls import (
     OBSERVED_PAGE,
     REBUILD_STEP,
     Call,
+    Plan,
     ReplicaEntry,
 )
 from scheduler.store.cpuconfig import CpuConfigOps
@@ -235,6 +239,39 @@ def _rebuild_steps(target: Target, s: Scheduler) -> dict[str, float]:
     }
 
 
+def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]:
+    """A plan's calls (a node-list sync: its begin, chunks and walk steps)
+    run one by one: the longest one's Redis time and CPU (ms), how many
+    calls, all of them together, and the plan's answer."""
+    longest: dict[str, float] = {"ms": 0.0, "cpu_ms": 0.0}
+    steps, total_ms, total_cpu = 0, 0.0, 0.0
+    answer: Any = None
+    slowest = ""
+    try:
+        call = next(plan)
+        while True:
+            cpu, before = target.cpu_seconds(), target.script_stats()
+            reply = s.run(call)
+            ms = target.script_stats_since(before)[1] / 1000
+            cpu_ms = (target.cpu_seconds() - cpu) * 1000
+            steps, total_ms, total_cpu = steps + 1, total_ms + ms, total_cpu + cpu_ms
+            if cpu_ms > longest["cpu_ms"]:
+                slowest = f"{call.script} (call {steps})"
+            longest = {"ms": max(longest["ms"], ms), "cpu_ms": max(longest["cpu_ms"], cpu_ms)}
+            call = plan.send(reply)
+    except StopIteration as done:
+        answer = done.value
+    return {
+        "ms": round(longest["ms"], 2),
+        "cpu_ms": round(longest["cpu_ms"], 2),
+        "steps": steps,
+        "all_steps_ms": round(total_ms, 1),
+        "all_steps_cpu_ms": round(total_cpu, 1),
+        "answer": list(answer) if isinstance(answer, tuple) else answer,
+        "longest_cpu": slowest,
+    }
+
+
 def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
     rng = random.Random(p.seed * 1_000_003 + nodes)
     cell = target.new_cell("scale")
@@ -282,7 +319,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
             "census step": _one(target, s, s.ops.census(CENSUS_STEP)),
             "ListNodes page": _one(target, s, s.ops.listed("", LIST_PAGE)),
             "ListObservedNodes page": _one(target, s, s.ops.observed("", "", "", OBSERVED_PAGE)),
-            "sync_nodes [] (start-up)": _one(target, s, s.ops.sync_nodes([])),
+            "sync_nodes [] (start-up)": _plan_steps(target, s, s._sync_nodes([])),
         }
         # a changed policy: the change takes the index rebuild's first step,
         # then steps of REBUILD_STEP nodes, as a replica's monitor takes them,
@@ -324,19 +361,19 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         oneoff["sync_policy on another index layout (upgrade_index)"] = _one(
             target, s, s.ops.sync_policy(changed, overwrite=True)
         )
-        # a static list's and a discovery's sync of the whole fleet (both at
-        # most MAX_STATIC_NODES nodes)
-        if nodes <= MAX_STATIC_NODES:
-            listed = [(n.node_id, n.endpoint) for n in fleet]  # (as registered)
-            oneoff["sync_nodes of the whole list"] = _one(target, s, s.ops.sync_nodes(listed))
-            oneoff["sync_discovered of the whole list"] = _one(
-                target,
-                s,
-                s.ops.sync_discovered([1, 1, 1], [(i, e, False) for i, e in listed]),
-            )
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
+        )
+        # a static list's and a discovery's sync of the whole fleet (both at
+        # most MAX_STATIC_NODES nodes; a bigger fleet: its first
+        # MAX_STATIC_NODES, the others leave), in bounded steps (a pass:
+        # lua/sync_begin-5.lua), each step measured; last, since a bigger
+        # fleet leaves it smaller
+        listed = [(n.node_id, n.endpoint) for n in fleet[:MAX_STATIC_NODES]]  # (as registered)
+        oneoff["sync_nodes of the whole list"] = _plan_steps(target, s, s._sync_nodes(listed))
+        oneoff["sync_discovered of the whole list"] = _plan_steps(
+            target, s, s._sync_discovered([1, 1, 1], [(i, e, False) for i, e in listed])
         )
     finally:
         target.client.config_set("slowlog-log-slower-than", 10000)
@@ -513,7 +550,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         "(placements, heartbeats, periodic work), oneoff = "
         + ", ".join(k for k in rows[0]["oneoff"] if "old" not in k)
         + " (each row's oneoff gives each one's FCALL time and redis-server CPU, those of "
-        "the unpaged list, the old monitor's call, and the rebuild's step count and total); "
+        "the unpaged list, the old monitor's call, and the step counts and totals of the "
+        "rebuild and of the node-list syncs, whose figures are their longest step's); "
         "SLOWLOG durations are wall-clock, so a busy host inflates them",
         "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "
         "members without a config: "

@@ -257,12 +257,12 @@ class AsyncScheduler(BaseClient):
         return self.run(self.ops.sync_policy(policy, overwrite, restore))
 
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> Awaitable[tuple[int, int]]:
-        return self._one(self.ops.sync_nodes(nodes))
+        return self._drive(self._sync_nodes(nodes))
 
     def sync_discovered(
         self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
     ) -> Awaitable[tuple[bool, int, int]]:
-        return self._one(self.ops.sync_discovered(positions, nodes))
+        return self._drive(self._sync_discovered(positions, nodes))
 
     def policy(self) -> Awaitable[Policy | None]:
         return self._one(self.ops.policy())

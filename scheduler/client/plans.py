@@ -14,6 +14,7 @@ methods).
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from scheduler.domain.errors import (
     PolicyConflict,
     StaticNodesConflict,
     StoreUnavailable,
+    SyncSuperseded,
     UnknownNode,
 )
 from scheduler.domain.history import (
@@ -54,8 +56,9 @@ from scheduler.domain.records import (
     Reservation,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import LIST_PAGE, Beat, Call, Ops, Page, Plan, Resync
+from scheduler.store.calls import LIST_PAGE, Beat, Call, Ops, Page, Plan, Resync, SyncList
 from scheduler.store.cluster import is_cluster_client
+from scheduler.store.contracts import DISCOVERY_STALE, SYNC_DONE
 from scheduler.store.cpuconfig import CpuConfigOps, exchange
 from scheduler.store.durability import Durability
 from scheduler.store.keys import CellKeys, validate_id
@@ -71,6 +74,11 @@ ABANDON_FOR_S = 15 * 60
 ABANDON_MAX = 10_000
 #: Placements one replay call writes back at most (bounded work per call).
 REPLAY_BATCH = 200
+
+#: Passes of a node-list sync one call begins at most when each is
+#: superseded (plans' _sync): a pass of the same list is joined, never
+#: superseded, so only another list's (or a pass that expired) starts one over.
+SYNC_ATTEMPTS = 3
 
 #: What a Redis Cluster answers while a slot moves, a shard fails over or the
 #: cluster is down: nothing ran, so the call is sent again until its deadline.
@@ -434,7 +442,7 @@ class BaseClient:
             stored = sorted((v.node_id, v.endpoint) for v in listed if v.static)
             if stored and stored != sorted(setup.nodes):
                 raise StaticNodesConflict(nodes_conflict(stored, sorted(setup.nodes)))
-        yield self.ops.sync_nodes(list(setup.nodes))
+        yield from self._sync(self.ops.static_list(setup.nodes), raw=True)
         return outcome
 
     def _restore(self) -> Plan[None]:
@@ -449,9 +457,58 @@ class BaseClient:
                 "placements again once they heartbeat"
             )
             if not setup.discovered:
-                yield self.ops.sync_nodes(list(setup.nodes))
+                yield from self._sync(self.ops.static_list(setup.nodes), raw=True)
 
     # -- plans of more than one call ----------------------------------------
+    def _sync(self, lst: SyncList, raw: bool = False) -> Plan[tuple[bool, int, int]]:
+        """Make the cell's node list ``lst`` in bounded steps (a pass:
+        lua/sync_begin-5.lua): begin (or join the pass of the same list
+        another replica runs), stage the list in chunks, walk the nodes until
+        the step that commits.  (applied, nodes added or changed, nodes
+        removed); applied False: discovery's positions were behind the
+        stored ones (nothing written).  A pass another list's superseded
+        (or that expired, or whose cell was restored meanwhile) starts over,
+        at most SYNC_ATTEMPTS times in all; then SyncSuperseded.
+        ``raw``: the calls go as they are (the restore's own), not
+        through the restore that a cell without a policy starts."""
+
+        def one(call: Call[T]) -> Plan[T]:
+            if raw:
+                return cast(T, (yield call))
+            return (yield from self._step(call))
+
+        for attempt in range(1, SYNC_ATTEMPTS + 1):
+            token = str(secrets.randbits(62))
+            try:
+                outcome, token = yield from one(self.ops.sync_begin(token, lst))
+                if outcome == DISCOVERY_STALE:
+                    return False, 0, 0
+                if outcome == SYNC_DONE:  # (nothing to remove, nothing to stage)
+                    return True, 0, 0
+                for chunk in lst.chunks():
+                    yield from one(self.ops.sync_stage(token, chunk))
+                while True:
+                    done, changed, removed = yield from one(self.ops.sync_walk(token))
+                    if done:
+                        return True, changed, removed
+            except SyncSuperseded as e:
+                if attempt == SYNC_ATTEMPTS:
+                    raise SyncSuperseded(
+                        f"{e.message}; {SYNC_ATTEMPTS} passes superseded in a row: another "
+                        "replica syncs another node list"
+                    ) from e
+                log.info("node-list sync pass superseded (%s); starting over", e.message)
+        raise AssertionError("unreachable")
+
+    def _sync_nodes(self, nodes: Sequence[tuple[str, str]]) -> Plan[tuple[int, int]]:
+        _, changed, removed = yield from self._sync(self.ops.static_list(nodes))
+        return changed, removed
+
+    def _sync_discovered(
+        self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
+    ) -> Plan[tuple[bool, int, int]]:
+        return (yield from self._sync(self.ops.discovered_list(positions, nodes)))
+
     def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
         try:
             result = yield from self._step(self.ops.heartbeat(hb, self.beats))

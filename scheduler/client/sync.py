@@ -185,12 +185,12 @@ class Scheduler(BaseClient):
         return self.run(self.ops.sync_policy(policy, overwrite, restore))
 
     def sync_nodes(self, nodes: list[tuple[str, str]]) -> tuple[int, int]:
-        return self._one(self.ops.sync_nodes(nodes))
+        return self._drive(self._sync_nodes(nodes))
 
     def sync_discovered(
         self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
     ) -> tuple[bool, int, int]:
-        return self._one(self.ops.sync_discovered(positions, nodes))
+        return self._drive(self._sync_discovered(positions, nodes))
 
     def policy(self) -> Policy | None:
         return self._one(self.ops.policy())

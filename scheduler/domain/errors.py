@@ -55,6 +55,14 @@ class FailedPrecondition(SchedulerError):
     code = "PRECONDITION"
 
 
+class SyncSuperseded(FailedPrecondition):
+    """A step of a node-list sync pass (lua/includes/sync_pass.lua) that is not the
+    pass under way: another replica began one of another list since, or the
+    pass expired.  Nothing was written by the refused step."""
+
+    code = "SUPERSEDED"
+
+
 class CorruptState(FailedPrecondition):
     """The cell holds what this version cannot read: a record field that fails
     its type or range check, or a key of the wrong type (an old version's or
@@ -115,6 +123,7 @@ CODES: dict[str, type[SchedulerError]] = {
         NoNodesAvailable,
         NotFound,
         FailedPrecondition,
+        SyncSuperseded,
         CorruptState,
         CellNotInitialised,
         StoreUnavailable,
@@ -128,6 +137,7 @@ SCRIPT_CODES: tuple[str, ...] = (
     NoNodesAvailable.code,
     NotFound.code,
     FailedPrecondition.code,
+    SyncSuperseded.code,
     CorruptState.code,
     CellNotInitialised.code,
 )

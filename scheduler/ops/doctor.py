@@ -95,6 +95,8 @@ TYPES = {
     "art-lru": "zset",
     "art-names": "hash",
     "replica": "hash",
+    "sync-pass": "hash",
+    "sync-stage": "set",
 }
 INDEX_KINDS = ("idx-shapes", "idx-cpu", "idx-mem", "idx-bucket", "idx-seen")
 PENDING_FIELDS = ("pending_count", "pending_cpu", "pending_memory_bytes", "acked_count")

@@ -111,6 +111,39 @@ MAX_REBUILD_STEP = 10_000
 #: What a rebuild step may be asked to do first (lua/index_rebuild-5.lua ARGV[1]).
 REBUILD_MODES = ("step", "start", "fresh")
 
+#: Nodes of the list one chunk of a node-list sync stages (lua/sync_stage-5.lua,
+#: at most its STAGE_MAX), and nodes one step of its removal walk reads
+#: (lua/sync_walk-5.lua, which removes at most 16 a step): see
+#: docs/performance.md for what each costs at 10,000 and 100,000 nodes.
+SYNC_CHUNK = 64
+MAX_SYNC_CHUNK = 1000
+SYNC_WALK_STEP = 256
+MAX_SYNC_WALK_STEP = 10_000
+
+
+@dataclass(frozen=True)
+class SyncList:
+    """A node list a sync pass makes the cell's (Ops.static_list,
+    Ops.discovered_list): its kind, its nodes as (id, endpoint, lingering)
+    with lingering "" for a static list, and discovery's positions."""
+
+    kind: str
+    nodes: tuple[tuple[str, str, str], ...]
+    positions: tuple[str, ...]
+
+    def digest(self) -> str:
+        """The same for the same list (a pass of it is joined), another for any other."""
+        h = hashlib.sha256(self.kind.encode())
+        for node in self.nodes:
+            for x in node:
+                h.update(b"\0" + x.encode())
+            h.update(b"\1")
+        return h.hexdigest()
+
+    def chunks(self, size: int = SYNC_CHUNK) -> list[tuple[tuple[str, str, str], ...]]:
+        return [self.nodes[i : i + size] for i in range(0, len(self.nodes), size)]
+
+
 #: Nodes one census step reads (lua/census-5.lua), about 1-2 ms of Redis (512
 #: took up to 4.5 ms of CPU on a busy host, close to the 5 ms no call may
 #: pass); each replica's monitor takes one step a tick, all replicas sharing
@@ -874,48 +907,80 @@ class Ops:
         )
 
     # -- fleet and policy --------------------------------------------------
-    def sync_nodes(self, nodes: list[tuple[str, str]]) -> Call[tuple[int, int]]:
+    def static_list(self, nodes: Sequence[tuple[str, str]]) -> SyncList:
+        """A static node list (id, endpoint), checked whole before a pass
+        begins (a bad entry: nothing written)."""
         at_most("nodes", nodes, MAX_STATIC_NODES)
-        flat: list[str] = []
+        out: list[tuple[str, str, str]] = []
         for i, (nid, endpoint) in enumerate(nodes):
             if not endpoint.strip():
                 raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
-            flat += [validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip())]
+            out.append((validate_id(f"nodes[{i}].id", nid), text("endpoint", endpoint.strip()), ""))
+        return SyncList(c.SYNC_STATIC, tuple(out), ())
 
-        def parse(r: list[Any]) -> tuple[int, int]:
-            a = whole_reply(c.SyncNodesReply, r)
-            return int(a.changed), int(a.removed)
-
-        return self._call("sync_nodes", c.SyncNodesArgv(nodes=flat), parse)
-
-    def sync_discovered(
+    def discovered_list(
         self, positions: Sequence[int], nodes: Sequence[tuple[str, str, bool]]
-    ) -> Call[tuple[bool, int, int]]:
-        """Write a discovered node list (id, endpoint, lingering) computed from
-        watches at ``positions`` (3 resourceVersions as integers); applied only
-        if no stored position is ahead (see sync_discovered-5.lua).  Returns
-        (applied, nodes added or changed, nodes removed)."""
+    ) -> SyncList:
+        """A discovered node list (id, endpoint, lingering) computed from
+        watches at ``positions`` (3 resourceVersions as integers), checked
+        whole before a pass begins."""
         if len(positions) != 3 or any(
             not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in positions
         ):
             raise InvalidArgument("positions", "must be 3 whole numbers (resourceVersions)")
         at_most("nodes", nodes, MAX_STATIC_NODES)
-        flat: list[str] = []
+        out: list[tuple[str, str, str]] = []
         for i, (nid, endpoint, lingering) in enumerate(nodes):
             if not endpoint.strip():
                 raise InvalidArgument(f"nodes[{i}].endpoint", "is required")
-            flat += [
-                validate_id(f"nodes[{i}].id", nid),
-                text("endpoint", endpoint.strip()),
-                c.flag(lingering),
-            ]
+            out.append(
+                (
+                    validate_id(f"nodes[{i}].id", nid),
+                    text("endpoint", endpoint.strip()),
+                    c.flag(lingering),
+                )
+            )
+        return SyncList(c.SYNC_DISCOVERED, tuple(out), tuple(str(p) for p in positions))
+
+    def sync_begin(self, token: str, lst: SyncList) -> Call[tuple[str, str]]:
+        """Begin (or join) a pass that makes the node list ``lst``
+        (lua/sync_begin-5.lua): (outcome, the pass's token)."""
+        argv = c.SyncBeginArgv(
+            token=token,
+            kind=lst.kind,
+            digest=lst.digest(),
+            listed=c.flag(bool(lst.nodes) or lst.kind == c.SYNC_DISCOVERED),
+            positions=list(lst.positions),
+        )
+
+        def parse(r: list[Any]) -> tuple[str, str]:
+            a, _stored_positions = head(c.SyncBeginReply, r)
+            return s(a.outcome), s(a.token)
+
+        return self._call("sync_begin", argv, parse)
+
+    def sync_stage(self, token: str, chunk: Sequence[tuple[str, str, str]]) -> Call[int]:
+        """One chunk of a pass's list (lua/sync_stage-5.lua): nodes added or changed."""
+        if len(chunk) > MAX_SYNC_CHUNK:
+            raise InvalidArgument("nodes", f"has {len(chunk)} entries, more than {MAX_SYNC_CHUNK}")
+        argv = c.SyncStageArgv(token=token, nodes=[x for n in chunk for x in n])
+        return self._call(
+            "sync_stage", argv, lambda r: int(whole_reply(c.SyncStageReply, r).changed)
+        )
+
+    def sync_walk(self, token: str, step: int = SYNC_WALK_STEP) -> Call[tuple[bool, int, int]]:
+        """One step of a pass's removal walk (lua/sync_walk-5.lua): (done,
+        nodes added or changed, nodes removed: the pass's so far)."""
+        if not 1 <= step <= MAX_SYNC_WALK_STEP:
+            raise InvalidArgument(
+                "step", f"must be a whole number in 1..{MAX_SYNC_WALK_STEP}, not {step!r}"
+            )
 
         def parse(r: list[Any]) -> tuple[bool, int, int]:
-            a, _stored_positions = head(c.SyncDiscoveredReply, r)
-            return s(a.outcome) == c.DISCOVERY_APPLIED, int(a.changed), int(a.removed)
+            a = whole_reply(c.SyncWalkReply, r)
+            return s(a.done) == c.YES, int(a.changed), int(a.removed)
 
-        argv = c.SyncDiscoveredArgv(positions=[str(p) for p in positions], nodes=flat)
-        return self._call("sync_discovered", argv, parse)
+        return self._call("sync_walk", c.SyncWalkArgv(token=token, step=str(step)), parse)
 
     def set_lingering(self, node_id: str, lingering: bool) -> Call[bool]:
         argv = c.SetLingeringArgv(

@@ -76,12 +76,17 @@ BATCH_OK = "ok"
 BATCH_ERR = "err"
 #: the answer of a delta that meets another record (heartbeat, heartbeat_steady)
 RESYNC = "RESYNC"
-#: the outcomes of cpu_config-6.lua and sync_discovered-5.lua
+#: the outcomes of cpu_config-6.lua and sync_begin-5.lua
 CPU_DELIVER = "deliver"
 CPU_NONE = "none"
 CPU_COMPUTE = "compute"
-DISCOVERY_APPLIED = "applied"
+SYNC_BEGUN = "begun"
+SYNC_JOINED = "joined"
+SYNC_DONE = "done"
 DISCOVERY_STALE = "stale"
+#: sync_begin-5.lua ARGV[2] kind
+SYNC_STATIC = "static"
+SYNC_DISCOVERED = "discovered"
 #: rewound-5.lua ARGV[1] mode, and the settle's outcome
 REWOUND_SETTLE = "settle"
 REWOUND_RECONCILE = "reconcile"
@@ -511,27 +516,43 @@ class UnregisterReply(Reply):
 
 
 # -- fleet and policy ----------------------------------------------------------------
-class SyncNodesArgv(Argv, frozen=True):
-    #: node_id, endpoint of each node
-    nodes: list[str]
-
-
-class SyncNodesReply(Reply):
-    changed: Value
-    removed: Value
-    now_ms: Value
-
-
-class SyncDiscoveredArgv(Argv, frozen=True):
-    #: the 3 watch positions
+class SyncBeginArgv(Argv, frozen=True):
+    #: the new pass's token
+    token: str
+    #: SYNC_STATIC or SYNC_DISCOVERED
+    kind: str
+    #: the list's digest (a live pass of the same is joined)
+    digest: str
+    #: YES a non-empty list, NO an empty one
+    listed: str
+    #: the 3 watch positions (discovered), none (static)
     positions: list[str]
-    #: node_id, endpoint, lingering of each node
-    nodes: list[str]
 
 
-class SyncDiscoveredReply(Reply):
+class SyncBeginReply(Reply):
     TAIL = "positions"
     outcome: Value
+    token: Value
+
+
+class SyncStageArgv(Argv, frozen=True):
+    token: str
+    #: node_id, endpoint, lingering ("" for a static list) of each node
+    nodes: list[str]
+
+
+class SyncStageReply(Reply):
+    changed: Value
+
+
+class SyncWalkArgv(Argv, frozen=True):
+    token: str
+    #: nodes read at most
+    step: str
+
+
+class SyncWalkReply(Reply):
+    done: Value
     changed: Value
     removed: Value
 
@@ -733,8 +754,9 @@ CONTRACTS: dict[str, Contract] = {
     "settle": Contract(FIXED_KEYS, (NoArgv,), (Scalar("now_ms"),)),
     "stats": Contract(FIXED_KEYS, (StatsArgv,), (StatsCounters, PolicyFields)),
     "sweep": Contract(FIXED_KEYS, (NoArgv,), (SweepReply,)),
-    "sync_discovered": Contract(FIXED_KEYS, (SyncDiscoveredArgv,), (SyncDiscoveredReply,)),
-    "sync_nodes": Contract(FIXED_KEYS, (SyncNodesArgv,), (SyncNodesReply,)),
+    "sync_begin": Contract(FIXED_KEYS, (SyncBeginArgv,), (SyncBeginReply,)),
+    "sync_stage": Contract(FIXED_KEYS, (SyncStageArgv,), (SyncStageReply,)),
+    "sync_walk": Contract(FIXED_KEYS, (SyncWalkArgv,), (SyncWalkReply,)),
     "sync_policy": Contract(FIXED_KEYS, (SyncPolicyArgv,), (SyncPolicyReply,)),
     "unregister": Contract(FIXED_KEYS, (UnregisterArgv,), (UnregisterReply,)),
 }

@@ -39,6 +39,8 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>aff:<digest>        zset    sha1 of a template / first image -> node -> last start (ms)
     <base>node-loc:<node>     hash    sha1 of a template / first image -> the node's pending starts
     <base>replica:<replica>   hash    a replica serving the cell (version, host, pid; expires)
+    <base>sync-pass           hash    a node-list sync pass under way (sync_begin-5.lua; expires)
+    <base>sync-stage:<token>  set     that pass's listed ids not walked yet (expires)
 
 The Lua scripts receive ``<base>`` as KEYS[1] and derive typed keys from it the
 same way (see ``lua/includes/base.lua``); the fixed keys are passed explicitly.
@@ -95,6 +97,9 @@ LIFETIMES: dict[str, str] = {
     "aff:<digest>": "ttl",
     "node-loc:<node>": "sweep",
     "replica:<replica>": "ttl",
+    # a node-list sync pass (lua/includes/sync_pass.lua)
+    "sync-pass": "ttl",
+    "sync-stage:<token>": "ttl",
 }
 
 MAX_ID_BYTES = 256
