@@ -57,6 +57,9 @@ if not digest or #digest < 1 or #digest > 128 then
 end
 if listed ~= '1' and listed ~= '0' then return fail(ERR.BADARG, 'ARGV[4] (listed): want 1 or 0') end
 local stored = { '', '', '' }
+-- The positions of discovery stored in stats, in ARGV's order (a layout)
+-- @layout DISCOVERY_RV
+local DISCOVERY_RV = { 'discovery_rv_1', 'discovery_rv_2', 'discovery_rv_3' }
 if kind == 'discovered' then
   if #ARGV ~= 7 then return fail(ERR.BADARG, 'positions: a discovered pass needs 3') end
   if listed ~= '1' then return fail(ERR.BADARG, 'ARGV[4] (listed): a discovered pass is 1') end
@@ -65,19 +68,18 @@ if kind == 'discovered' then
     if #a ~= #b then return #a < #b end
     return a < b
   end
-  -- The positions of discovery stored in stats, in ARGV's order (a layout)
-  -- @layout DISCOVERY_RV
-  local DISCOVERY_RV = { 'discovery_rv_1', 'discovery_rv_2', 'discovery_rv_3' }
   local rv = redis.call('HMGET', STATS_KEY, unpack(DISCOVERY_RV))
+  -- (the stored position of each stream, in ARGV's order)
+  local was = { rv[DISCOVERY_RV.discovery_rv_1], rv[DISCOVERY_RV.discovery_rv_2],
+    rv[DISCOVERY_RV.discovery_rv_3] }
   local stale = false
   for i = 1, 3 do
     local p = ARGV[4 + i]
     if #p < 1 or #p > 20 or string.find(p, '%D') or (#p > 1 and string.sub(p, 1, 1) == '0') then
       return fail(ERR.BADARG, 'position ' .. i .. ' must be a whole number (a resourceVersion)')
     end
-    -- (rv[i]: ARGV[4 + i]'s field, DISCOVERY_RV in ARGV's order)
-    if rv[i] and below(p, rv[i]) then stale = true end
-    stored[i] = rv[i] or ''
+    if was[i] and below(p, was[i]) then stale = true end
+    stored[i] = was[i] or ''
   end
   if stale then return { 'stale', '', stored[1], stored[2], stored[3] } end
   redis.call('HSET', STATS_KEY, 'discovery_rv_1', ARGV[5], 'discovery_rv_2', ARGV[6],
