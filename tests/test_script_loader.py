@@ -265,6 +265,17 @@ def test_a_layout_must_be_a_list_of_names() -> None:
         _lib({"a": "-- @exports R\n-- @layout R\nlocal Q = { 'x' }\nlocal R = {}\n"})
 
 
+def test_a_layout_inside_a_block_is_refused() -> None:
+    """The loader resolves only top-level layouts; one declared inside a
+    block would read every field as nil at run time, silently."""
+    script = (
+        "-- @include a\nif ARGV[1] then\n  -- @layout L\n  local L = { 'x' }\n"
+        "  local v = redis.call('HMGET', KEYS[1], unpack(L))\n  return v[L.x]\nend\n"
+    )
+    with pytest.raises(IncludeError, match=r"^lua/op-1\.lua line 3: @layout inside a block"):
+        _lib({"a": "-- @exports K\nlocal K = 1\n"}, script)
+
+
 def test_no_lua_file_reads_a_record_by_number() -> None:
     """Records read with a layout are read by name: no ``prev[17]`` or
     ``v[o + 5]``, and no layout indexed by a number."""

@@ -444,6 +444,9 @@ class ExportError(Exception):
 
 
 LAYOUT = re.compile(r"^-- @layout (\w+)[ \t]*$", re.M)
+#: a layout declared inside a block: the loader would not see it, and its
+#: names would read as nil at run time (LAYOUT.field of a plain table)
+NESTED_LAYOUT = re.compile(r"^[ \t]+-- @layout\b", re.M)
 
 
 def layouts(text: str, where: str) -> dict[str, list[str]]:
@@ -460,6 +463,12 @@ def _layouts(text: str, where: str) -> tuple[dict[str, list[str]], dict[str, lis
     """(layouts, field_lists)."""
     out: dict[str, list[str]] = {}
     spelled: dict[str, list[str]] = {}
+    nested = NESTED_LAYOUT.search(text)
+    if nested:
+        line = text.count("\n", 0, nested.start()) + 1
+        raise ExportError(
+            f"{where} line {line}: @layout inside a block; declare it at the file's top level"
+        )
     toks = tokens(text)
     for m in LAYOUT.finditer(text):
         name, line = m.group(1), text.count("\n", 0, m.start()) + 1
