@@ -39,7 +39,7 @@ end
 local pass, refused, committed = load_pass(token)
 if refused then return refused end
 -- (a replica that joined it ended it)
-if committed then return { '1', committed[1], committed[2] } end
+if committed then return { '1', committed.changed, committed.removed } end
 local SKEY, STATIC_KEY = stage_key(token), static_key()
 local listed = pass[PASS.listed] == '1'
 local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'

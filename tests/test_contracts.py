@@ -330,3 +330,14 @@ def test_tagged_forms_are_told_apart_by_their_tag() -> None:
     with pytest.raises(Resync):
         ops.heartbeat(hb).parse([b"RESYNC"])
     assert ops.heartbeat(hb).parse([4, 1, 0, 0, 9, b"i"]).generation == 4
+
+
+def test_the_explain_rows_layout_is_the_verdicts_fields() -> None:
+    """schedule.lua writes an explain row's locality fields by the names of
+    its VERDICT layout; the reply is read as contracts.Verdict."""
+    from scheduler.store.lua_modules import layouts
+    from scheduler.store.scripts import _files
+
+    includes, _ = _files()
+    got = layouts(includes["schedule"], "lua/includes/schedule.lua")["VERDICT"]
+    assert got == list(c.Verdict.__struct_fields__)

@@ -253,7 +253,8 @@ local function end_reservation(ctx, rid, outcome, now, r)
         'pending_memory_bytes', num_text(mem) }
       if r[RES_READ.state] == 'acked'
         or not count_ok(number_of(n[PENDING_READ.acked_count] or '0')) then
-        hset[7], hset[8] = 'acked_count', num_text(acked)
+        hset[#hset + 1] = 'acked_count'
+        hset[#hset + 1] = num_text(acked)
       end
       redis.call('HSET', nkey, unpack(hset))
       touch(ctx, node_id)

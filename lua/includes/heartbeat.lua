@@ -21,6 +21,9 @@ local SAMPLED_BIND = { 'node_id', 'listed' }
 local ABSENT_RES = { 'state', 'absent_cs', 'absent_beats', 'sandbox_id', 'absent_rt' }
 -- @layout ABSENT_BIND
 local ABSENT_BIND = { 'node_id', 'listed', 'deleted' }
+-- One member of a ZRANGE ... WITHSCORES reply (a layout)
+-- @layout SCORED
+local SCORED = { 'member', 'score' }
 
 -- Is a sandbox absent from `node_id`'s rosters for the two-heartbeat rule
 -- (gone_assigned), its binding `b` read as ABSENT_BIND?  Unbound, or this
@@ -467,9 +470,9 @@ local function counter_released(ctx, node_id, hset, k, f, now)
     -- those ends nothing (events-5.lua), the next rise does.
     -- (the highest score is the last by rank: ZRANGE, which the ACL grants)
     local top = redis.call('ZRANGE', node_res_key(node_id), '-1', '-1', 'WITHSCORES')
-    if top[2] then
+    if top[SCORED.score] then
       hset[#hset + 1] = 'unclaimed_seq'
-      hset[#hset + 1] = top[2]
+      hset[#hset + 1] = top[SCORED.score]
     end
   end
   return released

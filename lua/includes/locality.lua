@@ -39,6 +39,17 @@ function LOCALITY.p3(x) return string.format('%.3f', x) end
 function LOCALITY.loc_key(id) return BASE .. 'node-loc:' .. id end
 function LOCALITY.aff_key(group) return BASE .. 'aff:' .. group end
 
+-- A request's key (L.keys[i]): its weight, its size in bytes, its digest
+-- @layout LOC_KEY
+local LOC_KEY = { 'weight', 'size', 'digest' }
+-- An index entry of a key (LOCALITY.digests): its digest, its namespace
+-- @layout LOC_ENTRY
+local LOC_ENTRY = { 'digest', 'ns' }
+-- A warm candidate (LOCALITY.warm_set): its node id, what it holds (by[id],
+-- or true for an affinity starter)
+-- @layout LOC_WARM
+local LOC_WARM = { 'id', 'held' }
+
 -- ARGV[8] as a table {group, keys = {{w, size, kd}...}, total}, nil when
 -- locality is off (weight 0, or nothing to go by), or false on a bad text.
 function LOCALITY.parse(P, arg)
@@ -72,7 +83,7 @@ function LOCALITY.digests(L)
   if L.dig then return L.dig end
   local per, all = {}, {}
   for i, k in ipairs(L.keys) do
-    per[i] = redis.call('SMEMBERS', BASE .. 'art-key:' .. k[3])
+    per[i] = redis.call('SMEMBERS', BASE .. 'art-key:' .. k[LOC_KEY.digest])
     for _, digest in ipairs(per[i]) do all[#all + 1] = digest end
   end
   local names = #all > 0 and redis.call('HMGET', BASE .. 'art-names', unpack(all)) or {}
@@ -91,6 +102,8 @@ function LOCALITY.digests(L)
 end
 
 -- by[id] = {ns, weight held, keys held, ns, ...}: per cluster and backend
+-- (a packed list of triples, one per namespace, walked with a stride of 3:
+-- not a record, so no layout)
 -- of an index entry (a node's own is checked when it is read), the sum of
 -- the request's key weights the holder holds there and the keys as a bit
 -- set (key i: 2^(i-1); at most 32 keys, exact in a double): one table a
@@ -102,13 +115,14 @@ function LOCALITY.gather_keys(L)
   local by, ids, sampled = {}, {}, false
   local dig = LOCALITY.digests(L)
   for i, k in ipairs(L.keys) do
-    local w, bit = k[1], BIT[i]
+    local w, bit = k[LOC_KEY.weight], BIT[i]
     for _, d in ipairs(dig[i]) do
-      local ns = d[2]
+      local ns = d[LOC_ENTRY.ns]
       do
         -- (one call: the whole set when it has at most HOLDERS, else
         -- HOLDERS + 1 distinct ones at random, one dropped)
-        local holders = redis.call('SRANDMEMBER', BASE .. 'art:' .. d[1], LOCALITY.HOLDERS + 1)
+        local holders = redis.call('SRANDMEMBER', BASE .. 'art:' .. d[LOC_ENTRY.digest],
+          LOCALITY.HOLDERS + 1)
         if #holders > LOCALITY.HOLDERS then holders[#holders], sampled = nil, true end
         for _, id in ipairs(holders) do
           local t = by[id]
@@ -233,8 +247,9 @@ function LOCALITY.coverage_of(L, n, c)
     local dig = LOCALITY.digests(L)
     for i, k in ipairs(L.keys) do
       for _, d in ipairs(dig[i]) do
-        if d[2] == ns and redis.call('SISMEMBER', BASE .. 'art:' .. d[1], n.id) == 1 then
-          got, mask = got + k[1], mask + BIT[i]
+        if d[LOC_ENTRY.ns] == ns
+          and redis.call('SISMEMBER', BASE .. 'art:' .. d[LOC_ENTRY.digest], n.id) == 1 then
+          got, mask = got + k[LOC_KEY.weight], mask + BIT[i]
           break
         end
       end
@@ -246,7 +261,7 @@ function LOCALITY.coverage_of(L, n, c)
   end
   local pull = 0
   for i, k in ipairs(L.keys) do
-    if math.floor(mask / BIT[i]) % 2 == 0 then pull = pull + k[2] end
+    if math.floor(mask / BIT[i]) % 2 == 0 then pull = pull + k[LOC_KEY.size] end
   end
   return got / L.total, pull
 end
@@ -291,7 +306,7 @@ end
 -- node's bonus is worked out (a decision needs only the competitors').
 function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   L.pull_all = 0
-  for _, k in ipairs(L.keys) do L.pull_all = L.pull_all + k[2] end
+  for _, k in ipairs(L.keys) do L.pull_all = L.pull_all + k[LOC_KEY.size] end
   local floor = now - P.locality_affinity_ttl_ms
   -- B first, read exactly (its namespace comes with its record's read)
   B.now_floor = floor
@@ -311,12 +326,12 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   local evaluated, limit = {}, B.pressure + (LOCALITY.margin(P, B))
   local in_warm = false
   for _, w in ipairs(warm) do
-    if w[1] == B.id then
+    if w[LOC_WARM.id] == B.id then
       in_warm = true
-    elseif explain or LOCALITY.most_bonus(P, L, w[2]) > B.bonus then
-      local n = LOCALITY.candidate(P, req, now, w[1], via_index)
+    elseif explain or LOCALITY.most_bonus(P, L, w[LOC_WARM.held]) > B.bonus then
+      local n = LOCALITY.candidate(P, req, now, w[LOC_WARM.id], via_index)
       n.now_floor = floor
-      n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[2])
+      n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[LOC_WARM.held])
       evaluated[#evaluated + 1] = n
     end
   end

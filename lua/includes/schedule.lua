@@ -358,6 +358,13 @@ local function full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
   return SPREAD.PICK[strategy](group, rr_next, rand, evaluated), evaluated, ''
 end
 
+-- An explain row, one node's: contracts.py Verdict's fields, in order
+-- (tests/test_contracts.py holds them equal)
+-- @layout VERDICT
+local VERDICT = { 'id', 'status', 'reason', 'pressure', 'known', 'starting', 'running',
+  'paused', 'projected_cpu', 'projected_memory', 'cpu_capacity', 'memory_capacity', 'endpoint',
+  'coverage', 'bonus', 'locality' }
+
 -- Phase "explain" (a dry run): the decision and every node evaluated, with
 -- its inputs; nothing written.
 local function explained(now, strategy, chosen, rr_next, req, refusal, warm, evaluated, L)
@@ -371,7 +378,8 @@ local function explained(now, strategy, chosen, rr_next, req, refusal, warm, eva
       fmt(n.cpu_cap), fmt(n.mem_cap), n.endpoint }
     local w = warm_by[n.id] or n
     if L and w.coverage then
-      row[14], row[15], row[16] = fmt(w.coverage), fmt(w.bonus), w.lost or ''
+      row[VERDICT.coverage], row[VERDICT.bonus], row[VERDICT.locality] =
+        fmt(w.coverage), fmt(w.bonus), w.lost or ''
     end
     out[#out + 1] = row
   end

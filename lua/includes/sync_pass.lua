@@ -43,7 +43,7 @@ local function check_token(token)
 end
 
 -- The pass under way, read (fields by PASS); then, when `token` is not its
--- token: the pass's counts {changed, removed} when it committed (stats
+-- token: the pass's counts {changed =, removed =} when it committed (stats
 -- sync_done names the last pass committed), else the error to answer
 -- (another pass began since, or it expired).
 local function load_pass(token)
@@ -51,7 +51,8 @@ local function load_pass(token)
   if pass[PASS.token] == token then return pass, nil, nil end
   local last = redis.call('HMGET', STATS_KEY, unpack(SYNC_DONE))
   if last[SYNC_DONE.sync_done] == token then
-    return pass, nil, { last[SYNC_DONE.sync_done_changed], last[SYNC_DONE.sync_done_removed] }
+    return pass, nil,
+      { changed = last[SYNC_DONE.sync_done_changed], removed = last[SYNC_DONE.sync_done_removed] }
   end
   return pass, fail(ERR.SUPERSEDED, 'sync pass ' .. token .. ' is not the one under way ('
     .. (pass[PASS.token] and ('pass ' .. pass[PASS.token] .. ' began since') or 'it expired')
