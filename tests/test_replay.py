@@ -22,6 +22,7 @@ from scheduler.domain.history import (
     Placed,
     PlacementMemo,
 )
+from scheduler.domain.records import Placement
 from scheduler.store.connection import async_client
 from scheduler.testing.redis_server import RedisServer, wait_until
 from scheduler.testing.replicas import ThreadedReplica, settings_for
@@ -71,6 +72,15 @@ def restart_from_snapshot(server: RedisServer, s: Scheduler) -> Scheduler:
     return t
 
 
+def placed_after_a_snapshot(server: RedisServer, s: Scheduler) -> Placement:
+    """One placement the snapshot holds, then ``b``, the one it lacks."""
+    s.schedule(Request.cold(1, 1024))
+    ask(server, "save")
+    b = s.schedule(Request.cold(1, 1024))
+    assert b.reservation_id
+    return b
+
+
 def test_a_placement_the_snapshot_lacks_comes_back_charged_once(server: RedisServer) -> None:
     s = connect(server)
     a = s.schedule(Request.cold(1, 1024))
@@ -103,10 +113,7 @@ def test_one_made_before_the_grace_comes_back_ended(server: RedisServer) -> None
     node's roster by now (the settle waits for that heartbeat) or it ended:
     it comes back as a tombstone, charging nothing."""
     s = connect(server)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     t = restart_from_snapshot(server, s)
     try:
         assert t.replay_reservations(0) == (0, 1, 1, 0)
@@ -120,10 +127,7 @@ def test_one_whose_sandbox_the_node_lists_is_released_not_charged_again(
     server: RedisServer,
 ) -> None:
     s = connect(server)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     s.assign("s2", "n1", EP, b.reservation_id)  # this client answered its assignment too
     t = restart_from_snapshot(server, s)
     try:
@@ -148,10 +152,7 @@ def test_an_assignment_written_after_it_attaches_it_and_a_roster_releases_it(
     written again attaches it, and the roster that lists the sandbox
     releases it: the usual rules."""
     s = connect(server)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     s.assign("s2", "n1", EP, b.reservation_id)
     t = restart_from_snapshot(server, s)
     try:
@@ -176,10 +177,7 @@ def test_an_assignment_that_came_first_through_another_replica_claims_it(
     (before, it stayed pending, unclaimed, for unassigned_reservation_ttl),
     and the roster that lists the sandbox releases it."""
     s = connect(server)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     t = restart_from_snapshot(server, s)
     other = Scheduler.connect(server.url, cell=CELL)  # knows nothing of `b`
     try:
@@ -212,10 +210,7 @@ def test_a_written_back_one_whose_sandbox_ended_is_released_by_two_heartbeats(
     row)."""
     s = connect(server)
     s.heartbeat(hb("n1", roster=["s0"], sandbox_count=1))  # (roster mode)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     if not claimed:
         s.assign("s2", "n1", EP, b.reservation_id)
     t = restart_from_snapshot(server, s)
@@ -251,10 +246,7 @@ def test_an_ended_one_is_not_revived(server: RedisServer) -> None:
 
 def test_one_past_its_ttl_comes_back_expired(server: RedisServer) -> None:
     s = connect(server)
-    s.schedule(Request.cold(1, 1024))
-    ask(server, "save")
-    b = s.schedule(Request.cold(1, 1024))
-    assert b.reservation_id
+    b = placed_after_a_snapshot(server, s)
     t = restart_from_snapshot(server, s)
     try:
         t.advance_clock(POLICY.unassigned_reservation_ttl_ms + 1_000)

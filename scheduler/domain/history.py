@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 #: Redis time may move this far (ms) against a replica's monotonic clock
 #: between two of its probes (one second apart) before it counts as a jump.
@@ -174,6 +175,43 @@ class HistoryWatch:
         self.placed = 0
 
 
+class _Answered(Protocol):
+    @property
+    def at(self) -> float: ...
+
+
+A = TypeVar("A", bound=_Answered)
+
+
+class _Window(Generic[A]):
+    """What this replica answered within the last ``window_s`` (its own
+    monotonic clock, each item's ``at``), at most ``most``, oldest first."""
+
+    def __init__(self, window_s: float, most: int) -> None:
+        self.window_s = window_s
+        self._kept: deque[A] = deque(maxlen=most)
+
+    @property
+    def most(self) -> int:
+        return self._kept.maxlen or 0
+
+    def record(self, item: A) -> None:
+        self._kept.append(item)
+        self._drop_before(item.at - self.window_s)
+
+    def recent(self, now: float) -> list[A]:
+        """Those answered within the window before ``now``, oldest first."""
+        self._drop_before(now - self.window_s)
+        return list(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _drop_before(self, t: float) -> None:
+        while self._kept and self._kept[0].at < t:
+            self._kept.popleft()
+
+
 @dataclass(frozen=True)
 class Assigned:
     """One assignment this replica answered OK (RecordAssignment)."""
@@ -188,7 +226,7 @@ class Assigned:
     reservation_id: str
 
 
-class AssignmentMemo:
+class AssignmentMemo(_Window[Assigned]):
     """The assignments this replica answered OK in the last ``window_s``.
 
     Redis that lost its last writes (a failover at ``min_replicas_acked: 0``
@@ -204,24 +242,7 @@ class AssignmentMemo:
     has), so writing one again changes nothing."""
 
     def __init__(self, window_s: float = REPLAY_WINDOW_S, most: int = REPLAY_MOST) -> None:
-        self.window_s = window_s
-        self._kept: deque[Assigned] = deque(maxlen=most)
-
-    def record(self, item: Assigned) -> None:
-        self._kept.append(item)
-        self._drop_before(item.at - self.window_s)
-
-    def recent(self, now: float) -> list[Assigned]:
-        """Those answered within the window before ``now``, oldest first."""
-        self._drop_before(now - self.window_s)
-        return list(self._kept)
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def _drop_before(self, t: float) -> None:
-        while self._kept and self._kept[0].at < t:
-            self._kept.popleft()
+        super().__init__(window_s, most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +261,7 @@ class Placed:
     pressure: float
 
 
-class PlacementMemo:
+class PlacementMemo(_Window[Placed]):
     """The placements this replica answered OK in the last ``window_s``, at
     most ``most`` (the oldest go first).
 
@@ -256,25 +277,4 @@ class PlacementMemo:
     def __init__(
         self, window_s: float = REPLAY_PLACEMENTS_WINDOW_S, most: int = REPLAY_PLACEMENTS_MOST
     ) -> None:
-        self.window_s = window_s
-        self._kept: deque[Placed] = deque(maxlen=most)
-
-    @property
-    def most(self) -> int:
-        return self._kept.maxlen or 0
-
-    def record(self, item: Placed) -> None:
-        self._kept.append(item)
-        self._drop_before(item.at - self.window_s)
-
-    def recent(self, now: float) -> list[Placed]:
-        """Those answered within the window before ``now``, oldest first."""
-        self._drop_before(now - self.window_s)
-        return list(self._kept)
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def _drop_before(self, t: float) -> None:
-        while self._kept and self._kept[0].at < t:
-            self._kept.popleft()
+        super().__init__(window_s, most)
