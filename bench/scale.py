@@ -216,27 +216,13 @@ def _one(target: Target, s: Scheduler, call: Call[Any]) -> dict[str, float]:
     return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
 
 
-def _rebuild_steps(target: Target, s: Scheduler) -> dict[str, float]:
-    """Steps of the index rebuild under way until it ends: the longest one's
-    Redis time and CPU (ms), how many steps, and all of them together."""
-    longest: dict[str, float] = {"ms": 0.0, "cpu_ms": 0.0}
-    steps, total_ms, total_cpu = 0, 0.0, 0.0
+def _rebuild(s: Scheduler) -> Plan[None]:
+    """The steps of the index rebuild under way, until it ends (a plan, for
+    :func:`_plan_steps`)."""
     while True:
-        cpu, before = target.cpu_seconds(), target.script_stats()
-        step = s.run(s.ops.index_rebuild("step", REBUILD_STEP))
-        ms = target.script_stats_since(before)[1] / 1000
-        cpu_ms = (target.cpu_seconds() - cpu) * 1000
-        steps, total_ms, total_cpu = steps + 1, total_ms + ms, total_cpu + cpu_ms
-        longest = {"ms": max(longest["ms"], ms), "cpu_ms": max(longest["cpu_ms"], cpu_ms)}
+        step = yield s.ops.index_rebuild("step", REBUILD_STEP)
         if step.done:
-            break
-    return {
-        "ms": round(longest["ms"], 2),
-        "cpu_ms": round(longest["cpu_ms"], 2),
-        "steps": steps,
-        "all_steps_ms": round(total_ms, 1),
-        "all_steps_cpu_ms": round(total_cpu, 1),
-    }
+            return None
 
 
 def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]:
@@ -337,7 +323,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
                 [s.ops.schedule(Request.cold(*rng.choice(SIZES))) for _ in range(COALESCED)]
             ),
         )
-        oneoff["index rebuild step (the longest)"] = _rebuild_steps(target, s)
+        oneoff["index rebuild step (the longest)"] = _plan_steps(target, s, _rebuild(s))
         # round_robin and random: a bounded walk or sample of the node list
         # (SPREAD, lua/includes/schedule.lua), not the full scan they made
         for strategy in ("round_robin", "random"):
