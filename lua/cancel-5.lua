@@ -18,7 +18,7 @@
 ]]
 -- @include index
 local rid = ARGV[1]
-local forget = ARGV[2] == '1'
+local forget = ARGV[2] == CANCEL_MODE.abandon
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 -- What it reads of the reservation, and of its node (layouts: names in the

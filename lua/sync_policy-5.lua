@@ -23,8 +23,8 @@
 ]]
 -- @include index
 -- (NOT_POLICY, the fields kept beside the policy: includes/constants)
-local overwrite = ARGV[1] == '1'
-local restoring = ARGV[1] == 'r'
+local overwrite = ARGV[1] == POLICY_MODE.overwrite
+local restoring = ARGV[1] == POLICY_MODE.restore
 local stored = redis.call('HGETALL', POLICY_KEY)
 local have = {}
 for i = 1, #stored, 2 do

@@ -30,6 +30,7 @@ from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.server.config import ConfigError, load
 from scheduler.server.metrics import DERIVED_STATUSES
 from scheduler.server.service import EVENT_NAMES, NODE_STATUS_NAMES
+from scheduler.store import contracts
 from scheduler.store.calls import HEARTBEAT_FIELDS, Ops, heartbeat_fields
 from scheduler.store.keys import CellKeys
 from scheduler.store.lua_constants import packed_patterns, render
@@ -50,6 +51,7 @@ return cjson.encode({
   EVENT_TYPES = EVENT_TYPES, LIVE = LIVE, SWEEP_BATCH = SWEEP_BATCH, NO_POLICY = NO_POLICY,
   SNAPSHOT_FIELDS = SNAPSHOT_FIELDS, INDEX_MOVERS = INDEX_MOVERS, WHOLE_FIELDS = WHOLE_FIELDS,
   PACKED_MATCH = split_packed(table.concat(PACKED, '\\t'), PACKED_RES), ERR = ERR,
+  ROSTER_FORM = ROSTER_FORM, CANCEL_MODE = CANCEL_MODE, POLICY_MODE = POLICY_MODE,
 })
 """
 
@@ -110,6 +112,18 @@ def test_the_generated_include_is_the_python_tables(redis_client: Any) -> None:
     assert got["LIVE"] == truth(catalog.LIVE_STATES)
     assert got["SWEEP_BATCH"] == catalog.SWEEP_BATCH == model.SWEEP_BATCH
     assert got["NO_POLICY"] == NO_POLICY
+    # the ARGV modes and forms the clients send, by the names the scripts compare
+    assert got["ROSTER_FORM"] == {
+        "same": contracts.ROSTER_SAME,
+        "full": contracts.ROSTER_FULL,
+        "delta": contracts.ROSTER_DELTA,
+    }
+    assert got["CANCEL_MODE"] == {"cancel": contracts.CANCEL, "abandon": contracts.ABANDON}
+    assert got["POLICY_MODE"] == {
+        "check": contracts.POLICY_CHECK,
+        "overwrite": contracts.POLICY_OVERWRITE,
+        "restore": contracts.POLICY_RESTORE,
+    }
     assert got["ERR"] == {c: c for c in SCRIPT_CODES}
     assert got["SNAPSHOT_FIELDS"] == truth(HEARTBEAT_FIELDS)
     fields = snapshot_fields()

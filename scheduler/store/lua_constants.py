@@ -15,6 +15,7 @@ from typing import Any
 from scheduler.domain import catalog
 from scheduler.domain.errors import NO_POLICY, SCRIPT_CODES
 from scheduler.domain.records import snapshot_fields
+from scheduler.store import contracts
 from scheduler.store.calls import HEARTBEAT_FIELDS, HEARTBEAT_SCRIPTS
 
 NAME = "constants"
@@ -124,6 +125,24 @@ def render() -> str:
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
+        "-- The modes and forms the clients send in ARGV (scheduler/store/contracts.py).",
+        "local ROSTER_FORM = "
+        + _map(
+            {
+                "same": contracts.ROSTER_SAME,
+                "full": contracts.ROSTER_FULL,
+                "delta": contracts.ROSTER_DELTA,
+            }
+        ),
+        "local CANCEL_MODE = " + _map({"cancel": contracts.CANCEL, "abandon": contracts.ABANDON}),
+        "local POLICY_MODE = "
+        + _map(
+            {
+                "check": contracts.POLICY_CHECK,
+                "overwrite": contracts.POLICY_OVERWRITE,
+                "restore": contracts.POLICY_RESTORE,
+            }
+        ),
         "-- The codes of error replies, fail(ERR.NOT_FOUND, ...) (scheduler/domain/errors.py).",
         "local ERR = { " + ", ".join(f"{c} = {_str(c)}" for c in SCRIPT_CODES) + " }",
         "-- The kinds of call a heartbeat batch holds (heartbeat_batch-5.lua).",
