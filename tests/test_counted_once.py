@@ -956,6 +956,21 @@ def test_a_counter_nodes_rise_before_an_assignment_another_lists_takes_no_other(
     assert s.lookup("sbx").node_id == "a"
 
 
+def _placed_on_b_listed_by_a_then_buried(s: Scheduler) -> tuple[Placement, list[str]]:
+    """Placed on b, listed by a (whose agent restarted twice), then a late
+    DELETE of a's instance two back buries the listed binding: the
+    placement, and a's roster."""
+    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
+    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
+    p = s.schedule(Request.cold(1, 1024))
+    assert p.node_id == "b"
+    listed = ["a-own", "sbx"]
+    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
+    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    return p, listed
+
+
 @pytest.mark.parametrize("on", ["b", "a"])
 def test_a_late_delete_of_an_older_instance_lets_no_assignment_count_twice(
     make_scheduler: Make, on: str
@@ -968,14 +983,7 @@ def test_a_late_delete_of_an_older_instance_lets_no_assignment_count_twice(
     numbers include it, so no reservation may be charged to it, on either
     node; a's next roster restores the binding."""
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
-    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
-    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
-    p = s.schedule(Request.cold(1, 1024))
-    assert p.node_id == "b"
-    listed = ["a-own", "sbx"]
-    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
-    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
-    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    p, listed = _placed_on_b_listed_by_a_then_buried(s)
     s.assign("sbx", on, f"{on}.local:5000", None)
     assert all(r.sandbox_id != "sbx" for r in s.reservations())
     # (recorded on b, where it was placed: its reservation ends, as the
@@ -999,14 +1007,7 @@ def test_an_event_after_a_late_delete_lets_no_assignment_count_twice(
     binding of b's, and the assignment charges nothing that a's numbers
     already include."""
     s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
-    s.heartbeat(hb("a", sid="i0", roster=["a-own"], sandbox_count=1, allocated_cpu=8))
-    s.heartbeat(hb("b", roster=["b-own"], sandbox_count=1))
-    p = s.schedule(Request.cold(1, 1024))
-    assert p.node_id == "b"
-    listed = ["a-own", "sbx"]
-    s.heartbeat(hb("a", sid="i1", roster=listed, sandbox_count=2, allocated_cpu=9))
-    s.heartbeat(hb("a", sid="i2", roster=listed, sandbox_count=2, allocated_cpu=9))
-    s.events("a", [ev("sbx", "DELETE")], "i0")  # late, from two instances back
+    p, listed = _placed_on_b_listed_by_a_then_buried(s)
     s.events("b", [ev("sbx", kind)])
     s.assign("sbx", "b", "b.local:5000", None)
     assert all(r.sandbox_id != "sbx" for r in s.reservations())
