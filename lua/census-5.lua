@@ -34,9 +34,7 @@ step = math.floor(step)
 local now = now_ms(P)
 local CENSUS_KEY = BASE .. 'census'
 local cursor = redis.call('HGET', CENSUS_KEY, 'cursor') or ''
-local from = '-'
-if cursor ~= '' then from = '(' .. cursor end
-local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(step))
+local ids = node_page('', cursor, step)
 -- What it reads of each node, and of the census (layouts)
 -- @layout CENSUS_NODE
 local CENSUS_NODE = { 'last_seen_ms', 'lingering', 'status' }

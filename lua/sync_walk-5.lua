@@ -59,9 +59,7 @@ if not listed and whole then
   ended = redis.call('SCARD', STATIC_KEY) == 0
 else
   local cursor = pass[PASS.cursor] or ''
-  local from = '-'
-  if cursor ~= '' then from = '(' .. cursor end
-  local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(step))
+  local ids = node_page('', cursor, step)
   ended = #ids < step
   for k, id in ipairs(ids) do
     if listed then
