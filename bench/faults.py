@@ -58,7 +58,11 @@ What each row reports (invariants first):
   the final primary does not have (a failover at 0, or data loss, may lose
   them; their sandboxes are still counted by the nodes' own numbers);
 - ``phantoms``: live reservations no gateway was ever answered, counted
-  ``settle`` seconds after the load stopped; ``cut_short``: Schedules a
+  once the nodes' heartbeats have been answered OK for ``settle`` seconds
+  after the load stopped (``settled_after_s`` in the JSON: a cell still
+  refusing writes, after a second failover say, applies no heartbeat and
+  ends nothing; at most :data:`SETTLE_WAIT_MAX_S`, ``writable`` false if
+  the heartbeats were still refused then); ``cut_short``: Schedules a
   killed replica had in flight (each may have left one, which its TTL
   ends: the most phantoms a replica kill may leave); ``stuck``: answered ones still
   live then (after a rollback: those that came back from the past);
@@ -218,6 +222,15 @@ class Outcome:
     replica: int = -1
 
 
+def heartbeats_refused_since(outcomes: list[Outcome], since: float) -> bool:
+    """Whether a Heartbeat answered anything but OK after ``since``: the cell
+    did not apply every heartbeat then, so what a settle ends may still be
+    waiting for one."""
+    return any(
+        o.rpc == "Heartbeat" and o.code != grpc.StatusCode.OK and o.end > since for o in outcomes
+    )
+
+
 class Run:
     """One scenario's load: nodes, gateways and health samples against replicas."""
 
@@ -235,6 +248,8 @@ class Run:
         self.channels = [grpc.aio.insecure_channel(a) for a in addresses]
         self.stubs = [pb_grpc.SchedulerStub(c) for c in self.channels]
         self.rng = random.Random(params.seed)
+        #: whether heartbeats were all answered OK at the end of the settle
+        self.writable = True
 
     def _replicas_from(self, first: int) -> list[int]:
         n = len(self.stubs)
@@ -681,7 +696,7 @@ def _refused_at_start(params: Params, url: str) -> str:
         lines = [x for x in p.log().splitlines() if x.strip()]
         return lines[-1] if lines else "exited"
     finally:
-        p.terminate(10)
+        p.close(10)
     return ""
 
 
@@ -710,7 +725,18 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
     # the load goes on for after_s past the fault (the gateways stop at loop_end)
     await asyncio.gather(*gateways)
     load_end = time.monotonic()
-    await asyncio.sleep(params.settle_s)  # nodes keep heartbeating: reservations settle
+    # Nodes keep heartbeating: reservations settle.  The settle is counted from
+    # when the cell takes writes again: while Redis refuses them (a second
+    # failover, min_replicas_acked with no replica attached yet) no heartbeat
+    # is applied and nothing can end, which is the write outage, not a
+    # reservation the settle left behind.
+    settled_by = load_end + SETTLE_WAIT_MAX_S
+    while True:
+        await asyncio.sleep(params.settle_s)
+        refused = heartbeats_refused_since(run.outcomes, time.monotonic() - params.settle_s)
+        if not refused or time.monotonic() >= settled_by:
+            break
+    run.writable = not refused
     run.stop.set()
     await asyncio.gather(*tasks)
     watcher.cancel()
@@ -722,6 +748,7 @@ async def _drive(params: Params, topo: Topology, replicas: list[ServeProcess]) -
 def _measure(
     params: Params, topo: Topology, run: Run, fault_start: float, fault_end: float, load_end: float
 ) -> dict[str, Any]:
+    settled_at = time.monotonic()
     primary = topo.primary()
     base = f"sched:{{{CELL}}}:"
     missing = 0
@@ -772,6 +799,11 @@ def _measure(
     after_codes = Counter(f"{o.rpc} {o.code.name}" for o in run.outcomes if o.start >= fault_start)
     peak = max(n.peak_sandboxes for n in run.nodes)
     latencies = [o.end - o.start for o in schedules if o.code == grpc.StatusCode.OK]
+    # (whether the cell took writes again before the settle ended: a stuck
+    # reservation of a cell still refusing heartbeats is one nothing could end)
+    refused = [o for o in run.outcomes if o.code != grpc.StatusCode.OK and o.start >= fault_start]
+    settle_refused = [o for o in refused if o.rpc == "Heartbeat" and o.end > load_end]
+    details = Counter(o.details[:160] for o in refused)
     return {
         "scenario": topo.scenario,
         "peak": peak,
@@ -798,8 +830,20 @@ def _measure(
         "schedule_p99_ms": round(percentile(latencies, 99) * 1000, 2) if latencies else None,
         "peaks": {n.node_id: n.peak_sandboxes for n in run.nodes},
         "load_s": round(load_end - fault_start + params.before_s, 1),
+        "settle_refused": len(settle_refused),
+        # (the settle's length: settle_s once heartbeats were all answered OK
+        # for that long; writable false: they were not within SETTLE_WAIT_MAX_S)
+        "settled_after_s": round(settled_at - load_end, 2),
+        "writable": run.writable,
+        "last_refused_s": round(max(o.end for o in refused) - load_end, 2) if refused else None,
+        "refused_details": dict(details.most_common(3)),
     }
 
+
+#: how long after the load the settle may wait for the cell to take writes
+#: again (heartbeats answered OK for settle_s): Sentinel re-attaching a replica
+#: after a second failover took about 10 s here under load
+SETTLE_WAIT_MAX_S = 60.0
 
 #: how long a replica may take to notice that Redis stopped taking writes: its
 #: monitor probes every second with a 1 s timeout (a failing call wakes it at once)
@@ -869,7 +913,7 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
         return row
     finally:
         for r in replicas:
-            r.terminate(10)
+            r.close(10)  # (and its directory: config and log, read above)
         topo.close()
 
 
@@ -907,7 +951,7 @@ def run(params: Params) -> Result:
         "peak: the most sandboxes a node itself held (running + starting); acked_missing: "
         "placements answered OK whose reservation the final primary lacks; phantoms: live "
         "reservations no gateway was answered; stuck: answered ones still live "
-        f"{params.settle_s:g} s after the load.",
+        f"once heartbeats were answered OK for {params.settle_s:g} s after the load.",
     ]
     notes += [f"{r['scenario']}: not measured ({r['error']})" for r in rows if "error" in r]
     return Result(

@@ -4,6 +4,7 @@ simulated nodes themselves held."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from bench import faults
@@ -67,7 +68,9 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
         "rdb-rollback-sentinel",
     ):
         # no answered placement's reservation still holds capacity after the
-        # settle (assignments the new primary lacked were written again)
+        # settle (assignments the new primary lacked were written again), the
+        # settle counted from when the cell applied heartbeats again
+        assert row["writable"], where
         assert row["stuck"] == 0, where
     if scenario == "rdb-rollback-sentinel":
         # the promoted replica had every acknowledged write: nothing rewound
@@ -83,3 +86,21 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
         assert abs(row["cell_clock_off_s"]) < 10, where
     if scenario.startswith("failover"):
         assert row["after_switch_s"] is not None, where
+
+
+def test_the_settle_waits_for_heartbeats_the_cell_applies() -> None:
+    """A cell that refuses writes (a second failover, no replica attached
+    yet at min_replicas_acked 1) applies no heartbeat, so nothing can end:
+    the bench's settle counts from the last refused heartbeat, not from the
+    end of the load (lagging-promotion's stuck reservations under load were
+    those of a cell still refusing writes when they were counted)."""
+    ok, refused = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
+    outcomes = [
+        faults.Outcome("Heartbeat", 10.0, 10.1, ok),
+        faults.Outcome("Schedule", 11.0, 11.2, refused),  # (not a heartbeat)
+        faults.Outcome("Heartbeat", 12.0, 12.5, refused),
+        faults.Outcome("Heartbeat", 13.0, 13.1, ok),
+    ]
+    assert faults.heartbeats_refused_since(outcomes, 12.0)
+    assert not faults.heartbeats_refused_since(outcomes, 12.5)
+    assert not faults.heartbeats_refused_since(outcomes[:2], 0.0)
