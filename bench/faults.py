@@ -874,6 +874,18 @@ def _health_honest(scenario: str, run: Run, fault_start: float, fault_end: float
     return True
 
 
+def _error_lines(replicas: list[ServeProcess], most: int = 80) -> list[str]:
+    """The replicas' log lines from the first error on (its traceback), at
+    most ``most`` of them."""
+    out: list[str] = []
+    for i, r in enumerate(replicas):
+        lines = r.log().splitlines()
+        first = next((k for k, x in enumerate(lines) if " ERROR " in x or "Traceback" in x), None)
+        if first is not None:
+            out += [f"replica {i}: {x}" for x in lines[first : first + most - len(out)]]
+    return out
+
+
 def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
     topo = Topology(scenario, params).start()
     replicas: list[ServeProcess] = []
@@ -893,6 +905,10 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
             r.wait_serving(120)  # (a start takes 30 s on a machine this loaded)
         row = asyncio.run(_drive(params, topo, replicas))
         row["replica_exits"] = [r.proc.poll() for r in replicas]
+        if row.get("internal"):
+            # (what the replicas logged of it: an INTERNAL answer says only
+            # "see the replica's log", which goes with the replica)
+            row["internal_log"] = _error_lines(replicas)
         if scenario == "corrupt":
             row["corruptions"] = topo.corruptions
             row["doctor_left"] = _doctor_left(topo.url)

@@ -168,6 +168,36 @@ def test_forget_stops_a_schedule_that_is_still_on_its_way(make_scheduler: Make) 
         s.cancel(p.reservation_id or "")
 
 
+def test_a_connection_closed_under_a_call_is_redis_unavailable(redis_server: RedisServer) -> None:
+    """On uvloop, redis-py writing to a connection another task closed (its
+    cluster client resets a node's connections while a slot moves) raises a
+    bare RuntimeError; it was answered INTERNAL.  It is Redis that cannot
+    take the call now: UNAVAILABLE naming Redis, and the next call works."""
+    uvloop = pytest.importorskip("uvloop")
+    import redis.asyncio as aredis
+
+    from scheduler.store.translate import translated
+
+    async def go() -> None:
+        client = aredis.Redis(port=redis_server.port, single_connection_client=True)
+        try:
+            await client.ping()
+            client.connection._writer.transport.close()  # (closed under the client)
+            await asyncio.sleep(0)
+            unreachable = r"Redis at r1 is unreachable: .*closed"
+            with pytest.raises(StoreUnavailable, match=unreachable), translated("r1"):
+                await client.ping()
+            with translated("r1"):
+                assert await client.ping()  # redis-py dropped it: a new connection
+        finally:
+            await client.aclose()
+
+    uvloop.run(go())
+    # any other RuntimeError is a bug, raised as it is
+    with pytest.raises(RuntimeError, match="not ours"), translated("r1"):
+        raise RuntimeError("not ours")
+
+
 # ---------------------------------------------------------------------------
 # Deadlines: Redis paused longer than the caller waits
 # ---------------------------------------------------------------------------

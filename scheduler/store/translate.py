@@ -76,6 +76,15 @@ def not_an_integer(text: str) -> CorruptState:
     )
 
 
+def closed_transport(e: BaseException) -> bool:
+    """uvloop's refusal to write to a transport already closed: redis-py
+    meets it when another task closed the connection under it (its cluster
+    client resets a node's connections while a slot moves).  Nothing was
+    sent, and redis-py drops the connection, so the call is one Redis could
+    not take now, like a refused connection."""
+    return isinstance(e, RuntimeError) and "the handler is closed" in str(e)
+
+
 def unreachable(target: str, e: BaseException) -> StoreUnavailable:
     return StoreUnavailable(f"Redis at {target} is unreachable: {e}")
 
@@ -91,6 +100,10 @@ def translated(target: str) -> Iterator[None]:
             raise mapped from None
         raise
     except TRANSPORT_ERRORS as e:
+        raise unreachable(target, e) from None
+    except RuntimeError as e:
+        if not closed_transport(e):
+            raise
         raise unreachable(target, e) from None
     except (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException) as e:
         why = str(e)
