@@ -110,9 +110,9 @@ class AsyncScheduler(BaseClient):
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
-        #: told (with the monotonic time it was sent) of every Schedule with a
+        #: told (with the monotonic times it was sent and answered) of every Schedule with a
         #: fresh reservation id answered with a placement (HistoryWatch)
-        self.on_placed: Callable[[float], None] | None = None
+        self.on_placed: Callable[[float, float], None] | None = None
         #: Schedules, and heartbeats, that arrive while one is on its way go
         #: together as one call
         self.coalescer: Coalescer[Placement] = Coalescer(
@@ -349,7 +349,8 @@ class AsyncScheduler(BaseClient):
                 with self.scoped(timeout=timeout):
                     placed = await self.coalescer.submit(call)
             if reservation_id is None and placed.reservation_id and self.on_placed is not None:
-                self.on_placed(sent_at)  # (a fresh id: a new reservation in Redis)
+                # (a fresh id: a new reservation in Redis; sent, answered)
+                self.on_placed(sent_at, time.monotonic())
             self._remember_placement(placed)
             return placed
         except (Exception, asyncio.CancelledError) as e:

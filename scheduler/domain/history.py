@@ -8,9 +8,11 @@ saw at its previous probe:
 - the cell's *sequence*: the sum of the stats counters that only grow
   (reservations made, ended and refused, node incarnations, probes; every
   probe adds one).  In one history it never goes down, and since this
-  replica's last probe it rose by at least the placements this replica made
-  after that probe's answer (fresh reservation ids only: a replayed id adds
-  nothing).  Lower than that, the data is from before.
+  replica's last probe it rose by at least the placements this replica sent
+  after that probe's answer and saw answered before the new probe was sent
+  (fresh reservation ids only: a replayed id adds nothing; one answered
+  while the probe was on its way may have run after it).  Lower than that,
+  the data is from before.
 - Redis ``TIME`` without the cell's drill offset, against this replica's own
   monotonic clock: between two probes both advance alike, whatever the
   load or a pause.  A difference beyond :data:`CLOCK_BOUND_MS` is a clock
@@ -118,24 +120,33 @@ class HistoryWatch:
     def __init__(self, clock_bound_ms: int = CLOCK_BOUND_MS) -> None:
         self.clock_bound_ms = clock_bound_ms
         self.last: Probe | None = None
-        #: placements this replica made (fresh ids) sent after the last probe's answer
-        self.placed = 0
+        #: when each placement this replica made (a fresh id) sent after the
+        #: last probe's answer was answered (monotonic, in answer order)
+        #: (at most REPLAY_PLACEMENTS_MOST: with probes failing for long, the
+        #: oldest go, which only lowers the floor)
+        self.answered: deque[float] = deque(maxlen=REPLAY_PLACEMENTS_MOST)
 
-    def placement(self, sent_at: float) -> None:
-        """A Schedule with a fresh reservation id, sent at ``sent_at``
-        (monotonic), was answered OK: it raised the sequence by one."""
+    def placement(self, sent_at: float, answered_at: float) -> None:
+        """A Schedule with a fresh reservation id, sent at ``sent_at`` and
+        answered OK at ``answered_at`` (monotonic): it raised the sequence by
+        one after the last probe."""
         if self.last is not None and sent_at >= self.last.at:
-            self.placed += 1
+            self.answered.append(answered_at)
 
     def forget(self) -> None:
         """Start again from the next probe (Redis came back empty: restored)."""
         self.last = None
-        self.placed = 0
+        self.answered.clear()
+
+    def placed_before(self, probe: Probe) -> int:
+        """The placements Redis ran before ``probe`` for sure: those answered
+        before it was sent (none when its send time is not known)."""
+        return sum(1 for t in self.answered if t <= probe.sent) if probe.sent else 0
 
     def observe(self, probe: Probe) -> Verdict | None:
         """Compare ``probe`` with the last one; the new baseline is ``probe``
         unless a verdict is returned (then :meth:`settled` takes it)."""
-        last, placed = self.last, self.placed
+        last, placed = self.last, self.placed_before(probe)
         if last is None or not probe.has_policy or probe.generation > last.generation:
             self._take(probe)  # a baseline, or another replica already settled
             return None
@@ -172,7 +183,7 @@ class HistoryWatch:
 
     def _take(self, probe: Probe) -> None:
         self.last = probe
-        self.placed = 0
+        self.answered.clear()
 
 
 class _Answered(Protocol):
