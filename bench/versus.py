@@ -41,7 +41,7 @@ from scheduler.ops.simnode import SimNode
 from scheduler.store import lua_constants
 from scheduler.store.calls import Call, Resync
 from scheduler.store.contracts import ROSTER_DELTA, ROSTER_FULL, HeartbeatArgv
-from scheduler.store.scripts import FUNCTION, SCRIPT_NAME, Library, build_library, library
+from scheduler.store.scripts import FUNCTION, SCRIPT_NAME, Library, _files, build_library, library
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["operation", "base_us", "ours_us", "ratio", "ratio_low", "ratio_high", "rounds"]
@@ -77,6 +77,25 @@ def _git(*args: str) -> str:
 
 def library_at(rev: str) -> Library:
     """The function library of revision ``rev``'s lua/ files, built by this tree."""
+    includes, scripts = lua_at(rev)
+    includes[lua_constants.NAME] = lua_constants.render() + _retired_constants()
+    return build_library(includes, scripts)
+
+
+def same_lua(rev: str) -> bool:
+    """Are revision ``rev``'s lua/ files this tree's?  (Their libraries then
+    differ only by the retired constants :func:`library_at` adds, which a
+    call never reads: each call executes the same instructions.)"""
+    includes, scripts = lua_at(rev)
+    ours, our_scripts = _files()
+    return includes == {k: v for k, v in ours.items() if k != lua_constants.NAME} and (
+        scripts == our_scripts
+    )
+
+
+def lua_at(rev: str) -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
+    """Revision ``rev``'s lua/ files: (include name -> text, script name ->
+    (number of KEYS, text))."""
     includes: dict[str, str] = {}
     scripts: dict[str, tuple[int, str]] = {}
     for path in _git("ls-tree", "-r", "--name-only", rev, "--", "lua/").split():
@@ -90,8 +109,7 @@ def library_at(rev: str) -> Library:
             scripts[m.group("name")] = (int(m.group("nkeys")), text)
     if not scripts:
         raise SystemExit(f"revision {rev} has no lua/ scripts")
-    includes[lua_constants.NAME] = lua_constants.render() + _retired_constants()
-    return build_library(includes, scripts)
+    return includes, scripts
 
 
 def _retired_constants() -> str:

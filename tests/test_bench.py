@@ -319,7 +319,11 @@ def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> 
     assert list(rows)[:-1] == list(instructions.OPERATIONS)
     floor = rows["floor (bare reservation writes, one call each)"]["ours_per_call"]
     assert floor > 10_000  # (a call of ten commands: tens of thousands of instructions)
-    batches = "heartbeat_batch" in versus.library_at("HEAD").functions
+    base = versus.library_at("HEAD")
+    batches = "heartbeat_batch" in base.functions
+    # (a clean tree: the base is ours, each call counted once)
+    same = versus.same_lua("HEAD")
+    assert same == any("lua/ is this tree's" in n for n in result.notes)
     for op in instructions.OPERATIONS:
         r = rows[op]
         assert r["ours_per_call"] > 10_000
@@ -328,6 +332,8 @@ def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> 
             assert r["base_per_call"] is None and r["ratio"] is None  # (the base has none)
         else:
             assert r["base_per_call"] > 10_000
+            if same:
+                assert r["base_per_call"] == r["ours_per_call"] and r["ratio"] == 1.0
     # a batch call's fixed cost is shared: a steady heartbeat costs less in one
     assert (
         rows["coalesced steady heartbeat"]["ours_per_call"]
