@@ -345,3 +345,51 @@ def test_every_replica_writes_back_what_it_answered_after_a_rewind(server: Redis
             assert replayed == 2
         finally:
             s.close()
+
+
+@pytest.mark.parametrize("discovery", ["static", "heartbeat"])
+def test_a_replica_writes_back_what_it_answered_after_redis_came_back_empty(
+    server: RedisServer, discovery: str
+) -> None:
+    """Redis killed and restarted without its data: the replica's monitor
+    finds no policy, restores the cell, and writes back the placement it
+    answered, charged once.  A static list's node is restored with the
+    policy, so at once; a node that registers by heartbeat only once it
+    heartbeats again, by a later pass (before, the restore forgot the
+    replica's history and the placement was lost)."""
+    nodes = [("n1", EP)] if discovery == "static" else None
+    settings = settings_for(POLICY, cell=CELL, nodes=nodes)
+    with ThreadedReplica(settings, lambda: async_client(server.url), server.url) as r:
+        assert r.replica is not None
+        md = endpoint_md(EP)
+        r.stub.Heartbeat(hb_request("n1"), metadata=md, timeout=5)
+        _, call = r.stub.Schedule.with_call(cold(1, 16), timeout=5)
+        rid = _placed_id(call)
+        server.kill()
+        server.wipe()
+        server.start()
+        s = Scheduler.connect(server.url, cell=CELL)
+        try:
+            # the replica's monitor restores the cell: nothing else calls it
+            wait_until(
+                lambda: ask(server, "exists", f"sched:{{{CELL}}}:policy") == 1, 20, "a restore"
+            )
+            if discovery == "heartbeat":
+                with pytest.raises(NotFound):
+                    s.reservation(rid)  # its node is unknown until it heartbeats
+                r.stub.Heartbeat(hb_request("n1"), metadata=md, timeout=5)
+
+            def back() -> bool:
+                try:
+                    return s.reservation(rid).state == "pending"
+                except NotFound:
+                    return False
+
+            wait_until(back, 20, "the placement written back")
+            assert pending(s) == 1  # charged once
+            live = r.replica.metrics.registry.get_sample_value(
+                "sched_replayed_reservations_total", {"outcome": "live"}
+            )
+            assert live == 1
+        finally:
+            s.close()

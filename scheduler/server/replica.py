@@ -289,10 +289,24 @@ class Replica:
         may be another replica's placements, which that replica writes back
         after its own probe.  A failure is logged; the reservations then end
         by their TTL as before."""
+        unknown = await self._replay_reservations(why)
+        if self._stopping:
+            return
+        again = self._replay_assignments(why, unknown)
+        task = asyncio.create_task(again, name="replay-assignments")
+        self._replays.add(task)
+        task.add_done_callback(self._replays.discard)
+
+    async def _replay_reservations(self, why: str) -> int:
+        """One write-back of the placements the cell lacks (logged, counted);
+        how many were not written for their node being unknown (a node that
+        registers with its heartbeat after Redis came back empty), or 0 after
+        a failure (logged)."""
         try:
             live, ended, kept, unknown = await self.sched.replay_reservations(self.rewind_grace_ms)
         except SchedulerError as e:
             log.warning("could not write back the placements after %s: %s", why, e.message)
+            return 0
         else:
             if live or ended:
                 self.metrics.replayed_reservations.labels("live").inc(live)
@@ -309,19 +323,21 @@ class Replica:
                     kept,
                     f", {unknown} not written (node unknown)" if unknown else "",
                 )
-        if self._stopping:
-            return
-        task = asyncio.create_task(self._replay_assignments(why), name="replay-assignments")
-        self._replays.add(task)
-        task.add_done_callback(self._replays.discard)
+            return unknown
 
-    async def _replay_assignments(self, why: str) -> None:
+    async def _replay_assignments(self, why: str, unknown: int) -> None:
+        """The assignments written again, at once and at each of
+        :data:`REPLAY_AGAIN_S`; before each later pass, while placements
+        were left unwritten for an unknown node, the placements again (one
+        the cell has by then is left as it is)."""
         waited = 0.0
         for at in (0.0, *REPLAY_AGAIN_S):
             await asyncio.sleep(at - waited)
             waited = at
             if self._stopping:
                 return
+            if at > 0.0 and unknown:
+                unknown = await self._replay_reservations(why)
             try:
                 written, refused = await self.sched.replay_assignments()
             except SchedulerError as e:
@@ -609,9 +625,13 @@ class Replica:
         if not was_ok or not has_policy:
             await self.restore_cell()
         if has_policy:
-            await self.check_history(probe)
+            await self.check_history(probe)  # (before any write: its clock may have jumped)
         else:
             self.history.forget()  # restored empty (and settled): a new baseline
+            # what this replica answered went with the data: written back for
+            # the nodes the cell knows (a static list's, restored above), and
+            # again as nodes register with their heartbeats
+            await self.replay_assignments("Redis came back empty")
         if run_id is not None and self.restart_guard is not None:
             self.restart_guard.verified = run_id
         try:
