@@ -72,6 +72,7 @@ from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
+from scheduler.domain.errors import NoNodesAvailable
 from scheduler.domain.limits import MAX_STATIC_NODES
 from scheduler.domain.records import MachineInfo
 from scheduler.store.calls import (
@@ -206,12 +207,20 @@ def _commands(target: Target) -> int:
     )
 
 
-def _one(target: Target, s: Scheduler, call: Call[Any]) -> dict[str, float]:
+def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -> dict[str, float]:
     """One call's Redis time (ms, its FCALL's, wall clock as Redis counts it)
     and the redis-server CPU (ms) it took, which a busy host does not inflate
-    as much."""
+    as much.  ``refused``: the call is a Schedule no node can take (its
+    refusal is what is measured)."""
     cpu, before = target.cpu_seconds(), target.script_stats()
-    s.run(call)
+    try:
+        s.run(call)
+    except NoNodesAvailable:
+        if not refused:
+            raise
+    else:
+        if refused:
+            raise RuntimeError("a Schedule meant to be refused was placed")
     ms = target.script_stats_since(before)[1] / 1000
     return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
 
@@ -334,6 +343,11 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
                 ),
                 key=lambda x: x["ms"],
             )
+        # least_loaded's refusal: the index finds nothing, the reasons of the
+        # first REFUSAL_COUNTED nodes are counted (it was the full scan)
+        oneoff["least_loaded refusal (no node fits)"] = _one(
+            target, s, s.ops.schedule(Request.cold(1 << 20, 0)), refused=True
+        )
         off_ms, off_call = _slowest(target)
         # (not a call of ours on a hot path: what round_robin and random made
         # every decision before, the dry run's full scan)

@@ -542,7 +542,12 @@ def test_scale_rows_at_tiny_sizes_and_its_cells_are_dropped(target: Target) -> N
     assert row["nodes"] == 120
     assert row["floor_us"] > 0 and row["placement_us"] > 0 and row["heartbeat_us"] > 0
     assert row["core_share_at_5s"] > 0
-    assert set(row["oneoff"]) >= {"census step", "ListNodes page", "sync_nodes [] (start-up)"}
+    assert set(row["oneoff"]) >= {
+        "census step",
+        "ListNodes page",
+        "sync_nodes [] (start-up)",
+        "least_loaded refusal (no node fits)",
+    }
     cfg = result.params["cpucfg"]
     assert [c["members"] for c in cfg] == [20, 60]
     assert all(c["errors"] == 0 and c["heartbeats"] > 0 for c in cfg)

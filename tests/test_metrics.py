@@ -233,6 +233,12 @@ def test_refusal_reasons_are_counted_without_their_limits() -> None:
         "at max_memory_used_percent": 1,
     }
     assert refusal_reasons("no nodes available: 0/0 nodes available") == {"no nodes": 0}
+    # a fleet past the nodes a refusal counts: the reasons of those counted
+    many = (
+        "no nodes available: 0/10000 nodes available, the first 64 by id counted: "
+        "60 at max_sandbox_count (10), 4 draining"
+    )
+    assert refusal_reasons(many) == {"at max_sandbox_count": 60, "draining": 4}
 
 
 def test_every_reason_the_stages_give_has_a_series() -> None:

@@ -273,7 +273,9 @@ end
 -- Phase "index": least_loaded looks at few nodes (see includes/index.lua);
 -- the chosen node's record must sit in one of the buckets it was chosen
 -- among.  The node chosen, evaluated from its bucket, or nil: the full scan
--- decides (and an index found to disagree is rebuilt).
+-- decides (and an index found to disagree is rebuilt); nil, true: no node is
+-- eligible (the index holds every node schedulable whatever the request, and
+-- no rebuild is under way).
 local function index_chosen(ctx, P, req, rr_next, now, L)
   -- While the index is rebuilt, an entry may still be the old policy's:
   -- the chosen node is reindexed from its record first, and one that
@@ -290,7 +292,8 @@ local function index_chosen(ctx, P, req, rr_next, now, L)
       picked, among = pick_indexed(ctx, P, req, rr_next)
     end
     -- @phase pick
-    if not picked then return nil end
+    -- (nothing eligible in an index that is whole: nothing is)
+    if not picked then return nil, not stale end
     -- The record must sit in one of the buckets it was chosen among; its
     -- bucket then holds every decision input, so nothing else is read.
     -- (with artifact keys, the node's namespace too: locality reads it)
@@ -345,7 +348,7 @@ local function full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
     -- (a corrupt record the index still holds leaves it: reindex_touched)
     if n.corrupt and n.idx ~= '' and not dry_run then touch(ctx, id) end
     if n.reason then
-      counts[n.reason] = (counts[n.reason] or 0) + 1
+      if i <= REFUSAL_COUNTED then counts[n.reason] = (counts[n.reason] or 0) + 1 end
     elseif n.known then
       known[#known + 1] = n
     else
@@ -356,6 +359,30 @@ local function full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
   if #group == 0 then group = unknown end
   if #group == 0 then return nil, evaluated, summarize_reasons(counts, #ids) end
   return SPREAD.PICK[strategy](group, rr_next, rand, evaluated), evaluated, ''
+end
+
+-- Phase "refusal": the index found nothing eligible, and it holds every node
+-- schedulable whatever the request, so nothing is: the reasons of the first
+-- REFUSAL_COUNTED nodes by id (the full scan's count, without reading the
+-- fleet).  The refusal, or nil when one of them is eligible after all: the
+-- index disagrees with the records, it is rebuilt and the full scan decides.
+local function refusal_counted(ctx, P, req, now)
+  local ids = redis.call('ZRANGE', NODES_KEY, '0', fmt(REFUSAL_COUNTED - 1))
+  local counts = {}
+  for _, id in ipairs(ids) do
+    local n = evaluate(id, P, req, now)
+    if n.corrupt and n.idx ~= '' then touch(ctx, id) end
+    if not n.reason then
+      redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. id .. ': rebuilding')
+      REBUILD.start()
+      load_policy(ctx)
+      return nil
+    end
+    counts[n.reason] = (counts[n.reason] or 0) + 1
+  end
+  local total = #ids
+  if total == REFUSAL_COUNTED then total = redis.call('ZCARD', NODES_KEY) end
+  return summarize_reasons(counts, total)
 end
 
 -- An explain row, one node's: contracts.py Verdict's fields, in order
@@ -449,7 +476,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   -- @phase replay
   -- The rotation counter moves once per decision: taken now, given back on a refusal.
   local rr_next = take_rr(ctx, RR_KEY, dry_run)
-  local chosen = nil
+  local chosen, none = nil, false
   if not dry_run then
     -- Sweeps, before a decision: due expiries, the nodes this call's load
     -- moved reindexed, a step of an index rebuild under way, stale index
@@ -470,7 +497,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     end
     -- @phase sweeps
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT and ctx[CTX.fresh] then
-      chosen = index_chosen(ctx, P, req, rr_next, now, L)
+      chosen, none = index_chosen(ctx, P, req, rr_next, now, L)
     end
   end
   -- Stage "spread": round_robin and random from a bounded walk or sample
@@ -482,7 +509,8 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   -- (decided through the index or the spread, no node is evaluated: NONE
   -- stands for the list)
   local evaluated, refusal = NONE, ''
-  if chosen == nil then
+  if chosen == nil and none then refusal = refusal_counted(ctx, P, req, now) or '' end
+  if chosen == nil and refusal == '' then
     chosen, evaluated, refusal = full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
   end
   -- Stage "locality": a warm node may win within the pressure margin of

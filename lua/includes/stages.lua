@@ -304,7 +304,9 @@ local function bytes_lt(a, b)
   return false
 end
 
--- "no nodes available" with the reasons counted: most frequent first, then by name.
+-- "no nodes available" with the reasons counted: most frequent first, then by
+-- name.  `counts` holds the reasons of the first REFUSAL_COUNTED nodes by id
+-- (of `total`); when there are more, the message says how many it counted.
 local function summarize_reasons(counts, total)
   local names = {}
   for name, _ in pairs(counts) do names[#names + 1] = name end
@@ -315,6 +317,9 @@ local function summarize_reasons(counts, total)
   local parts = {}
   for _, name in ipairs(names) do parts[#parts + 1] = counts[name] .. ' ' .. name end
   local msg = 'no nodes available: 0/' .. total .. ' nodes available'
+  if total > REFUSAL_COUNTED then
+    msg = msg .. ', the first ' .. REFUSAL_COUNTED .. ' by id counted'
+  end
   if #parts > 0 then msg = msg .. ': ' .. table.concat(parts, ', ') end
   return msg
 end

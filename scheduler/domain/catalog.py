@@ -36,6 +36,10 @@ OUTCOMES = ("released", "cancelled", "expired")
 
 #: Expired reservations a script call ends, at most (the sweep's bound).
 SWEEP_BATCH = 64
+#: The nodes, first by id, whose reasons a refusal counts, at most: a
+#: refusal the placement index decides then reads that many records, not
+#: the fleet.
+REFUSAL_COUNTED = 64
 
 
 @dataclass(frozen=True)

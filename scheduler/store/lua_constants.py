@@ -124,6 +124,8 @@ def render() -> str:
         f"local ENDED = {_set(catalog.OUTCOMES)}",
         "-- Expired reservations a script call ends, at most.",
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
+        "-- The nodes, first by id, whose reasons a refusal counts, at most.",
+        f"local REFUSAL_COUNTED = {catalog.REFUSAL_COUNTED}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
         "-- The modes and forms the clients send in ARGV (scheduler/store/contracts.py).",
         "local ROSTER_FORM = "

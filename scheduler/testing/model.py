@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from scheduler.domain.catalog import (
     ADMISSION_TEXT,
     CEILING_NAMES,
+    REFUSAL_COUNTED,
     SWEEP_BATCH,
     ceiling,
     ceiling_reason,
@@ -269,12 +270,16 @@ def evaluate(
 
 
 def summarize(verdicts: list[ModelVerdict]) -> str:
+    """The refusal: the reasons of the first REFUSAL_COUNTED nodes by id
+    (``verdicts`` are in that order), of all of them."""
     counts: dict[str, int] = {}
-    for v in verdicts:
+    for v in verdicts[:REFUSAL_COUNTED]:
         if v.reason:
             counts[v.reason] = counts.get(v.reason, 0) + 1
     parts = [f"{c} {r}" for r, c in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0].encode()))]
     msg = f"no nodes available: 0/{len(verdicts)} nodes available"
+    if len(verdicts) > REFUSAL_COUNTED:
+        msg += f", the first {REFUSAL_COUNTED} by id counted"
     return msg + (": " + ", ".join(parts) if parts else "")
 
 
