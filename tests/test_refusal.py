@@ -19,22 +19,27 @@ import pytest
 from scheduler import Limits, Policy, Request, Scheduler
 from scheduler.domain.catalog import REFUSAL_COUNTED
 from scheduler.domain.errors import NoNodesAvailable
+from scheduler.domain.policy import Overcommit
 from scheduler.ops.doctor import doctor
-from scheduler.testing.model import decide
+from scheduler.testing.model import SPREAD_DRAWS, decide
 from tests.helpers import hb, node_states
 
 pytestmark = pytest.mark.real_only
 
 FLEET = 2_000
 CEILING = 4
+WALK = 64  # SPREAD.WALK: nodes a round_robin walk evaluates at most (tests/test_spread.py)
 
 
-def _full_cell(redis_client: Any, name: str) -> tuple[Scheduler, int]:
+def _full_cell(
+    redis_client: Any, name: str, strategy: str = "least_loaded"
+) -> tuple[Scheduler, int]:
     """FLEET nodes, each at its sandbox ceiling or too small for 8 CPUs."""
     s = Scheduler(redis_client, cell=name)
-    s.sync_policy(
-        Policy(report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=CEILING)), overwrite=True
+    policy = Policy(
+        strategy=strategy, report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=CEILING)
     )
+    s.sync_policy(policy, overwrite=True)
     now = s.advance_clock(0, "freeze")
     pipe = s.client.pipeline(transaction=False)
     for i in range(FLEET):
@@ -52,10 +57,13 @@ def _hmgets(s: Scheduler) -> int:
     return int(s.client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 
 
+@pytest.mark.parametrize("strategy", ["least_loaded", "round_robin", "random"])
 def test_a_refusal_reads_a_bounded_count_and_says_what_the_model_says(
-    redis_client: Any,
+    redis_client: Any, strategy: str
 ) -> None:
-    s, now = _full_cell(redis_client, "refusal")
+    """round_robin and random walk or sample their bounded count first
+    (SPREAD), then ask the index before the full scan."""
+    s, now = _full_cell(redis_client, f"refusal-{strategy}", strategy)
     req = Request.cold(8, 1024)
     want = decide(node_states(s), s.policy() or Policy(), req, now, 1)
     assert want.chosen is None and want.refusal
@@ -63,8 +71,10 @@ def test_a_refusal_reads_a_bounded_count_and_says_what_the_model_says(
     with pytest.raises(NoNodesAvailable) as refused:
         s.schedule(req)
     read = _hmgets(s) - before
-    # the first REFUSAL_COUNTED records, never the fleet (the old call read all FLEET)
-    assert read <= REFUSAL_COUNTED + 2, read
+    # the first REFUSAL_COUNTED records (and the spread's walk or sample of
+    # at most 64), never the fleet (the old call read all FLEET)
+    spread = {"least_loaded": 0, "round_robin": WALK, "random": SPREAD_DRAWS}[strategy]
+    assert read <= spread + REFUSAL_COUNTED + 2, read
     assert refused.value.message == want.refusal
     assert refused.value.message.startswith(
         f"no nodes available: 0/{FLEET} nodes available, the first {REFUSAL_COUNTED} by id "
@@ -95,3 +105,34 @@ def test_a_counted_node_the_index_lacks_is_placed_on_and_the_index_rebuilt(
     assert decide(node_states(s), s.policy() or Policy(), req, now, 1).chosen == "r00001"
     assert s.schedule(req).node_id == "r00001"
     assert s.client.hget(s.keys.policy, "index_rebuild") is not None
+
+
+@pytest.mark.parametrize("overcommit", [1.0, 1.5, 0.3])
+def test_a_creation_at_the_overcommit_edge_is_placed_like_the_model_places_it(
+    redis_client: Any, overcommit: float
+) -> None:
+    """The index walk ends a stream once its lower bound passes the
+    dimension's overcommit (no later bucket can fit): a bucket exactly at
+    the edge still fits, one a CPU beyond it does not."""
+    s = Scheduler(redis_client, cell=f"edge-{overcommit}")
+    s.sync_policy(
+        Policy(report_ttl_ms=3_600_000, overcommit=Overcommit(cpu=overcommit)), overwrite=True
+    )
+    now = s.advance_clock(0, "freeze")
+    edge = int(16 * overcommit) - 4  # allocated CPUs that leave exactly 4 within the edge
+    for i, allocated in enumerate([edge + 1, edge + 2, edge, edge + 3]):
+        s.heartbeat(hb(f"e{i}", cpu=16, mem_gib=64, allocated_cpu=allocated))
+    req = Request.cold(4, 1024)
+    want = decide(node_states(s), s.policy() or Policy(), req, now, 1)
+    assert want.chosen == "e2"
+    assert s.schedule(req).node_id == "e2"
+    # the edge is taken now: nothing fits, counted as the model counts it
+    want = decide(node_states(s), s.policy() or Policy(), req, now, 1)
+    assert want.chosen is None
+    with pytest.raises(NoNodesAvailable) as refused:
+        s.schedule(req)
+    assert (
+        refused.value.message
+        == want.refusal
+        == ("no nodes available: 0/4 nodes available: 4 insufficient cpu")
+    )

@@ -30,7 +30,7 @@ local function new_stream(d, mem)
   -- constructor: a table that grows is rebuilt)
   local st = { cap = mem and d[SHAPE.mem_cap] or d[SHAPE.cpu_cap], add = 0, mem = mem,
     key = mem and d[SHAPE.mem_key] or d[SHAPE.cpu_key],
-    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false }
+    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false, over = 0 }
   if mem then d[SHAPE.mem_stream] = st else d[SHAPE.cpu_stream] = st end
   return st
 end
@@ -141,6 +141,14 @@ local function pick_stream(shape)
   end
   st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, PK_more[key],
     2 * OPEN_SIZE
+  -- a creation fits no bucket of the stream from where its lower bound (the
+  -- projected share in the stream's dimension) passes that dimension's
+  -- overcommit (check_capacity; with a margin far above rounding, so that
+  -- only buckets it refuses are skipped)
+  st.over = math.huge
+  if req.create and st.cap > 0 then
+    st.over = (mem and PK_P.overcommit_memory or PK_P.overcommit_cpu) * (1 + 1e-9)
+  end
   local first = batch[1]
   if first then st.lb = pick_lb(st, first) else st.lb = false end
   return st
@@ -152,6 +160,7 @@ local function pick_run(streams)
     for i = 1, #streams do
       local x = streams[i]
       local xlb = x.lb
+      if xlb and xlb > x.over then x.lb, xlb = false, false end -- (too big for the rest)
       if xlb and (lb == nil or xlb < lb) then st, lb = x, xlb end
     end
     local best = PK_best

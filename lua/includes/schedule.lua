@@ -501,9 +501,15 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
     end
   end
   -- Stage "spread": round_robin and random from a bounded walk or sample
-  -- (SPREAD); the full scan decides when it finds nothing.
+  -- (SPREAD); the full scan decides when it finds nothing, unless the index
+  -- (whole: no rebuild under way) holds nothing eligible either: then the
+  -- refusal is counted as least_loaded's is.  (A stale entry the index still
+  -- holds only sends the decision to the full scan.)
   if chosen == nil and not dry_run and strategy ~= 'least_loaded' then
     chosen = SPREAD[strategy](ctx, P, req, now, rand)
+    if chosen == nil and P.index_format == INDEX_FORMAT and not P.index_rebuild then
+      none = pick_indexed(ctx, P, req, rr_next) == nil
+    end
   end
   -- @phase record_check
   -- (decided through the index or the spread, no node is evaluated: NONE
