@@ -76,7 +76,7 @@ from scheduler.ops.simnode import SimNode
 from scheduler.server.service import RESERVATION_METADATA, heartbeat_request
 from scheduler.store.keys import CellKeys
 from scheduler.testing.redis_server import RedisServer
-from scheduler.testing.replicas import ServeProcess
+from scheduler.testing.replicas import ServeProcess, close_all
 
 GIB = 1 << 30
 CELL = "churn"
@@ -544,8 +544,7 @@ def run_setting(p: Params, mode: str, lost: float) -> dict[str, Any]:
             row["replica_exits"] = [r.proc.poll() for r in replicas]
             return row
         finally:
-            for r in replicas:
-                r.close(10)
+            close_all(replicas, 10)
 
 
 COLUMNS = [

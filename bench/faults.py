@@ -114,7 +114,7 @@ from scheduler.testing.redis_server import (
     SentinelTopology,
     wait_until,
 )
-from scheduler.testing.replicas import ServeProcess
+from scheduler.testing.replicas import ServeProcess, close_all
 
 SCENARIOS = (
     "kill-empty",
@@ -928,8 +928,7 @@ def run_scenario(params: Params, scenario: str) -> dict[str, Any]:
             )
         return row
     finally:
-        for r in replicas:
-            r.close(10)  # (and its directory: config and log, read above)
+        close_all(replicas, 10)  # (and their directories: config and log, read above)
         topo.close()
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from scheduler import Policy
 from scheduler.server.loops import LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
-from scheduler.testing.replicas import SCHEDCTL, ServeProcess, expect
+from scheduler.testing.replicas import SCHEDCTL, ServeProcess, close_all, expect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,8 +170,7 @@ class Replicas:
         return sum(r[0] for r in results), sum(r[1] for r in results), wall, metered
 
     def close(self) -> None:
-        for p in self.procs:
-            p.close()
+        close_all(self.procs)
 
     def __enter__(self) -> Replicas:
         return self

@@ -150,6 +150,8 @@ def processes() -> Iterator[list[ServeProcess]]:
     started: list[ServeProcess] = []
     yield started
     for p in started:
+        p.signal_stop()  # (each drains beside the others)
+    for p in started:
         p.terminate()
 
 

@@ -39,7 +39,7 @@ from scheduler.domain.records import Placement
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.testing.redis_server import RedisServer, free_port
-from scheduler.testing.replicas import ServeProcess
+from scheduler.testing.replicas import ServeProcess, close_all
 from tests.helpers import cold, endpoint_md, hb, hb_request
 
 pytestmark = pytest.mark.real_only
@@ -564,8 +564,7 @@ def two_replicas(redis_server: RedisServer, cell: str) -> Iterator[list[ServePro
             p.wait_serving(60)
         yield procs
     finally:
-        for p in procs:
-            p.close()
+        close_all(procs)
 
 
 @pytest.fixture
