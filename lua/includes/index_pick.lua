@@ -30,7 +30,7 @@ local function new_stream(d, mem)
   -- constructor: a table that grows is rebuilt)
   local st = { cap = mem and d[SHAPE.mem_cap] or d[SHAPE.cpu_cap], add = 0, mem = mem,
     key = mem and d[SHAPE.mem_key] or d[SHAPE.cpu_key],
-    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false, over = 0 }
+    rank = 0, size = 4, batch = false, pos = 1, full = false, lb = false }
   if mem then d[SHAPE.mem_stream] = st else d[SHAPE.cpu_stream] = st end
   return st
 end
@@ -47,6 +47,13 @@ local PK_ctx, PK_descs, PK_firsts, PK_more
 -- (one stand-in table for the projected load, refilled per bucket; one list
 -- of streams, refilled per pick: tables that grow are rebuilt as they grow)
 local PK_load, PK_streams = {}, {}
+-- A creation fits no bucket of a stream from where the stream's lower bound
+-- (the projected share in its dimension) passes that dimension's overcommit
+-- (check_capacity refuses it, and every later bucket's load is no less):
+-- the bounds, per pick, with a margin far above rounding so that only
+-- buckets it refuses are skipped (math.huge for a route: nothing to fit);
+-- pick_fetch ends a stream whose next batch starts past them.
+local PK_over_cpu, PK_over_mem = 0, 0
 
 -- The stages on one bucket, reading only what each needs: the pressure and
 -- capacity from its first numbers, the rest only when ceilings are set.
@@ -110,6 +117,9 @@ local function pick_fetch(st)
   if st.size > SCAN_BATCH then st.size = SCAN_BATCH end
   st.lb = false
   if batch[1] then st.lb = pick_lb(st, batch[1]) end
+  -- (checked per batch, off the walk's own loop: past the edge, a stream
+  -- walks at most the rest of one batch)
+  if st.lb and st.lb > (st.mem and PK_over_mem or PK_over_cpu) then st.lb = false end
 end
 
 -- The shape's stream for this pick (d[SHAPE.cpu_stream] or
@@ -141,14 +151,6 @@ local function pick_stream(shape)
   end
   st.add, st.batch, st.pos, st.rank, st.full, st.size = add, batch, 1, #batch, PK_more[key],
     2 * OPEN_SIZE
-  -- a creation fits no bucket of the stream from where its lower bound (the
-  -- projected share in the stream's dimension) passes that dimension's
-  -- overcommit (check_capacity; with a margin far above rounding, so that
-  -- only buckets it refuses are skipped)
-  st.over = math.huge
-  if req.create and st.cap > 0 then
-    st.over = (mem and PK_P.overcommit_memory or PK_P.overcommit_cpu) * (1 + 1e-9)
-  end
   local first = batch[1]
   if first then st.lb = pick_lb(st, first) else st.lb = false end
   return st
@@ -160,7 +162,6 @@ local function pick_run(streams)
     for i = 1, #streams do
       local x = streams[i]
       local xlb = x.lb
-      if xlb and xlb > x.over then x.lb, xlb = false, false end -- (too big for the rest)
       if xlb and (lb == nil or xlb < lb) then st, lb = x, xlb end
     end
     local best = PK_best
@@ -194,6 +195,10 @@ end
 -- known bucket is eligible.
 local function pick_walk(ctx, P, req)
   PK_P, PK_req, PK_best, PK_equals = P, req, nil, nil
+  PK_over_cpu, PK_over_mem = math.huge, math.huge
+  if req.create then
+    PK_over_cpu, PK_over_mem = P.overcommit_cpu * (1 + 1e-9), P.overcommit_memory * (1 + 1e-9)
+  end
   PK_ctx, PK_descs = ctx, ctx[CTX.shape_desc]
   PK_firsts, PK_more = ctx[CTX.firsts], ctx[CTX.firsts_more]
   local streams, k, unknown = PK_streams, 0, false
