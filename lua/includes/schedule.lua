@@ -270,6 +270,15 @@ local function replayed(P, req, rid, now, prior)
     req.cpu, req.mem, n.status, now }
 end
 
+-- A decision found the placement index disagreeing with node `id`'s record:
+-- the index is rebuilt from the records (in steps), and this decision is the
+-- full scan's.
+local function index_disagrees(ctx, id)
+  redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. id .. ': rebuilding')
+  REBUILD.start()
+  load_policy(ctx)
+end
+
 -- Phase "index": least_loaded looks at few nodes (see includes/index.lua);
 -- the chosen node's record must sit in one of the buckets it was chosen
 -- among.  The node chosen, evaluated from its bucket, or nil: the full scan
@@ -326,9 +335,7 @@ local function index_chosen(ctx, P, req, rr_next, now, L)
       if not listed then
         for i = 1, #among do idx_remove(ctx, picked, among[i]) end
       end
-      redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. picked .. ': rebuilding')
-      REBUILD.start()
-      load_policy(ctx)
+      index_disagrees(ctx, picked)
       return nil
     end
   end
@@ -373,9 +380,7 @@ local function refusal_counted(ctx, P, req, now)
     local n = evaluate(id, P, req, now)
     if n.corrupt and n.idx ~= '' then touch(ctx, id) end
     if not n.reason then
-      redis.log(redis.LOG_WARNING, 'placement index disagrees on ' .. id .. ': rebuilding')
-      REBUILD.start()
-      load_policy(ctx)
+      index_disagrees(ctx, id)
       return nil
     end
     counts[n.reason] = (counts[n.reason] or 0) + 1

@@ -270,8 +270,8 @@ def evaluate(
 
 
 def summarize(verdicts: list[ModelVerdict]) -> str:
-    """The refusal: the reasons of the first REFUSAL_COUNTED nodes by id
-    (``verdicts`` are in that order), of all of them."""
+    """The refusal: every node counted in the total, the reasons of the
+    first REFUSAL_COUNTED by id (``verdicts`` are in that order)."""
     counts: dict[str, int] = {}
     for v in verdicts[:REFUSAL_COUNTED]:
         if v.reason:
