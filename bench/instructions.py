@@ -254,11 +254,12 @@ class _CountedStats:
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)
-    base, ours = versus.library_at(p.base), library()
+    base_lua = versus.lua_at(p.base)
+    base, ours = versus.library_of(base_lua), library()
     floor = _measure(ours, "floor", p)
     # (the same Lua under the same driver executes the same instructions, to
     # within the half percent runs differ by: counted once)
-    same = versus.same_lua(p.base)
+    same = versus.same_lua(base_lua)
     rows = []
     for op in p.ops:
         o = _measure(ours, op, p)

@@ -75,27 +75,36 @@ def _git(*args: str) -> str:
     return out.stdout
 
 
+#: a revision's lua/ files: (include name -> text, script name -> (number
+#: of KEYS, text))
+LuaFiles = tuple[dict[str, str], dict[str, tuple[int, str]]]
+
+
 def library_at(rev: str) -> Library:
     """The function library of revision ``rev``'s lua/ files, built by this tree."""
-    includes, scripts = lua_at(rev)
-    includes[lua_constants.NAME] = lua_constants.render() + _retired_constants()
+    return library_of(lua_at(rev))
+
+
+def library_of(files: LuaFiles) -> Library:
+    """The function library of these lua/ files (:func:`lua_at`), built by this tree."""
+    includes, scripts = files
+    includes = {**includes, lua_constants.NAME: lua_constants.render() + _retired_constants()}
     return build_library(includes, scripts)
 
 
-def same_lua(rev: str) -> bool:
-    """Are revision ``rev``'s lua/ files this tree's?  (Their libraries then
-    differ only by the retired constants :func:`library_at` adds, which a
-    call never reads: each call executes the same instructions.)"""
-    includes, scripts = lua_at(rev)
+def same_lua(files: LuaFiles) -> bool:
+    """Are these lua/ files (:func:`lua_at`) this tree's?  (Their libraries
+    then differ only by the retired constants :func:`library_of` adds, which
+    a call never reads: each call executes the same instructions.)"""
+    includes, scripts = files
     ours, our_scripts = _files()
     return includes == {k: v for k, v in ours.items() if k != lua_constants.NAME} and (
         scripts == our_scripts
     )
 
 
-def lua_at(rev: str) -> tuple[dict[str, str], dict[str, tuple[int, str]]]:
-    """Revision ``rev``'s lua/ files: (include name -> text, script name ->
-    (number of KEYS, text))."""
+def lua_at(rev: str) -> LuaFiles:
+    """Revision ``rev``'s lua/ files (read with git)."""
     includes: dict[str, str] = {}
     scripts: dict[str, tuple[int, str]] = {}
     for path in _git("ls-tree", "-r", "--name-only", rev, "--", "lua/").split():

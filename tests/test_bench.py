@@ -319,10 +319,10 @@ def test_instructions_counts_per_call_or_names_what_it_needs(target: Target) -> 
     assert list(rows)[:-1] == list(instructions.OPERATIONS)
     floor = rows["floor (bare reservation writes, one call each)"]["ours_per_call"]
     assert floor > 10_000  # (a call of ten commands: tens of thousands of instructions)
-    base = versus.library_at("HEAD")
-    batches = "heartbeat_batch" in base.functions
+    head = versus.lua_at("HEAD")
+    batches = "heartbeat_batch" in versus.library_of(head).functions
     # (a clean tree: the base is ours, each call counted once)
-    same = versus.same_lua("HEAD")
+    same = versus.same_lua(head)
     assert same == any("lua/ is this tree's" in n for n in result.notes)
     for op in instructions.OPERATIONS:
         r = rows[op]
