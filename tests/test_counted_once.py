@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from scheduler import (
     SandboxEvent,
     Scheduler,
 )
+from scheduler.domain.catalog import STAMP_MARGIN_MS
 from scheduler.domain.records import Placement
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
@@ -211,6 +213,113 @@ def test_a_stamped_heartbeat_taken_before_the_sandbox_started_counts_once(
             sandbox_count=2,
             create_successes=2,
             reported_at_unix_ms=11_000,
+        )
+    )
+    assert state(s, p) == "released"
+    assert counted(s) == 2
+
+
+class NodeClock:
+    """A node's reporter on a frozen cell clock: its stamps are the cell's
+    instant plus the node's own clock offset, and each heartbeat reaches
+    the cell ``transit`` ms after it was stamped."""
+
+    OFFSET = 3_600_123  # the node's clock runs an hour and change ahead
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.now = s.advance_clock(0, "freeze")
+
+    def passes(self, ms: int) -> None:
+        self.now = self.s.advance_clock(ms)
+
+    def stamped(self, transit: int = 0, **fields: Any) -> Any:
+        """A heartbeat stamped now, taken ``transit`` ms before the cell hears it."""
+        return hb("n1", reported_at_unix_ms=self.now - transit + self.OFFSET, **fields)
+
+
+KEEP = {"roster": ["keep"], "sandbox_count": 1}
+
+
+def test_a_gone_sandbox_is_released_by_the_first_heartbeat_taken_after_it(
+    make_scheduler: Make,
+) -> None:
+    """sb1 is created, assigned and gone between two heartbeats, its DELETE
+    lost.  The first heartbeat whose stamp, placed on the cell's clock by
+    the node's own earlier heartbeats, says it was taken a margin after the
+    assignment gives the slot back: its roster was read after sb1 started
+    (on main: not before the second heartbeat, 5-10 s of a slot held by a
+    sandbox that is gone)."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    c = NodeClock(s)
+    s.heartbeat(c.stamped(transit=3, **KEEP, create_successes=1))
+    c.passes(5_000)
+    s.heartbeat(c.stamped(transit=40, **KEEP, create_successes=1))  # (a slower one)
+    p = s.schedule(Request.cold(1, 1024))
+    c.passes(300)
+    s.assign("sb1", "n1", EP)  # as the reference gateway: no reservation id
+    assert counted(s) == 2
+    c.passes(4_700)  # sb1 lived half a second
+    s.heartbeat(c.stamped(transit=5, **KEEP, create_successes=2))
+    assert state(s, p) == "released"
+    assert counted(s) == 1
+
+
+def test_a_heartbeat_taken_within_the_margin_of_the_assignment_does_not_count_alone(
+    make_scheduler: Make,
+) -> None:
+    """A heartbeat stamped less than the margin after the assignment may have
+    read its roster before sb1 started: one absence, not a release; sb1 is
+    listed by the next one and counted once."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    c = NodeClock(s)
+    s.heartbeat(c.stamped(**KEEP))
+    c.passes(5_000)
+    s.heartbeat(c.stamped(**KEEP))
+    p = s.schedule(Request.cold(1, 1024))
+    s.assign("sb1", "n1", EP, p.reservation_id)
+    c.passes(STAMP_MARGIN_MS - 1)
+    s.heartbeat(c.stamped(**KEEP))
+    assert state(s, p) == "assigned"
+    assert counted(s) == 2
+    c.passes(5_000)
+    s.heartbeat(c.stamped(roster=["keep", "sb1"], sandbox_count=2))
+    assert state(s, p) == "released"
+    assert counted(s) == 2
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-instance", "restarted"])
+def test_a_late_heartbeat_taken_before_the_sandbox_started_does_not_count_alone(
+    make_scheduler: Make, restart: bool
+) -> None:
+    """A heartbeat taken before sb1 started and stuck in a queue until long
+    after its assignment: its stamp places it before the assignment, so it
+    is one absence (the two-heartbeat rule's), never a release.  A restarted
+    agent's first heartbeat has no lead of its instance to place it: one
+    absence too.  sb1, still running, is listed by the next one and counted
+    once; it is never dropped early."""
+    s = make_scheduler(Policy(limits=Limits(max_sandbox_count=4)))
+    c = NodeClock(s)
+    s.heartbeat(c.stamped(**KEEP))
+    c.passes(5_000)
+    s.heartbeat(c.stamped(**KEEP))
+    c.passes(2_000)
+    sid = "boot-2" if restart else "boot-1"
+    late = hb("n1", sid=sid, reported_at_unix_ms=c.now + c.OFFSET, **KEEP)
+    p = s.schedule(Request.cold(1, 1024))
+    c.passes(500)
+    s.assign("sb1", "n1", EP, p.reservation_id)
+    c.passes(30_000)  # the late one arrives 30.5 s after it was taken
+    s.heartbeat(late)
+    assert state(s, p) == "assigned"
+    assert counted(s) == 2
+    s.heartbeat(
+        hb(
+            "n1",
+            sid=sid,
+            reported_at_unix_ms=c.now + c.OFFSET,
+            roster=["keep", "sb1"],
+            sandbox_count=2,
         )
     )
     assert state(s, p) == "released"
@@ -644,6 +753,37 @@ def test_a_gone_sandbox_gives_its_slot_back_through_two_replicas(
     beat(a, [], 2)
     assert counted(cell_view, node) == 1  # the creation on its way
     assert b.Schedule(cold(1, 1024), timeout=5).node.node_id == node
+
+
+def test_a_gone_sandbox_gives_its_slot_back_at_the_first_heartbeat_through_replicas(
+    stubs: list[pb_grpc.SchedulerStub], cell_view: Scheduler
+) -> None:
+    """The same starved node, its heartbeats stamped by the machine's clock as
+    the reference reporter stamps them: the first heartbeat taken a margin
+    after sb1's assignment gives its slot back (on main: the second)."""
+    a, b = stubs
+    node, md = "first-hb", endpoint_md("first-hb:5000")
+
+    def beat(stub: pb_grpc.SchedulerStub, roster: list[str], created: int) -> None:
+        stamp = int(time.time() * 1000)
+        stub.Heartbeat(
+            hb_request(node, roster=roster, create_successes=created, reported_at_unix_ms=stamp),
+            metadata=md,
+        )
+
+    beat(a, ["keep"], 1)
+    beat(b, [], 1)  # keep ended, its DELETE lost
+    on_its_way = b.Schedule(cold(1, 1024), timeout=5)
+    assert on_its_way.node.node_id == node
+    _place_and_create(a, "sb1", node)
+    assigned = time.time()
+    assert counted(cell_view, node) == 2
+    # sb1 lives a moment and is gone, its DELETE lost; the next snapshot is
+    # taken a margin and some after the assignment
+    time.sleep(max(0.0, assigned + STAMP_MARGIN_MS / 1000 + 0.3 - time.time()))
+    beat(b, [], 2)
+    assert counted(cell_view, node) == 1  # the creation on its way
+    assert a.Schedule(cold(1, 1024), timeout=5).node.node_id == node
 
 
 def test_a_late_delete_from_the_previous_instance_keeps_the_listed_binding(

@@ -42,6 +42,7 @@ from scheduler import (
     SandboxEvent,
     Scheduler,
 )
+from scheduler.domain.catalog import STAMP_MARGIN_MS
 from scheduler.testing.model import CellModel, NodeState
 from tests.helpers import (
     GIB,
@@ -52,6 +53,8 @@ from tests.helpers import (
 from tests.test_index import index_is_consistent
 
 MIB = 1024 * 1024
+#: how far the lossy machine's node clock runs ahead of the cell's (stamps)
+NODE_CLOCK_AHEAD = 3_600_000
 ROSTER_NODES = ("r0", "r1")
 COUNTER_NODES = ("c0",)
 NODES = ROSTER_NODES + COUNTER_NODES
@@ -414,7 +417,7 @@ class LossyLifecycle(Lifecycle):
     """
 
     def __init__(self) -> None:
-        self.reported = 1_700_000_000_000
+        self.reported = 0
         #: per node: the heartbeats delivered (in order) and what each said
         self.beats: dict[str, list[tuple[Heartbeat, NodeState]]] = {}
         #: per node: heartbeats delivered (late ones not counted)
@@ -434,7 +437,9 @@ class LossyLifecycle(Lifecycle):
             self.send_heartbeat(node_id, self.s)
 
     def send_heartbeat(self, node_id: str, replica: Scheduler, reported: int = 0) -> None:
-        self.reported += 1_000
+        # the node's clock: the cell's an hour ahead, each stamp past the last
+        # (a heartbeat is taken as it is sent; the late ones are sent again)
+        self.reported = max(self.reported + 1, self.now() + NODE_CLOCK_AHEAD)
         super().send_heartbeat(node_id, replica, self.reported)
 
     def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
@@ -452,11 +457,13 @@ class LossyLifecycle(Lifecycle):
         self.w.deleted.add(sb)
         self.gone[sb] = (node_id, self.hbs.get(node_id, 0))
 
-    @rule(with_rid=st.booleans())
-    def a_sandbox_lives_between_two_heartbeats(self, with_rid: bool) -> None:
+    @rule(with_rid=st.booleans(), wait=st.sampled_from([0, 1_000, 2_500]))
+    def a_sandbox_lives_between_two_heartbeats(self, with_rid: bool, wait: int) -> None:
         """Placed, created, assigned and gone before its node's next
-        heartbeat, its DELETE lost: no roster will ever list it.  Then the
-        node's next two heartbeats come."""
+        heartbeat, its DELETE lost: no roster will ever list it.  Then,
+        ``wait`` ms later, the node's next two heartbeats come (the first,
+        taken STAMP_MARGIN_MS after the assignment or more, releases it alone:
+        the one-heartbeat release)."""
         p = None
         for _ in range(len(NODES)):  # until one lands on a roster node (the others stay placed)
             self.schedule(1, 512)
@@ -479,8 +486,17 @@ class LossyLifecycle(Lifecycle):
             self.assigned_at[got.reservation_id] = self.hbs.get(p.node_id, 0)
         self.w.deleted.add(p.sandbox)
         self.gone[p.sandbox] = (p.node_id, self.hbs.get(p.node_id, 0))
-        for _ in range(2):
-            self.send_heartbeat(p.node_id, self.s)
+        sid = f"boot-{self.w.epoch[p.node_id]}"
+        beats = self.beats.get(p.node_id, [])
+        placed = bool(beats) and beats[-1][0].service_instance_id == sid  # (a lead of sid)
+        if wait:
+            self.s.advance_clock(wait)
+        self.send_heartbeat(p.node_id, self.s)
+        if got.reservation_id and placed and wait >= STAMP_MARGIN_MS + 1_000:
+            # (1 s of slack: stamps of one frozen instant step by 1 ms)
+            live = {r.reservation_id for r in self.s.reservations()}
+            assert got.reservation_id not in live, "the one-heartbeat release"
+        self.send_heartbeat(p.node_id, self.s)
 
     @rule(data=st.data(), node_id=st.sampled_from(NODES))
     def an_older_heartbeat_arrives_late(self, data: st.DataObject, node_id: str) -> None:

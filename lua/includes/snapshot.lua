@@ -19,7 +19,7 @@ local PREV = { 'service_instance_id', 'create_successes', 'roster_mode', 'acked_
   'cluster_id', 'p2p_address', 'generation', 'endpoint', 'roster_digest', 'idx', 'incarnation',
   'forgetting', 'roster_size', 'idx_seen_ms', 'seen_ms', 'node_id', 'reported_order_ms',
   'counted_successes', 'deletes_uncounted', 'create_fails', 'counted_fails', 'cancels_uncounted',
-  'absent_watch', 'fails_owed' }
+  'absent_watch', 'fails_owed', 'stamp_lead', 'stamp_lead_was', 'stamp_lead_at' }
 -- @layout HB_NODE_AT
 local HB_NODE_AT = { NODE_FIELDS.lingering, NODE_FIELDS.status, NODE_FIELDS.cpu_percent,
   NODE_FIELDS.memory_used_bytes, NODE_FIELDS.pending_count, NODE_FIELDS.pending_cpu,

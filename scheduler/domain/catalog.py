@@ -40,6 +40,15 @@ SWEEP_BATCH = 64
 #: refusal the placement index decides then reads that many records, not
 #: the fleet.
 REFUSAL_COUNTED = 64
+#: The one-heartbeat release (docs/design.md, the roster-mode heartbeat row):
+#: a node's stamped heartbeat counts alone for an assigned reservation its
+#: roster does not list when, placed on the cell's clock by the node's stamp
+#: lead (the largest stamp minus arrival its instance showed, in windows of
+#: STAMP_WINDOW_MS), it was taken at least STAMP_MARGIN_MS after the
+#: assignment.  The margin bounds the smallest transit among the lead's
+#: heartbeats, not the transit of the heartbeat judged.
+STAMP_MARGIN_MS = 1_000
+STAMP_WINDOW_MS = 600_000
 
 
 @dataclass(frozen=True)

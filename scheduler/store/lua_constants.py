@@ -126,6 +126,10 @@ def render() -> str:
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         "-- The nodes, first by id, whose reasons a refusal counts, at most.",
         f"local REFUSAL_COUNTED = {catalog.REFUSAL_COUNTED}",
+        "-- The one-heartbeat release: its margin after the assignment, and the",
+        "-- window of a node's stamp lead (includes/heartbeat.lua stamp_lead).",
+        f"local STAMP_MARGIN_MS = {catalog.STAMP_MARGIN_MS}",
+        f"local STAMP_WINDOW_MS = {catalog.STAMP_WINDOW_MS}",
         f"local NO_POLICY = {_str(NO_POLICY)}",
         "-- The modes and forms the clients send in ARGV (scheduler/store/contracts.py).",
         "local ROSTER_FORM = "

@@ -26,6 +26,8 @@ from scheduler.domain.catalog import (
     ADMISSION_TEXT,
     CEILING_NAMES,
     REFUSAL_COUNTED,
+    STAMP_MARGIN_MS,
+    STAMP_WINDOW_MS,
     SWEEP_BATCH,
     ceiling,
     ceiling_reason,
@@ -480,6 +482,8 @@ class ResModel:
     absent_cs: int | None = None
     absent_rt: int = 0
     absent_beats: int = 0
+    #: when its sandbox was assigned (the one-heartbeat release)
+    assigned_ms: int | None = None
 
 
 @dataclass
@@ -524,6 +528,26 @@ class NodeMeta:
     #: the newest seq of the reservations a rise that released a pending one
     #: left live (a counter-mode DELETE of one of those ends nothing)
     unclaimed_seq: int | None = None
+    #: the stamp lead of the instance: the largest stamp minus arrival in the
+    #: current window (None: no stamped heartbeat of it yet), the previous
+    #: window's, and when the current one began
+    lead: int | None = None
+    lead_was: int | None = None
+    lead_at: int = 0
+
+
+def stamp_lead(meta: NodeMeta, reported: int, now: int, restarted: bool) -> int | None:
+    """The stamp lead a stamped heartbeat may use (None: the instance's
+    first), and ``meta``'s kept as it moves (includes/heartbeat.lua)."""
+    sample = reported - now
+    if restarted or meta.lead is None:
+        meta.lead, meta.lead_was, meta.lead_at = sample, None, now
+        return None
+    if now - meta.lead_at >= STAMP_WINDOW_MS or now < meta.lead_at:
+        meta.lead, meta.lead_was, meta.lead_at = sample, meta.lead, now
+    else:
+        meta.lead = max(meta.lead, sample)
+    return meta.lead if meta.lead_was is None else max(meta.lead, meta.lead_was)
 
 
 class CellModel:
@@ -710,6 +734,8 @@ class CellModel:
         meta.reported = reported
         self.sweep(now)
         restarted = bool(meta.sid) and meta.sid != sid
+        lead = stamp_lead(meta, reported, now, restarted) if reported else None
+        taken = None if lead is None else reported - lead - STAMP_MARGIN_MS
         prev_cs, prev_mode, prev_cf = meta.create_successes, meta.roster_mode, meta.create_fails
         self.snap[node_id] = replace(
             state,
@@ -798,7 +824,11 @@ class CellModel:
                 absent = b is None or b.deleted or (b.node_id == node_id and not b.listed)
                 if (fresh or not restarted and create_successes >= r.absent_cs) and absent:
                     r.absent_beats += 1
-                    if r.absent_beats >= 2:
+                    # (two that count; or one taken STAMP_MARGIN_MS after the
+                    # assignment, by its stamp and the instance's lead)
+                    if r.absent_beats >= 2 or (
+                        taken is not None and r.assigned_ms is not None and taken >= r.assigned_ms
+                    ):
                         released += self.end(r.rid, "released")
                         continue
                     if fresh:
@@ -910,6 +940,7 @@ class CellModel:
                 got.state = "assigned"
                 got.sandbox_id = sb
                 got.expires_ms = got.created_ms + self.policy.reservation_ttl_ms
+                got.assigned_ms = now
                 rid = attached
                 if not already_listed:
                     meta = self.meta[node_id]
