@@ -9,10 +9,10 @@ ends it, capacity held by a creation that provably did not happen or already
 ended given back within two heartbeat intervals of its node, and no event in
 any order putting a node over a ceiling.
 
-The scenarios today's code gets wrong are marked strict xfail with the rule
-that is not built yet: a fix that makes one pass turns the suite red until
-its mark goes.  The others are plain tests: they hold today and must keep
-holding through the fixes.
+Each scenario the issue names has a test that failed on the code before
+the rule that fixed it (none is marked xfail any more); the others guard
+an invariant that held then and must keep holding, such as a late or
+too-early heartbeat never releasing a creation still running.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ the exact instant of every script call; expiry is driven by advancing it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+import redis
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -108,17 +110,24 @@ class World:
 
 class Lifecycle(RuleBasedStateMachine):
     client: Any = None
+    cell = "life"
+    #: each example starts from an empty Redis (WireLifecycle's cells are new)
+    flush = True
 
     def __init__(self) -> None:
         super().__init__()
-        self.client.flushall()
-        self.s = Scheduler(self.client, cell="life")
+        if self.flush:
+            self.client.flushall()
+        self.s = Scheduler(self.client, cell=self.cell)
         self.s.sync_policy(POLICY, overwrite=True)
         self.s.sync_nodes([(n, ep(n)) for n in NODES])
         self.s.advance_clock(0, "freeze")
         #: a second replica: its own memo of what it last wrote, so heartbeats
         #: through both go as deltas that may meet the other's record (RESYNC)
-        self.s2 = Scheduler(self.client, cell="life")
+        self.s2 = Scheduler(self.client, cell=self.cell)
+        #: what the steps drive the cell through, as two replicas: here the
+        #: two library clients; WireLifecycle's are two `schedctl serve`
+        self.a, self.b = self.drivers()
         self.m = CellModel(POLICY)
         self.w = World()
         self.placements: dict[str, Placement] = {}
@@ -132,6 +141,9 @@ class Lifecycle(RuleBasedStateMachine):
             self.w.epoch[node_id] = 0
             self.heartbeat(node_id)
 
+    def drivers(self) -> tuple[Any, Any]:
+        return self.s, self.s2
+
     def now(self) -> int:
         return int(self.client.hget(self.s.keys.policy, "frozen_now_ms"))
 
@@ -141,13 +153,17 @@ class Lifecycle(RuleBasedStateMachine):
         self.n += 1
         rid = f"res{self.n}"
         req = Request.cold(cpu, mem_mb)
-        want = self.m.schedule(req, rid, self.now(), 0.0)
         try:
-            p = self.s.schedule(req, reservation_id=rid)
+            p = self.a.schedule(req, reservation_id=rid)
         except NoNodesAvailable as e:
+            want = self.m.schedule(req, rid, self.now(), 0.0)
             assert want.chosen is None and str(e) == want.refusal
             return
-        assert p.node_id == want.chosen and p.reservation_id == rid
+        if self.a is self.s:
+            assert p.reservation_id == rid
+        rid = p.reservation_id  # (a replica names its own)
+        want = self.m.schedule(req, rid, self.now(), 0.0)
+        assert p.node_id == want.chosen
         note(f"{rid} placed on {p.node_id}")
         self.placements[rid] = Placement(rid, p.node_id, cpu, mem_mb * MIB, f"sb-{rid}")
 
@@ -178,14 +194,14 @@ class Lifecycle(RuleBasedStateMachine):
         p.assigned = True
         wanted = p.rid if with_rid else None
         note(f"gateway assigns {p.sandbox} to {p.node_id} naming {wanted}")
-        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        got = self.a.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
         assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
 
     @rule(node_id=st.sampled_from(NODES), second=st.booleans())
     def heartbeat(self, node_id: str, second: bool = False) -> None:
-        self.send_heartbeat(node_id, self.s2 if second else self.s)
+        self.send_heartbeat(node_id, self.b if second else self.a)
 
-    def send_heartbeat(self, node_id: str, replica: Scheduler, reported: int = 0) -> None:
+    def send_heartbeat(self, node_id: str, replica: Any, reported: int = 0) -> None:
         """The node's heartbeat now, through ``replica`` (``reported``: its
         reported_at_unix_ms, 0 = none)."""
         running = self.w.running[node_id]
@@ -218,9 +234,8 @@ class Lifecycle(RuleBasedStateMachine):
             allocated_memory_bytes=mem,
             sandbox_count=len(running),
         )
-        assert r.released == self.m.heartbeat(
-            node_id, sid, state, cs, roster, r.now_ms, reported, cf
-        )
+        released = self.m.heartbeat(node_id, sid, state, cs, roster, r.now_ms, reported, cf)
+        assert r.released is None or r.released == released  # (None: the wire says nothing)
         self.sent(node_id, beat, state)
         self.w.ingested_roster[node_id] = set(roster)
         self.w.ingested_cs[node_id] = cs
@@ -246,7 +261,7 @@ class Lifecycle(RuleBasedStateMachine):
         node_id, sb = data.draw(st.sampled_from(live))
         note(f"{node_id} reports {kind} {sb}")
         sid = f"boot-{self.w.epoch[node_id]}"  # (events carry the instance that sent them)
-        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)], sid)  # type: ignore[arg-type]
+        self.a.events(node_id, [SandboxEvent(sandbox_id=sb, event_type=kind)], sid)  # type: ignore[arg-type]
         self.m.events(node_id, [(sb, kind)], self.now(), sid)
 
     @rule(data=st.data())
@@ -263,7 +278,7 @@ class Lifecycle(RuleBasedStateMachine):
 
     def send_delete(self, node_id: str, sb: str, sid: str) -> None:
         """A DELETE of ``sb`` from ``node_id``'s instance ``sid`` reaches the scheduler."""
-        self.s.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")], sid)
+        self.a.events(node_id, [SandboxEvent(sandbox_id=sb, event_type="DELETE")], sid)
         self.m.events(node_id, [(sb, "DELETE")], self.now(), sid)
 
     @rule(data=st.data(), cancel=st.booleans())
@@ -434,7 +449,7 @@ class LossyLifecycle(Lifecycle):
         for node_id in ROSTER_NODES:
             self.w.running[node_id][f"resident-{node_id}"] = (1, 512 * MIB)
             self.seen_sandboxes.add(f"resident-{node_id}")
-            self.send_heartbeat(node_id, self.s)
+            self.send_heartbeat(node_id, self.a)
 
     def send_heartbeat(self, node_id: str, replica: Scheduler, reported: int = 0) -> None:
         # the node's clock: the cell's an hour ahead, each stamp past the last
@@ -480,7 +495,7 @@ class LossyLifecycle(Lifecycle):
         p.assigned = True
         wanted = p.rid if with_rid else None
         note(f"{p.sandbox} created on {p.node_id}, assigned, gone; its DELETE is lost")
-        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        got = self.a.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
         assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
         if got.reservation_id:
             self.assigned_at[got.reservation_id] = self.hbs.get(p.node_id, 0)
@@ -491,12 +506,12 @@ class LossyLifecycle(Lifecycle):
         placed = bool(beats) and beats[-1][0].service_instance_id == sid  # (a lead of sid)
         if wait:
             self.s.advance_clock(wait)
-        self.send_heartbeat(p.node_id, self.s)
+        self.send_heartbeat(p.node_id, self.a)
         if got.reservation_id and placed and wait >= STAMP_MARGIN_MS + 1_000:
             # (1 s of slack: stamps of one frozen instant step by 1 ms)
             live = {r.reservation_id for r in self.s.reservations()}
             assert got.reservation_id not in live, "the one-heartbeat release"
-        self.send_heartbeat(p.node_id, self.s)
+        self.send_heartbeat(p.node_id, self.a)
 
     @rule(data=st.data(), node_id=st.sampled_from(NODES))
     def an_older_heartbeat_arrives_late(self, data: st.DataObject, node_id: str) -> None:
@@ -506,7 +521,7 @@ class LossyLifecycle(Lifecycle):
             return
         beat, state = data.draw(st.sampled_from(older))
         note(f"a late heartbeat of {node_id} (reported {beat.snapshot.reported_at_unix_ms})")
-        r = self.s2.heartbeat(beat)
+        r = self.b.heartbeat(beat)
         # (the model does what the scripts do; the invariants say what they should)
         self.m.heartbeat(
             node_id,
@@ -596,7 +611,7 @@ class MovingLifecycle(Lifecycle):
         for node_id in ROSTER_NODES:
             self.w.running[node_id][f"resident-{node_id}"] = (1, 512 * MIB)
             self.seen_sandboxes.add(f"resident-{node_id}")
-            self.send_heartbeat(node_id, self.s)
+            self.send_heartbeat(node_id, self.a)
 
     def sent(self, node_id: str, beat: Heartbeat, state: NodeState) -> None:
         self.dropped.setdefault(node_id, set()).clear()
@@ -626,7 +641,7 @@ class MovingLifecycle(Lifecycle):
         or none (-1: they come later, in whatever order the steps make)."""
         if replica >= 0:
             for node_id in (first, then):
-                self.send_heartbeat(node_id, self.s2 if replica else self.s)
+                self.send_heartbeat(node_id, self.b if replica else self.a)
 
     @rule(data=st.data(), delete_lost=st.booleans(), beats=st.sampled_from([-1, 0, 1]))
     def a_sandbox_moves(self, data: st.DataObject, delete_lost: bool, beats: int) -> None:
@@ -733,14 +748,14 @@ class MovingLifecycle(Lifecycle):
         self.seen_sandboxes.add(p.sandbox)
         note(f"{lister} creates {p.sandbox} for {p.rid}, placed on {p.node_id}: {order}")
         if order == "listed-first":
-            self.send_heartbeat(lister, self.s)
+            self.send_heartbeat(lister, self.a)
         p.assigned = True
         wanted = p.rid if with_rid else None
-        got = self.s.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
+        got = self.a.assign(p.sandbox, p.node_id, ep(p.node_id), wanted)
         assert got.reservation_id == self.m.assign(p.sandbox, p.node_id, wanted, self.now())
         if order == "created-event":
             sid = f"boot-{self.w.epoch[lister]}"
-            self.s.events(lister, [SandboxEvent(sandbox_id=p.sandbox, event_type="CREATE")], sid)
+            self.a.events(lister, [SandboxEvent(sandbox_id=p.sandbox, event_type="CREATE")], sid)
             self.m.events(lister, [(p.sandbox, "CREATE")], self.now(), sid)
         if order in ("assigned-first", "created-event"):
             self.send_heartbeat(lister, self.s2)
@@ -760,7 +775,7 @@ class MovingLifecycle(Lifecycle):
         ):
             if self.w.epoch[node_id] == 0:
                 self.node_agent_restarts(node_id)
-            self.send_heartbeat(node_id, self.s)
+            self.send_heartbeat(node_id, self.a)
         old = f"boot-{self.w.epoch[node_id] - 1}"
         note(f"a late DELETE of {sb} from {node_id}'s previous instance {old}")
         self.send_delete(node_id, sb, old)
@@ -804,6 +819,154 @@ def test_lifecycle_with_moves_against_the_model(redis_client: Any) -> None:
         MovingLifecycle,
         settings=settings(
             max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
+
+
+class Wire:
+    """One ``schedctl serve`` replica as the steps drive it: the reference
+    system's gRPC calls, answered as the library answers them where the wire
+    says as much (a Schedule's reservation id from its trailing metadata; an
+    assignment's charge from the binding it wrote; a heartbeat says nothing
+    of what it released)."""
+
+    def __init__(self, address: str, lib: Scheduler, now: Any) -> None:
+        import grpc
+
+        from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
+
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.SchedulerStub(self.channel)
+        self.lib, self.now = lib, now
+
+    def schedule(self, req: Request, reservation_id: str = "") -> Any:
+        import grpc
+
+        from tests.helpers import cold
+
+        cpu, mem = req.cpu or 0, (req.memory_bytes or 0) // MIB
+        try:
+            resp, call = self.stub.Schedule.with_call(cold(cpu, mem), timeout=10)
+        except grpc.RpcError as e:
+            raise NoNodesAvailable(e.details() or "") from None
+        rid = dict(call.trailing_metadata() or ()).get("x-reservation-id", "")
+        return SimpleNamespace(node_id=resp.node.node_id, reservation_id=rid)
+
+    def assign(self, sb: str, node_id: str, endpoint: str, wanted: str | None) -> Any:
+        from scheduler.grpc import scheduler_pb2 as pb
+
+        md = (("x-reservation-id", wanted),) if wanted else ()
+        self.stub.RecordAssignment(
+            pb.RecordAssignmentRequest(
+                sandbox_id=sb, node=pb.Node(node_id=node_id, endpoint=endpoint)
+            ),
+            metadata=md,
+            timeout=10,
+        )
+        rid = self.lib.client.hget(self.lib.keys.bind(sb), "reservation_id")
+        return SimpleNamespace(reservation_id=(rid or b"").decode() or None)
+
+    def heartbeat(self, beat: Heartbeat) -> Any:
+        from scheduler.grpc import scheduler_pb2 as pb
+
+        n = beat.snapshot
+        self.stub.Heartbeat(
+            pb.HeartbeatRequest(
+                node_id=beat.node_id,
+                service_instance_id=beat.service_instance_id,
+                snapshot=pb.NodeSnapshot(
+                    status=pb.NODE_STATUS_READY,
+                    cpu_count=n.cpu_count,
+                    memory_total_bytes=n.memory_total_bytes,
+                    allocated_cpu=n.allocated_cpu,
+                    allocated_memory_bytes=n.allocated_memory_bytes,
+                    sandbox_count=n.sandbox_count,
+                    create_successes=n.create_successes,
+                    create_fails=n.create_fails,
+                    reported_at_unix_ms=n.reported_at_unix_ms,
+                ),
+                sandbox_ids=beat.sandbox_ids,
+            ),
+            timeout=10,
+        )
+        return SimpleNamespace(released=None, now_ms=self.now())
+
+    def events(self, node_id: str, events: list[SandboxEvent], sid: str = "") -> None:
+        from scheduler.grpc import scheduler_pb2 as pb
+
+        self.stub.ReportSandboxEvent(
+            pb.ReportSandboxEventRequest(
+                node_id=node_id,
+                service_instance_id=sid,
+                events=[
+                    pb.SandboxEvent(
+                        sandbox_id=e.sandbox_id,
+                        event_type=pb.SandboxEventType.Value(f"SANDBOX_EVENT_TYPE_{e.event_type}"),
+                    )
+                    for e in events
+                ],
+            ),
+            timeout=10,
+        )
+
+
+#: the replicas' config: the machine's POLICY as upstream's keys spell it
+WIRE_CONFIG = {
+    "scheduler": {
+        "node_resource_limit": {"max_sandbox_count": POLICY.limits.max_sandbox_count},
+        "placement_reservation_ttl": f"{POLICY.reservation_ttl_ms}ms",
+        "binding_ttl": f"{POLICY.binding_ttl_ms}ms",
+        "report_ttl": f"{POLICY.report_ttl_ms}ms",
+    }
+}
+
+
+class WireLifecycle(LossyLifecycle):
+    """The lossy lifecycle through two real ``schedctl serve`` replicas on a
+    cell of its own (#28): Schedules, assignments, heartbeats (the late ones
+    through the other replica) and events go over the reference system's
+    gRPC contract; cancels, the clock and every check go to Redis through
+    the library (the wire has no cancel).  Each example starts the two
+    replicas afresh, so no replica's memory of an earlier example's cell
+    (its placements, its heartbeat memo) meets this one."""
+
+    redis_url = ""
+    examples = 0
+    flush = False
+
+    def __init__(self) -> None:
+        from scheduler.testing.replicas import ServeProcess
+
+        WireLifecycle.examples += 1
+        self.cell = f"wire{WireLifecycle.examples}"
+        self.procs = [ServeProcess(WIRE_CONFIG, self.redis_url, cell=self.cell) for _ in range(2)]
+        for proc in self.procs:
+            proc.wait_serving(60)
+        super().__init__()
+
+    def drivers(self) -> tuple[Any, Any]:
+        assert self.s.policy() == POLICY, "the replicas' config is the machine's policy"
+        self.wires = [Wire(p.address, self.s, self.now) for p in self.procs]
+        return self.wires[0], self.wires[1]
+
+    def teardown(self) -> None:
+        from scheduler.testing.replicas import close_all
+
+        for w in getattr(self, "wires", []):
+            w.channel.close()
+        close_all(self.procs)
+
+
+def test_lifecycle_through_two_replicas_against_the_model(real_url: str) -> None:
+    WireLifecycle.client = redis.Redis.from_url(real_url)
+    WireLifecycle.redis_url = real_url
+    run_state_machine_as_test(
+        WireLifecycle,
+        settings=settings(
+            max_examples=12,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

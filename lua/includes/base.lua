@@ -16,7 +16,7 @@
 -- @exports node_sbx_key node_roster_key res_key bind_key fail fmt instant_text
 -- @exports kept_table keep TEXT PADDED num_text pad9 number_of UNPACK_CHUNK
 -- @exports set_all ok_answer raw_policy load_clock server_ms now_ms seen_lags heard_ms
--- @exports corrupt_text count_ok node_page
+-- @exports corrupt_text count_ok node_page stamp_lead
 -- @include constants
 -- @include ctx
 -- This call's keys and arguments: read-only for the call, bound on entry by
@@ -77,6 +77,41 @@ local function fmt(x)
     return string.format('%d', x)
   end
   return string.format('%.17g', x)
+end
+
+-- A node's stamp lead (the heartbeat's phase "stamp lead", and steady_one):
+-- where a stamped heartbeat of the node's instance was taken, on the cell's
+-- clock.  Its stamp less the instant heard is the node clock's offset less
+-- its transit; the largest seen (the stamp lead, kept on the record per
+-- instance in two windows of STAMP_WINDOW_MS, so that a clock stepped or
+-- drifting either way is followed within two windows) is the offset less
+-- the smallest transit seen.  So stamp - lead is at most the instant heard
+-- and at most the smallest transit seen after the snapshot was taken.
+-- `cur`, `was`, `at`: the record's stamp_lead, stamp_lead_was and
+-- stamp_lead_at (cur nil: a new instance).  The lead, from the instance's
+-- second stamped heartbeat on (the first alone is its own transit), or
+-- nil; the fields that change planned into hset.
+local function stamp_lead(cur, was, at, hset, order, now)
+  local sample = (tonumber(order) or 0) - now
+  cur, was, at = tonumber(cur), tonumber(was), tonumber(at)
+  local k = #hset
+  if not cur or not at then
+    hset[k + 1], hset[k + 2] = 'stamp_lead', fmt(sample)
+    hset[k + 3], hset[k + 4] = 'stamp_lead_at', fmt(now)
+    hset[k + 5], hset[k + 6] = 'stamp_lead_was', ''
+    return nil
+  end
+  if now - at >= STAMP_WINDOW_MS or now < at then
+    was, cur = cur, sample
+    hset[k + 1], hset[k + 2] = 'stamp_lead_was', fmt(was)
+    hset[k + 3], hset[k + 4] = 'stamp_lead', fmt(cur)
+    hset[k + 5], hset[k + 6] = 'stamp_lead_at', fmt(now)
+  elseif sample > cur then
+    cur = sample
+    hset[k + 1], hset[k + 2] = 'stamp_lead', fmt(cur)
+  end
+  if was and was > cur then return was end
+  return cur
 end
 
 -- fmt(x) for an instant of this call (its clock, or the clock plus a TTL):

@@ -479,41 +479,6 @@ local function counter_released(ctx, node_id, hset, k, f, now)
   return released
 end
 
--- Phase "stamp lead": where a stamped heartbeat of the node's instance was
--- taken, on the cell's clock.  Its stamp less the instant heard is its
--- transit less the node's clock offset; the largest seen (the stamp lead,
--- kept on the record per instance, in two windows of STAMP_WINDOW_MS so that
--- a clock stepped or drifting either way is followed within two windows) is
--- the offset less the smallest transit seen.  So stamp - lead is at most
--- the instant heard and at most the smallest transit seen after the
--- snapshot was taken.  The lead, from the instance's second heartbeat on
--- (the first alone is its own transit), or nil; the record's fields planned
--- into hset.
-local function stamp_lead(prev, hset, order, now, restarted)
-  local sample = (tonumber(order) or 0) - now
-  local cur = not restarted and tonumber(prev[PREV.stamp_lead]) or nil
-  local at = tonumber(prev[PREV.stamp_lead_at])
-  local was = tonumber(prev[PREV.stamp_lead_was])
-  local k = #hset
-  if not cur or not at then
-    hset[k + 1], hset[k + 2] = 'stamp_lead', fmt(sample)
-    hset[k + 3], hset[k + 4] = 'stamp_lead_at', fmt(now)
-    hset[k + 5], hset[k + 6] = 'stamp_lead_was', ''
-    return nil
-  end
-  if now - at >= STAMP_WINDOW_MS or now < at then
-    was, cur = cur, sample
-    hset[k + 1], hset[k + 2] = 'stamp_lead_was', fmt(was)
-    hset[k + 3], hset[k + 4] = 'stamp_lead', fmt(cur)
-    hset[k + 5], hset[k + 6] = 'stamp_lead_at', fmt(now)
-  elseif sample > cur then
-    cur = sample
-    hset[k + 1], hset[k + 2] = 'stamp_lead', fmt(cur)
-  end
-  if was and was > cur then return was end
-  return cur
-end
-
 -- Phase "gone assigned", the two-heartbeat rule (roster mode, while the
 -- node watches: absent_watch): an assigned reservation whose sandbox this
 -- node's rosters do not list, for two heartbeats that count, is released:
@@ -527,7 +492,7 @@ end
 -- after the assignment.  Of two such, the second was taken after the first
 -- was answered (the reporter sends one at a time), so after the assignment.
 -- One heartbeat alone releases it when its stamp, placed by the stamp lead
--- (stamp_lead above), says it was taken STAMP_MARGIN_MS or more after the
+-- (stamp_lead, includes/base.lua), says it was taken STAMP_MARGIN_MS or more after the
 -- assignment: its roster was read after the sandbox was created, if the
 -- smallest transit among the lead's heartbeats was within the margin.
 -- The node's steady heartbeats go in full meanwhile
@@ -639,7 +604,8 @@ local function heartbeat_one(ctx, A)
   local released = roster_bound(ctx, P, node_id, node_endpoint, added, gone, generation, now)
   local k, f, successes = baselines(prev, values, hset, restarted, roster_mode, #added)
   if k > 0 or f > 0 then released = released + counter_released(ctx, node_id, hset, k, f, now) end
-  local lead = order and stamp_lead(prev, hset, order, now, restarted)
+  local lead = order and stamp_lead(not restarted and prev[PREV.stamp_lead] or nil,
+    prev[PREV.stamp_lead_was], prev[PREV.stamp_lead_at], hset, order, now)
   if roster_mode and prev[PREV.absent_watch] == '1' then
     released = released + gone_assigned(ctx, node_id, hset, order, restarted, successes, now,
       lead)

@@ -24,14 +24,15 @@
 -- positions by the loader): the checks (up to roster_digest), then the
 -- pending numbers (from STEADY_PENDING); the snapshot's numbers follow
 -- (WHOLE_FIELDS, appended at the first call, unnamed: from STEADY_SNAPSHOT,
--- the 14th).  Read as `unpack(STEADY_READ, 1, n)`, never whole by name.
+-- the 17th).  Read as `unpack(STEADY_READ, 1, n)`, never whole by name.
 -- @layout STEADY_READ
 local STEADY_READ = { 'service_instance_id', 'incarnation', 'generation', 'idx', 'roster_mode',
-  'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed', 'roster_digest',
+  'idx_seen_ms', 'reported_order_ms', 'absent_watch', 'fails_owed', 'stamp_lead',
+  'stamp_lead_was', 'stamp_lead_at', 'roster_digest',
   'pending_count', 'pending_cpu', 'pending_memory_bytes' }
 local VOUCH_EVERY = 4
 local STEADY_CHECKS = STEADY_READ.roster_digest
-local STEADY_PENDING, STEADY_SNAPSHOT = STEADY_READ.pending_count, 14
+local STEADY_PENDING, STEADY_SNAPSHOT = STEADY_READ.pending_count, 17
 -- Texts that passed the check (kept_table, includes/base.lua): the same
 -- counts and sizes come back heartbeat after heartbeat.
 local COUNT_TEXTS = kept_table(4096)
@@ -102,6 +103,12 @@ local function steady_one(ctx, A, P, now, swept)
       hset[#hset + 1] = 'reported_order_ms'
       hset[#hset + 1] = order or '0'
     end
+  end
+  -- (every stamped heartbeat applied is a sample of the stamp lead, a
+  -- steady one too: includes/base.lua stamp_lead)
+  if order then
+    stamp_lead(v[STEADY_READ.stamp_lead], v[STEADY_READ.stamp_lead_was],
+      v[STEADY_READ.stamp_lead_at], hset, order, now)
   end
   if seen_lags(v[STEADY_READ.idx_seen_ms], now, P) then
     hset[#hset + 1] = 'idx_seen_ms'
