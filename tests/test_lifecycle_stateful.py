@@ -19,6 +19,10 @@ gateway cancelling the reservation or recording nothing (#28).
 
 The clock is frozen (a drill clock in the cell's policy) so the model knows
 the exact instant of every script call; expiry is driven by advancing it.
+
+LossyLifecycle loses DELETEs and delivers heartbeats late, MovingLifecycle
+moves sandboxes between nodes, and WireLifecycle runs the lossy machine
+through two real ``schedctl serve`` replicas over the gRPC contract.
 """
 
 from __future__ import annotations
@@ -403,17 +407,22 @@ class Lifecycle(RuleBasedStateMachine):
         )
 
 
-def test_lifecycle_against_the_model(redis_client: Any) -> None:
-    Lifecycle.client = redis_client
+def run_machine(machine: type[RuleBasedStateMachine], examples: int) -> None:
+    """Run ``machine`` at its committed size: ``examples`` of 40 steps."""
     run_state_machine_as_test(
-        Lifecycle,
+        machine,
         settings=settings(
-            max_examples=60,
+            max_examples=examples,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+
+
+def test_lifecycle_against_the_model(redis_client: Any) -> None:
+    Lifecycle.client = redis_client
+    run_machine(Lifecycle, 60)
 
 
 class LossyLifecycle(Lifecycle):
@@ -558,15 +567,7 @@ class LossyLifecycle(Lifecycle):
 
 def test_lifecycle_with_lost_events_and_late_heartbeats(redis_client: Any) -> None:
     LossyLifecycle.client = redis_client
-    run_state_machine_as_test(
-        LossyLifecycle,
-        settings=settings(
-            max_examples=60,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_machine(LossyLifecycle, 60)
 
 
 class MovingLifecycle(Lifecycle):
@@ -815,15 +816,7 @@ class MovingLifecycle(Lifecycle):
 
 def test_lifecycle_with_moves_against_the_model(redis_client: Any) -> None:
     MovingLifecycle.client = redis_client
-    run_state_machine_as_test(
-        MovingLifecycle,
-        settings=settings(
-            max_examples=60,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_machine(MovingLifecycle, 60)
 
 
 class Wire:
@@ -963,12 +956,4 @@ class WireLifecycle(LossyLifecycle):
 def test_lifecycle_through_two_replicas_against_the_model(real_url: str) -> None:
     WireLifecycle.client = redis.Redis.from_url(real_url)
     WireLifecycle.redis_url = real_url
-    run_state_machine_as_test(
-        WireLifecycle,
-        settings=settings(
-            max_examples=12,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_machine(WireLifecycle, 12)
