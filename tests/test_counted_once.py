@@ -305,7 +305,7 @@ def test_a_late_heartbeat_taken_before_the_sandbox_started_does_not_count_alone(
     s.heartbeat(c.stamped(**KEEP))
     c.passes(2_000)
     sid = "boot-2" if restart else "boot-1"
-    late = hb("n1", sid=sid, reported_at_unix_ms=c.now + c.OFFSET, **KEEP)
+    late = c.stamped(sid=sid, **KEEP)
     p = s.schedule(Request.cold(1, 1024))
     c.passes(500)
     s.assign("sb1", "n1", EP, p.reservation_id)
@@ -313,15 +313,7 @@ def test_a_late_heartbeat_taken_before_the_sandbox_started_does_not_count_alone(
     s.heartbeat(late)
     assert state(s, p) == "assigned"
     assert counted(s) == 2
-    s.heartbeat(
-        hb(
-            "n1",
-            sid=sid,
-            reported_at_unix_ms=c.now + c.OFFSET,
-            roster=["keep", "sb1"],
-            sandbox_count=2,
-        )
-    )
+    s.heartbeat(c.stamped(sid=sid, roster=["keep", "sb1"], sandbox_count=2))
     assert state(s, p) == "released"
     assert counted(s) == 2
 

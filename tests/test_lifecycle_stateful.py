@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import redis
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
@@ -49,10 +50,14 @@ from scheduler import (
     Scheduler,
 )
 from scheduler.domain.catalog import STAMP_MARGIN_MS
+from scheduler.grpc import scheduler_pb2 as pb
+from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.testing.model import CellModel, NodeState
+from scheduler.testing.replicas import ServeProcess, close_all
 from tests.helpers import (
     GIB,
     bound_sandboxes_are_in_their_nodes_sets,
+    cold,
     node_states,
     records_name_only_registered_nodes,
 )
@@ -827,19 +832,11 @@ class Wire:
     of what it released)."""
 
     def __init__(self, address: str, lib: Scheduler, now: Any) -> None:
-        import grpc
-
-        from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
-
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.SchedulerStub(self.channel)
         self.lib, self.now = lib, now
 
     def schedule(self, req: Request, reservation_id: str = "") -> Any:
-        import grpc
-
-        from tests.helpers import cold
-
         cpu, mem = req.cpu or 0, (req.memory_bytes or 0) // MIB
         try:
             resp, call = self.stub.Schedule.with_call(cold(cpu, mem), timeout=10)
@@ -849,8 +846,6 @@ class Wire:
         return SimpleNamespace(node_id=resp.node.node_id, reservation_id=rid)
 
     def assign(self, sb: str, node_id: str, endpoint: str, wanted: str | None) -> Any:
-        from scheduler.grpc import scheduler_pb2 as pb
-
         md = (("x-reservation-id", wanted),) if wanted else ()
         self.stub.RecordAssignment(
             pb.RecordAssignmentRequest(
@@ -863,8 +858,6 @@ class Wire:
         return SimpleNamespace(reservation_id=(rid or b"").decode() or None)
 
     def heartbeat(self, beat: Heartbeat) -> Any:
-        from scheduler.grpc import scheduler_pb2 as pb
-
         n = beat.snapshot
         self.stub.Heartbeat(
             pb.HeartbeatRequest(
@@ -888,8 +881,6 @@ class Wire:
         return SimpleNamespace(released=None, now_ms=self.now())
 
     def events(self, node_id: str, events: list[SandboxEvent], sid: str = "") -> None:
-        from scheduler.grpc import scheduler_pb2 as pb
-
         self.stub.ReportSandboxEvent(
             pb.ReportSandboxEventRequest(
                 node_id=node_id,
@@ -931,8 +922,6 @@ class WireLifecycle(LossyLifecycle):
     flush = False
 
     def __init__(self) -> None:
-        from scheduler.testing.replicas import ServeProcess
-
         WireLifecycle.examples += 1
         self.cell = f"wire{WireLifecycle.examples}"
         self.procs = [ServeProcess(WIRE_CONFIG, self.redis_url, cell=self.cell) for _ in range(2)]
@@ -946,8 +935,6 @@ class WireLifecycle(LossyLifecycle):
         return self.wires[0], self.wires[1]
 
     def teardown(self) -> None:
-        from scheduler.testing.replicas import close_all
-
         for w in getattr(self, "wires", []):
             w.channel.close()
         close_all(self.procs)

@@ -127,7 +127,7 @@ def render() -> str:
         "-- The nodes, first by id, whose reasons a refusal counts, at most.",
         f"local REFUSAL_COUNTED = {catalog.REFUSAL_COUNTED}",
         "-- The one-heartbeat release: its margin after the assignment, and the",
-        "-- window of a node's stamp lead (includes/heartbeat.lua stamp_lead).",
+        "-- window of a node's stamp lead (includes/base.lua stamp_lead).",
         f"local STAMP_MARGIN_MS = {catalog.STAMP_MARGIN_MS}",
         f"local STAMP_WINDOW_MS = {catalog.STAMP_WINDOW_MS}",
         f"local NO_POLICY = {_str(NO_POLICY)}",

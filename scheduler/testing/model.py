@@ -538,7 +538,7 @@ class NodeMeta:
 
 def stamp_lead(meta: NodeMeta, reported: int, now: int, restarted: bool) -> int | None:
     """The stamp lead a stamped heartbeat may use (None: the instance's
-    first), and ``meta``'s kept as it moves (includes/heartbeat.lua)."""
+    first), and ``meta``'s kept as it moves (includes/base.lua stamp_lead)."""
     sample = reported - now
     if restarted or meta.lead is None:
         meta.lead, meta.lead_was, meta.lead_at = sample, None, now
