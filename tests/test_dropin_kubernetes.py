@@ -373,9 +373,14 @@ def test_an_exec_plugins_token_is_asked_again_once_it_expired(
                     assert asyncio.get_running_loop().time() < end, "never watching"
                     await asyncio.sleep(0.02)
                 before = len(runs.read_text().split())
+                sent = len(api.requests)
                 assert api.expire_watches() >= 1  # (the watcher watches again)
                 while len(runs.read_text().split()) <= before:
                     assert asyncio.get_running_loop().time() < end, "plugin not asked again"
+                    await asyncio.sleep(0.02)
+                # the plugin runs before the request it signs is sent
+                while len(api.requests) <= sent:
+                    assert asyncio.get_running_loop().time() < end, "no request after expiry"
                     await asyncio.sleep(0.02)
             finally:
                 await w.stop()
@@ -385,3 +390,4 @@ def test_an_exec_plugins_token_is_asked_again_once_it_expired(
         asyncio.run(go())
         # every request carried the plugin's token (the double answers 401 otherwise)
         assert len(api.requests) >= 3
+        assert api.unauthorized == 0

@@ -178,6 +178,8 @@ class KubeApiServer:
         self._thread: threading.Thread | None = None
         #: (path, query) of every request, in order
         self.requests: list[tuple[str, dict[str, str]]] = []
+        #: how many of them were answered 401 (no token, or the wrong one)
+        self.unauthorized = 0
 
     # -- the server --------------------------------------------------------
     @property
@@ -379,6 +381,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.api.requests.append((url.path, query))
         auth = self.headers.get("Authorization")
         if self.api.token is not None and auth != f"Bearer {self.api.token}":
+            self.api.unauthorized += 1
             self._json(401, status(401, "Unauthorized", "Unauthorized"))
             return
         route = self._route(url.path)
