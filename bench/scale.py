@@ -354,13 +354,15 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         oneoff["explain (the full scan round_robin made)"] = _one(
             target, s, s.ops.explain(Request.cold(1, 0), "round_robin")
         )
-        # (still one call of the fleet, #31: measured, not bounded yet) an
-        # index of another layout, as a version that changes index_format
-        # finds it: sync_policy drops and builds it in one call
+        # an index of another layout, as a version that changes index_format
+        # finds it: sync_policy starts its drop, and steps of REBUILD_STEP
+        # nodes drop it and then build it anew (lua/includes/index_moves.lua
+        # UPGRADE; it was one call of the fleet)
         s.client.hset(s.keys.policy, "index_format", "0")
-        oneoff["sync_policy on another index layout (upgrade_index)"] = _one(
+        oneoff["sync_policy on another index layout (its first step)"] = _one(
             target, s, s.ops.sync_policy(changed, overwrite=True)
         )
+        oneoff["index upgrade step (the longest)"] = _plan_steps(target, s, _rebuild(s))
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)

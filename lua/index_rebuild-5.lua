@@ -8,21 +8,25 @@
   fields and returns.
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
-  ARGV[1]     mode: "step": a step of the rebuild under way (none: nothing);
+  ARGV[1]     mode: "step": a step of the rebuild under way (none: nothing),
+              or of the drop of an index of another layout (index_format
+              "dropping", includes/index_moves.lua UPGRADE) and then the
+              rebuild it starts;
               "start": start a new rebuild (the pass starts over), then a step;
               "fresh": the caller dropped every index key and every node's idx
               (schedctl doctor --repair): the index is of this layout and
               empty, so start a rebuild, then a step
   ARGV[2]     step: nodes reindexed per step, at most (1..10000)
 
-  Returns {done, reindexed (nodes this step), epoch, cursor}: done 1 when
+  Returns {done, reindexed (nodes this step walked), epoch, cursor}: done 1 when
   the index is whole (no rebuild under way after this step); epoch the
   rebuild's ("" when none ever ran), cursor the last node id it reindexed
   ("" at the start or end of a pass)
   Errors: NO_POLICY (no policy), BADARG (ARGV), PRECONDITION ("start" when the
           index is another layout's: sync_policy upgrades it)
   Writes: index entries (idx-*, node:<id> idx and pending numbers counted
-          again), idx-rebuild (epoch, cursor, done_ms), the policy's
+          again; a drop unlinks them), idx-rebuild (epoch, cursor, done_ms;
+          a drop's drop_cursor, drop_shapes), the policy's
           index_rebuild and packed copy at the start and the end of a pass
 ]]
 -- @include index
@@ -37,20 +41,34 @@ end
 local P = load_policy(ctx)
 if not P then return fail(ERR.NO_POLICY, NO_POLICY) end
 if mode == 'fresh' then
+  redis.call('HDEL', BASE .. 'idx-rebuild', unpack(DROP_STATE)) -- (a drop under way: done)
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
   REBUILD.start()
   P = load_policy(ctx)
 elseif mode == 'start' then
   if P.index_format ~= INDEX_FORMAT then
     return fail(ERR.PRECONDITION, 'the placement index is of another layout (index_format '
-      .. (P.index_format or 'absent') .. '): a replica\'s sync_policy builds it anew')
+      .. (P.index_format or 'absent') .. '): it is built anew in steps a replica\'s '
+      .. 'sync_policy starts')
   end
   REBUILD.start()
   P = load_policy(ctx)
 end
 local now = now_ms(P)
 local done, moved = true, 0
-if P.index_format == INDEX_FORMAT then done, moved = REBUILD.step(ctx, P, now, budget) end
+if P.index_format == UPGRADE.DROPPING then
+  -- (an index of another layout being dropped: a step of the drop, and of
+  -- the rebuild it then starts while the budget lasts)
+  local dropped
+  dropped, moved = UPGRADE.step(ctx, budget)
+  done = false
+  if dropped then P = load_policy(ctx) end
+end
+if P.index_format == INDEX_FORMAT and moved < budget then
+  local more
+  done, more = REBUILD.step(ctx, P, now, budget - moved)
+  moved = moved + more
+end
 local st = redis.call('HMGET', BASE .. 'idx-rebuild', unpack(REBUILD_STATE))
 return { done and 1 or 0, moved, st[REBUILD_STATE.epoch] or '',
   st[REBUILD_STATE.cursor] or '' }

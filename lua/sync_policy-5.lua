@@ -19,7 +19,8 @@
           starts a rebuild of the placement index (index_rebuild, idx-rebuild:
           bounded steps, the first one in this call; includes/index_moves.lua);
           an index built by another version (policy field index_format) is
-          dropped and built anew, even when the policy is the same
+          dropped and built anew, even when the policy is the same, in
+          bounded steps as a rebuild is (includes/index_moves.lua UPGRADE)
 ]]
 -- @include index
 -- (NOT_POLICY, the fields kept beside the policy: includes/constants)
@@ -72,9 +73,13 @@ end
 if outcome ~= 'conflict' then
   local P = load_policy(ctx)
   if format ~= INDEX_FORMAT then
-    -- an index built by another version (or none yet): built anew
-    upgrade_index(ctx, P, now_ms(P))
-    repack_policy()
+    -- an index built by another version (or none yet): dropped and built
+    -- anew in bounded steps, the first ones here (a cell of at most
+    -- REBUILD.STEP nodes is whole again when this call returns)
+    UPGRADE.start(P)
+    if UPGRADE.step(ctx, REBUILD.STEP) then
+      REBUILD.step(ctx, load_policy(ctx), now_ms(P), REBUILD.STEP)
+    end
   elseif outcome ~= 'same' then
     -- indexability depends on policy (observed ceilings, report TTL): the
     -- index is rebuilt in bounded steps, the first one here (a cell of at

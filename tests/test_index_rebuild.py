@@ -345,3 +345,129 @@ def test_a_change_during_a_rebuild_starts_the_pass_over(redis_client: Any) -> No
             break
     assert total == FLEET
     index_is_consistent(s, last, now)
+
+
+def _commands(s: Scheduler) -> int:
+    """Commands Redis has served, but for the test's own INFO and FCALLs."""
+    stats = s.client.info("commandstats")
+    return sum(
+        int(v.get("calls", 0))
+        for k, v in stats.items()
+        if k not in ("cmdstat_info", "cmdstat_fcall", "cmdstat_fcall_ro")
+    )
+
+
+def _old_layout(s: Scheduler, ids: list[str]) -> set[str]:
+    """Replace the cell's index by one of another layout, as an earlier
+    version left it (shape-first bucket ids, in streams whose key names the
+    present layout shares, plus a shape the present one never makes), with
+    no index_format.  Returns the old index's keys."""
+    c, base = s.client, s.keys.base
+    for key in c.scan_iter(match=base + "idx-*"):
+        if not key.endswith(b"idx-rebuild"):
+            c.delete(key)
+    keys: set[str] = set()
+    pipe = c.pipeline(transaction=False)
+    for i, node_id in enumerate(ids):
+        shape = f"{16 if i % 2 else 32}:{64 << 30}"
+        old = f"{shape}:{i % 7}:0:0:0:0:0:0:0:0:0"
+        pipe.zadd(base + "idx-bucket:" + old, {node_id: 0})
+        pipe.zadd(base + "idx-cpu:" + shape, {old: 0.0})
+        pipe.zadd(base + "idx-mem:" + shape, {old: 0.0})
+        pipe.sadd(base + "idx-shapes", shape)
+        pipe.hset(s.keys.node(node_id), "idx", old)
+        keys |= {"idx-bucket:" + old, "idx-cpu:" + shape, "idx-mem:" + shape}
+    pipe.zadd(base + "idx-cpu:1:1", {"1:1:0": 0.0})
+    pipe.sadd(base + "idx-shapes", "1:1")
+    pipe.zadd(base + "idx-seen", {ids[0]: 1})
+    pipe.hdel(s.keys.policy, "index_format")
+    pipe.execute()
+    return keys | {"idx-cpu:1:1", "idx-shapes", "idx-seen"}
+
+
+def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
+    redis_client: Any,
+) -> None:
+    """A version whose index layout differs finds the old index: its
+    sync_policy no longer drops and builds it in one call of the fleet (442
+    ms at 10,000 nodes) but starts a drop that steps of at most their budget
+    walk, then the rebuild.  Meanwhile placements decide like the model (the
+    full scan), heartbeats write no entry, and at the end the old keys are
+    gone and the index is whole."""
+    policy = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
+    s, now = _cell(redis_client, policy, "upgrade")
+    ids = _fleet(s)
+    index_is_consistent(s, policy, now)
+    old = _old_layout(s, ids)
+    c, base = s.client, s.keys.base
+    before = _commands(s)
+    assert s.sync_policy(policy) == "same"
+    # the start took one step of at most REBUILD_STEP nodes: an HGET, an
+    # UNLINK and an HSET each, and a few of its own
+    assert _commands(s) - before <= 3 * REBUILD_STEP + 12
+    assert c.hget(s.keys.policy, "index_format") == b"dropping"
+    # placements meanwhile: the full scan, as the model decides
+    check_stream(s, policy, [Request.cold(1, 1 << 30)] * 4)
+    # heartbeats meanwhile, of nodes the drop walked and of nodes it has not:
+    # they leave their old entries and write none of this layout
+    for node_id in (ids[1], ids[FLEET - 2]):
+        s.heartbeat(hb(node_id, cpu=16, mem_gib=64, allocated_cpu=2, sandbox_count=1))
+        assert c.hget(s.keys.node(node_id), "idx") == b""
+    buckets = [k for k in c.scan_iter(match=base + "idx-bucket:*")]
+    assert all(k.endswith(b":0:0:0:0:0:0:0:0:0") for k in buckets), buckets
+    budget, steps, walked = 50, 0, 0
+    while True:
+        before, was = _commands(s), _format(s)
+        step = s.index_rebuild("step", budget)
+        done, now_format = _commands(s) - before, _format(s)
+        assert step.reindexed <= budget
+        if was == now_format == b"dropping":
+            # a drop step: an HGET, an UNLINK and an HSET a node walked
+            assert done <= 3 * step.reindexed + 8, (done, step)
+        elif was == b"2":
+            # a rebuild step: a node's record, its bucket, its streams, its seen score
+            assert done <= 8 * step.reindexed + 16, (done, step)
+        else:
+            # the step that ends the drop: the last nodes, the shapes' streams
+            # (at most 64 shapes, an UNLINK each), the rebuild's first nodes
+            assert was == b"dropping" and now_format == b"2", (was, now_format)
+            assert done <= 8 * budget + 64 + 24, (done, step)
+        walked += step.reindexed
+        steps += 1
+        if step.done:
+            break
+        assert steps < 100, "the upgrade never ends"
+    assert c.hget(s.keys.policy, "index_format") == b"2"
+    assert not _stale(s)
+    # every node walked twice (dropped, then built), the first step's excepted
+    assert walked == 2 * FLEET - REBUILD_STEP
+    left = {k.decode()[len(base) :] for k in c.scan_iter(match=base + "idx-*")}
+    # (the streams' and sets' names are this layout's too: index_is_consistent
+    # below finds any old member they kept)
+    shared = {k for k in old if not k.startswith("idx-bucket:")} - {"idx-cpu:1:1"}
+    assert not (old - shared) & left, (old - shared) & left
+    assert not {k for k in c.hkeys(base + "idx-rebuild") if k.startswith(b"drop_")}
+    index_is_consistent(s, policy, now)
+    check_stream(s, policy, [Request.cold(1, 1 << 30)] * 6)
+    index_is_consistent(s, policy, now)
+
+
+def test_a_replicas_monitor_drives_an_upgrade_to_its_end(redis_client: Any) -> None:
+    """The drop and the rebuild after it are steps of index_rebuild, which
+    every replica's monitor takes until done (server/replica.py)."""
+    policy = Policy(report_ttl_ms=3_600_000)
+    s, now = _cell(redis_client, policy, "upgrade-monitor")
+    ids = _fleet(s, 300)
+    _old_layout(s, ids)
+    assert s.sync_policy(policy) == "same"
+    assert _format(s) == b"dropping"
+    while not s.index_rebuild().done:
+        pass
+    assert _format(s) == b"2"
+    index_is_consistent(s, policy, now)
+
+
+def _format(s: Scheduler) -> bytes | None:
+    """The cell's index_format."""
+    value: bytes | None = s.client.hget(s.keys.policy, "index_format")
+    return value

@@ -5,8 +5,8 @@
   the whole index rebuilt or upgraded.
 ]]
 -- @exports shapes shape_gone move_index index_entry reindex unindex
--- @exports reindex_touched sweep_stale INDEX_FORMAT upgrade_index idx_remove
--- @exports REBUILD REBUILD_STATE
+-- @exports reindex_touched sweep_stale INDEX_FORMAT UPGRADE idx_remove
+-- @exports REBUILD REBUILD_STATE DROP_STATE
 -- @include index_bucket
 
 -- (The index as this call read and moved it is the call's: ctx.shapes,
@@ -16,6 +16,13 @@
 -- is always what Redis holds.  Members and picks are kept only by a batch of
 -- Schedules, the one kind of call that decides again.)
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
+
+-- The layout of the index keys and bucket ids; the policy hash records the
+-- one its index was built with (index_format), and a Schedule uses the index
+-- only when that is this one.  2: counts-first bucket ids, loads as scores.
+-- While the cell's index is of another layout (or being dropped, UPGRADE
+-- below) no call writes an entry: a node that moves leaves the old one.
+local INDEX_FORMAT = '2'
 
 -- The shapes with buckets, read once a call (kept up to date by this call's moves).
 local function shapes(ctx)
@@ -200,6 +207,14 @@ end
 -- changed; the caller stores it in the record.
 local function index_entry(ctx, n, P, now)
   read_status(n, P, now)
+  if P.index_format ~= INDEX_FORMAT then
+    -- (an entry of another layout: the node leaves it, and its bucket with
+    -- the last member; what lists the bucket goes with the upgrade's drop)
+    if n.idx == '' then return false end
+    redis.call('ZREM', bucket_key(n.idx), n.id)
+    ctx[CTX.picks], n.idx = false, ''
+    return true
+  end
   local want = ''
   if indexable(n, P) then want = bucket_of(n) end
   if want == n.idx then return false end
@@ -382,30 +397,72 @@ function REBUILD.step(ctx, P, now, budget)
   return false, #ids
 end
 
--- The layout of the index keys and bucket ids; the policy hash records the
--- one its index was built with (index_format), and a Schedule uses the index
--- only when that is this one.  2: counts-first bucket ids, loads as scores.
-local INDEX_FORMAT = '2'
+-- An index of another layout (an earlier version's, or none yet) dropped in
+-- bounded steps, then built anew by a rebuild (sync_policy starts it, every
+-- replica's monitor and index_rebuild-5.lua take the steps).  While it is
+-- dropped the policy's index_format is UPGRADE.DROPPING: no Schedule reads
+-- the index and no call writes an entry (index_entry), so what the drop
+-- walks is all there is.  A step walks at most `budget` nodes by id from
+-- the drop's cursor (idx-rebuild drop_cursor), unlinking the bucket each
+-- record names and clearing its idx; then the shapes' streams, SHAPES a
+-- step (SPOP: the set is its own cursor); then idx-seen and idx-shapes, and
+-- the index is of this layout, empty, with a rebuild under way.
+local UPGRADE = {
+  DROPPING = 'dropping', -- index_format while the old index is dropped
+  SHAPES = 64, -- shapes whose streams a step unlinks, at most
+}
 
--- Drop every index key and entry, whatever layout wrote them, then build
--- this layout (sync_policy, when the stored index_format is not this one).
-local function upgrade_index(ctx, P, now)
+-- What a drop step reads of its state in idx-rebuild (a layout): the last
+-- node walked, and whether the walk ended (the shapes' streams are next)
+-- @layout DROP_STATE
+local DROP_STATE = { 'drop_cursor', 'drop_shapes' }
+
+-- Start dropping the index (a drop under way goes on from where it is).
+function UPGRADE.start(P)
+  if P.index_format == UPGRADE.DROPPING then return end
+  redis.call('HDEL', rebuild_key(), unpack(DROP_STATE))
+  redis.call('HSET', POLICY_KEY, 'index_format', UPGRADE.DROPPING)
+  redis.call('HDEL', POLICY_KEY, 'index_rebuild')
+  repack_policy()
+end
+
+-- One step of the drop under way.  Returns whether the drop ended (the
+-- index is then this layout's with a rebuild under way: the caller loads
+-- the policy again) and the nodes this step walked.
+function UPGRADE.step(ctx, budget)
+  local key = rebuild_key()
+  local st = redis.call('HMGET', key, unpack(DROP_STATE))
+  local walked = 0
+  if not st[DROP_STATE.drop_shapes] then
+    local from = '-'
+    local cursor = st[DROP_STATE.drop_cursor]
+    if cursor and cursor ~= '' then from = '(' .. cursor end
+    local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(budget))
+    for _, id in ipairs(ids) do
+      -- (a record that is no hash, corrupt state, has no entry to drop)
+      local cur = redis.pcall('HGET', node_key(id), 'idx')
+      if type(cur) == 'string' and cur ~= '' then
+        redis.call('UNLINK', bucket_key(cur))
+        redis.call('HSET', node_key(id), 'idx', '')
+      end
+    end
+    walked = #ids
+    if #ids == budget then
+      redis.call('HSET', key, 'drop_cursor', ids[#ids])
+      return false, walked
+    end
+    redis.call('HSET', key, 'drop_shapes', '1')
+  end
+  local shapes = redis.call('SPOP', IDX_SHAPES, fmt(UPGRADE.SHAPES))
+  for _, shape in ipairs(shapes) do
+    redis.call('UNLINK', dim_key('cpu', shape), dim_key('mem', shape))
+  end
+  if #shapes == UPGRADE.SHAPES then return false, walked end
+  redis.call('UNLINK', IDX_SEEN, IDX_SHAPES)
+  redis.call('HDEL', key, unpack(DROP_STATE))
   ctx[CTX.shapes], ctx[CTX.shape_set], ctx[CTX.firsts], ctx[CTX.firsts_more] = false, false, {}, {}
   ctx[CTX.sizes], ctx[CTX.members], ctx[CTX.picks] = {}, {}, false
-  for _, shape in ipairs(redis.call('SMEMBERS', IDX_SHAPES)) do
-    redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
-  end
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do
-    local cur = redis.call('HGET', node_key(node_id), 'idx')
-    if cur and cur ~= '' then
-      redis.call('DEL', bucket_key(cur))
-      redis.call('HSET', node_key(node_id), 'idx', '')
-    end
-  end
-  redis.call('DEL', IDX_SHAPES, IDX_SEEN)
-  for _, node_id in ipairs(redis.call('ZRANGE', NODES_KEY, '0', '-1')) do
-    reindex(ctx, node_id, P, now)
-  end
   redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
-  redis.call('HDEL', POLICY_KEY, 'index_rebuild') -- (built whole: nothing stale)
+  REBUILD.start()
+  return true, walked
 end

@@ -452,8 +452,14 @@ local function reserved(ctx, P, req, rid, n, now, L)
   n.pend_count = n.pend_count + 1
   n.pend_cpu = n.pend_cpu + req.cpu
   n.pend_mem = n.pend_mem + req.mem
-  local want = ''
-  if n.idx ~= '' then want = bucket_of(n) else touch(ctx, n.id) end
+  -- (an unindexed node, or an index of another layout: reindexed after the
+  -- decision, includes/index_moves.lua index_entry)
+  local want = n.idx
+  if n.idx ~= '' and P.index_format == INDEX_FORMAT then
+    want = bucket_of(n)
+  else
+    touch(ctx, n.id)
+  end
   move_index(ctx, n, want, true)
   -- @phase index_move
   redis.call('HSET', node_key(n.id), 'pending_count', num_text(n.pend_count), 'pending_cpu',
