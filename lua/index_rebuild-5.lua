@@ -25,7 +25,7 @@
   Errors: NO_POLICY (no policy), BADARG (ARGV), PRECONDITION ("start" when the
           index is another layout's: sync_policy upgrades it)
   Writes: index entries (idx-*, node:<id> idx and pending numbers counted
-          again; a drop unlinks them), idx-rebuild (epoch, cursor, done_ms;
+          again; a drop deletes them), idx-rebuild (epoch, cursor, done_ms;
           a drop's drop_cursor, drop_shapes), the policy's
           index_rebuild and packed copy at the start and the end of a pass
 ]]

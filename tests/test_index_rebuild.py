@@ -37,6 +37,8 @@ FLEET = 500
 #: Nodes a placement's own step reindexes (REBUILD.PLACEMENT_STEP).
 PLACEMENT_STEP = 32
 HOT = 90  # cpu_percent of every third node: out under a ceiling of 80
+#: Nodes a drop step walks per node of its budget (UPGRADE.WALK).
+DROP_WALK = 4
 
 
 def _fleet(s: Scheduler, n: int = FLEET) -> list[str]:
@@ -79,6 +81,7 @@ def test_the_step_sizes_are_the_scripts_own() -> None:
     text = library().text
     assert f"STEP = {REBUILD_STEP}," in text
     assert f"PLACEMENT_STEP = {PLACEMENT_STEP}," in text
+    assert f"WALK = {DROP_WALK}," in text
 
 
 def test_each_step_reindexes_at_most_its_budget_and_the_pass_ends_whole(
@@ -402,9 +405,9 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
     c, base = s.client, s.keys.base
     before = _commands(s)
     assert s.sync_policy(policy) == "same"
-    # the start took one step of at most REBUILD_STEP nodes: an HGET, an
-    # UNLINK and an HSET each, and a few of its own
-    assert _commands(s) - before <= 3 * REBUILD_STEP + 12
+    # the start took one step of the drop, at most DROP_WALK x REBUILD_STEP
+    # nodes: an HGET, an UNLINK and an HSET each, and a few of its own
+    assert _commands(s) - before <= 3 * DROP_WALK * REBUILD_STEP + 12
     assert c.hget(s.keys.policy, "index_format") == b"dropping"
     # placements meanwhile: the full scan, as the model decides
     check_stream(s, policy, [Request.cold(1, 1 << 30)] * 4)
@@ -420,7 +423,7 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
         before, was = _commands(s), _format(s)
         step = s.index_rebuild("step", budget)
         done, now_format = _commands(s) - before, _format(s)
-        assert step.reindexed <= budget
+        assert step.reindexed <= (DROP_WALK * budget if was == b"dropping" else budget)
         if was == now_format == b"dropping":
             # a drop step: an HGET, an UNLINK and an HSET a node walked
             assert done <= 3 * step.reindexed + 8, (done, step)
@@ -431,7 +434,7 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
             # the step that ends the drop: the last nodes, the shapes' streams
             # (at most 64 shapes, an UNLINK each), the rebuild's first nodes
             assert was == b"dropping" and now_format == b"2", (was, now_format)
-            assert done <= 8 * budget + 64 + 24, (done, step)
+            assert done <= 3 * step.reindexed + 8 * budget + 64 + 24, (done, step)
         walked += step.reindexed
         steps += 1
         if step.done:
@@ -440,7 +443,7 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
     assert c.hget(s.keys.policy, "index_format") == b"2"
     assert not _stale(s)
     # every node walked twice (dropped, then built), the first step's excepted
-    assert walked == 2 * FLEET - REBUILD_STEP
+    assert walked == 2 * FLEET - DROP_WALK * REBUILD_STEP
     left = {k.decode()[len(base) :] for k in c.scan_iter(match=base + "idx-*")}
     # (the streams' and sets' names are this layout's too: index_is_consistent
     # below finds any old member they kept)

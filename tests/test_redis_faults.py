@@ -169,24 +169,38 @@ def test_forget_stops_a_schedule_that_is_still_on_its_way(make_scheduler: Make) 
 
 
 def test_a_connection_closed_under_a_call_is_redis_unavailable(redis_server: RedisServer) -> None:
-    """On uvloop, redis-py writing to a connection another task closed (its
+    """On uvloop, a write to a connection another task closed (redis-py's
     cluster client resets a node's connections while a slot moves) raises a
     bare RuntimeError; it was answered INTERNAL.  It is Redis that cannot
-    take the call now: UNAVAILABLE naming Redis, and the next call works."""
+    take the call now: UNAVAILABLE naming Redis, and the next call works.
+
+    The error is uvloop's own, on a real connection to the real server:
+    redis-py 8 checks its transport before each send, so a close between two
+    of its calls no longer reaches the write (a client on that release
+    reconnects, below); the race inside one send is what the cluster client
+    still meets."""
     uvloop = pytest.importorskip("uvloop")
     import redis.asyncio as aredis
 
     from scheduler.store.translate import translated
 
     async def go() -> None:
+        _, writer = await asyncio.open_connection("127.0.0.1", redis_server.port)
+        writer.transport.close()  # (closed under the writer)
+        await asyncio.sleep(0)
+        unreachable = r"Redis at r1 is unreachable: .*the handler is closed"
+        with pytest.raises(StoreUnavailable, match=unreachable), translated("r1"):
+            writer.write(b"PING\r\n")
         client = aredis.Redis(port=redis_server.port, single_connection_client=True)
         try:
             await client.ping()
             client.connection._writer.transport.close()  # (closed under the client)
             await asyncio.sleep(0)
-            unreachable = r"Redis at r1 is unreachable: .*closed"
-            with pytest.raises(StoreUnavailable, match=unreachable), translated("r1"):
-                await client.ping()
+            try:
+                with translated("r1"):
+                    await client.ping()
+            except StoreUnavailable as e:  # (a redis-py that writes anyway)
+                assert "unreachable" in str(e)
             with translated("r1"):
                 assert await client.ping()  # redis-py dropped it: a new connection
         finally:

@@ -402,14 +402,20 @@ end
 -- replica's monitor and index_rebuild-5.lua take the steps).  While it is
 -- dropped the policy's index_format is UPGRADE.DROPPING: no Schedule reads
 -- the index and no call writes an entry (index_entry), so what the drop
--- walks is all there is.  A step walks at most `budget` nodes by id from
--- the drop's cursor (idx-rebuild drop_cursor), unlinking the bucket each
+-- walks is all there is.  A step walks at most WALK x `budget` nodes by id
+-- from the drop's cursor (idx-rebuild drop_cursor), deleting the bucket each
 -- record names and clearing its idx; then the shapes' streams, SHAPES a
--- step (SPOP: the set is its own cursor); then idx-seen and idx-shapes, and
--- the index is of this layout, empty, with a rebuild under way.
+-- step (a shape leaves idx-shapes with its streams: the set is its own
+-- cursor); then idx-seen and idx-shapes, and the index is of this layout,
+-- empty, with a rebuild under way.  (DEL, SRANDMEMBER and SREM: the
+-- documented ACL line grants them, where UNLINK and SPOP are not in it.)
 local UPGRADE = {
   DROPPING = 'dropping', -- index_format while the old index is dropped
-  SHAPES = 64, -- shapes whose streams a step unlinks, at most
+  SHAPES = 64, -- shapes whose streams a step deletes, at most
+  -- nodes a drop step walks per node of its budget: a node's drop (HGET,
+  -- DEL, HSET) costs about a quarter of its reindex, and while the drop
+  -- runs placements take the full scan, so it is kept short
+  WALK = 4,
 }
 
 -- What a drop step reads of its state in idx-rebuild (a layout): the last
@@ -437,28 +443,30 @@ function UPGRADE.step(ctx, budget)
     local from = '-'
     local cursor = st[DROP_STATE.drop_cursor]
     if cursor and cursor ~= '' then from = '(' .. cursor end
-    local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(budget))
+    local walk = budget * UPGRADE.WALK
+    local ids = redis.call('ZRANGEBYLEX', NODES_KEY, from, '+', 'LIMIT', '0', fmt(walk))
     for _, id in ipairs(ids) do
       -- (a record that is no hash, corrupt state, has no entry to drop)
       local cur = redis.pcall('HGET', node_key(id), 'idx')
       if type(cur) == 'string' and cur ~= '' then
-        redis.call('UNLINK', bucket_key(cur))
+        redis.call('DEL', bucket_key(cur))
         redis.call('HSET', node_key(id), 'idx', '')
       end
     end
     walked = #ids
-    if #ids == budget then
+    if #ids == walk then
       redis.call('HSET', key, 'drop_cursor', ids[#ids])
       return false, walked
     end
     redis.call('HSET', key, 'drop_shapes', '1')
   end
-  local shapes = redis.call('SPOP', IDX_SHAPES, fmt(UPGRADE.SHAPES))
+  local shapes = redis.call('SRANDMEMBER', IDX_SHAPES, fmt(UPGRADE.SHAPES))
   for _, shape in ipairs(shapes) do
-    redis.call('UNLINK', dim_key('cpu', shape), dim_key('mem', shape))
+    redis.call('DEL', dim_key('cpu', shape), dim_key('mem', shape))
   end
+  if #shapes > 0 then redis.call('SREM', IDX_SHAPES, unpack(shapes)) end
   if #shapes == UPGRADE.SHAPES then return false, walked end
-  redis.call('UNLINK', IDX_SEEN, IDX_SHAPES)
+  redis.call('DEL', IDX_SEEN, IDX_SHAPES)
   redis.call('HDEL', key, unpack(DROP_STATE))
   ctx[CTX.shapes], ctx[CTX.shape_set], ctx[CTX.firsts], ctx[CTX.firsts_more] = false, false, {}, {}
   ctx[CTX.sizes], ctx[CTX.members], ctx[CTX.picks] = {}, {}, false
