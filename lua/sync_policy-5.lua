@@ -75,10 +75,17 @@ if outcome ~= 'conflict' then
   if format ~= INDEX_FORMAT then
     -- an index built by another version (or none yet): dropped and built
     -- anew in bounded steps, the first ones here (a cell of at most
-    -- REBUILD.STEP nodes is whole again when this call returns)
-    UPGRADE.start(P)
-    if UPGRADE.step(ctx, REBUILD.STEP) then
-      REBUILD.step(ctx, load_policy(ctx), now_ms(P), REBUILD.STEP)
+    -- REBUILD.STEP nodes is whole again when this call returns; a new cell
+    -- has nothing to drop or build)
+    if UPGRADE.empty() then
+      redis.call('HSET', POLICY_KEY, 'index_format', INDEX_FORMAT)
+      redis.call('HDEL', POLICY_KEY, 'index_rebuild')
+      repack_policy()
+    else
+      UPGRADE.start(P)
+      if UPGRADE.step(ctx, REBUILD.STEP) then
+        REBUILD.step(ctx, load_policy(ctx), now_ms(P), REBUILD.STEP)
+      end
     end
   elseif outcome ~= 'same' then
     -- indexability depends on policy (observed ceilings, report TTL): the

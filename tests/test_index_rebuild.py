@@ -406,7 +406,7 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
     before = _commands(s)
     assert s.sync_policy(policy) == "same"
     # the start took one step of the drop, at most DROP_WALK x REBUILD_STEP
-    # nodes: an HGET, an UNLINK and an HSET each, and a few of its own
+    # nodes: an HGET, a DEL and an HSET each, and a few of its own
     assert _commands(s) - before <= 3 * DROP_WALK * REBUILD_STEP + 12
     assert c.hget(s.keys.policy, "index_format") == b"dropping"
     # placements meanwhile: the full scan, as the model decides
@@ -425,14 +425,14 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
         done, now_format = _commands(s) - before, _format(s)
         assert step.reindexed <= (DROP_WALK * budget if was == b"dropping" else budget)
         if was == now_format == b"dropping":
-            # a drop step: an HGET, an UNLINK and an HSET a node walked
+            # a drop step: an HGET, a DEL and an HSET a node walked
             assert done <= 3 * step.reindexed + 8, (done, step)
         elif was == b"2":
             # a rebuild step: a node's record, its bucket, its streams, its seen score
             assert done <= 8 * step.reindexed + 16, (done, step)
         else:
             # the step that ends the drop: the last nodes, the shapes' streams
-            # (at most 64 shapes, an UNLINK each), the rebuild's first nodes
+            # (at most 64 shapes, a DEL each), the rebuild's first nodes
             assert was == b"dropping" and now_format == b"2", (was, now_format)
             assert done <= 3 * step.reindexed + 8 * budget + 64 + 24, (done, step)
         walked += step.reindexed
@@ -474,3 +474,19 @@ def _format(s: Scheduler) -> bytes | None:
     """The cell's index_format."""
     value: bytes | None = s.client.hget(s.keys.policy, "index_format")
     return value
+
+
+def test_a_new_cell_is_of_this_layout_at_once(redis_client: Any) -> None:
+    """A cell's first sync_policy has no index to drop and no node to build
+    it from: its index is this layout's, whole, with no rebuild recorded (a
+    drop and a rebuild would record when they ended, so two cells made a
+    millisecond apart would differ by that stamp)."""
+    s = Scheduler(redis_client, cell="new")
+    assert s.sync_policy(Policy()) == "created"
+    assert s.client.hget(s.keys.policy, "index_format") == b"2"
+    assert not _stale(s)
+    assert not s.client.exists(s.keys.base + "idx-rebuild")
+    # and it places from the index like any other cell
+    s.heartbeat(hb("n1", cpu=8, mem_gib=16))
+    assert s.schedule(Request.cold(1, 512)).node_id == "n1"
+    index_is_consistent(s, Policy(), s.advance_clock(0))

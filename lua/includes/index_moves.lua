@@ -432,6 +432,12 @@ function UPGRADE.start(P)
   repack_policy()
 end
 
+-- Whether the cell has no index to drop nor nodes to build it from (a new
+-- cell): it is then of this layout at once, with no rebuild to record.
+function UPGRADE.empty()
+  return redis.call('ZCARD', NODES_KEY) == 0 and redis.call('EXISTS', IDX_SHAPES) == 0
+end
+
 -- One step of the drop under way.  Returns whether the drop ended (the
 -- index is then this layout's with a rebuild under way: the caller loads
 -- the policy again) and the nodes this step walked.
