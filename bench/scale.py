@@ -118,6 +118,8 @@ COALESCED = 16
 IDLE_FLOOR_US = 20.0
 #: Redis time a call must pass to be logged (SLOWLOG), microseconds.
 SLOW_US = 1000
+#: Placements measured while nodes are stale, at most (_dark).
+DARK_CALLS = 64
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,47 @@ def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -
             raise RuntimeError("a Schedule meant to be refused was placed")
     ms = target.script_stats_since(before)[1] / 1000
     return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
+
+
+def _dark(
+    target: Target, s: Scheduler, fleet: list[Any], share: float, rng: random.Random
+) -> dict[str, Any]:
+    """``share`` of the fleet stops heartbeating: the others heartbeat (a
+    report TTL on, the cell's clock frozen and moved), then placements one
+    by one until the index lists no stale node (at most DARK_CALLS): the
+    longest one's Redis time and CPU (ms), how many calls, their Redis time
+    in all, and how many were refused."""
+    ttl = s.policy().report_ttl_ms
+    s.advance_clock(0, "freeze")
+    s.advance_clock(ttl - 2_000)
+    lit = [n for n in fleet if rng.random() >= share]
+    # (in full: the rows before changed the policy and the index under the
+    # replica's memo of what it last wrote)
+    send_heartbeats(s, [n.heartbeat() for n in lit], batch=100)
+    now = s.advance_clock(3_000)
+    seen = s.keys.base + "idx-seen"
+
+    def stale() -> int:
+        return int(target.client.zcount(seen, "-inf", f"({now - ttl}"))
+
+    rows, refused, listed = [], 0, stale()
+    while stale() and len(rows) < DARK_CALLS:
+        cpu, before = target.cpu_seconds(), target.script_stats()
+        try:
+            s.schedule(Request.cold(*rng.choice(SIZES)))
+        except NoNodesAvailable:
+            refused += 1
+        ms = target.script_stats_since(before)[1] / 1000
+        rows.append({"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)})
+    longest = max(rows, key=lambda x: x["ms"], default={"ms": 0.0, "cpu_ms": 0.0})
+    return longest | {
+        "calls": len(rows),
+        "all_ms": round(sum(x["ms"] for x in rows), 2),
+        "refused": refused,
+        "stale_left": stale(),
+        "dark": len(fleet) - len(lit),
+        "stale_listed": listed,
+    }
 
 
 def _rebuild(s: Scheduler) -> Plan[None]:
@@ -363,6 +406,14 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
             target, s, s.ops.sync_policy(changed, overwrite=True)
         )
         oneoff["index upgrade step (the longest)"] = _plan_steps(target, s, _rebuild(s))
+        # many nodes stale at once (a rack gone dark; all but 1 % of the fleet,
+        # as right after a settle): placements pick around what the sweeps
+        # have not taken out yet, and read the fleet at most once for the lot
+        # (lua/includes/schedule.lua index_chosen; it was every call's full scan)
+        for share in (0.1, 0.99):
+            oneoff[f"placements while {share:.0%} went dark (the longest)"] = _dark(
+                target, s, fleet, share, rng
+            )
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
@@ -553,7 +604,11 @@ def run(target: Target, p: Params | None = None) -> Result:
         + ", ".join(k for k in rows[0]["oneoff"] if "old" not in k)
         + " (each row's oneoff gives each one's FCALL time and redis-server CPU, those of "
         "the unpaged list, the old monitor's call, and the step counts and totals of the "
-        "rebuild and of the node-list syncs, whose figures are their longest step's); "
+        "rebuild and of the node-list syncs, whose figures are their longest step's; "
+        "the dark rows: a share of the fleet stops heartbeating, then placements one by "
+        f"one until the index lists no stale node, at most {DARK_CALLS}: the longest, "
+        "how many calls, their time in all, refusals, stale index entries at the start "
+        "and left); "
         "SLOWLOG durations are wall-clock, so a busy host inflates them",
         "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "
         "members without a config: "

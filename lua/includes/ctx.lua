@@ -17,6 +17,7 @@ local CTX = {
   'P', 'now', 'heard', 'more_due', 'fresh', 'batch', 'rr', 'seq', 'new_ids',
   'counts', 'touched', 'held', 'instants', 'shapes', 'shape_set', 'firsts',
   'firsts_more', 'sizes', 'members', 'picks', 'shape_desc', 'rebuilt', 'checked',
+  'stale_left',
 }
 
 local function new_ctx()
@@ -33,8 +34,9 @@ local function new_ctx()
     -- Must the next decision or heartbeat sweep due expiries?  false once a
     -- sweep at this call's instant left nothing due.
     true, -- ctx[CTX.more_due]
-    -- The placement index has no stale node left (sweep_stale ran and found
-    -- less than a batch), includes/index.lua.
+    -- The placement index has no stale node left (true: sweep_stale ran and
+    -- found less than a batch), or has some ('behind': it ran this call and
+    -- left some; false: not run yet), includes/index.lua.
     false, -- ctx[CTX.fresh]
     -- A batch of Schedules (schedule_batch-5.lua): the rotation counter and
     -- the reservation count are read once and written once (finish_batch),
@@ -81,5 +83,8 @@ local function new_ctx()
     -- While the index is rebuilt: the buckets whose members this call
     -- checked (REBUILD.check, includes/index_moves.lua), or false.
     false, -- ctx[CTX.checked]
+    -- Stale members the picks may still take out of their buckets this
+    -- call, once sweep_stale ran (sweep_stale_bucket), or false.
+    false, -- ctx[CTX.stale_left]
   }
 end

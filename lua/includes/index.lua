@@ -27,10 +27,12 @@
   dimension where the request weighs more: (L + requested) / capacity is
   exactly that dimension's projected share, and pressure is never below it,
   so a stream ends when that bound passes the best pressure, or when at the
-  best pressure a bucket's counts rank after the best's.  Any doubt (stale
-  nodes left after a bounded sweep, nothing eligible, a chosen node whose
-  record is not in the buckets it was chosen among) falls back to the full
-  scan, which is the truth.
+  best pressure a bucket's counts rank after the best's.  Stale nodes left
+  after a bounded sweep are picked around (a pick is checked against its
+  record; a stale one leaves with its bucket's stale members, a bounded
+  number of times); any other doubt (every pick stale, nothing eligible
+  while rebuilding, a chosen node whose record is not in the buckets it was
+  chosen among) falls back to the full scan, which is the truth.
 
   The index is three includes: index_bucket (the bucket codec),
   index_moves (its upkeep) and index_pick (the pick); this one names them,

@@ -5,7 +5,8 @@
   the whole index rebuilt or upgraded.
 ]]
 -- @exports shapes shape_gone move_index index_entry reindex unindex
--- @exports reindex_touched sweep_stale INDEX_FORMAT UPGRADE idx_remove
+-- @exports reindex_touched sweep_stale sweep_stale_bucket stale_before
+-- @exports INDEX_FORMAT UPGRADE idx_remove
 -- @exports REBUILD REBUILD_STATE DROP_STATE
 -- @include index_bucket
 
@@ -16,6 +17,9 @@
 -- is always what Redis holds.  Members and picks are kept only by a batch of
 -- Schedules, the one kind of call that decides again.)
 local STALE_BATCH = 128 -- stale nodes taken out of the index per call, at most
+-- ...and, while more are left, stale members of the buckets a call's picks
+-- met them in, at most (sweep_stale_bucket)
+local STALE_BUCKET_READS = 64
 
 -- The layout of the index keys and bucket ids; the policy hash records the
 -- one its index was built with (index_format), and a Schedule uses the index
@@ -270,16 +274,43 @@ end
 -- Take nodes whose heartbeat went stale, or that must heartbeat again
 -- (settling), out of the index.  True when none is left behind (the index
 -- then holds no stale or settling node).
-local function sweep_stale(ctx, P, now)
+-- (a node last seen before this instant is stale, or must heartbeat again)
+local function stale_before(P, now)
   local before = now - P.report_ttl_ms
   if P.settle_ms and now < P.settle_ms + P.report_ttl_ms and P.settle_ms + 1 > before then
     before = P.settle_ms + 1
   end
-  local cutoff = '(' .. fmt(before)
+  return before
+end
+
+local function sweep_stale(ctx, P, now)
+  local cutoff = '(' .. fmt(stale_before(P, now))
   local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
     fmt(STALE_BATCH))
   for _, node_id in ipairs(stale) do reindex(ctx, node_id, P, now) end
+  ctx[CTX.stale_left] = STALE_BUCKET_READS
   return #stale < STALE_BATCH
+end
+
+-- While sweep_stale left stale nodes behind: the stale members of bucket
+-- `idx`, where a pick met a stale node (nodes that went dark together,
+-- a rack, often had equal numbers, so its equals are likely gone too),
+-- taken out of the index as the sweep takes them, within what is left of
+-- the call's allowance (ctx.stale_left: STALE_BUCKET_READS records, each
+-- bucket read counting one more).
+local function sweep_stale_bucket(ctx, P, now, idx)
+  local left = ctx[CTX.stale_left] or 0
+  if left <= 0 then return end
+  local before = stale_before(P, now)
+  local ids = redis.call('ZRANGE', bucket_key(idx), '0', fmt(math.min(left, SMALL_BUCKET) - 1))
+  for _, node_id in ipairs(ids) do
+    local seen = redis.call('ZSCORE', IDX_SEEN, node_id)
+    if seen and tonumber(seen) < before then
+      reindex(ctx, node_id, P, now, true)
+      left = left - 1
+    end
+  end
+  ctx[CTX.stale_left] = left - 1
 end
 
 -- The index rebuilt in bounded steps (after a policy change: observed

@@ -1,0 +1,149 @@
+"""Many nodes gone stale at once (a rack gone dark; a settle, after which
+every node must heartbeat again): the placement index still lists them
+until a sweep takes them out, 128 a call.  A least_loaded decision used to
+hand every call of that window to the full scan, which reads the fleet
+(170-240 ms of Redis a placement at 10,000 nodes, while 1,000 went dark).
+Now it picks from the index around them: a node it picks is checked
+against its record, a stale one leaves the index with its bucket's stale
+members, and the pick runs again; only when every pick meets a stale node
+does the full scan decide, and it takes every stale node it reads out, so
+the fleet is read once for the lot.  Here, against a real Redis (commands
+counted by Redis itself): every placement of that window reads a bounded
+number of records, none goes to a dark node, each has the least pressure
+of the fleet, and once the sweeps are done the decisions are the model's
+again; the replicas' periodic sweep takes stale nodes out too, with no
+placement at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler import Limits, Policy, Request, Scheduler
+from scheduler.domain.errors import NoNodesAvailable
+from tests.helpers import hb
+from tests.test_index import index_is_consistent
+from tests.test_model_equivalence import check_stream
+
+pytestmark = pytest.mark.real_only
+
+FLEET = 600
+#: Nodes that stop heartbeating: more than two sweeps take (STALE_BATCH 128).
+DARK = frozenset(i for i in range(FLEET) if i % 5 < 3)
+STALE_BATCH = 128
+#: Picks a decision makes around stale entries (UNSWEPT_PICK_TRIES).
+TRIES = 16
+REPORT_TTL_MS = 30_000
+POLICY = Policy(report_ttl_ms=REPORT_TTL_MS, limits=Limits(max_sandbox_count=6))
+
+
+def _beat(s: Scheduler, which: range | list[int]) -> None:
+    pipe = s.client.pipeline(transaction=False)
+    for i in which:
+        call = s.ops.heartbeat(
+            hb(f"d{i:04d}", cpu=16 if i % 2 else 32, allocated_cpu=i % 9, sandbox_count=i % 5)
+        )
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    pipe.execute()
+
+
+def _dark_cell(redis_client: Any, name: str, dark: frozenset[int] = DARK) -> tuple[Scheduler, int]:
+    """A fleet of which ``dark`` (three nodes in five, of both shapes) went
+    silent a report TTL ago; the others heartbeat on."""
+    s = Scheduler(redis_client, cell=name)
+    s.sync_policy(POLICY, overwrite=True)
+    s.advance_clock(0, "freeze")
+    _beat(s, range(FLEET))
+    s.advance_clock(REPORT_TTL_MS * 2 // 3)
+    _beat(s, [i for i in range(FLEET) if i not in dark])
+    now = s.advance_clock(REPORT_TTL_MS // 2)
+    return s, now
+
+
+def _listed_stale(s: Scheduler, now: int) -> int:
+    """Index entries whose node's last heartbeat is older than the TTL."""
+    return int(s.client.zcount(s.keys.base + "idx-seen", "-inf", f"({now - REPORT_TTL_MS}"))
+
+
+def _hmgets(s: Scheduler) -> int:
+    stats = s.client.info("commandstats")
+    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+
+def test_placements_pick_around_stale_nodes_instead_of_reading_the_fleet(
+    redis_client: Any,
+) -> None:
+    s, now = _dark_cell(redis_client, "dark")
+    dark = {f"d{i:04d}" for i in DARK}
+    assert _listed_stale(s, now) == len(dark) > 2 * STALE_BATCH
+    placed_behind = 0
+    while _listed_stale(s, now):
+        req = Request.cold(1, 512)
+        ex = s.explain(req)  # (a dry run: the full scan, nothing swept)
+        best = min(v.pressure for v in ex.verdicts if v.reason is None)
+        before = _hmgets(s)
+        placed = s.schedule(req)
+        # the sweep's records, the picks' and their checks: never the fleet
+        # (the full scan reads every one of the 600)
+        assert _hmgets(s) - before <= STALE_BATCH + 2 * TRIES + 8
+        assert placed.node_id not in dark
+        assert placed.pressure == best
+        placed_behind += 1
+        assert placed_behind < FLEET
+    assert placed_behind >= len(dark) // STALE_BATCH
+    # the sweeps done: the model's decisions, turn for turn
+    check_stream(s, POLICY, [Request.cold(1, 512)] * 4)
+    index_is_consistent(s, POLICY, now)
+
+
+def test_a_batch_behind_the_sweeps_sweeps_once_and_reads_no_fleet(redis_client: Any) -> None:
+    """The coalesced path: one call of 16 decisions sweeps once (128 nodes),
+    not once a decision, and picks each around what is left."""
+    s, now = _dark_cell(redis_client, "dark-batch")
+    dark = {f"d{i:04d}" for i in DARK}
+    before, left = _hmgets(s), _listed_stale(s, now)
+    reqs = [Request.cold(*size) for size in [(1, 512), (2, 1024)] * 8]
+    placed = s.run(s.ops.schedule_batch([s.ops.schedule(req) for req in reqs]))
+    assert all(not isinstance(p, Exception) and p.node_id not in dark for p in placed), placed
+    assert _hmgets(s) - before <= STALE_BATCH + len(reqs) * (2 * TRIES + 8)
+    assert left - _listed_stale(s, now) <= STALE_BATCH + len(reqs) * TRIES
+    assert _listed_stale(s, now) > 0  # (still behind: the next calls go on)
+
+
+def test_the_periodic_sweep_takes_stale_nodes_out_with_no_placement(redis_client: Any) -> None:
+    s, now = _dark_cell(redis_client, "dark-idle")
+    left = _listed_stale(s, now)
+    sweeps = 0
+    while left:
+        s.sweep()
+        sweeps += 1
+        now_left = _listed_stale(s, now)
+        assert left - now_left == min(left, STALE_BATCH)
+        left = now_left
+    assert sweeps == -(-len(DARK) // STALE_BATCH)
+    index_is_consistent(s, POLICY, now)
+
+
+def test_a_fleet_gone_dark_is_read_once_not_once_a_call(redis_client: Any) -> None:
+    """Every node silent (a settle's first moments look the same: every node
+    must heartbeat again): the picks meet only stale nodes, so the full
+    scan decides, and it takes every stale node it reads out of the index.
+    The fleet is read once for the lot: every later call reads a bounded
+    number of records, and the refusals count the reasons as ever."""
+    s, now = _dark_cell(redis_client, "all-dark", frozenset(range(FLEET)))
+    before = _hmgets(s)
+    with pytest.raises(NoNodesAvailable, match=f"0/{FLEET} nodes available.*stale heartbeat"):
+        s.schedule(Request.cold(1, 512))
+    assert _hmgets(s) - before >= FLEET  # (the one full scan)
+    assert _listed_stale(s, now) == 0
+    for _ in range(3):
+        before = _hmgets(s)
+        with pytest.raises(NoNodesAvailable, match=f"0/{FLEET} nodes available.*stale heartbeat"):
+            s.schedule(Request.cold(1, 512))
+        assert _hmgets(s) - before <= 64 + 8  # (the first 64 by id, counted)
+    # a node that heartbeats again is placed on at once
+    _beat(s, [7])
+    assert s.schedule(Request.cold(1, 512)).node_id == "d0007"
+    index_is_consistent(s, POLICY, now)
