@@ -227,45 +227,57 @@ def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -
     return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
 
 
-def _dark(
-    target: Target, s: Scheduler, fleet: list[Any], share: float, rng: random.Random
-) -> dict[str, Any]:
-    """``share`` of the fleet stops heartbeating: the others heartbeat (a
-    report TTL on, the cell's clock frozen and moved), then placements one
-    by one until the index lists no stale node (at most DARK_CALLS): the
-    longest one's Redis time and CPU (ms), how many calls, their Redis time
-    in all, and how many were refused."""
-    ttl = s.policy().report_ttl_ms
-    s.advance_clock(0, "freeze")
-    s.advance_clock(ttl - 2_000)
-    lit = [n for n in fleet if rng.random() >= share]
-    # (in full: the rows before changed the policy and the index under the
-    # replica's memo of what it last wrote)
-    send_heartbeats(s, [n.heartbeat() for n in lit], batch=100)
-    now = s.advance_clock(3_000)
-    seen = s.keys.base + "idx-seen"
+def _dark(target: Target, nodes: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Nodes stop heartbeating at once, on a cell of their own (report TTL
+    30 s, the clock frozen and moved): first 10 % of the fleet, then, once
+    the index is clean again, all but 1 % of it.  After each, placements
+    one by one until the index lists no stale node (at most DARK_CALLS):
+    the longest one's Redis time and CPU (ms), how many calls, their Redis
+    time in all, how many were refused, and the stale index entries at the
+    start and left."""
+    rng = random.Random(seed * 7_919 + nodes)
+    ttl = 30_000
+    cell = target.new_cell("scale-dark")
+    s = Scheduler.connect(target.url, cell=cell, policy=Policy(report_ttl_ms=ttl), timeout_s=120)
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        s.advance_clock(0, "freeze")
+        lit = mixed_fleet(nodes, rng)
+        send_heartbeats(s, [n.heartbeat() for n in lit], batch=100)
+        seen = s.keys.base + "idx-seen"
+        for share in (0.1, 0.99):
+            s.advance_clock(ttl * 2 // 3)
+            keep = max(1, round(nodes * (1 - share)))
+            lit = rng.sample(lit, keep)
+            send_heartbeats(s, [n.heartbeat() for n in lit], batch=100)
+            now = s.advance_clock(ttl // 2)
 
-    def stale() -> int:
-        return int(target.client.zcount(seen, "-inf", f"({now - ttl}"))
+            def stale(now: int = now) -> int:
+                return int(target.client.zcount(seen, "-inf", f"({now - ttl}"))
 
-    rows, refused, listed = [], 0, stale()
-    while stale() and len(rows) < DARK_CALLS:
-        cpu, before = target.cpu_seconds(), target.script_stats()
-        try:
-            s.schedule(Request.cold(*rng.choice(SIZES)))
-        except NoNodesAvailable:
-            refused += 1
-        ms = target.script_stats_since(before)[1] / 1000
-        rows.append({"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)})
-    longest = max(rows, key=lambda x: x["ms"], default={"ms": 0.0, "cpu_ms": 0.0})
-    return longest | {
-        "calls": len(rows),
-        "all_ms": round(sum(x["ms"] for x in rows), 2),
-        "refused": refused,
-        "stale_left": stale(),
-        "dark": len(fleet) - len(lit),
-        "stale_listed": listed,
-    }
+            rows: list[dict[str, float]] = []
+            refused, listed = 0, stale()
+            while stale() and len(rows) < DARK_CALLS:
+                cpu, before = target.cpu_seconds(), target.script_stats()
+                try:
+                    s.schedule(Request.cold(*rng.choice(SIZES)))
+                except NoNodesAvailable:
+                    refused += 1
+                ms = target.script_stats_since(before)[1] / 1000
+                cpu_ms = (target.cpu_seconds() - cpu) * 1000
+                rows.append({"ms": round(ms, 2), "cpu_ms": round(cpu_ms, 2)})
+            longest = max(rows, key=lambda x: x["ms"], default={"ms": 0.0, "cpu_ms": 0.0})
+            out[f"placements while {share:.0%} went dark (the longest)"] = longest | {
+                "calls": len(rows),
+                "all_ms": round(sum(x["ms"] for x in rows), 2),
+                "refused": refused,
+                "stale_listed": listed,
+                "stale_left": stale(),
+            }
+    finally:
+        s.close()
+        target.drop_cell(cell)
+    return out
 
 
 def _rebuild(s: Scheduler) -> Plan[None]:
@@ -410,10 +422,7 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         # as right after a settle): placements pick around what the sweeps
         # have not taken out yet, and read the fleet at most once for the lot
         # (lua/includes/schedule.lua index_chosen; it was every call's full scan)
-        for share in (0.1, 0.99):
-            oneoff[f"placements while {share:.0%} went dark (the longest)"] = _dark(
-                target, s, fleet, share, rng
-            )
+        oneoff |= _dark(target, nodes, p.seed)
         # (not a call of ours any more: what the monitor made every 5 s before)
         oneoff["unpaged list (the old monitor's)"] = _one(
             target, s, Call("observed", s.keys.fixed(), ["", "", "1", "brief"], len)
