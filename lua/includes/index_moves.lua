@@ -271,10 +271,8 @@ local function reindex_touched(ctx, P, now)
   ctx[CTX.touched] = {}
 end
 
--- Take nodes whose heartbeat went stale, or that must heartbeat again
--- (settling), out of the index.  True when none is left behind (the index
--- then holds no stale or settling node).
--- (a node last seen before this instant is stale, or must heartbeat again)
+-- A node last seen before this instant is stale, or must heartbeat again
+-- (settling).
 local function stale_before(P, now)
   local before = now - P.report_ttl_ms
   if P.settle_ms and now < P.settle_ms + P.report_ttl_ms and P.settle_ms + 1 > before then
@@ -283,6 +281,9 @@ local function stale_before(P, now)
   return before
 end
 
+-- Take nodes whose heartbeat went stale, or that must heartbeat again
+-- (settling), out of the index, STALE_BATCH at most.  True when none is left
+-- behind (the index then holds no stale or settling node).
 local function sweep_stale(ctx, P, now)
   local cutoff = '(' .. fmt(stale_before(P, now))
   local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',

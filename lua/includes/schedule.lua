@@ -72,7 +72,7 @@ local NONE = {}
 -- Picks a decision makes while the index is rebuilt before the full scan
 -- decides (each one that fails takes a node out of the index it had left);
 -- and while stale nodes are left that the sweeps have not reached (each one
--- that fails takes a stale node out: about 30 us).
+-- that fails takes a stale node out, and its bucket's stale members).
 local STALE_PICK_TRIES = 8
 local UNSWEPT_PICK_TRIES = 16
 
