@@ -11,7 +11,7 @@
   Errors: NO_POLICY (no policy)
   Writes: what sweep_expired (includes/common.lua) and forget_sweep
           (includes/nodes.lua) write, and the index entries they touch;
-          up to 128 stale nodes' index entries (sweep_stale,
+          up to 64 stale nodes' index entries (sweep_stale,
           includes/index_moves.lua)
 ]]
 -- @include nodes

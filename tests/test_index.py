@@ -234,8 +234,10 @@ def test_index_decides_like_the_model_while_the_fleet_changes(
 
 
 def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client: Any) -> None:
-    """More nodes go stale at once than one sweep takes (128): the decision
-    that cannot trust the index scans fully, and later calls finish the sweep."""
+    """More nodes go stale at once than one sweep takes (64), and they are
+    the index's best entries (the survivors are busier): every pick of the
+    first decision meets a stale node, so it scans fully and takes every
+    stale node it reads out; the decisions are the model's throughout."""
     policy = Policy(report_ttl_ms=30_000)
     s = Scheduler(redis_client, cell="mass")
     s.sync_policy(policy, overwrite=True)
@@ -262,7 +264,7 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
                 snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=4),
             )
         )
-    for _ in range(4):  # 298 stale nodes: two sweeps of 128 cannot finish, the third does
+    for _ in range(4):  # 298 stale nodes: the first decision's scan takes them out
         check_stream(s, policy, [Request.cold(2, 1024)])
     assert {v.node_id: v.pending_reservations for v in s.nodes() if v.pending_reservations} == {
         "m150": 2,

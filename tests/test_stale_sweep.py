@@ -1,6 +1,6 @@
 """Many nodes gone stale at once (a rack gone dark; a settle, after which
 every node must heartbeat again): the placement index still lists them
-until a sweep takes them out, 128 a call.  A least_loaded decision used to
+until a sweep takes them out, 64 a call.  A least_loaded decision used to
 hand every call of that window to the full scan, which reads the fleet
 (170-240 ms of Redis a placement at 10,000 nodes, while 1,000 went dark).
 Now it picks from the index around them: a node it picks is checked
@@ -30,9 +30,9 @@ from tests.test_model_equivalence import check_stream
 pytestmark = pytest.mark.real_only
 
 FLEET = 600
-#: Nodes that stop heartbeating: more than two sweeps take (STALE_BATCH 128).
+#: Nodes that stop heartbeating: more than five sweeps take (STALE_BATCH 64).
 DARK = frozenset(i for i in range(FLEET) if i % 5 < 3)
-STALE_BATCH = 128
+STALE_BATCH = 64
 #: Picks a decision makes around stale entries (UNSWEPT_PICK_TRIES).
 TRIES = 16
 REPORT_TTL_MS = 30_000
@@ -99,7 +99,7 @@ def test_placements_pick_around_stale_nodes_instead_of_reading_the_fleet(
 
 
 def test_a_batch_behind_the_sweeps_sweeps_once_and_reads_no_fleet(redis_client: Any) -> None:
-    """The coalesced path: one call of 16 decisions sweeps once (128 nodes),
+    """The coalesced path: one call of 16 decisions sweeps once (64 nodes),
     not once a decision, and picks each around what is left."""
     s, now = _dark_cell(redis_client, "dark-batch")
     dark = {f"d{i:04d}" for i in DARK}
