@@ -12,7 +12,8 @@ counted by Redis itself): every placement of that window reads a bounded
 number of records, none goes to a dark node, each has the least pressure
 of the fleet, and once the sweeps are done the decisions are the model's
 again; the replicas' periodic sweep takes stale nodes out too, with no
-placement at all.
+placement at all; and with locality on, a warm node gone dark but still
+listed never wins.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from scheduler import Limits, Policy, Request, Scheduler
+from scheduler import Heartbeat, Limits, NodeSnapshot, Policy, Request, Scheduler
 from scheduler.domain.errors import NoNodesAvailable
-from tests.helpers import hb
+from scheduler.domain.policy import Locality
+from scheduler.domain.records import LocalityRequirement as LR
+from tests.helpers import GIB, hb
 from tests.test_index import index_is_consistent
 from tests.test_model_equivalence import check_stream
 
@@ -147,3 +150,60 @@ def test_a_fleet_gone_dark_is_read_once_not_once_a_call(redis_client: Any) -> No
     _beat(s, [7])
     assert s.schedule(Request.cold(1, 512)).node_id == "d0007"
     index_is_consistent(s, POLICY, now)
+
+
+def test_a_warm_node_gone_dark_never_wins_locality(redis_client: Any) -> None:
+    """With locality on, the warm candidates of a decision made through the
+    index are read from their buckets, as the pick's node is: a node that
+    holds the template but went dark, still listed while the sweeps are
+    behind, fails the status check on its own heartbeat time and never
+    wins; a live warm node does."""
+    policy = Policy(
+        report_ttl_ms=REPORT_TTL_MS, locality=Locality(weight=0.5, max_pressure_gap=0.25)
+    )
+    s = Scheduler(redis_client, cell="dark-warm")
+    s.sync_policy(policy, overwrite=True)
+    s.advance_clock(0, "freeze")
+
+    def beat(node_id: str, alloc: int) -> None:
+        s.heartbeat(
+            Heartbeat(
+                node_id=node_id,
+                service_instance_id="b1",
+                cluster_id="c1",
+                endpoint=f"{node_id}:5000",
+                p2p_backend="bt",
+                p2p_address=f"{node_id}:7000",
+                snapshot=NodeSnapshot(
+                    cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=alloc
+                ),
+            )
+        )
+
+    # the dark nodes a little busier than the live ones, so the picks find a
+    # live node at once and the sweep (the first 64 by id) leaves dark399
+    # listed when locality reads it
+    dark = [f"dark{i:03d}" for i in range(400)]
+    lit = [f"lit{i:03d}" for i in range(50)]
+    for node_id in dark:
+        beat(node_id, 6)
+    for node_id in lit:
+        beat(node_id, 7 if node_id == "lit007" else 4)
+    s.record_artifact("c1", "bt", "snap", "dark399")
+    s.record_artifact("c1", "bt", "snap", "lit007")
+    s.advance_clock(REPORT_TTL_MS * 2 // 3)
+    for node_id in lit:
+        beat(node_id, 7 if node_id == "lit007" else 4)
+    now = s.advance_clock(REPORT_TTL_MS // 2)
+    assert _listed_stale(s, now) == len(dark) > STALE_BATCH
+    req = Request(cpu=1, memory_bytes=GIB, locality=(LR(key="snap", size_bytes=GIB),))
+    placed = s.schedule(req)
+    # (pressure - bonus: dark399 (6 + 1) / 16 - 0.5 would beat lit007's
+    # (7 + 1) / 16 - 0.5, both within the gap of the coolest, 5 / 16)
+    assert (placed.node_id, placed.warmth) == ("lit007", "full")
+    assert s.client.hget(s.keys.node("dark399"), "idx") not in (None, b"")  # (still listed)
+    for _ in range(8):
+        assert not s.schedule(req).node_id.startswith("dark")
+    # (and heard from again, it is the one that wins)
+    beat("dark399", 6)
+    assert s.schedule(req).node_id == "dark399"

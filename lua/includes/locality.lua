@@ -202,9 +202,10 @@ local LOCALITY_NS = { 'cluster_id', 'p2p_backend' }
 local CANDIDATE_READ = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
   'p2p_backend' }
 
--- Warm node `id` through the decision stages.  Decided through the index
--- (fresh: no stale node in it), its bucket holds every decision input, as
--- for the index's own pick: one read.  Otherwise (the full scan, a dry run)
+-- Warm node `id` through the decision stages.  Decided through the index,
+-- its bucket holds every decision input, as for the index's own pick: one
+-- read (a stale node the sweeps have not taken out yet is still listed: the
+-- status check on its own last_seen_ms excludes it).  Otherwise (the full scan, a dry run)
 -- the whole record is read.
 function LOCALITY.candidate(P, req, now, id, via_index)
   if not via_index then
