@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from scheduler import Heartbeat, Limits, NodeSnapshot, Policy, Request, Scheduler
+from scheduler import Limits, Policy, Request, Scheduler
 from scheduler.domain.errors import NoNodesAvailable
 from scheduler.domain.policy import Locality
 from scheduler.domain.records import LocalityRequirement as LR
 from tests.helpers import GIB, hb
 from tests.test_index import index_is_consistent
+from tests.test_locality import beat
 from tests.test_model_equivalence import check_stream
 
 pytestmark = pytest.mark.real_only
@@ -165,35 +166,20 @@ def test_a_warm_node_gone_dark_never_wins_locality(redis_client: Any) -> None:
     s.sync_policy(policy, overwrite=True)
     s.advance_clock(0, "freeze")
 
-    def beat(node_id: str, alloc: int) -> None:
-        s.heartbeat(
-            Heartbeat(
-                node_id=node_id,
-                service_instance_id="b1",
-                cluster_id="c1",
-                endpoint=f"{node_id}:5000",
-                p2p_backend="bt",
-                p2p_address=f"{node_id}:7000",
-                snapshot=NodeSnapshot(
-                    cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=alloc
-                ),
-            )
-        )
-
     # the dark nodes a little busier than the live ones, so the picks find a
     # live node at once and the sweep (the first 64 by id) leaves dark399
     # listed when locality reads it
     dark = [f"dark{i:03d}" for i in range(400)]
     lit = [f"lit{i:03d}" for i in range(50)]
     for node_id in dark:
-        beat(node_id, 6)
+        beat(s, node_id, alloc=6)
     for node_id in lit:
-        beat(node_id, 7 if node_id == "lit007" else 4)
+        beat(s, node_id, alloc=7 if node_id == "lit007" else 4)
     s.record_artifact("c1", "bt", "snap", "dark399")
     s.record_artifact("c1", "bt", "snap", "lit007")
     s.advance_clock(REPORT_TTL_MS * 2 // 3)
     for node_id in lit:
-        beat(node_id, 7 if node_id == "lit007" else 4)
+        beat(s, node_id, alloc=7 if node_id == "lit007" else 4)
     now = s.advance_clock(REPORT_TTL_MS // 2)
     assert _listed_stale(s, now) == len(dark) > STALE_BATCH
     req = Request(cpu=1, memory_bytes=GIB, locality=(LR(key="snap", size_bytes=GIB),))
@@ -205,5 +191,5 @@ def test_a_warm_node_gone_dark_never_wins_locality(redis_client: Any) -> None:
     for _ in range(8):
         assert not s.schedule(req).node_id.startswith("dark")
     # (and heard from again, it is the one that wins)
-    beat("dark399", 6)
+    beat(s, "dark399", alloc=6)
     assert s.schedule(req).node_id == "dark399"
