@@ -63,11 +63,16 @@ def _stale(s: Scheduler) -> bool:
     return s.client.hget(s.keys.policy, "index_rebuild") is not None
 
 
+def _calls(s: Scheduler, command: str) -> int:
+    """How many times Redis has served ``command``."""
+    stats = s.client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
 def _hmgets(s: Scheduler) -> int:
     """HMGET calls Redis has served (every node a step reindexes reads its
     record with one)."""
-    stats = s.client.info("commandstats")
-    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+    return _calls(s, "hmget")
 
 
 def _cell(redis_client: Any, policy: Policy, name: str) -> tuple[Scheduler, int]:
@@ -348,12 +353,6 @@ def test_a_change_during_a_rebuild_starts_the_pass_over(redis_client: Any) -> No
             break
     assert total == FLEET
     index_is_consistent(s, last, now)
-
-
-def _calls(s: Scheduler, command: str) -> int:
-    """How many times Redis has served ``command``."""
-    stats = s.client.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def _commands(s: Scheduler) -> int:

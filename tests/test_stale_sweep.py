@@ -2,8 +2,8 @@
 every node must heartbeat again): the placement index still lists them
 until a sweep takes them out, 64 a call.  A least_loaded decision used to
 hand every call of that window to the full scan, which reads the fleet
-(170-240 ms of Redis a placement at 10,000 nodes, while 1,000 went dark).
-Now it picks from the index around them: a node it picks is checked
+(about 167 ms of Redis CPU a placement at 10,000 nodes, while 1,000 went
+dark).  Now it picks from the index around them: a node it picks is checked
 against its record, a stale one leaves the index with its bucket's stale
 members, and the pick runs again; only when every pick meets a stale node
 does the full scan decide, and it takes every stale node it reads out, so
@@ -28,6 +28,7 @@ from scheduler.domain.policy import Locality
 from scheduler.domain.records import LocalityRequirement as LR
 from tests.helpers import GIB, hb
 from tests.test_index import index_is_consistent
+from tests.test_index_rebuild import _hmgets
 from tests.test_locality import beat
 from tests.test_model_equivalence import check_stream
 
@@ -69,11 +70,6 @@ def _dark_cell(redis_client: Any, name: str, dark: frozenset[int] = DARK) -> tup
 def _listed_stale(s: Scheduler, now: int) -> int:
     """Index entries whose node's last heartbeat is older than the TTL."""
     return int(s.client.zcount(s.keys.base + "idx-seen", "-inf", f"({now - REPORT_TTL_MS}"))
-
-
-def _hmgets(s: Scheduler) -> int:
-    stats = s.client.info("commandstats")
-    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
 
 
 def test_placements_pick_around_stale_nodes_instead_of_reading_the_fleet(

@@ -298,8 +298,8 @@ local function index_chosen(ctx, P, req, rr_next, now, L)
   -- times, and then the full scan decides.  (Its rank is the best of the
   -- fresh nodes; among its equals the turn may count stale members still
   -- listed, where the full scan's would not.  Each call used to go to the
-  -- full scan while stale nodes were left: 170-240 ms of Redis a placement
-  -- at 10,000 nodes, 1,000 of them dark.)
+  -- full scan while stale nodes were left: about 167 ms of Redis CPU a
+  -- placement at 10,000 nodes, 1,000 of them dark.)
   local rebuilding = P.index_rebuild ~= nil
   local stale = rebuilding or ctx[CTX.fresh] ~= true
   local tries = 1
