@@ -5,7 +5,9 @@
   nodes through the stages of includes/stages.lua (status, ceilings after the
   placement, capacity), pick by strategy, reserve.  least_loaded reads the
   placement index, round_robin and random a bounded walk or sample
-  (includes/schedule.lua SPREAD); the full scan decides when they cannot.
+  (includes/schedule.lua SPREAD); the full scan decides when they cannot,
+  but for least_loaded on a fleet of at most FULL_SCAN_MAX nodes only
+  (larger: BEHIND, retry while the index catches up).
 
   KEYS[1..5]  base, policy, nodes, stats, expiry (see includes/base.lua)
   KEYS[6]     rr: the cell's round-robin counter
@@ -31,8 +33,9 @@
                        starting, running, paused, projected_cpu,
                        projected_memory, cpu_capacity, memory_capacity, endpoint[,
                        coverage, bonus, locality: why a warm node lost or ""]}
-  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., NO_POLICY (no
-          policy), PRECONDITION (the reservation id was cancelled before this
+  Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., BEHIND no
+          decision without reading all N nodes ... (least_loaded, the index
+          catching up: nothing reserved), NO_POLICY (no policy), PRECONDITION (the reservation id was cancelled before this
           call ran)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr,
           rr-cursor (strategy round_robin: the node chosen);

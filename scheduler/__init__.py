@@ -4,6 +4,7 @@ from scheduler.client.aio import AsyncScheduler
 from scheduler.client.sync import Scheduler
 from scheduler.domain.errors import (
     FailedPrecondition,
+    IndexBehind,
     InvalidArgument,
     NoNodesAvailable,
     NotFound,
@@ -20,6 +21,7 @@ __all__ = [
     "DefaultRequest",
     "FailedPrecondition",
     "Heartbeat",
+    "IndexBehind",
     "InvalidArgument",
     "Limits",
     "MachineInfo",

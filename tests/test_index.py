@@ -26,6 +26,7 @@ from scheduler import (
     Request,
     Scheduler,
 )
+from scheduler.domain.catalog import FULL_SCAN_MAX
 from scheduler.testing.model import Demand, NodeState, decide, derive_status, evaluate
 from tests.helpers import GIB, node_states, rr_value, schedule_argv
 from tests.test_model_equivalence import check_stream
@@ -237,13 +238,16 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
     """More nodes go stale at once than one sweep takes (64), and they are
     the index's best entries (the survivors are busier): every pick of the
     first decision meets a stale node, so it scans fully and takes every
-    stale node it reads out; the decisions are the model's throughout."""
+    stale node it reads out; the decisions are the model's throughout.  (A
+    fleet the full scan may read, FULL_SCAN_MAX nodes; on a larger one the
+    decision is refused BEHIND while the index catches up:
+    tests/test_stale_sweep.py.)"""
     policy = Policy(report_ttl_ms=30_000)
     s = Scheduler(redis_client, cell="mass")
     s.sync_policy(policy, overwrite=True)
     s.advance_clock(0, "freeze")
     pipe = s.client.pipeline(transaction=False)
-    for i in range(300):
+    for i in range(FULL_SCAN_MAX):
         call = s.ops.heartbeat(
             Heartbeat(
                 node_id=f"m{i:03d}",
@@ -255,7 +259,7 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
         s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
     pipe.execute()
     now = s.advance_clock(31_000)
-    survivors = ["m150", "m299"]
+    survivors = ["m100", f"m{FULL_SCAN_MAX - 1:03d}"]
     for node_id in survivors:
         s.heartbeat(
             Heartbeat(
@@ -264,11 +268,10 @@ def test_mass_staleness_falls_back_to_the_full_scan_and_catches_up(redis_client:
                 snapshot=NodeSnapshot(cpu_count=16, memory_total_bytes=64 * GIB, allocated_cpu=4),
             )
         )
-    for _ in range(4):  # 298 stale nodes: the first decision's scan takes them out
+    for _ in range(4):  # 198 stale nodes: the first decision's scan takes them out
         check_stream(s, policy, [Request.cold(2, 1024)])
     assert {v.node_id: v.pending_reservations for v in s.nodes() if v.pending_reservations} == {
-        "m150": 2,
-        "m299": 2,
+        node_id: 2 for node_id in survivors
     }
     seen = s.client.zrange(s.keys.base + "idx-seen", 0, -1)
     assert sorted(x.decode() for x in seen) == survivors

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from scheduler import Limits, Policy, Request, Scheduler
+from scheduler import IndexBehind, Limits, Policy, Request, Scheduler
+from scheduler.domain.catalog import FULL_SCAN_MAX
 from scheduler.store.calls import REBUILD_STEP
 from scheduler.store.scripts import library
 from scheduler.testing.model import Demand, decide, evaluate
@@ -229,8 +230,10 @@ def test_an_inconsistent_index_is_rebuilt_in_steps_and_the_decision_is_the_model
     redis_client: Any,
 ) -> None:
     """A foreign write puts a node in a bucket its record does not name: the
-    pick that finds it decides by the full scan, takes the member out and
-    starts a rebuild; steps end it and the index is whole."""
+    pick that finds it takes the member out and starts a rebuild, and, the
+    fleet being larger than the full scan reads (FULL_SCAN_MAX), that
+    decision is refused BEHIND, retryable, with nothing reserved; steps end
+    the rebuild and the index is whole."""
     policy = Policy(report_ttl_ms=3_600_000)
     s, now = _cell(redis_client, policy, "foreign")
     _fleet(s)
@@ -248,13 +251,19 @@ def test_an_inconsistent_index_is_rebuilt_in_steps_and_the_decision_is_the_model
     )
     c.delete(base + "idx-bucket:" + bucket)
     c.zadd(base + "idx-bucket:" + bucket, {stray: 0})
+    assert len(s.client.zrange(s.keys.nodes, 0, -1)) > FULL_SCAN_MAX
     for _ in range(40):
         ex = s.explain(req)
-        placed = s.schedule(req)
+        pending = s.stats().pending
+        try:
+            placed = s.schedule(req)
+        except IndexBehind as e:
+            assert "the placement index is being rebuilt; retry" in e.message, e.message
+            assert s.stats().pending == pending
+            break
         # (the index may be wrong here: the placement never is)
         assert {v.node_id: v.reason for v in ex.verdicts}[placed.node_id] is None
-        if _stale(s):
-            break
+        assert not _stale(s)
     assert _stale(s), "the stray was never picked"
     assert c.zscore(base + "idx-bucket:" + bucket, stray) is None
     while not s.index_rebuild().done:
@@ -401,9 +410,10 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
     """A version whose index layout differs finds the old index: its
     sync_policy no longer drops and builds it in one call of the fleet (442
     ms at 10,000 nodes) but starts a drop that steps of at most their budget
-    walk, then the rebuild.  Meanwhile placements decide like the model (the
-    full scan), heartbeats write no entry, and at the end the old keys are
-    gone and the index is whole."""
+    walk, then the rebuild.  Meanwhile placements are refused BEHIND (the
+    fleet is larger than the full scan reads) with nothing reserved,
+    heartbeats write no entry, and at the end the old keys are gone and the
+    index is whole."""
     policy = Policy(report_ttl_ms=3_600_000, limits=Limits(max_cpu_used_percent=80))
     s, now = _cell(redis_client, policy, "upgrade")
     ids = _fleet(s)
@@ -419,8 +429,13 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
     # its own
     assert _commands(s) - before <= 4 * DROP_WALK * REBUILD_STEP + 12
     assert c.hget(s.keys.policy, "index_format") == b"dropping"
-    # placements meanwhile: the full scan, as the model decides
-    check_stream(s, policy, [Request.cold(1, 1 << 30)] * 4)
+    # placements meanwhile: the index cannot decide and the fleet is larger
+    # than the full scan reads
+    assert FLEET > FULL_SCAN_MAX
+    for _ in range(2):
+        with pytest.raises(IndexBehind, match=r"being built anew \(index_format dropping\)"):
+            s.schedule(Request.cold(1, 1 << 30))
+    assert s.stats().pending == 0
     # heartbeats meanwhile, of nodes the drop walked and of nodes it has not:
     # they leave their old entries and write none of this layout
     for node_id in (ids[1], ids[FLEET - 2]):
@@ -442,10 +457,10 @@ def test_an_index_of_another_layout_is_dropped_and_built_in_bounded_steps(
             assert done <= 8 * step.reindexed + 16, (done, step)
         else:
             # the step that ends the drop: the last nodes, idx-seen and the
-            # shapes' streams (at most 64 shapes, a ZCARD and a DEL a stream),
-            # the rebuild's first nodes
+            # shapes' streams (at most 64 shapes, a ZCARD and a DEL a stream);
+            # the rebuild's first nodes are the next step's
             assert was == b"dropping" and now_format == b"2", (was, now_format)
-            assert done <= 4 * step.reindexed + 8 * budget + 4 * 64 + 24, (done, step)
+            assert done <= 4 * step.reindexed + 4 * 64 + 24, (done, step)
         walked += step.reindexed
         steps += 1
         if step.done:

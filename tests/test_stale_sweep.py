@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from scheduler import Limits, Policy, Request, Scheduler
+from scheduler import IndexBehind, Limits, Policy, Request, Scheduler
+from scheduler.domain.catalog import FULL_SCAN_MAX
 from scheduler.domain.errors import NoNodesAvailable
 from scheduler.domain.policy import Locality
 from scheduler.domain.records import LocalityRequirement as LR
@@ -40,6 +41,8 @@ DARK = frozenset(i for i in range(FLEET) if i % 5 < 3)
 STALE_BATCH = 64
 #: Picks a decision makes around stale entries (UNSWEPT_PICK_TRIES).
 TRIES = 16
+#: Records a call reads of the buckets its picks met stale nodes in (STALE_BUCKET_READS).
+STALE_BUCKET_READS = 96
 REPORT_TTL_MS = 30_000
 POLICY = Policy(report_ttl_ms=REPORT_TTL_MS, limits=Limits(max_sandbox_count=6))
 
@@ -54,15 +57,17 @@ def _beat(s: Scheduler, which: range | list[int]) -> None:
     pipe.execute()
 
 
-def _dark_cell(redis_client: Any, name: str, dark: frozenset[int] = DARK) -> tuple[Scheduler, int]:
+def _dark_cell(
+    redis_client: Any, name: str, dark: frozenset[int] = DARK, fleet: int = FLEET
+) -> tuple[Scheduler, int]:
     """A fleet of which ``dark`` (three nodes in five, of both shapes) went
     silent a report TTL ago; the others heartbeat on."""
     s = Scheduler(redis_client, cell=name)
     s.sync_policy(POLICY, overwrite=True)
     s.advance_clock(0, "freeze")
-    _beat(s, range(FLEET))
+    _beat(s, range(fleet))
     s.advance_clock(REPORT_TTL_MS * 2 // 3)
-    _beat(s, [i for i in range(FLEET) if i not in dark])
+    _beat(s, [i for i in range(fleet) if i not in dark])
     now = s.advance_clock(REPORT_TTL_MS // 2)
     return s, now
 
@@ -126,17 +131,35 @@ def test_the_periodic_sweep_takes_stale_nodes_out_with_no_placement(redis_client
     index_is_consistent(s, POLICY, now)
 
 
-def test_a_fleet_gone_dark_is_read_once_not_once_a_call(redis_client: Any) -> None:
+def test_a_fleet_gone_dark_is_refused_behind_until_the_steps_catch_up(
+    redis_client: Any,
+) -> None:
     """Every node silent (a settle's first moments look the same: every node
-    must heartbeat again): the picks meet only stale nodes, so the full
-    scan decides, and it takes every stale node it reads out of the index.
-    The fleet is read once for the lot: every later call reads a bounded
-    number of records, and the refusals count the reasons as ever."""
+    must heartbeat again): the picks meet only stale nodes.  On a fleet
+    larger than the full scan reads (FULL_SCAN_MAX) the decision is refused
+    BEHIND, retryable, naming the stale nodes still listed, reading a
+    bounded number of records and reserving nothing; the monitors' index
+    steps take them out, 64 a step; then the refusals count the reasons as
+    ever, and a node that heartbeats again is placed on at once."""
+    assert FLEET > FULL_SCAN_MAX
     s, now = _dark_cell(redis_client, "all-dark", frozenset(range(FLEET)))
     before = _hmgets(s)
-    with pytest.raises(NoNodesAvailable, match=f"0/{FLEET} nodes available.*stale heartbeat"):
+    with pytest.raises(
+        IndexBehind,
+        match=rf"no decision without reading all {FLEET} nodes \(a Schedule reads at most "
+        rf"{FULL_SCAN_MAX}\): \d+ nodes whose heartbeat went stale are still listed",
+    ):
         s.schedule(Request.cold(1, 512))
-    assert _hmgets(s) - before >= FLEET  # (the one full scan)
+    # the sweep's records, the picks', their checks and their buckets' stale
+    # members: never the fleet
+    assert _hmgets(s) - before <= STALE_BATCH + STALE_BUCKET_READS + 2 * TRIES + 8
+    assert s.stats().pending == 0
+    left = _listed_stale(s, now)
+    assert 0 < left < FLEET
+    steps = 0
+    while not s.index_rebuild().done:
+        steps += 1
+    assert steps == left // STALE_BATCH
     assert _listed_stale(s, now) == 0
     for _ in range(3):
         before = _hmgets(s)
@@ -144,6 +167,27 @@ def test_a_fleet_gone_dark_is_read_once_not_once_a_call(redis_client: Any) -> No
             s.schedule(Request.cold(1, 512))
         assert _hmgets(s) - before <= 64 + 8  # (the first 64 by id, counted)
     # a node that heartbeats again is placed on at once
+    _beat(s, [7])
+    assert s.schedule(Request.cold(1, 512)).node_id == "d0007"
+    index_is_consistent(s, POLICY, now)
+
+
+def test_a_small_fleet_gone_dark_is_read_once_not_once_a_call(redis_client: Any) -> None:
+    """The same on a fleet the full scan may read: it decides, and takes
+    every stale node it reads out of the index, so the fleet is read once
+    for the lot: every later call reads a bounded number of records."""
+    fleet = FULL_SCAN_MAX
+    s, now = _dark_cell(redis_client, "all-dark-small", frozenset(range(fleet)), fleet)
+    before = _hmgets(s)
+    with pytest.raises(NoNodesAvailable, match=f"0/{fleet} nodes available.*stale heartbeat"):
+        s.schedule(Request.cold(1, 512))
+    assert _hmgets(s) - before >= fleet  # (the one full scan)
+    assert _listed_stale(s, now) == 0
+    for _ in range(3):
+        before = _hmgets(s)
+        with pytest.raises(NoNodesAvailable, match=f"0/{fleet} nodes available.*stale heartbeat"):
+            s.schedule(Request.cold(1, 512))
+        assert _hmgets(s) - before <= 64 + 8
     _beat(s, [7])
     assert s.schedule(Request.cold(1, 512)).node_id == "d0007"
     index_is_consistent(s, POLICY, now)

@@ -286,14 +286,15 @@ end
 
 -- Take nodes whose heartbeat went stale, or that must heartbeat again
 -- (settling), out of the index, STALE_BATCH at most.  True when none is left
--- behind (the index then holds no stale or settling node).
+-- behind (the index then holds no stale or settling node), and how many it
+-- took.
 local function sweep_stale(ctx, P, now)
   local cutoff = '(' .. fmt(stale_before(P, now))
   local stale = redis.call('ZRANGEBYSCORE', IDX_SEEN, '-inf', cutoff, 'LIMIT', '0',
     fmt(STALE_BATCH))
   for _, node_id in ipairs(stale) do reindex(ctx, node_id, P, now) end
   ctx[CTX.stale_left] = STALE_BUCKET_READS
-  return #stale < STALE_BATCH
+  return #stale < STALE_BATCH, #stale
 end
 
 -- While sweep_stale left stale nodes behind: the stale members of bucket

@@ -497,6 +497,33 @@ local function reserved(ctx, P, req, rid, n, now, L)
 end
 
 -- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
+-- Stage "behind": a least_loaded decision the index could not make (built
+-- anew, rebuilt, stale nodes still listed past the picks' tries, or found
+-- to disagree) goes to the full scan only on a fleet of FULL_SCAN_MAX
+-- nodes at most; on a larger one reading the fleet would hold Redis for
+-- seconds (every call of the cell waiting), so the decision is refused,
+-- retryable, with what is under way.  Every replica's monitor takes the
+-- index's steps (index_rebuild-5.lua: the rebuild, the drop of an old
+-- layout, the stale sweep) until it is whole, each call bounded.  The
+-- message, or nil when the full scan may decide.
+local function index_behind(ctx, now)
+  local total = redis.call('ZCARD', NODES_KEY)
+  if total <= FULL_SCAN_MAX then return nil end
+  local P = ctx[CTX.P] -- (a pick that found the index wrong started a rebuild)
+  local why
+  if P.index_format ~= INDEX_FORMAT then
+    why = 'the placement index is being built anew (index_format '
+      .. (P.index_format or 'absent') .. ')'
+  elseif P.index_rebuild then
+    why = 'the placement index is being rebuilt'
+  else
+    why = fmt(redis.call('ZCOUNT', IDX_SEEN, '-inf', '(' .. fmt(stale_before(P, now))))
+      .. ' nodes whose heartbeat went stale are still listed in the placement index'
+  end
+  return 'no decision without reading all ' .. fmt(total) .. ' nodes (a Schedule reads at most '
+    .. fmt(FULL_SCAN_MAX) .. '): ' .. why .. '; retry, the replicas catch it up in bounded steps'
+end
+
 -- Phase by phase (each phase above says what it decides); every check comes
 -- before the first write.
 local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
@@ -559,6 +586,12 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   local evaluated, refusal = NONE, ''
   if chosen == nil and none then refusal = refusal_counted(ctx, P, req, now) or '' end
   if chosen == nil and refusal == '' then
+    local behind = not dry_run and strategy == 'least_loaded' and index_behind(ctx, now)
+    if behind then
+      give_back_rr(ctx, RR_KEY)
+      reindex_touched(ctx, P, now)
+      return fail(ERR.BEHIND, behind)
+    end
     chosen, evaluated, refusal = full_scan(ctx, P, req, now, dry_run, strategy, rr_next, rand)
   end
   -- Stage "locality": a warm node may win within the pressure margin of

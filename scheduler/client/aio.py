@@ -17,6 +17,7 @@ from scheduler.client.plans import _SCOPE, SLOT_RETRY_S, SLOT_UNSETTLED, BaseCli
 from scheduler.domain.errors import (
     CellNotInitialised,
     FailedPrecondition,
+    IndexBehind,
     InvalidArgument,
     NoNodesAvailable,
     NotFound,
@@ -65,7 +66,13 @@ T = TypeVar("T")
 
 #: A script's own refusals: it answers them before its first write
 #: (lua/includes/base.lua ``fail``), so a Schedule refused so reserved nothing.
-_REFUSED_BEFORE_WRITING = (InvalidArgument, NoNodesAvailable, UnknownNode, NotFound)
+_REFUSED_BEFORE_WRITING = (
+    InvalidArgument,
+    NoNodesAvailable,
+    IndexBehind,
+    UnknownNode,
+    NotFound,
+)
 
 
 def wrote_nothing(e: BaseException) -> bool:

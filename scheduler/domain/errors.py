@@ -47,6 +47,16 @@ class NoNodesAvailable(SchedulerError):
     code = "NO_NODES"
 
 
+class IndexBehind(SchedulerError):
+    """A Schedule the placement index could not decide (built anew, rebuilt,
+    or stale nodes still listed) on a fleet larger than the full scan reads
+    (``FULL_SCAN_MAX``): refused before any reservation, to be retried once
+    the replicas' bounded steps have caught the index up.  The message says
+    what is under way."""
+
+    code = "BEHIND"
+
+
 class NotFound(SchedulerError):
     code = "NOT_FOUND"
 
@@ -121,6 +131,7 @@ CODES: dict[str, type[SchedulerError]] = {
     for cls in (
         UnknownNode,
         NoNodesAvailable,
+        IndexBehind,
         NotFound,
         FailedPrecondition,
         SyncSuperseded,
@@ -135,6 +146,7 @@ SCRIPT_CODES: tuple[str, ...] = (
     InvalidArgument.code,
     UnknownNode.code,
     NoNodesAvailable.code,
+    IndexBehind.code,
     NotFound.code,
     FailedPrecondition.code,
     SyncSuperseded.code,

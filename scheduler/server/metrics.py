@@ -143,6 +143,7 @@ REFUSAL_REASONS = (
     "insufficient cpu",
     "insufficient memory",
     "no nodes",
+    "index behind",
     "redis",
 )
 _NO_NODES_PREFIX = "no nodes available: "
@@ -264,7 +265,8 @@ class Metrics:
         self.refusals = Counter(
             "sched_refusals",
             "Schedule calls this replica refused, by reason: each counted reason of a "
-            "'no nodes available' answer (a ceiling without its limit), or redis.",
+            "'no nodes available' answer (a ceiling without its limit), index behind (the "
+            "placement index catching up on a fleet too large to scan), or redis.",
             ["reason"],
             registry=r,
         )

@@ -25,6 +25,7 @@ from scheduler.client.aio import AsyncScheduler
 from scheduler.domain.catalog import EVENT_TYPES, NODE_STATUSES, Status
 from scheduler.domain.errors import (
     FailedPrecondition,
+    IndexBehind,
     InvalidArgument,
     NoNodesAvailable,
     NotFound,
@@ -80,6 +81,7 @@ STATUS: dict[type[SchedulerError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownNode: grpc.StatusCode.INVALID_ARGUMENT,
     NoNodesAvailable: grpc.StatusCode.UNAVAILABLE,
+    IndexBehind: grpc.StatusCode.UNAVAILABLE,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
@@ -368,6 +370,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self._schedule_rpc_ok = self._rpc_seconds("Schedule", "ok")
         self._placed = metrics.placements
         self._redis_refusals = metrics.refusals.labels("redis")
+        self._behind_refusals = metrics.refusals.labels("index behind")
         #: one line per Schedule on the logger scheduler.decisions
         self.decision_log = decision_log
 
@@ -479,8 +482,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                         "reasons": reasons,
                     },
                 )
-        elif isinstance(e, StoreUnavailable) and not isinstance(e, CallerGone):
-            self._redis_refusals.inc()
+        elif isinstance(e, IndexBehind | StoreUnavailable) and not isinstance(e, CallerGone):
+            if isinstance(e, IndexBehind):
+                self._behind_refusals.inc()
+            else:
+                self._redis_refusals.inc()
             if self.decision_log:
                 decisions.info(
                     "failed %s: %s",

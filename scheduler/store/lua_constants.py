@@ -126,6 +126,8 @@ def render() -> str:
         f"local SWEEP_BATCH = {catalog.SWEEP_BATCH}",
         "-- The nodes, first by id, whose reasons a refusal counts, at most.",
         f"local REFUSAL_COUNTED = {catalog.REFUSAL_COUNTED}",
+        "-- The most nodes a Schedule's full scan reads (larger: refused BEHIND).",
+        f"local FULL_SCAN_MAX = {catalog.FULL_SCAN_MAX}",
         "-- The one-heartbeat release: its margin after the assignment, and the",
         "-- window of a node's stamp lead (includes/base.lua stamp_lead).",
         f"local STAMP_MARGIN_MS = {catalog.STAMP_MARGIN_MS}",
