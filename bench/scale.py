@@ -72,7 +72,8 @@ from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
 from bench.versus import _Run
 from scheduler import Heartbeat, NodeSnapshot, Policy, Request, Scheduler
-from scheduler.domain.errors import NoNodesAvailable
+from scheduler.domain.catalog import FULL_SCAN_MAX
+from scheduler.domain.errors import IndexBehind, NoNodesAvailable
 from scheduler.domain.limits import MAX_STATIC_NODES
 from scheduler.domain.records import MachineInfo
 from scheduler.store.calls import (
@@ -118,8 +119,9 @@ COALESCED = 16
 IDLE_FLOOR_US = 20.0
 #: Redis time a call must pass to be logged (SLOWLOG), microseconds.
 SLOW_US = 1000
-#: Placements measured while nodes are stale, at most (_dark).
-DARK_CALLS = 64
+#: Placements measured while nodes are stale, at most (_dark): enough for
+#: the monitors' steps to take 99 % of 100,000 nodes out (1,547 steps).
+DARK_CALLS = 4096
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,13 @@ def _commands(target: Target) -> int:
 def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -> dict[str, float]:
     """One call's Redis time (ms, its FCALL's, wall clock as Redis counts it)
     and the redis-server CPU (ms) it took, which a busy host does not inflate
-    as much.  ``refused``: the call is a Schedule no node can take (its
-    refusal is what is measured)."""
+    as much.  ``refused``: the call is a Schedule no node can take, or one
+    the index cannot decide on a fleet too large to scan (its refusal is
+    what is measured)."""
     cpu, before = target.cpu_seconds(), target.script_stats()
     try:
         s.run(call)
-    except NoNodesAvailable:
+    except (NoNodesAvailable, IndexBehind):
         if not refused:
             raise
     else:
@@ -230,16 +233,26 @@ def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -
 def _dark(target: Target, nodes: int, seed: int) -> dict[str, dict[str, Any]]:
     """Nodes stop heartbeating at once, on a cell of their own (report TTL
     30 s, the clock frozen and moved): first 10 % of the fleet, then, once
-    the index is clean again, all but 1 % of it.  After each, placements
-    one by one until the index lists no stale node (at most DARK_CALLS):
-    the longest one's Redis time and CPU (ms), how many calls, their Redis
-    time in all, how many were refused, and the stale index entries at the
-    start and left."""
+    the index is clean again, all but 1 % of it.  After each, placements one
+    by one, each followed by one index step as a replica's monitor takes
+    them (back to back while one is under way: the stale nodes, 64 a step),
+    until the index lists no stale node (at most DARK_CALLS): the longest
+    placement's Redis time and CPU (ms), how many, their Redis time in all,
+    how many were refused (nothing eligible, or BEHIND: the index catching
+    up on a fleet too large to scan), the stale index entries at the start
+    and left; and the longest index step and the steps' time in all."""
     rng = random.Random(seed * 7_919 + nodes)
     ttl = 30_000
     cell = target.new_cell("scale-dark")
     s = Scheduler.connect(target.url, cell=cell, policy=Policy(report_ttl_ms=ttl), timeout_s=120)
     out: dict[str, dict[str, Any]] = {}
+
+    def measured(call: Any) -> dict[str, float]:
+        cpu, before = target.cpu_seconds(), target.script_stats()
+        call()
+        ms = target.script_stats_since(before)[1] / 1000
+        return {"ms": round(ms, 2), "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2)}
+
     try:
         s.advance_clock(0, "freeze")
         lit = mixed_fleet(nodes, rng)
@@ -256,23 +269,34 @@ def _dark(target: Target, nodes: int, seed: int) -> dict[str, dict[str, Any]]:
                 return int(target.client.zcount(seen, "-inf", f"({now - ttl}"))
 
             rows: list[dict[str, float]] = []
-            refused, listed = 0, stale()
-            while stale() and len(rows) < DARK_CALLS:
-                cpu, before = target.cpu_seconds(), target.script_stats()
+            steps: list[dict[str, float]] = []
+            refused = {"no nodes": 0, "behind": 0}
+
+            def place(refused: dict[str, int] = refused) -> None:
                 try:
                     s.schedule(Request.cold(*rng.choice(SIZES)))
                 except NoNodesAvailable:
-                    refused += 1
-                ms = target.script_stats_since(before)[1] / 1000
-                cpu_ms = (target.cpu_seconds() - cpu) * 1000
-                rows.append({"ms": round(ms, 2), "cpu_ms": round(cpu_ms, 2)})
+                    refused["no nodes"] += 1
+                except IndexBehind:
+                    refused["behind"] += 1
+
+            listed = stale()
+            while stale() and len(rows) < DARK_CALLS:
+                rows.append(measured(place))
+                steps.append(measured(lambda: s.index_rebuild("step", REBUILD_STEP)))
             longest = max(rows, key=lambda x: x["ms"], default={"ms": 0.0, "cpu_ms": 0.0})
             out[f"placements while {share:.0%} went dark (the longest)"] = longest | {
                 "calls": len(rows),
                 "all_ms": round(sum(x["ms"] for x in rows), 2),
-                "refused": refused,
+                "refused": refused["no nodes"],
+                "behind": refused["behind"],
                 "stale_listed": listed,
                 "stale_left": stale(),
+            }
+            step = max(steps, key=lambda x: x["ms"], default={"ms": 0.0, "cpu_ms": 0.0})
+            out[f"index steps while {share:.0%} went dark (the longest)"] = step | {
+                "calls": len(steps),
+                "all_ms": round(sum(x["ms"] for x in steps), 2),
             }
     finally:
         s.close()
@@ -416,6 +440,11 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         s.client.hset(s.keys.policy, "index_format", "0")
         oneoff["sync_policy on another index layout (its first step)"] = _one(
             target, s, s.ops.sync_policy(changed, overwrite=True)
+        )
+        # a placement while the old index is dropped: the full scan on a fleet
+        # of at most FULL_SCAN_MAX nodes, refused BEHIND on a larger one
+        oneoff["placement while the old index is dropped"] = _one(
+            target, s, s.ops.schedule(Request.cold(1, 0)), refused=nodes > FULL_SCAN_MAX
         )
         oneoff["index upgrade step (the longest)"] = _plan_steps(target, s, _rebuild(s))
         # many nodes stale at once (a rack gone dark; all but 1 % of the fleet,
@@ -615,8 +644,10 @@ def run(target: Target, p: Params | None = None) -> Result:
         "the unpaged list, the old monitor's call, and the step counts and totals of the "
         "rebuild and of the node-list syncs, whose figures are their longest step's; "
         "the dark rows: a share of the fleet stops heartbeating, then placements one by "
-        f"one until the index lists no stale node, at most {DARK_CALLS}: the longest, "
-        "how many calls, their time in all, refusals, stale index entries at the start "
+        "one, each followed by a monitor's index step, until the index lists no stale "
+        f"node, at most {DARK_CALLS}: the longest placement and step, how many calls, "
+        "their time in all, refusals (nothing eligible; behind: the index catching up "
+        "on a fleet larger than the full scan reads), stale index entries at the start "
         "and left); "
         "SLOWLOG durations are wall-clock, so a busy host inflates them",
         "cpucfg (params): a cluster's heartbeats with their CPU config step, 10 % of the "

@@ -35,8 +35,8 @@
                        coverage, bonus, locality: why a warm node lost or ""]}
   Errors: BADARG <field> ..., NO_NODES no nodes available: 0/N ..., BEHIND no
           decision without reading all N nodes ... (least_loaded, the index
-          catching up: nothing reserved), NO_POLICY (no policy), PRECONDITION (the reservation id was cancelled before this
-          call ran)
+          catching up: nothing reserved), NO_POLICY (no policy),
+          PRECONDITION (the reservation id was cancelled before this call ran)
   Writes: res:<id>, node-res:<node>, expiry, node:<node> pending_*, stats, rr,
           rr-cursor (strategy round_robin: the node chosen);
           with locality: node-loc:<node>, aff:<group> (includes/locality.lua)

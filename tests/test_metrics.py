@@ -5,6 +5,8 @@ process' own series."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 import urllib.request
@@ -17,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from scheduler import Limits, Policy, version
-from scheduler.domain.catalog import ADMISSION_TEXT, CEILING_NAMES
+from scheduler import Limits, Policy, Scheduler, version
+from scheduler.domain.catalog import ADMISSION_TEXT, CEILING_NAMES, FULL_SCAN_MAX
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.server.metrics import (
@@ -28,7 +30,7 @@ from scheduler.server.metrics import (
     status_label,
 )
 from scheduler.testing.replicas import ServeProcess, ThreadedReplica
-from tests.helpers import cold, endpoint_md, hb_request
+from tests.helpers import cold, endpoint_md, fleet, hb_request
 
 Make = Callable[..., ThreadedReplica]
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,6 +224,44 @@ def test_a_full_cell_and_a_redis_that_cannot_serve_are_different_refusals(
     )
 
 
+@pytest.mark.real_only  # (fakeredis: the test's client and the replica's loop share one Lua)
+def test_a_schedule_the_index_cannot_decide_is_unavailable_and_counted(
+    make_replica: Make, redis_client: Any
+) -> None:
+    """On a fleet larger than the full scan reads (FULL_SCAN_MAX), a
+    Schedule the placement index cannot decide (here: the index of an
+    older layout being dropped) answers UNAVAILABLE naming what is under
+    way, reserves nothing, and counts under the reason `index behind`."""
+    policy = Policy(report_ttl_ms=3_600_000)
+    r = make_replica(policy)
+    assert r.replica is not None
+    monitor = r.replica._monitor
+
+    async def stop_monitor() -> None:  # (its index steps would end the drop)
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+
+    r.call(stop_monitor())
+    reg = r.replica.metrics.registry
+    s = Scheduler(redis_client, cell=r.settings.cell)
+    fleet(s, FULL_SCAN_MAX + 100)
+    s.client.hset(s.keys.policy, "index_format", "0")  # (an older version's)
+    assert s.sync_policy(policy) == "same"
+    assert s.client.hget(s.keys.policy, "index_format") == b"dropping"
+    with pytest.raises(grpc.RpcError) as behind:
+        r.stub.Schedule(cold(1, 16))
+    assert behind.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "the placement index is being built anew" in (behind.value.details() or "")
+    assert reg.get_sample_value("sched_refusals_total", {"reason": "index behind"}) == 1
+    assert reg.get_sample_value("sched_refusals_total", {"reason": "redis"}) == 0
+    assert s.stats().pending == 0
+    while not s.index_rebuild().done:  # (the steps a monitor takes)
+        pass
+    r.stub.Schedule(cold(1, 16))
+    assert s.stats().pending == 1
+
+
 def test_refusal_reasons_are_counted_without_their_limits() -> None:
     msg = (
         "no nodes available: 0/6 nodes available: 3 at max_sandbox_count (10), "
@@ -248,9 +288,8 @@ def test_every_reason_the_stages_give_has_a_series() -> None:
     assert written, "no reason found in stages.lua"
     assert "return 'not accepting: ' .." in stages  # one per admission reason
     accepting = {f"not accepting: {text}" for text in ADMISSION_TEXT.values()}
-    assert written | accepting | {f"at {c}" for c in CEILING_NAMES} | {"no nodes", "redis"} == set(
-        REFUSAL_REASONS
-    )
+    others = {"no nodes", "index behind", "redis"}
+    assert written | accepting | {f"at {c}" for c in CEILING_NAMES} | others == set(REFUSAL_REASONS)
 
 
 def test_status_labels_are_upstreams() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from scheduler import Limits, Policy, Request, Scheduler
-from scheduler.domain.catalog import REFUSAL_COUNTED
-from scheduler.domain.errors import NoNodesAvailable
+from scheduler.domain.catalog import FULL_SCAN_MAX, REFUSAL_COUNTED
+from scheduler.domain.errors import IndexBehind, NoNodesAvailable
 from scheduler.domain.policy import Overcommit
 from scheduler.ops.doctor import doctor
 from scheduler.testing.model import SPREAD_DRAWS, decide
@@ -91,7 +91,9 @@ def test_a_counted_node_the_index_lacks_is_placed_on_and_the_index_rebuilt(
     redis_client: Any,
 ) -> None:
     """A foreign write took an eligible node out of the index: the count
-    finds it eligible, the index is rebuilt, and the full scan places."""
+    finds it eligible and the index is rebuilt; the fleet being larger than
+    the full scan reads, that decision is refused BEHIND with nothing
+    reserved, and once the steps end the rebuild the node is placed on."""
     s, now = _full_cell(redis_client, "refusal-lost")
     call = s.ops.heartbeat(hb("r00001", cpu=64, mem_gib=256, sandbox_count=0))
     s.scripts[call.script](keys=call.keys, args=call.args)
@@ -103,8 +105,14 @@ def test_a_counted_node_the_index_lacks_is_placed_on_and_the_index_rebuilt(
     assert any("r00001" in f"{f}" for f in found), found
     req = Request.cold(8, 1024)
     assert decide(node_states(s), s.policy() or Policy(), req, now, 1).chosen == "r00001"
-    assert s.schedule(req).node_id == "r00001"
+    assert s.client.zcard(s.keys.nodes) > FULL_SCAN_MAX
+    with pytest.raises(IndexBehind, match="the placement index is being rebuilt; retry"):
+        s.schedule(req)
     assert s.client.hget(s.keys.policy, "index_rebuild") is not None
+    assert s.stats().pending == 0
+    while not s.index_rebuild().done:
+        pass
+    assert s.schedule(req).node_id == "r00001"
 
 
 @pytest.mark.parametrize("overcommit", [1.0, 1.5, 0.3])

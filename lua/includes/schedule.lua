@@ -506,7 +506,7 @@ end
 -- index's steps (index_rebuild-5.lua: the rebuild, the drop of an old
 -- layout, the stale sweep) until it is whole, each call bounded.  The
 -- message, or nil when the full scan may decide.
-local function index_behind(ctx, now)
+local function index_behind(ctx)
   local total = redis.call('ZCARD', NODES_KEY)
   if total <= FULL_SCAN_MAX then return nil end
   local P = ctx[CTX.P] -- (a pick that found the index wrong started a rebuild)
@@ -517,8 +517,7 @@ local function index_behind(ctx, now)
   elseif P.index_rebuild then
     why = 'the placement index is being rebuilt'
   else
-    why = fmt(redis.call('ZCOUNT', IDX_SEEN, '-inf', '(' .. fmt(stale_before(P, now))))
-      .. ' nodes whose heartbeat went stale are still listed in the placement index'
+    why = 'nodes whose heartbeat went stale are still listed in the placement index'
   end
   return 'no decision without reading all ' .. fmt(total) .. ' nodes (a Schedule reads at most '
     .. fmt(FULL_SCAN_MAX) .. '): ' .. why .. '; retry, the replicas catch it up in bounded steps'
@@ -586,7 +585,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   local evaluated, refusal = NONE, ''
   if chosen == nil and none then refusal = refusal_counted(ctx, P, req, now) or '' end
   if chosen == nil and refusal == '' then
-    local behind = not dry_run and strategy == 'least_loaded' and index_behind(ctx, now)
+    local behind = not dry_run and strategy == 'least_loaded' and index_behind(ctx)
     if behind then
       give_back_rr(ctx, RR_KEY)
       reindex_touched(ctx, P, now)
