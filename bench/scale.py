@@ -49,10 +49,11 @@ longest single call comes from ``SLOWLOG`` (every call over 1 ms logged,
 reset before the measured rounds): the longest of the periodic and hot-path
 calls, and of the start-up and one-off ones, reported apart.
 
-Last, a CPU-config cluster of ``cpucfg_members`` (100 and 10,000) members,
+Last, CPU-config clusters of ``cpucfg_members`` (100 and 10,000) members,
 10 % of them without a config: the Redis time of one heartbeat with its CPU
 config step (heartbeat batches of 16 carrying both, as a replica sends
-them), every answer checked OK.
+them), every answer checked OK; the clusters measured in turn, round after
+round, and their ratio taken per round (the median of CPUCFG_ROUNDS).
 
 Replica CPU per Heartbeat and Schedule RPC against a bare grpc.aio server is
 not measured here: ``python -m bench throughput --paths cpu`` and
@@ -548,18 +549,31 @@ def _member(cluster: str, i: int, config: str) -> Heartbeat:
     )
 
 
-def run_cpucfg(target: Target, members: int, p: Params) -> dict[str, Any]:
-    """Redis time per heartbeat of a cluster of ``members`` (10 % without a
-    config) with its CPU config step, as a replica sends both, coalesced."""
-    cell = target.new_cell("scale-cpucfg")
-    s = Scheduler.connect(
-        target.url, cell=cell, policy=Policy(report_ttl_ms=3_600_000), timeout_s=120
-    )
-    cpu = CpuConfigOps(s.keys)
-    cluster = "c"
-    missing = max(1, members // 10)
+#: Rounds of the CPU-config clusters' paired measurement (run_cpucfg): each
+#: round measures every cluster once, in turn, so the host's load moves
+#: both sides of a round's ratio alike.
+CPUCFG_ROUNDS = 9
 
-    def batch(ids: range, config_of: Any) -> list[Call[Any]]:
+
+def run_cpucfg(target: Target, p: Params) -> list[dict[str, Any]]:
+    """Redis time per heartbeat of a cluster of each of ``cpucfg_members``
+    members (10 % without a config) with its CPU config step, as a replica
+    sends both, coalesced; every cluster on a cell of its own in the same
+    server, measured in turn, round after round: the per-round ratio of
+    each to the first (the smallest) is the figure, its median over the
+    rounds, as the host's load moves both alike."""
+    rng = random.Random(p.seed)
+    clusters: list[tuple[Scheduler, CpuConfigOps, int, int]] = []
+    cells: list[str] = []
+    for members in p.cpucfg_members:
+        cells.append(target.new_cell(f"scale-cpucfg-{members}"))
+        s = Scheduler.connect(
+            target.url, cell=cells[-1], policy=Policy(report_ttl_ms=3_600_000), timeout_s=120
+        )
+        clusters.append((s, CpuConfigOps(s.keys), members, max(1, members // 10)))
+    cluster = "c"
+
+    def batch(s: Scheduler, cpu: CpuConfigOps, ids: range, config_of: Any) -> list[Call[Any]]:
         out: list[Call[Any]] = []
         for lo in range(ids.start, ids.stop, COALESCED):
             calls: list[Call[Any]] = []
@@ -570,54 +584,73 @@ def run_cpucfg(target: Target, members: int, p: Params) -> dict[str, Any]:
             out.append(s.ops.heartbeat_batch(calls))
         return out
 
+    def measure(s: Scheduler, cpu: CpuConfigOps, members: int, missing: int) -> dict[str, Any]:
+        picked = sorted(rng.sample(range(missing, members), min(p.burst, members - missing)))
+        calls = []
+        for i in picked:  # (the memo makes them steady heartbeats, as in the field)
+            calls.append(s.ops.heartbeat(_member(cluster, i, ""), s.beats))
+            calls.append(cpu.ingest(f"{cluster}-{i:05d}", cluster, "", False))
+        batches = [
+            s.ops.heartbeat_batch(calls[j : j + 2 * COALESCED])
+            for j in range(0, len(calls), 2 * COALESCED)
+        ]
+        before, commands = target.script_stats(), _commands(target)
+        out = run_pipelined(s, batches, 64, errors=True)
+        _, usec = target.script_stats_since(before)
+        errors = sum(
+            isinstance(one, Exception)
+            for reply in out
+            for one in (reply if isinstance(reply, list) else [reply])
+        )
+        return {
+            "us": usec / len(picked),
+            "commands": (_commands(target) - commands) / len(picked),
+            "beats": len(picked),
+            "errors": errors,
+        }
+
+    seen: list[list[dict[str, Any]]] = [[] for _ in clusters]
     try:
-        s.stats()
-        # the members without a config join first: the round waits from the start
-        run_pipelined(s, batch(range(members), lambda i: "" if i < missing else CONFIG), 64)
-        samples, errors, beats = [], 0, 0
-        counted: list[float] = []
-        rng = random.Random(p.seed)
-        for _ in range(p.rounds):
-            picked = sorted(rng.sample(range(missing, members), min(p.burst, members - missing)))
-            calls = []
-            for i in picked:  # (the memo makes them steady heartbeats, as in the field)
-                calls.append(s.ops.heartbeat(_member(cluster, i, ""), s.beats))
-                calls.append(cpu.ingest(f"{cluster}-{i:05d}", cluster, "", False))
-            batches = [
-                s.ops.heartbeat_batch(calls[j : j + 2 * COALESCED])
-                for j in range(0, len(calls), 2 * COALESCED)
-            ]
-            before, commands = target.script_stats(), _commands(target)
-            out = run_pipelined(s, batches, 64, errors=True)
-            _, usec = target.script_stats_since(before)
-            counted.append((_commands(target) - commands) / len(picked))
-            for reply in out:
-                for one in reply if isinstance(reply, list) else [reply]:
-                    errors += isinstance(one, Exception)
-            beats += len(picked)
-            samples.append(usec / len(picked))
+        for s, cpu, members, missing in clusters:
+            s.stats()
+            # the members without a config join first: the round waits from the start
+            run_pipelined(
+                s, batch(s, cpu, range(members), lambda i, m=missing: "" if i < m else CONFIG), 64
+            )
+        for _ in range(CPUCFG_ROUNDS):
+            for k, (s, cpu, members, missing) in enumerate(clusters):
+                seen[k].append(measure(s, cpu, members, missing))
     finally:
-        s.close()
-        target.drop_cell(cell)
-    return {
-        "members": members,
-        "without_config": missing,
-        "us_per_heartbeat": round(statistics.median(samples), 1),
-        "commands_per_heartbeat": round(statistics.median(counted), 1),
-        "heartbeats": beats,
-        "errors": errors,
-    }
+        for (s, _, _, _), cell in zip(clusters, cells, strict=True):
+            s.close()
+            target.drop_cell(cell)
+    out = []
+    for k, (_, _, members, missing) in enumerate(clusters):
+        rows = seen[k]
+        # each round's ratio to the first cluster's, measured just before it
+        ratios = [r["us"] / b["us"] for r, b in zip(rows, seen[0], strict=True)]
+        commands = [r["commands"] / b["commands"] for r, b in zip(rows, seen[0], strict=True)]
+        out.append(
+            {
+                "members": members,
+                "without_config": missing,
+                "us_per_heartbeat": round(statistics.median(r["us"] for r in rows), 1),
+                "commands_per_heartbeat": round(statistics.median(r["commands"] for r in rows), 1),
+                "ratio_to_smallest": round(statistics.median(ratios), 2),
+                "ratio_range": [round(min(ratios), 2), round(max(ratios), 2)],
+                "commands_ratio": round(statistics.median(commands), 2),
+                "heartbeats": sum(r["beats"] for r in rows),
+                "errors": sum(r["errors"] for r in rows),
+            }
+        )
+    return out
 
 
 def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)
     rows = [run_size(target, n, p) for n in p.nodes]
-    cfg = [run_cpucfg(target, m, p) for m in p.cpucfg_members]
-    base, base_n = cfg[0]["us_per_heartbeat"], cfg[0]["commands_per_heartbeat"]
-    for row in cfg:
-        row["ratio_to_smallest"] = round(row["us_per_heartbeat"] / base, 2) if base else None
-        row["commands_ratio"] = round(row["commands_per_heartbeat"] / base_n, 2) if base_n else None
+    cfg = run_cpucfg(target, p)
     params: dict[str, Any] = asdict(p)
     params["cpucfg"] = cfg
     notes = [
@@ -654,7 +687,8 @@ def run(target: Target, p: Params | None = None) -> Result:
         "members without a config: "
         + "; ".join(
             f"{c['members']} members {c['us_per_heartbeat']} us a heartbeat "
-            f"(x{c['ratio_to_smallest']}), {c['commands_per_heartbeat']} Redis commands "
+            f"(x{c['ratio_to_smallest']}, rounds {c['ratio_range'][0]}-{c['ratio_range'][1]}), "
+            f"{c['commands_per_heartbeat']} Redis commands "
             f"(x{c['commands_ratio']}), {c['errors']} errors in {c['heartbeats']}"
             for c in cfg
         ),

@@ -1,11 +1,13 @@
 --[[
   sync_walk-5.lua: one bounded step of a node-list sync pass's removal walk
   (sync_begin-5.lua): from the pass's cursor, in node-id byte order, at most
-  ARGV[2] nodes read and WALK_REMOVALS (16) removed; a node not on the
-  pass's list (not in its staging set) leaves, like an unregister.  Take
-  steps only once every chunk is staged (sync_stage-5.lua).  The steps of
-  replicas that joined one pass share its cursor.  The step that ends the
-  walk commits the pass: done, and (a static list) stats static_set.
+  ARGV[2] nodes read and WALK_REMOVALS (16) removed, or fewer once those
+  removals dropped WALK_WORK (256) bindings, reservations and artifacts; a
+  node not on the pass's list (not in its staging set) leaves, like an
+  unregister.  Take steps only once every chunk is staged
+  (sync_stage-5.lua).  The steps of replicas that joined one pass share its
+  cursor.  The step that ends the walk commits the pass: done, and (a
+  static list) stats static_set.
 
   A pass of an empty static list removes the static nodes only: once the
   static set is whole (stats static_set) it reads the static set
@@ -43,16 +45,17 @@ if committed then return { '1', committed.changed, committed.removed } end
 local SKEY, STATIC_KEY = stage_key(token), static_key()
 local listed = pass[PASS.listed] == '1'
 local whole = redis.call('HGET', STATS_KEY, 'static_set') == '1'
-local removed, ended = 0, false
+local removed, work, ended = 0, 0, false
 local function leave(id)
   redis.call('HSET', node_key(id), 'static', '0')
-  remove_node(ctx, id, now)
+  work = work + remove_node(ctx, id, now)
   redis.call('SREM', STATIC_KEY, id)
   removed = removed + 1
 end
 if not listed and whole then
   -- the static nodes leave: each member read leaves the set, until none is left
   for _, id in ipairs(redis.call('SRANDMEMBER', STATIC_KEY, fmt(math.min(step, WALK_REMOVALS)))) do
+    if work >= WALK_WORK then break end -- (the rest: the next step's)
     if redis.call('HGET', node_key(id), 'static') == '1' then leave(id) end
     redis.call('SREM', STATIC_KEY, id)
   end
@@ -71,7 +74,7 @@ else
       redis.call('SREM', STATIC_KEY, id)
     end
     cursor = id
-    if removed >= WALK_REMOVALS and k < #ids then
+    if (removed >= WALK_REMOVALS or work >= WALK_WORK) and k < #ids then
       ended = false
       break
     end

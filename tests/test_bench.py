@@ -548,9 +548,15 @@ def test_scale_rows_at_tiny_sizes_and_its_cells_are_dropped(target: Target) -> N
         "sync_nodes [] (start-up)",
         "least_loaded refusal (no node fits)",
     }
+    # a fleet the full scan may read: dark nodes never refuse a placement BEHIND,
+    # and the index steps leave none listed
+    for share in ("10%", "99%"):
+        dark = row["oneoff"][f"placements while {share} went dark (the longest)"]
+        assert dark["behind"] == 0 and dark["stale_left"] == 0 and dark["stale_listed"] > 0
     cfg = result.params["cpucfg"]
     assert [c["members"] for c in cfg] == [20, 60]
     assert all(c["errors"] == 0 and c["heartbeats"] > 0 for c in cfg)
+    assert cfg[0]["ratio_to_smallest"] == 1 and cfg[0]["ratio_range"] == [1, 1]
     assert not list(target.client.scan_iter(match="sched:{bench-scale*"))
 
 

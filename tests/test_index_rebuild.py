@@ -39,7 +39,7 @@ FLEET = 500
 PLACEMENT_STEP = 32
 HOT = 90  # cpu_percent of every third node: out under a ceiling of 80
 #: Nodes a drop step walks per node of its budget (UPGRADE.WALK).
-DROP_WALK = 4
+DROP_WALK = 2
 
 
 def _fleet(s: Scheduler, n: int = FLEET) -> list[str]:

@@ -1,6 +1,6 @@
 """Many nodes gone stale at once (a rack gone dark; a settle, after which
 every node must heartbeat again): the placement index still lists them
-until a sweep takes them out, 64 a call.  A least_loaded decision used to
+until a sweep takes them out, 32 a placement call and 64 a monitor's step.  A least_loaded decision used to
 hand every call of that window to the full scan, which reads the fleet
 (about 167 ms of Redis CPU a placement at 10,000 nodes, while 1,000 went
 dark).  Now it picks from the index around them: a node it picks is checked
@@ -39,10 +39,14 @@ FLEET = 600
 #: Nodes that stop heartbeating: more than five sweeps take (STALE_BATCH 64).
 DARK = frozenset(i for i in range(FLEET) if i % 5 < 3)
 STALE_BATCH = 64
+#: Stale nodes a placement call's sweep takes (PLACEMENT_STALE_BATCH).
+PLACEMENT_BATCH = 32
 #: Picks a decision makes around stale entries (UNSWEPT_PICK_TRIES).
-TRIES = 16
+TRIES = 8
+#: ...and the decisions of one call together (UNSWEPT_CALL_TRIES).
+CALL_TRIES = 16
 #: Records a call reads of the buckets its picks met stale nodes in (STALE_BUCKET_READS).
-STALE_BUCKET_READS = 96
+STALE_BUCKET_READS = 32
 REPORT_TTL_MS = 30_000
 POLICY = Policy(report_ttl_ms=REPORT_TTL_MS, limits=Limits(max_sandbox_count=6))
 
@@ -92,28 +96,53 @@ def test_placements_pick_around_stale_nodes_instead_of_reading_the_fleet(
         placed = s.schedule(req)
         # the sweep's records, the picks' and their checks: never the fleet
         # (the full scan reads every one of the 600)
-        assert _hmgets(s) - before <= STALE_BATCH + 2 * TRIES + 8
+        assert _hmgets(s) - before <= PLACEMENT_BATCH + STALE_BUCKET_READS + 2 * TRIES + 8
         assert placed.node_id not in dark
         assert placed.pressure == best
         placed_behind += 1
         assert placed_behind < FLEET
-    assert placed_behind >= len(dark) // STALE_BATCH
+    assert placed_behind >= len(dark) // (PLACEMENT_BATCH + STALE_BUCKET_READS + TRIES)
     # the sweeps done: the model's decisions, turn for turn
     check_stream(s, POLICY, [Request.cold(1, 512)] * 4)
     index_is_consistent(s, POLICY, now)
 
 
 def test_a_batch_behind_the_sweeps_sweeps_once_and_reads_no_fleet(redis_client: Any) -> None:
-    """The coalesced path: one call of 16 decisions sweeps once (64 nodes),
-    not once a decision, and picks each around what is left."""
+    """The coalesced path: one call of 16 decisions sweeps once (32 nodes),
+    not once a decision, and its decisions share one allowance of picks
+    that meet a stale node (16), so the call stays bounded however many it
+    decides: each decision places on a live node at the least pressure, or,
+    the call's picks spent, is refused BEHIND with nothing reserved; the
+    next calls go on from what it took out."""
     s, now = _dark_cell(redis_client, "dark-batch")
     dark = {f"d{i:04d}" for i in DARK}
-    before, left = _hmgets(s), _listed_stale(s, now)
     reqs = [Request.cold(*size) for size in [(1, 512), (2, 1024)] * 8]
-    placed = s.run(s.ops.schedule_batch([s.ops.schedule(req) for req in reqs]))
-    assert all(not isinstance(p, Exception) and p.node_id not in dark for p in placed), placed
-    assert _hmgets(s) - before <= STALE_BATCH + len(reqs) * (2 * TRIES + 8)
-    assert left - _listed_stale(s, now) <= STALE_BATCH + len(reqs) * TRIES
+    placed_all = False
+    for _ in range(4):
+        best = {  # (a dry run: the full scan, nothing swept)
+            req: min(v.pressure for v in s.explain(req).verdicts if v.reason is None)
+            for req in set(reqs)
+        }
+        before, left, pending = _hmgets(s), _listed_stale(s, now), s.stats().pending
+        placed = s.run(s.ops.schedule_batch([s.ops.schedule(req) for req in reqs]))
+        ok = [p for p in placed if not isinstance(p, Exception)]
+        assert all(isinstance(p, IndexBehind) for p in placed if isinstance(p, Exception)), placed
+        assert all(p.node_id not in dark for p in ok), placed
+        # (the first of a size at its best; the later ones see the earlier)
+        for req in set(reqs):
+            first = next((p for q, p in zip(reqs, placed, strict=True) if q == req), None)
+            if first is not None and not isinstance(first, Exception):
+                assert first.pressure == best[req]
+        assert s.stats().pending == pending + len(ok)
+        # the sweep's records, each decision's pick, the call's stale picks
+        # and their checks, their buckets' stale members
+        most = PLACEMENT_BATCH + STALE_BUCKET_READS + 2 * len(reqs) + 2 * CALL_TRIES + 8
+        assert _hmgets(s) - before <= most
+        assert left - _listed_stale(s, now) <= PLACEMENT_BATCH + STALE_BUCKET_READS + CALL_TRIES
+        if len(ok) == len(reqs):
+            placed_all = True
+            break
+    assert placed_all
     assert _listed_stale(s, now) > 0  # (still behind: the next calls go on)
 
 
@@ -152,7 +181,7 @@ def test_a_fleet_gone_dark_is_refused_behind_until_the_steps_catch_up(
         s.schedule(Request.cold(1, 512))
     # the sweep's records, the picks', their checks and their buckets' stale
     # members: never the fleet
-    assert _hmgets(s) - before <= STALE_BATCH + STALE_BUCKET_READS + 2 * TRIES + 8
+    assert _hmgets(s) - before <= PLACEMENT_BATCH + STALE_BUCKET_READS + 2 * TRIES + 8
     assert s.stats().pending == 0
     left = _listed_stale(s, now)
     assert 0 < left < FLEET

@@ -20,6 +20,8 @@ from tests.helpers import hb
 
 #: what one walk step removes at most (lua/includes/sync_pass.lua WALK_REMOVALS)
 WALK_REMOVALS = 16
+#: ...and the bindings, reservations and artifacts its removals drop (WALK_WORK)
+WALK_WORK = 256
 
 
 def _stats(client: Any) -> dict[str, int]:
@@ -78,6 +80,7 @@ def test_the_bounds_are_the_scripts_own() -> None:
 
     text = (Path(__file__).parent.parent / "lua/includes/sync_pass.lua").read_text()
     assert re.search(rf"^local WALK_REMOVALS = {WALK_REMOVALS}\b", text, re.M)
+    assert re.search(rf"^local WALK_WORK = {WALK_WORK}\b", text, re.M)
     assert re.search(rf"^local STAGE_MAX = {MAX_SYNC_CHUNK}\b", text, re.M)
     assert SYNC_CHUNK <= MAX_SYNC_CHUNK
 
@@ -137,6 +140,32 @@ def test_no_call_of_a_sync_of_10000_nodes_reads_more_than_a_step(
     assert max(chunks) <= 12 * SYNC_CHUNK + 16, max(chunks)
     walk = [c for (script, _), c in zip(count.calls, cmds, strict=True) if script == "sync_walk"]
     assert max(walk) <= 2 * SYNC_WALK_STEP + 16 * WALK_REMOVALS, max(walk)
+
+
+def test_a_walk_step_ends_once_its_removals_dropped_its_work(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A removal costs what its node holds: a step stops after the removal
+    that brings what its removals dropped to WALK_WORK, so nodes of 100
+    sandboxes leave three a step, not sixteen; every node and binding of
+    them still goes by the pass's end."""
+    s = make_scheduler(Policy())
+    big = [f"h{i:03d}" for i in range(20)]
+    for i, node_id in enumerate(big):
+        s.heartbeat(hb(node_id, roster=[f"sb{i}-{k}" for k in range(100)]))
+    lst = s.ops.static_list(nodes(0, 5))
+    assert s.run(s.ops.sync_begin("1", lst)) == ("begun", "1")
+    s.run(s.ops.sync_stage("1", lst.nodes))
+    removed, done = [0], False
+    while not done:
+        done, _, so_far = s.run(s.ops.sync_walk("1"))
+        removed.append(so_far)
+    per_step = [b - a for a, b in zip(removed, removed[1:], strict=False)]
+    # (the removal that reaches 256 ends the step: 3 nodes of 100)
+    assert max(per_step) == -(-WALK_WORK // 100) < WALK_REMOVALS, per_step
+    assert removed[-1] == len(big)
+    assert listed(s) == {n[0] for n in lst.nodes}
+    assert not list(s.client.scan_iter(match=s.keys.base + "bind:*"))
 
 
 # ---------------------------------------------------------------------------

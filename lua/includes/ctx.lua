@@ -17,7 +17,7 @@ local CTX = {
   'P', 'now', 'heard', 'more_due', 'fresh', 'batch', 'rr', 'seq', 'new_ids',
   'counts', 'touched', 'held', 'instants', 'shapes', 'shape_set', 'firsts',
   'firsts_more', 'sizes', 'members', 'picks', 'shape_desc', 'rebuilt', 'checked',
-  'stale_left',
+  'stale_left', 'stale_tries',
 }
 
 local function new_ctx()
@@ -86,5 +86,9 @@ local function new_ctx()
     -- Stale members the picks may still take out of their buckets this
     -- call, once sweep_stale ran (sweep_stale_bucket), or false.
     false, -- ctx[CTX.stale_left]
+    -- Picks that met a stale node this call may still make (index_chosen,
+    -- includes/schedule.lua: a batch's decisions share them), or false
+    -- before the first.
+    false, -- ctx[CTX.stale_tries]
   }
 end

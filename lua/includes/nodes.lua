@@ -53,16 +53,20 @@ local REMOVE_READ = { 'cluster_id', 'static', 'endpoint', 'lingering', 'cpucfg_c
 -- artifacts go.  A node of the static list keeps a bare record (id,
 -- endpoint, lingering; and `last_seen_ms` when it is forgotten rather than
 -- unregistered, so it stays UNHEALTHY) so it can come back; any other node
--- is forgotten.
+-- is forgotten.  Returns the bindings, reservations and artifacts it
+-- dropped (a caller that removes several bounds its work by them).
 local function remove_node(ctx, node_id, now, last_seen)
   local nkey = node_key(node_id)
+  local work = 0
   for _, key in ipairs({ node_sbx_key(node_id), node_roster_key(node_id) }) do
-    for _, sb in ipairs(redis.call('SMEMBERS', key)) do drop_binding(sb, node_id) end
+    local members = redis.call('SMEMBERS', key)
+    for _, sb in ipairs(members) do drop_binding(sb, node_id) end
+    work = work + #members
   end
   redis.call('DEL', node_sbx_key(node_id), node_roster_key(node_id))
-  for _, rid in ipairs(redis.call('ZRANGE', node_res_key(node_id), '0', '-1')) do
-    end_reservation(ctx, rid, 'cancelled', now)
-  end
+  local rids = redis.call('ZRANGE', node_res_key(node_id), '0', '-1')
+  for _, rid in ipairs(rids) do end_reservation(ctx, rid, 'cancelled', now) end
+  work = work + #rids
   redis.call('DEL', node_res_key(node_id), BASE .. 'node-loc:' .. node_id)
   local n = redis.call('HMGET', nkey, unpack(REMOVE_READ))
   if n[REMOVE_READ.cluster_id] then
@@ -70,9 +74,9 @@ local function remove_node(ctx, node_id, now, last_seen)
   end
   if n[REMOVE_READ.cpucfg_cluster] then leave_cpucfg(node_id, n[REMOVE_READ.cpucfg_cluster]) end
   redis.call('ZREM', SEEN_KEY, node_id)
-  for _, digest in ipairs(redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)) do
-    drop_holding(node_id, digest)
-  end
+  local held = redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)
+  for _, digest in ipairs(held) do drop_holding(node_id, digest) end
+  work = work + #held
   unindex(ctx, node_id)
   redis.call('DEL', nkey)
   if n[REMOVE_READ.static] == '1' then
@@ -83,6 +87,7 @@ local function remove_node(ctx, node_id, now, last_seen)
   else
     redis.call('ZREM', NODES_KEY, node_id)
   end
+  return work
 end
 
 ---------------------------------------------------------------------------

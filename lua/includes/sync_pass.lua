@@ -15,12 +15,17 @@
   and the walk has not read yet.  Both expire PASS_TTL_MS after the pass's
   last step; nothing but the pass's own steps reads them.
 ]]
--- @exports PASS PASS_TTL_MS STAGE_MAX WALK_REMOVALS pass_key stage_key static_key
+-- @exports PASS PASS_TTL_MS STAGE_MAX WALK_REMOVALS WALK_WORK pass_key stage_key static_key
 -- @exports load_pass check_token
 -- @include common
 local PASS_TTL_MS = '60000' -- a pass no step touched for this long is gone
 local STAGE_MAX = 1000 -- nodes a chunk may hold
 local WALK_REMOVALS = 16 -- nodes a walk step removes at most (each as an unregister)
+-- ...and bindings, reservations and artifacts those removals drop, at most:
+-- a step ends after the removal that reaches it (a removal costs what its
+-- node holds: 16 nodes of 25-45 sandboxes were a step of 8 ms at 100,000
+-- nodes; one node listing more than this is a step of its own)
+local WALK_WORK = 256
 -- The pass under way (a layout)
 -- @layout PASS
 local PASS = { 'token', 'kind', 'digest', 'listed', 'cursor', 'changed', 'removed' }
