@@ -1,19 +1,21 @@
 """Many nodes gone stale at once (a rack gone dark; a settle, after which
 every node must heartbeat again): the placement index still lists them
-until a sweep takes them out, 32 a placement call and 64 a monitor's step.  A least_loaded decision used to
-hand every call of that window to the full scan, which reads the fleet
-(about 167 ms of Redis CPU a placement at 10,000 nodes, while 1,000 went
-dark).  Now it picks from the index around them: a node it picks is checked
-against its record, a stale one leaves the index with its bucket's stale
-members, and the pick runs again; only when every pick meets a stale node
-does the full scan decide, and it takes every stale node it reads out, so
-the fleet is read once for the lot.  Here, against a real Redis (commands
-counted by Redis itself): every placement of that window reads a bounded
-number of records, none goes to a dark node, each has the least pressure
-of the fleet, and once the sweeps are done the decisions are the model's
-again; the replicas' periodic sweep takes stale nodes out too, with no
-placement at all; and with locality on, a warm node gone dark but still
-listed never wins.
+until a sweep takes them out, 32 a placement call and 64 a monitor's step.
+A least_loaded decision used to hand every call of that window to the full
+scan, which reads the fleet (about 167 ms of Redis CPU a placement at
+10,000 nodes, while 1,000 went dark).  Now it picks from the index around
+them: a node it picks is checked against its record, a stale one leaves
+the index with its bucket's stale members, and the pick runs again, a
+bounded number of times a call; when every pick meets a stale node, the
+full scan decides on a fleet of at most FULL_SCAN_MAX nodes (it takes
+every stale node it reads out, so the fleet is read once for the lot), and
+on a larger one the decision is refused BEHIND while the monitors' steps
+catch up.  Here, against a real Redis (commands counted by Redis itself):
+every placement of that window reads a bounded number of records, none
+goes to a dark node, each has the least pressure of the fleet, and once
+the sweeps are done the decisions are the model's again; the replicas'
+periodic sweep takes stale nodes out too, with no placement at all; and
+with locality on, a warm node gone dark but still listed never wins.
 """
 
 from __future__ import annotations
