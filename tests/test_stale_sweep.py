@@ -20,6 +20,7 @@ with locality on, a warm node gone dark but still listed never wins.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -264,3 +265,23 @@ def test_a_warm_node_gone_dark_never_wins_locality(redis_client: Any) -> None:
     # (and heard from again, it is the one that wins)
     beat(s, "dark399", alloc=6)
     assert s.schedule(req).node_id == "dark399"
+
+
+def test_a_replicas_monitor_takes_stale_nodes_out_step_after_step(
+    make_replica: Any, redis_client: Any
+) -> None:
+    """No placement and no periodic sweep: a running replica's monitor takes
+    the index's steps while stale nodes are listed (64 a step, back to back),
+    until none is, and places nothing."""
+    r = make_replica(POLICY, cell="dark-monitor")
+    assert r.replica is not None
+    s = Scheduler(redis_client, cell="dark-monitor")
+    s.advance_clock(0, "freeze")
+    _beat(s, range(FLEET))
+    now = s.advance_clock(REPORT_TTL_MS * 2)
+    deadline = time.monotonic() + 60  # (a bound on the wait, not a figure)
+    while _listed_stale(s, now) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _listed_stale(s, now) == 0
+    assert s.stats().pending == 0
+    index_is_consistent(s, POLICY, now)
