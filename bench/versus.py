@@ -240,13 +240,19 @@ class _Run:
         return len(calls), usec, [r for batch in out for r in batch]
 
     def heartbeat(self, lib: Library, coalesced: bool = False) -> tuple[int, int]:
-        """Heartbeats of nodes whose rosters now list sandboxes placed and
-        assigned since their last one (each releases a reservation), and drop
-        one older sandbox (a binding to remove)."""
+        """Heartbeats of nodes whose rosters now list a sandbox placed and
+        assigned since their last one (it releases its reservation), and drop
+        one older sandbox (a binding to remove).  One new sandbox a node: a
+        placement on a node the burst already placed on is cancelled, so each
+        heartbeat does the same work at every fleet size (on a small fleet
+        least_loaded puts several of a burst on one node)."""
         touched: dict[str, SimNode] = {}
         for _ in range(self.p.burst):
             cpu, mem = self.rng.choice(SIZES)
             placed = self.s.schedule(Request.cold(cpu, mem))
+            if placed.node_id in touched:
+                self.s.cancel(placed.reservation_id)
+                continue
             self.seq += 1
             sb = f"vs{self.seq}"
             self.s.assign(sb, placed.node_id, placed.endpoint, placed.reservation_id)
