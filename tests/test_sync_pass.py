@@ -168,6 +168,30 @@ def test_a_walk_step_ends_once_its_removals_dropped_its_work(
     assert not list(s.client.scan_iter(match=s.keys.base + "bind:*"))
 
 
+def test_an_empty_static_list_removes_big_static_nodes_a_few_a_step(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """The other walk, an empty static list reading the static set: the
+    same bound, three static nodes of 100 sandboxes a step, all gone at
+    the end with their bindings."""
+    s = make_scheduler(Policy())
+    static = nodes(0, 20)
+    assert s.sync_nodes(static) == (20, 0)
+    for i, (node_id, endpoint) in enumerate(static):
+        s.heartbeat(hb(node_id, endpoint=endpoint, roster=[f"sb{i}-{k}" for k in range(100)]))
+    lst = s.ops.static_list([])
+    assert s.run(s.ops.sync_begin("2", lst)) == ("begun", "2")
+    removed, done = [0], False
+    while not done:
+        done, _, so_far = s.run(s.ops.sync_walk("2"))
+        removed.append(so_far)
+    per_step = [b - a for a, b in zip(removed, removed[1:], strict=False)]
+    assert max(per_step) == -(-WALK_WORK // 100) < WALK_REMOVALS, per_step
+    assert removed[-1] == len(static)
+    assert listed(s) == set() == static_set(s)
+    assert not list(s.client.scan_iter(match=s.keys.base + "bind:*"))
+
+
 # ---------------------------------------------------------------------------
 # Two passes at once
 # ---------------------------------------------------------------------------
