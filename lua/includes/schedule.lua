@@ -505,7 +505,6 @@ local function reserved(ctx, P, req, rid, n, now, L)
   -- @phase node_write
 end
 
--- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 -- Stage "behind": a least_loaded decision the index could not make (built
 -- anew, rebuilt, stale nodes still listed past the picks' tries, or found
 -- to disagree) goes to the full scan only on a fleet of FULL_SCAN_MAX
@@ -532,6 +531,7 @@ local function index_behind(ctx)
     .. fmt(FULL_SCAN_MAX) .. '): ' .. why .. '; retry, the replicas catch it up in bounded steps'
 end
 
+-- One Schedule (schedule-5.lua's ARGV, typed): its reply, or an error reply.
 -- Phase by phase (each phase above says what it decides); every check comes
 -- before the first write.
 local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, mem_arg, rid, rand,
