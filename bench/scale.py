@@ -62,11 +62,13 @@ not measured here: ``python -m bench throughput --paths cpu`` and
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.latency import FLOOR_LIBRARY, floor_burst
@@ -212,29 +214,44 @@ def _commands(target: Target) -> int:
     )
 
 
-def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -> dict[str, float]:
-    """One call's Redis time (ms, its FCALL's, wall clock as Redis counts it)
-    and the redis-server CPU (ms) it took, which a busy host does not inflate
-    as much (cpu_ms the process's, its background threads' frees included;
-    main_ms its main thread's, the one every other call waits on).
-    ``refused``: the call is a Schedule no node can take, or one the index
-    cannot decide on a fleet too large to scan (its refusal is what is
-    measured)."""
+T = TypeVar("T")
+
+
+def _timed(target: Target, run: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    """``run()``'s answer and what it cost Redis, in ms: its FCALL time
+    (``ms``, wall clock as Redis counts it), the redis-server process's CPU
+    (``cpu_ms``, its background threads' frees included, which a busy host
+    does not inflate as much) and its main thread's (``main_ms``, the one
+    every other call waits on)."""
     cpu, main, before = target.cpu_seconds(), target.main_cpu_seconds(), target.script_stats()
-    try:
-        s.run(call)
-    except (NoNodesAvailable, IndexBehind):
-        if not refused:
-            raise
-    else:
-        if refused:
-            raise RuntimeError("a Schedule meant to be refused was placed")
-    ms = target.script_stats_since(before)[1] / 1000
-    return {
-        "ms": round(ms, 2),
-        "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2),
-        "main_ms": round((target.main_cpu_seconds() - main) * 1000, 2),
+    answer = run()
+    return answer, {
+        "ms": target.script_stats_since(before)[1] / 1000,
+        "cpu_ms": (target.cpu_seconds() - cpu) * 1000,
+        "main_ms": (target.main_cpu_seconds() - main) * 1000,
     }
+
+
+def _rounded(cost: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in cost.items()}
+
+
+def _one(target: Target, s: Scheduler, call: Call[Any], refused: bool = False) -> dict[str, float]:
+    """One call's cost (:func:`_timed`).  ``refused``: the call is a
+    Schedule no node can take, or one the index cannot decide on a fleet
+    too large to scan (its refusal is what is measured)."""
+
+    def run() -> None:
+        try:
+            s.run(call)
+        except (NoNodesAvailable, IndexBehind):
+            if not refused:
+                raise
+        else:
+            if refused:
+                raise RuntimeError("a Schedule meant to be refused was placed")
+
+    return _rounded(_timed(target, run)[1])
 
 
 def _dark(target: Target, nodes: int, seed: int) -> dict[str, dict[str, Any]]:
@@ -254,15 +271,8 @@ def _dark(target: Target, nodes: int, seed: int) -> dict[str, dict[str, Any]]:
     s = Scheduler.connect(target.url, cell=cell, policy=Policy(report_ttl_ms=ttl), timeout_s=120)
     out: dict[str, dict[str, Any]] = {}
 
-    def measured(call: Any) -> dict[str, float]:
-        cpu, main, before = target.cpu_seconds(), target.main_cpu_seconds(), target.script_stats()
-        call()
-        ms = target.script_stats_since(before)[1] / 1000
-        return {
-            "ms": round(ms, 2),
-            "cpu_ms": round((target.cpu_seconds() - cpu) * 1000, 2),
-            "main_ms": round((target.main_cpu_seconds() - main) * 1000, 2),
-        }
+    def measured(call: Callable[[], Any]) -> dict[str, float]:
+        return _rounded(_timed(target, call)[1])
 
     try:
         s.advance_clock(0, "freeze")
@@ -339,23 +349,12 @@ def _plan_steps(target: Target, s: Scheduler, plan: Plan[Any]) -> dict[str, Any]
     try:
         call = next(plan)
         while True:
-            cpu, main, before = (
-                target.cpu_seconds(),
-                target.main_cpu_seconds(),
-                target.script_stats(),
-            )
-            reply = s.run(call)
-            ms = target.script_stats_since(before)[1] / 1000
-            cpu_ms = (target.cpu_seconds() - cpu) * 1000
-            main_ms = (target.main_cpu_seconds() - main) * 1000
-            steps, total_ms, total_cpu = steps + 1, total_ms + ms, total_cpu + cpu_ms
-            if cpu_ms > longest["cpu_ms"]:
+            reply, cost = _timed(target, functools.partial(s.run, call))
+            steps = steps + 1
+            total_ms, total_cpu = total_ms + cost["ms"], total_cpu + cost["cpu_ms"]
+            if cost["cpu_ms"] > longest["cpu_ms"]:
                 slowest = f"{call.script} (call {steps})"
-            longest = {
-                "ms": max(longest["ms"], ms),
-                "cpu_ms": max(longest["cpu_ms"], cpu_ms),
-                "main_ms": max(longest["main_ms"], main_ms),
-            }
+            longest = {k: max(v, cost[k]) for k, v in longest.items()}
             call = plan.send(reply)
     except StopIteration as done:
         answer = done.value

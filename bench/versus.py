@@ -250,6 +250,7 @@ class _Run:
         for _ in range(self.p.burst):
             cpu, mem = self.rng.choice(SIZES)
             placed = self.s.schedule(Request.cold(cpu, mem))
+            assert placed.reservation_id is not None  # (a creation reserves)
             if placed.node_id in touched:
                 self.s.cancel(placed.reservation_id)
                 continue
