@@ -67,8 +67,7 @@ if P.index_format == UPGRADE.DROPPING then
   -- rebuild it then starts is the next step's, so that a step that trims
   -- the old streams does not reindex a whole budget besides: 5.2 ms at
   -- 100,000 nodes when it did)
-  local _
-  _, moved = UPGRADE.step(ctx, budget)
+  moved = select(2, UPGRADE.step(ctx, budget))
   done = false
 elseif P.index_format == INDEX_FORMAT and P.index_rebuild then
   done, moved = REBUILD.step(ctx, P, now, budget)

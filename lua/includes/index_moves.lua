@@ -23,8 +23,10 @@ local PLACEMENT_STALE_BATCH = 32
 -- ...and, while more are left, stale members of the buckets a call's picks
 -- met them in, at most (sweep_stale_bucket).  (The sweep takes the oldest,
 -- wherever they sit; a stale entry costs a decision only where its picks
--- land, so most of the allowance goes there.  Both together: at most 3.6
--- ms of Redis a placement at 100,000 nodes, 10-90 % of them dark.)
+-- land, so most of the allowance goes there.  Both together, with the
+-- picks' bounds (includes/schedule.lua): a placement at 100,000 nodes,
+-- 10 % or 99 % of them dark, 1.4-1.7 ms of Redis at the median and
+-- 3.3-3.8 at the p99, docs/performance.md.)
 local STALE_BUCKET_READS = 32
 
 -- The layout of the index keys and bucket ids; the policy hash records the
