@@ -275,10 +275,7 @@ def test_a_replicas_monitor_takes_stale_nodes_out_step_after_step(
     until none is, and places nothing."""
     r = make_replica(POLICY, cell="dark-monitor")
     assert r.replica is not None
-    s = Scheduler(redis_client, cell="dark-monitor")
-    s.advance_clock(0, "freeze")
-    _beat(s, range(FLEET))
-    now = s.advance_clock(REPORT_TTL_MS * 2)
+    s, now = _dark_cell(redis_client, "dark-monitor", frozenset(range(FLEET)))
     deadline = time.monotonic() + 60  # (a bound on the wait, not a figure)
     while _listed_stale(s, now) and time.monotonic() < deadline:
         time.sleep(0.05)
