@@ -112,15 +112,19 @@ class Target:
         info = self.client.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
-    def main_cpu_seconds(self) -> float:
-        """CPU time of the redis-server's main thread, the one that runs
-        commands and scripts (its background threads, freeing what a call
-        dropped, run beside it and hold no client); the process's where
-        the server does not tell them apart (before Redis 6.2)."""
+    def cpu_times(self) -> tuple[float, float]:
+        """The redis-server process's CPU time and its main thread's (the one
+        that runs commands and scripts; its background threads, freeing
+        what a call dropped, run beside it and hold no client), from one
+        ``INFO cpu``; the process's twice where the server does not tell
+        them apart (before Redis 6.2)."""
         info = self.client.info("cpu")
+        process = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         if "used_cpu_user_main_thread" not in info:
-            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+            return process, process
+        return process, float(info["used_cpu_user_main_thread"]) + float(
+            info["used_cpu_sys_main_thread"]
+        )
 
     def version(self) -> str:
         return str(self.client.info("server").get("redis_version", "?"))

@@ -223,12 +223,14 @@ def _timed(target: Target, run: Callable[[], T]) -> tuple[T, dict[str, float]]:
     (``cpu_ms``, its background threads' frees included, which a busy host
     does not inflate as much) and its main thread's (``main_ms``, the one
     every other call waits on)."""
-    cpu, main, before = target.cpu_seconds(), target.main_cpu_seconds(), target.script_stats()
+    (cpu, main), before = target.cpu_times(), target.script_stats()
     answer = run()
+    ms = target.script_stats_since(before)[1] / 1000
+    cpu_after, main_after = target.cpu_times()
     return answer, {
-        "ms": target.script_stats_since(before)[1] / 1000,
-        "cpu_ms": (target.cpu_seconds() - cpu) * 1000,
-        "main_ms": (target.main_cpu_seconds() - main) * 1000,
+        "ms": ms,
+        "cpu_ms": (cpu_after - cpu) * 1000,
+        "main_ms": (main_after - main) * 1000,
     }
 
 
