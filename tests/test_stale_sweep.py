@@ -20,7 +20,9 @@ with locality on, a warm node gone dark but still listed never wins.
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +54,20 @@ CALL_TRIES = 16
 STALE_BUCKET_READS = 32
 REPORT_TTL_MS = 30_000
 POLICY = Policy(report_ttl_ms=REPORT_TTL_MS, limits=Limits(max_sandbox_count=6))
+
+
+def test_the_bounds_are_the_scripts_own() -> None:
+    """The bounds these tests count with are the ones the scripts hold."""
+    lua = Path(__file__).parent.parent / "lua" / "includes"
+    moves, schedule = (lua / "index_moves.lua").read_text(), (lua / "schedule.lua").read_text()
+    for text, name, value in (
+        (moves, "STALE_BATCH", STALE_BATCH),
+        (moves, "PLACEMENT_STALE_BATCH", PLACEMENT_BATCH),
+        (moves, "STALE_BUCKET_READS", STALE_BUCKET_READS),
+        (schedule, "UNSWEPT_PICK_TRIES", TRIES),
+        (schedule, "UNSWEPT_CALL_TRIES", CALL_TRIES),
+    ):
+        assert re.search(rf"^local {name} = {value}\b", text, re.M), name
 
 
 def _beat(s: Scheduler, which: range | list[int]) -> None:
