@@ -165,6 +165,50 @@ def health_status(address: str) -> int:
 # ---------------------------------------------------------------------------
 # Real processes
 # ---------------------------------------------------------------------------
+def _family(pid: int) -> list[int]:
+    """``pid`` and the processes it started, theirs too (Linux's /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # (pid (comm) state ppid ...: comm may hold spaces, read after its ")")
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    family, i = [pid], 0
+    while i < len(family):
+        family += parents.get(family[i], [])
+        i += 1
+    return family
+
+
+def listens(pid: int, port: int) -> bool:
+    """Does process ``pid``, or one it started (``--workers``), hold the
+    socket listening on TCP ``port`` (Linux's /proc; elsewhere, assumed)?"""
+    tables = [Path(f"/proc/net/{name}") for name in ("tcp", "tcp6")]
+    if not all(table.exists() for table in tables):
+        return True
+    inodes = set()
+    for table in tables:
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()
+            # (local address "hex-ip:hex-port", state 0A: LISTEN; inode the 10th)
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(f"socket:[{fields[9]}]")
+    for member in _family(pid):
+        try:
+            fds = list(Path(f"/proc/{member}/fd").iterdir())
+        except OSError:  # (it exited)
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 class ServeProcess:
     """One ``schedctl serve`` subprocess on free ports (``metrics``: also
     serve /metrics; ``env``: added to its environment; ``wait_serving`` or
@@ -239,7 +283,12 @@ class ServeProcess:
                     raise RuntimeError(f"replica exited with {self.proc.returncode}:\n{self.log()}")
                 try:
                     r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    # (SERVING from this process: a process that took its port
+                    # between its choice and its bind answers too, and this one
+                    # then exits on the bind, for the retry above)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING and listens(
+                        self.proc.pid, self.port
+                    ):
                         return self
                 except grpc.RpcError:
                     pass
