@@ -7,17 +7,23 @@
 
   KEYS[1..5]  base, policy, nodes, stats, expiry
   ARGV[1]     count n, the number of heartbeats
-  ARGV[2..]   heartbeats: n times "full", "steady" or "cpucfg", m, then m arguments:
-              heartbeat-5.lua's ARGV (a heartbeat in full or as a delta),
-              heartbeat_steady-5.lua's, or cpu_config-6.lua's (the step of the CPU
-              config exchange a heartbeat RPC makes next; its cluster's key is
-              derived from the base, as scheduler/store/keys.py names it)
+  ARGV[2..]   heartbeats: n times "full", "steady", "cpucfg" or "ingest", m, then m
+              arguments: heartbeat-5.lua's ARGV (a heartbeat in full or as a
+              delta), heartbeat_steady-5.lua's, or cpu_config-6.lua's (a step of
+              the CPU config exchange a heartbeat RPC makes; its cluster's key is
+              derived from the base, as scheduler/store/keys.py names it).
+              "ingest": cpu_config-6.lua's ingest of the heartbeat just before
+              it (the same node), in the same trip: its ARGV[5] (restarted) is
+              that heartbeat's answer's, and it runs only if that heartbeat
+              applied (no error, no RESYNC)
 
-  Returns {answer...}, one a heartbeat; answer = {outcome, reply...}: outcome
-          "ok" and that script's reply (its RESYNC included), or "err" and
-          "<CODE> <message>" (that heartbeat's own error: it wrote nothing)
+  Returns {answer...}, one an item; answer = {outcome, reply...}: outcome
+          "ok" and that script's reply (its RESYNC included), "err" and
+          "<CODE> <message>" (that item's own error: it wrote nothing), or
+          "skipped" (an ingest whose heartbeat did not apply: it ran not)
   Errors: NO_POLICY (no policy: nothing written), BADARG n or a kind or
-          count that does not add up (nothing written)
+          count that does not add up, or an ingest not right after a
+          heartbeat of its node (nothing written)
   Writes: as the two scripts, once per heartbeat (the stats counters once, at
           the end); the expiry sweep runs once
           (again before a heartbeat only while a sweep finds a full batch
@@ -34,6 +40,8 @@ local function flush_counts(ctx)
     redis.call('HINCRBY', STATS_KEY, outcome .. '_total', fmt(k))
   end
 end
+-- The kinds that are heartbeats (an ingest may follow them).
+local HEARTBEAT_APPLIES = { full = true, steady = true }
 local n = tonumber(ARGV[1])
 if n == nil or n < 1 or n ~= math.floor(n) then
   return fail(ERR.BADARG, 'n must count the heartbeats that follow')
@@ -48,6 +56,11 @@ for i = 1, n do
       .. ' and a count')
   end
   at[i], kinds[i], counts[i] = a + 1, kind, m
+  if kind == 'ingest' and (i == 1 or not HEARTBEAT_APPLIES[kinds[i - 1]] or m ~= 5
+      or ARGV[a + 2] ~= 'ingest' or ARGV[a + 3] ~= ARGV[at[i - 1] + 1]) then
+    return fail(ERR.BADARG, 'heartbeat ' .. i .. ' (an ingest) must follow a heartbeat'
+      .. ' of its node')
+  end
   a = a + 2 + m
 end
 if a ~= #ARGV + 1 then return fail(ERR.BADARG, 'n must count the heartbeats that follow') end
@@ -58,7 +71,7 @@ local now = heard_ms(P)
 ctx[CTX.heard] = now
 ctx[CTX.counts] = {}
 ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH
-local out, applied = {}, false
+local out, applied, last = {}, false, nil
 for i = 1, n do
   -- (a constructor sizes the table once, where appends grow it step by step;
   -- unpack() of a long roster would pass Lua's stack limit)
@@ -74,15 +87,25 @@ for i = 1, n do
     r = heartbeat_one(ctx, A)
   elseif kinds[i] == 'steady' then
     r = steady_one(ctx, A, P, now, ctx[CTX.more_due] == false)
+  elseif kinds[i] == 'cpucfg' then
+    r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
+  elseif last.err or last[1] == 'RESYNC' then
+    r = nil -- (its heartbeat wrote nothing: neither does its ingest)
   else
+    -- (a full heartbeat's answer says whether the node restarted; a steady
+    -- one's node did not)
+    A[5] = (kinds[i - 1] == 'full' and last[2] == 1) and '1' or '0'
     r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end
-  if r.err then
+  if r == nil then
+    out[i] = { 'skipped' }
+  elseif r.err then
     out[i] = { 'err', r.err }
   else
-    applied = applied or (kinds[i] ~= 'cpucfg' and r[1] ~= 'RESYNC')
+    applied = applied or (HEARTBEAT_APPLIES[kinds[i]] == true and r[1] ~= 'RESYNC')
     out[i] = ok_answer(r)
   end
+  last = r
 end
 if applied then forget_sweep(ctx, P, now) end
 reindex_touched(ctx, P, now)

@@ -519,7 +519,10 @@ def test_health_serving_and_metrics(make_replica: Make, sched: Scheduler) -> Non
     )
     assert value("agentenv_scheduler_schedule_assignments_total", strategy="least_loaded") == 1
     assert value("sched_script_duration_seconds_count", script="schedule") == 1
-    assert value("sched_script_duration_seconds_count", script="heartbeat") == 1
+    # (the Heartbeat RPC's heartbeat and its CPU config ingest: one batch call)
+    assert value("sched_script_duration_seconds_count", script="heartbeat_batch") == 1
+    assert value("sched_script_duration_seconds_count", script="heartbeat") is None
+    assert value("sched_script_duration_seconds_count", script="cpu_config") is None
     assert value("sched_redis_up") == 1
     r.call(r.replica.refresh_cell_metrics())
     assert value("sched_reservations_pending") == sched.stats().pending == 1

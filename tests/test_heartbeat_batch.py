@@ -19,7 +19,7 @@ from scheduler.client.aio import AsyncScheduler
 from scheduler.domain.errors import FailedPrecondition, SchedulerError
 from scheduler.domain.records import Heartbeat, HeartbeatResult
 from scheduler.ops.simnode import SimNode
-from scheduler.store.calls import Resync
+from scheduler.store.calls import Followed, Resync
 from scheduler.store.contracts import HeartbeatBatchArgv
 from scheduler.store.cpuconfig import digest
 from scheduler.testing.redis_server import RedisServer, wait_until
@@ -387,6 +387,125 @@ def test_a_batch_runs_cpu_config_steps_as_one_by_one(make_scheduler: Any) -> Non
     leases = [int(h.pop(b"compute_until")) for h in stored]
     assert all(lease > 0 for lease in leases)
     assert stored[0] == stored[1]
+
+
+def _cfg_beat(i: int, config: str = "", sid: str = "sid-1", **snap: Any) -> Heartbeat:
+    b = hb(f"c{i}", sid=sid, **snap)
+    b.cluster_id = "k1"
+    b.machine_info = MachineInfo(cpu_config_json=config)
+    return b
+
+
+def _script_calls(client: Any) -> int:
+    """Script calls Redis has served."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha"))
+
+
+@pytest.mark.real_only
+def test_a_heartbeat_rpc_and_its_cpu_config_ingest_go_in_one_trip() -> None:
+    """A Heartbeat RPC's CPU config ingest goes after its heartbeat in the
+    same batch call, even alone, its ``restarted`` from the heartbeat's
+    answer: one script call a heartbeat where it took two, and each node
+    gets what the two calls in turn give it (the sync client runs them so,
+    on the same history in another cell): the intersection once, again
+    after a restart, every node again after a config changed."""
+    steps = [(i, KVM[i], "sid-1") for i in range(3)]
+    steps += [(i, "", "sid-1") for _ in range(3) for i in range(3)]
+    steps += [(1, "", "sid-2"), (1, "", "sid-2"), (0, "", "sid-1")]  # a restart
+    steps += [(2, KVM[5], "sid-1")]  # a changed config: a new round
+    steps += [(i, "", f"sid-{1 + (i == 1)}") for _ in range(2) for i in range(3)]
+    with RedisServer() as rs:
+        turns = Scheduler.connect(rs.url, cell="turns", policy=Policy())
+        alone = [turns.heartbeat(_cfg_beat(i, c, sid), cpu_config=True) for i, c, sid in steps]
+
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="fused", policy=Policy())
+            try:
+                got = []
+                for i, c, sid in steps:
+                    before = _script_calls(turns.client)
+                    r = await a.heartbeat(_cfg_beat(i, c, sid), cpu_config=True)
+                    calls = _script_calls(turns.client) - before
+                    # one trip; a second only to store a round's intersection
+                    assert calls == 1 or (calls == 2 and r.cpu_config_json), (i, c, sid, calls)
+                    got.append(r)
+                assert a.beat_coalescer.batches == 0  # (each alone, with its ingest)
+                assert [r.cpu_config_json for r in got] == [r.cpu_config_json for r in alone]
+                assert [r.restarted for r in got] == [r.restarted for r in alone]
+                assert sum(r.restarted for r in got) == 1
+                sent = [r.cpu_config_json for r in got]
+                # the restarted node again, once; every node the new round, once
+                assert sent[12] and not sent[13] and not sent[14], sent
+                assert sum(map(bool, sent[15:])) == 3, sent
+                final = json.loads(next(c for c in reversed(sent) if c))
+                assert final["kvm_capabilities"] == ["171"], final
+                hashes = [turns.client.hgetall(s.keys.cpucfg("k1")) for s in (turns, a)]
+                for h in hashes:
+                    h.pop(b"compute_until")  # (an instant of each call's own Redis time)
+                assert hashes[0] == hashes[1]
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
+
+
+def test_an_ingest_runs_only_after_its_heartbeat_applied(make_scheduler: Any) -> None:
+    """In a batch, an ingest after a heartbeat that answers RESYNC or fails
+    does not run (the heartbeat's answer stands for both, and the ingest
+    writes nothing); after a full or steady heartbeat that applied it runs,
+    told by that heartbeat whether the node restarted; an ingest out of
+    place is refused with the whole batch."""
+    s = make_scheduler()
+
+    def ingest() -> Any:
+        return s.cpu_ops.ingest("c0", "k1", "", False)
+
+    s.heartbeat(_cfg_beat(0, KVM[0]))
+    # a delta on a base another heartbeat replaced meanwhile: RESYNC
+    stale = s.ops.heartbeat(_cfg_beat(0, allocated_cpu=1), s.beats).then(ingest())
+    s.heartbeat(_cfg_beat(0, allocated_cpu=2))
+    bad = s.ops.heartbeat(_cfg_beat(0, allocated_cpu=3), s.beats)
+    bad = bad.with_argv(
+        replace(heartbeat_argv(bad), field_count="1", fields=["no_such_field", "1"])
+    ).then(ingest())
+    before = snapshot_keys(s.client)
+    got = s.run(s.ops.heartbeat_batch([stale, bad]))
+    assert isinstance(got[0], Resync) and isinstance(got[1], InvalidArgument), got
+    assert snapshot_keys(s.client) == before  # (no ingest ran: c0 joined no round)
+    assert not s.client.exists(s.keys.cpucfg("k1"))
+    # applied: the ingest runs; c0 alone in its round, its config is computed
+    (first,) = s.run(s.ops.heartbeat_batch([s.ops.heartbeat(_cfg_beat(0), s.beats).then(ingest())]))
+    assert isinstance(first, Followed) and first.then is not None and first.then.needs_compute
+    assert not first.first.restarted
+    config = s.run(s.cpu_ops.store("c0", "k1", first.then.epoch, KVM[0])).config
+    assert json.loads(config) == json.loads(KVM[0])
+    steady = s.ops.heartbeat(_cfg_beat(0), s.beats)
+    assert steady.script == "heartbeat_steady"
+    (again,) = s.run(s.ops.heartbeat_batch([steady.then(ingest())]))
+    assert isinstance(again, Followed) and again.then is not None
+    assert again.then.config == "" and not again.then.needs_compute  # (delivered once)
+    # a restart (another service instance): the ingest hears it from the heartbeat
+    restarted = s.ops.heartbeat(_cfg_beat(0, sid="sid-2"), s.beats).then(ingest())
+    (after,) = s.run(s.ops.heartbeat_batch([restarted]))
+    assert isinstance(after, Followed) and after.first.restarted
+    assert after.then is not None and after.then.config == config
+    # out of place: first, or another node's after a heartbeat
+    call = s.ops.heartbeat_batch([s.ops.heartbeat(_cfg_beat(0), s.beats).then(ingest())])
+    assert isinstance(call.argv, HeartbeatBatchArgv)
+    items = call.argv.heartbeats
+    head, tail = items[:-7], items[-7:]  # (the ingest: kind, 5, its ARGV)
+    assert tail[:3] == ["ingest", "5", "ingest"], tail
+    before = snapshot_keys(s.client)
+    for count, heartbeats in (
+        ("1", tail),
+        ("2", [*head, *tail[:3], "c9", *tail[4:]]),
+        ("2", [*head, *tail[:2], "store", *tail[3:]]),
+        ("3", [*head, *tail, *tail]),
+    ):
+        with pytest.raises(InvalidArgument, match="must follow a heartbeat of its node"):
+            s.run(call.with_argv(replace(call.argv, count=count, heartbeats=heartbeats)))
+    assert snapshot_keys(s.client) == before
 
 
 @pytest.mark.real_only

@@ -570,16 +570,19 @@ class Coalescer(Generic[T]):
                 self.queue = []
 
     async def _send(self, batch: list[tuple[Call[T], asyncio.Future[T], Any]]) -> None:
-        """One batch call (a lone call as itself); each caller gets its answer."""
+        """One batch call (a lone call as itself, but one with a follower,
+        :meth:`Call.then`); each caller gets its answer."""
         start = time.perf_counter()
         results: list[Any]  # (each a T or the exception it raised)
+        lone = len(batch) == 1 and batch[0][0].follow is None
         try:
-            if len(batch) == 1:
+            if lone:
                 results = [await self.sched._one(batch[0][0])]
             else:
-                self.batches += 1
-                self.batched += len(batch)
-                self.largest = max(self.largest, len(batch))
+                if len(batch) > 1:  # (coalesced: not a lone call with its follower)
+                    self.batches += 1
+                    self.batched += len(batch)
+                    self.largest = max(self.largest, len(batch))
                 together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
                 results = await self.sched._one(together)
         except Exception as e:  # the whole call failed: every request with it
@@ -591,7 +594,7 @@ class Coalescer(Generic[T]):
                 continue
             error = result if isinstance(result, BaseException) else None
             if scope is not None and scope.observe is not None:
-                scope.observe(call.script if len(batch) == 1 else self.batch_name, elapsed, error)
+                scope.observe(call.script if lone else self.batch_name, elapsed, error)
             if isinstance(result, BaseException):
                 fut.set_exception(result)
             else:

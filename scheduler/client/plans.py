@@ -56,10 +56,20 @@ from scheduler.domain.records import (
     Reservation,
 )
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
-from scheduler.store.calls import LIST_PAGE, Beat, Call, Ops, Page, Plan, Resync, SyncList
+from scheduler.store.calls import (
+    LIST_PAGE,
+    Beat,
+    Call,
+    Followed,
+    Ops,
+    Page,
+    Plan,
+    Resync,
+    SyncList,
+)
 from scheduler.store.cluster import is_cluster_client
 from scheduler.store.contracts import DISCOVERY_STALE, SYNC_DONE
-from scheduler.store.cpuconfig import CpuConfigOps, exchange
+from scheduler.store.cpuconfig import CpuConfigOps, Outcome, exchange
 from scheduler.store.durability import Durability
 from scheduler.store.keys import CellKeys, validate_id
 from scheduler.store.p2p import Peer, PeerOps
@@ -510,19 +520,31 @@ class BaseClient:
         return (yield from self._sync(self.ops.discovered_list(positions, nodes)))
 
     def _heartbeat(self, hb: Heartbeat, cpu_config: bool) -> Plan[HeartbeatResult]:
+        node_id, cluster_id = hb.node_id.strip(), hb.cluster_id.strip()
+        carried = hb.machine_info.cpu_config_json
+        # (the exchange's ingest goes after the heartbeat in the same trip where
+        # a batch runs them: its `restarted` is then the heartbeat's answer's)
+        ingest = self.cpu_ops.ingest(node_id, cluster_id, carried, False) if cpu_config else None
+        reply: HeartbeatResult | Followed[HeartbeatResult, Outcome]
         try:
-            result = yield from self._step(self.ops.heartbeat(hb, self.beats))
+            reply = yield from self._step(self.ops.heartbeat(hb, self.beats).then(ingest))
         except Resync:  # another writer came between: this one goes in full (even
             # if meanwhile another heartbeat of the node gave the memo a new base)
-            result = yield from self._step(self.ops.heartbeat(hb, self.beats, full=True))
+            reply = yield from self._step(
+                self.ops.heartbeat(hb, self.beats, full=True).then(ingest)
+            )
+        result, ingested = (
+            (reply.first, reply.then) if isinstance(reply, Followed) else (reply, None)
+        )
         if cpu_config:
             config = yield from exchange(
                 self._step,
                 self.cpu_ops,
-                hb.node_id.strip(),
-                hb.cluster_id.strip(),
-                hb.machine_info.cpu_config_json,
+                node_id,
+                cluster_id,
+                carried,
                 result.restarted,
+                ingested,
             )
             result = msgspec.structs.replace(result, cpu_config_json=config)
         return result

@@ -78,6 +78,7 @@ from scheduler.store.replies import (
 )
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: Scripts that never write: no WAIT after them (min_replicas_acked).
 READ_ONLY_SCRIPTS = frozenset(
@@ -214,19 +215,63 @@ def _each_answer(parses: list[Callable[[Any], Any]], replies: list[Any]) -> list
     """A batch script's replies ({"ok", reply...} or {"err", "<CODE> message"}),
     each parsed by its own call's parser: its answer, or its own error (a
     Resync among them)."""
+    return [_answer(parse_one, item) for parse_one, item in zip(parses, replies, strict=True)]
+
+
+def _batch_answers(
+    parses: list[tuple[Callable[[Any], Any], Callable[[Any], Any] | None]], replies: list[Any]
+) -> list[Any]:
+    """A heartbeat batch's replies, a call and its follower's two by two."""
     out: list[Any] = []
-    for parse_one, item in zip(parses, replies, strict=True):
-        answer, reply = BatchItem(*item[:_ITEM_HEAD]), item[_ITEM_HEAD:]  # (head, inline)
-        if s(answer.outcome) == c.BATCH_ERR:
-            (message,) = reply
-            text = s(message)
-            out.append(from_reply(text) or SchedulerError(text))
+    at = 0
+    for parse, follow in parses:
+        if follow is None:
+            out.append(_answer(parse, replies[at]))
+            at += 1
         else:
-            try:
-                out.append(parse_one(reply))
-            except Resync as e:
-                out.append(e)
+            out.append(_followed(parse, follow, replies[at], replies[at + 1]))
+            at += 2
+    if at != len(replies):
+        raise ValueError(f"a heartbeat batch of {at} items answered {len(replies)}")
     return out
+
+
+def _answer(parse: Callable[[Any], Any], item: Any) -> Any:
+    answer, reply = BatchItem(*item[:_ITEM_HEAD]), item[_ITEM_HEAD:]  # (head, inline)
+    outcome = s(answer.outcome)
+    if outcome == c.BATCH_ERR:
+        (message,) = reply
+        text = s(message)
+        return from_reply(text) or SchedulerError(text)
+    if outcome == c.BATCH_SKIPPED:  # (never met: the call before it answers for both)
+        return SchedulerError("a batch skipped a call whose call before it did not apply")
+    try:
+        return parse(reply)
+    except Resync as e:
+        return e
+
+
+@dataclass(frozen=True)
+class Followed(Generic[T, U]):
+    """The answers of a call and of the call :meth:`Call.then` put after it,
+    run in one trip."""
+
+    first: T
+    #: None: the follower failed (the caller runs it again by itself)
+    then: U | None
+
+
+def _followed(
+    parse: Callable[[Any], Any], follow: Callable[[Any], Any], reply: Any, after: Any
+) -> Any:
+    """A call's answer and its follower's, as :func:`_answer` reads each: the
+    call's own error (a Resync among them) stands for both (its follower was
+    skipped); a follower's error leaves it to the caller to run again."""
+    first = _answer(parse, reply)
+    if isinstance(first, BaseException):
+        return first
+    second = _answer(follow, after)
+    return Followed(first, None if isinstance(second, BaseException) else second)
 
 
 @dataclass(frozen=True)
@@ -266,6 +311,9 @@ class Call(Generic[T]):
     writes: bool = True
     #: the same ARGV by name (scheduler/store/contracts.py); read it, never ``args[n]``
     argv: Argv | None = None
+    #: a call a batch may run right after this one, in the same trip, told
+    #: this one's answer (:meth:`then`); alone, this call runs by itself
+    follow: Call[Any] | None = None
 
     def __init__(
         self,
@@ -275,11 +323,18 @@ class Call(Generic[T]):
         parse: Callable[[Any], T],
         writes: bool = True,
         argv: Argv | None = None,
+        follow: Call[Any] | None = None,
     ) -> None:
         # (the fields in one write: a frozen dataclass's own __init__ sets
         # each through object.__setattr__, a third of a placement's Python)
         self.__dict__.update(
-            script=script, keys=keys, args=args, parse=parse, writes=writes, argv=argv
+            script=script,
+            keys=keys,
+            args=args,
+            parse=parse,
+            writes=writes,
+            argv=argv,
+            follow=follow,
         )
 
     @classmethod
@@ -296,7 +351,17 @@ class Call(Generic[T]):
 
     def with_argv(self, argv: Argv) -> Call[T]:
         """This call with another ARGV (``msgspec.structs.replace`` of its own)."""
-        return Call(self.script, self.keys, argv.wire(), self.parse, self.writes, argv)
+        return Call(self.script, self.keys, argv.wire(), self.parse, self.writes, argv, self.follow)
+
+    def then(self, follow: Call[Any] | None) -> Call[T]:
+        """This call, and ``follow`` after it in the same trip where a batch
+        runs it (a heartbeat and its CPU config ingest,
+        lua/heartbeat_batch-5.lua): its answer is then :class:`Followed`.  A
+        client that runs it alone answers this call's own result, and the
+        caller runs ``follow`` itself."""
+        if follow is None and self.follow is None:
+            return self
+        return Call(self.script, self.keys, self.args, self.parse, self.writes, self.argv, follow)
 
     @property
     def acked(self) -> bool:
@@ -630,13 +695,23 @@ class Ops:
         in order; each gets its result or its own error (:class:`Resync`
         among them)."""
         args: list[str] = []
+        items = 0
+        #: (each call's parse, and its follower's: the ingest after it)
+        parses: list[tuple[Callable[[Any], Any], Callable[[Any], Any] | None]] = []
         for call in calls:
             if call.script not in HEARTBEAT_SCRIPTS:
                 raise ValueError(f"a heartbeat batch holds heartbeats, not {call.script}")
             args += [HEARTBEAT_SCRIPTS[call.script], str(len(call.args)), *call.args]
-        parses = [call.parse for call in calls]
-        argv = c.HeartbeatBatchArgv(count=str(len(calls)), heartbeats=args)
-        return self._call("heartbeat_batch", argv, lambda r: _each_answer(parses, r))
+            items += 1
+            then = call.follow
+            if then is not None:
+                if call.script == "cpu_config" or then.script != "cpu_config":
+                    raise ValueError("a heartbeat batch runs a CPU config ingest after a heartbeat")
+                args += [c.BATCH_INGEST, str(len(then.args)), *then.args]
+                items += 1
+            parses.append((call.parse, None if then is None else then.parse))
+        argv = c.HeartbeatBatchArgv(count=str(items), heartbeats=args)
+        return self._call("heartbeat_batch", argv, lambda r: _batch_answers(parses, r))
 
     # -- schedule / explain ------------------------------------------------
     def _request_argv(

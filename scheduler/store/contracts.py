@@ -71,9 +71,13 @@ NO = "0"
 BATCH_FULL = "full"
 BATCH_STEADY = "steady"
 BATCH_CPUCFG = "cpucfg"
+#: (the CPU config ingest of the heartbeat just before it, in the same trip)
+BATCH_INGEST = "ingest"
 #: a batch reply's outcome
 BATCH_OK = "ok"
 BATCH_ERR = "err"
+#: (an ingest whose heartbeat did not apply: it did not run)
+BATCH_SKIPPED = "skipped"
 #: the answer of a delta that meets another record (heartbeat, heartbeat_steady)
 RESYNC = "RESYNC"
 #: the outcomes of cpu_config-6.lua and sync_begin-5.lua

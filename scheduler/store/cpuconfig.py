@@ -242,10 +242,14 @@ def exchange(
     cluster_id: str,
     carried_config: str,
     restarted: bool,
+    ingested: Outcome | None = None,
 ) -> Plan[str]:
     """One heartbeat's part, a plan of one or two calls (each run by ``step``):
-    its value is the config to deliver to the node, or ""."""
-    out = yield from step(ops.ingest(node_id, cluster_id, carried_config, restarted))
+    its value is the config to deliver to the node, or "".  ``ingested``: the
+    ingest's outcome where it ran already, in the heartbeat's own trip."""
+    out = ingested
+    if out is None:
+        out = yield from step(ops.ingest(node_id, cluster_id, carried_config, restarted))
     if out.needs_compute:
         result = intersect([cfg for _, cfg in out.configs])
         out = yield from step(ops.store(node_id, cluster_id, out.epoch, result))

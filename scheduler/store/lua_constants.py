@@ -87,7 +87,7 @@ def render() -> str:
     packed = catalog.PACKED
     snapshot = snapshot_fields()
     strategies = catalog.STRATEGIES
-    kinds = list(HEARTBEAT_SCRIPTS.values())
+    kinds = [*HEARTBEAT_SCRIPTS.values(), contracts.BATCH_INGEST]
     lines = [
         "--[[",
         "  includes/constants.lua: written by the script loader from the Python tables",
@@ -154,7 +154,7 @@ def render() -> str:
         "-- The codes of error replies, fail(ERR.NOT_FOUND, ...) (scheduler/domain/errors.py).",
         "local ERR = { " + ", ".join(f"{c} = {_str(c)}" for c in SCRIPT_CODES) + " }",
         "-- The kinds of call a heartbeat batch holds (heartbeat_batch-5.lua).",
-        f"local HEARTBEAT_KINDS = {_set(HEARTBEAT_SCRIPTS.values())}",
+        f"local HEARTBEAT_KINDS = {_set(kinds)}",
         "local HEARTBEAT_KIND_CHOICES = "
         + _str(", ".join(f'"{k}"' for k in kinds[:-1]) + f' or "{kinds[-1]}"'),
         "-- What a heartbeat may write to a node record.",
