@@ -445,6 +445,10 @@ class LossyLifecycle(Lifecycle):
       heartbeats since it was assigned and gone.
     """
 
+    #: its heartbeats go in heartbeat batches (the model then sweeps due
+    #: reservations before a late one too)
+    batched = False
+
     def __init__(self) -> None:
         self.reported = 0
         #: per node: the heartbeats delivered (in order) and what each said
@@ -545,6 +549,7 @@ class LossyLifecycle(Lifecycle):
             beat.sandbox_ids,
             r.now_ms,
             beat.snapshot.reported_at_unix_ms,
+            batched=self.batched,
         )
 
     @invariant()
@@ -920,6 +925,9 @@ class WireLifecycle(LossyLifecycle):
     redis_url = ""
     examples = 0
     flush = False
+    #: (a replica sends a Heartbeat RPC's heartbeat and its CPU config
+    #: ingest as one batch)
+    batched = True
 
     def __init__(self) -> None:
         WireLifecycle.examples += 1

@@ -727,9 +727,16 @@ class CellModel:
         now: int,
         reported: int = 0,
         create_fails: int = 0,
+        batched: bool = False,
     ) -> int:
+        """``batched``: sent in a heartbeat batch (lua/heartbeat_batch-5.lua,
+        as a replica sends every Heartbeat RPC), which sweeps due
+        reservations before its first heartbeat, whatever that heartbeat
+        turns out to be."""
         meta = self.meta[node_id]
         if reported and meta.sid == sid and reported < meta.reported:
+            if batched:
+                self.sweep(now)
             return 0  # older than the newest the instance sent: nothing moves
         meta.reported = reported
         self.sweep(now)
