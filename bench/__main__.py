@@ -30,6 +30,7 @@ from bench import (
     phases,
     roster,
     scale,
+    stall,
     throughput,
     versus,
 )
@@ -47,6 +48,19 @@ def _ints(text: str) -> tuple[int, ...]:
         ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive whole numbers, not {text!r}")
+    return values
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers, 0 allowed."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers, not {text!r}"
+        ) from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected whole numbers of 0 or more, not {text!r}")
     return values
 
 
@@ -209,6 +223,17 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--rounds", type=int, help="measured rounds per size (default 3)")
     sc.add_argument("--burst", type=int, help="calls per measured burst (default 256)")
     sc.add_argument("--seed", type=int, default=1, help="seed of the simulated fleet")
+
+    st = sub.add_parser(
+        "stall",
+        parents=[common],
+        help="the longest time a trivial call takes inside Redis beside busy processes "
+        "(the control for the longest call of `scale`)",
+    )
+    st.add_argument(
+        "--hogs", type=_counts, help="busy processes beside it, a row each (default 0,2,4)"
+    )
+    st.add_argument("--seconds", type=float, help="calls per row, in seconds (default 60)")
 
     m = sub.add_parser(
         "memory",
@@ -497,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import plot as plotting
 
         plotting.require()  # fail before the run, not after it
-    if args.scenario in ("faults", "durability", "cluster", "churn") and args.redis:
+    if args.scenario in ("faults", "durability", "cluster", "churn", "stall") and args.redis:
         parser().error(f"{args.scenario} starts Redis servers of its own: no --redis")
     if args.scenario == "cluster":
         cp = _params(
@@ -525,6 +550,13 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         result = churn.run(replace(chp, seed=args.seed))
+    elif args.scenario == "stall":
+        stp = _params(
+            args,
+            stall.Params.quick() if args.quick else stall.Params(),
+            {"hogs": "hogs", "seconds": "seconds"},
+        )
+        result = stall.run(stp)
     elif args.scenario == "faults":
         fp = faults.Params.quick() if args.quick else faults.Params()
         fp = replace(

@@ -498,6 +498,32 @@ def test_memory_rows(target: Target) -> None:
         assert r["bytes_per_item"] > 0 and r["memory_usage_one"] > 0, r
 
 
+def test_stall_rows() -> None:
+    """The control for the longest call: a row per count of busy processes,
+    each call's own time in Redis and the longest seen by Redis and the
+    client; its own server only."""
+    from bench import stall
+
+    result = stall.run(stall.Params.quick())
+    _keys(result)
+    assert [r["hogs"] for r in result.rows] == [0, 1]
+    for r in result.rows:
+        assert r["calls"] > 0 and 0 < r["us_per_call"] < 1000, r
+        assert r["slowlog_over_5ms"] <= r["slowlog_over_1ms"], r
+        assert r["longest_round_trip_ms"] > 0 and 0 <= r["steal_share"] <= 1, r
+        if r["slowlog_over_1ms"]:
+            assert r["longest_in_redis_ms"] > 1, r
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench", "stall", "--redis", "redis://127.0.0.1:1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2 and "no --redis" in refused.stderr
+
+
 def test_cluster_rows(redis_server: RedisServer, tmp_path: Path) -> None:
     out = tmp_path / "cluster.json"
     r = subprocess.run(
