@@ -39,29 +39,26 @@ from bench.runner import Result, Target, markdown, redis_target, show, write_jso
 PLOTTABLE = ("ceiling", "latency", "locality")
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _whole(text: str, least: int) -> tuple[int, ...]:
+    """Comma-separated whole numbers of at least ``least``."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated whole numbers, not {text!r}"
         ) from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers, not {text!r}")
+    if not values or any(v < least for v in values):
+        raise argparse.ArgumentTypeError(f"expected whole numbers of {least} or more, not {text!r}")
     return values
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return _whole(text, 1)
 
 
 def _counts(text: str) -> tuple[int, ...]:
-    """Comma-separated whole numbers, 0 allowed."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers, not {text!r}"
-        ) from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected whole numbers of 0 or more, not {text!r}")
-    return values
+    """(0 allowed)"""
+    return _whole(text, 0)
 
 
 def _shares(text: str) -> tuple[float, ...]:
