@@ -305,3 +305,31 @@ def test_workers_check_the_port_and_hold_it() -> None:
         worker.listen()
         with worker, pytest.raises(WorkersError, match=f"gRPC cannot listen on 127.0.0.1:{port}"):
             _reserve(f"127.0.0.1:{port}")  # something listens there: not joined silently
+
+
+def test_a_replica_whose_port_was_taken_starts_again_on_another(
+    real_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test harness's own race: a port chosen free is taken by another
+    process before the replica binds it.  wait_serving must not take that
+    process's SERVING for the replica's: the replica exits on its bind, and
+    is started again on another port (ServeProcess's retry)."""
+    from scheduler.testing import replicas
+
+    thief = ServeProcess({"scheduler": {}}, real_url, cell="thief").wait_serving(60)
+    try:
+        chosen = iter([thief.port])
+        real = replicas.free_port
+        monkeypatch.setattr(replicas, "free_port", lambda: next(chosen, None) or real())
+        p = ServeProcess({"scheduler": {}}, real_url, cell="robbed")
+        try:
+            assert p.port == thief.port  # (its first choice: the taken port)
+            p.wait_serving(60)
+            assert p.port != thief.port and p.proc.poll() is None
+            assert replicas.listens(p.proc.pid, p.port)
+            assert not replicas.listens(p.proc.pid, thief.port)
+            assert replicas.listens(thief.proc.pid, thief.port)
+        finally:
+            p.close()
+    finally:
+        thief.close()
