@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -387,6 +388,41 @@ def test_a_placement_answered_while_the_probe_was_on_its_way_is_not_expected_in_
     verdict = h.observe(lost)  # its own +1 only: the placement is missing
     assert verdict is not None and verdict.reason == "rewound"
     assert (verdict.expected_sequence, verdict.sequence) == (13, 12)
+
+
+def test_a_probe_answered_late_is_no_clock_jump_and_a_real_jump_still_is() -> None:
+    """Redis ran a probe somewhere between its send and its answer: one
+    answered 6 s late (a loaded host, a reconnect during a failover) read as
+    Redis time falling 6 s behind this replica's clock, past the 5 s bound,
+    and the cell settled for a clock that never moved.  The move is now the
+    least the round trips allow; a jump of 15 minutes either way, answered
+    as late, is still one, by at least its size less the round trips."""
+    base = Probe(now_ms=10_000, has_policy=True, raw_ms=10_000, sequence=5, generation=0,
+                 at=1.0, sent=0.9)  # fmt: skip
+
+    def after(raw_ms: int, sent: float, at: float) -> Probe:
+        return replace(base, now_ms=raw_ms, raw_ms=raw_ms, sequence=6, at=at, sent=sent)
+
+    late = after(11_000, sent=2.0, at=8.0)  # (ran at about 2.0 s: 1 s of Redis time)
+    assert (late.raw_ms - base.raw_ms) - round((late.at - base.at) * 1000) < -5_000
+    h = HistoryWatch()
+    assert h.observe(base) is None
+    assert h.observe(late) is None
+    for jump in (900_000, -900_000):
+        h = HistoryWatch()
+        assert h.observe(base) is None
+        verdict = h.observe(after(11_000 + jump, sent=2.0, at=8.0))
+        assert verdict is not None and verdict.reason == "clock", jump
+        # (at least the jump less the round trips: 0.1 s and 6 s)
+        assert abs(jump) - 6_100 <= abs(verdict.skew_ms) <= abs(jump), verdict
+        assert (verdict.skew_ms > 0) == (jump > 0)
+        assert verdict.expected_now_ms == base.now_ms + 7_000  # (where the clock goes back to)
+    # a probe answered at once: the move is its point figure less 0.1 s at most
+    h = HistoryWatch()
+    assert h.observe(base) is None
+    verdict = h.observe(after(11_000 + 6_000, sent=2.0, at=2.0))
+    # (7 s of Redis time in 1.0-1.1 s of this replica's: at least 5.9 s ahead)
+    assert verdict is not None and verdict.skew_ms == 5_900, verdict
 
 
 def test_a_probe_of_another_server_with_a_lower_generation_settles_nothing(

@@ -15,8 +15,9 @@ saw at its previous probe:
   the data is from before.
 - Redis ``TIME`` without the cell's drill offset, against this replica's own
   monotonic clock: between two probes both advance alike, whatever the
-  load or a pause.  A difference beyond :data:`CLOCK_BOUND_MS` is a clock
-  that jumped (a failover to a server whose clock is off, a stepped clock).
+  load or a pause.  A difference beyond :data:`CLOCK_BOUND_MS`, whatever
+  the probes' round trips (the least move they allow), is a clock that
+  jumped (a failover to a server whose clock is off, a stepped clock).
 - the *generation* (stats ``rewinds``): rises each time a replica settles
   the cell for a rewind or a jump, so the other replicas, which see the same
   change, take the new history instead of settling it again.
@@ -106,12 +107,32 @@ class Verdict:
     #: the sequence this replica expected at least, and what Redis showed
     expected_sequence: int
     sequence: int
-    #: Redis time's move against this replica's clock since its last probe (ms)
+    #: Redis time's move against this replica's clock since its last probe
+    #: (ms), the least the two probes' round trips allow (:func:`_least_skew`)
     skew_ms: int
     #: the cell time this replica expected now (ms): where a jumped clock goes back to
     expected_now_ms: int
     #: the generation this replica saw (the settle's compare-and-set)
     generation: int
+
+
+def _least_skew(last: Probe, probe: Probe) -> int:
+    """How far Redis time moved against this replica's clock between two
+    probes (ms), the least the round trips allow: Redis ran each probe
+    somewhere between its send and its answer, so a probe answered late on
+    a loaded host (or after a reconnect) reads as a jump of its round trip.
+    The move is within [raw - (probe.at - last.sent), raw - (probe.sent -
+    last.at)]; this is the end nearest 0 (0 when the range holds it).  A
+    probe whose send time is not known counts its answer time."""
+    raw = probe.raw_ms - last.raw_ms
+    longest = round((probe.at - (last.sent or last.at)) * 1000)
+    shortest = round(((probe.sent or probe.at) - last.at) * 1000)
+    low, high = raw - longest, raw - shortest
+    if low > 0:
+        return low
+    if high < 0:
+        return high
+    return 0
 
 
 class HistoryWatch:
@@ -151,7 +172,7 @@ class HistoryWatch:
             self._take(probe)  # a baseline, or another replica already settled
             return None
         elapsed_ms = round((probe.at - last.at) * 1000)
-        skew = (probe.raw_ms - last.raw_ms) - elapsed_ms
+        skew = _least_skew(last, probe)
         # before this probe's own +1, the sequence was at least last + placed
         floor = last.sequence + placed
         rewound = probe.sequence - 1 < floor or probe.generation < last.generation
