@@ -307,6 +307,7 @@ def test_workers_check_the_port_and_hold_it() -> None:
             _reserve(f"127.0.0.1:{port}")  # something listens there: not joined silently
 
 
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
 def test_a_replica_whose_port_was_taken_starts_again_on_another(
     real_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
