@@ -35,7 +35,14 @@ from typing import Any
 from scheduler import Policy
 from scheduler.server.loops import LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
-from scheduler.testing.replicas import SCHEDCTL, ServeProcess, close_all, expect
+from scheduler.testing.replicas import (
+    SCHEDCTL,
+    ServeProcess,
+    close_all,
+    expect,
+    family,
+    sees_children,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,25 +194,13 @@ def _stat_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) used so far by ``pid`` and its live
     descendants, every thread included (Linux ``/proc``)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
+    total = 0.0
+    for p in family(pid):
         try:
             total += _stat_cpu(p)
-            todo += _children(p)
         except (OSError, IndexError, ValueError):
             continue  # exited meanwhile
     return total
@@ -213,7 +208,7 @@ def process_cpu(pid: int) -> float:
 
 def cpu_unmeasurable() -> str | None:
     """Why process CPU cannot be read here (None: it can)."""
-    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+    if not sees_children():
         return "needs Linux /proc (with /proc/PID/task/TID/children)"
     return None
 

@@ -24,7 +24,7 @@ from scheduler.cli.main import main
 from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.server.loops import Loop, LoopUnavailable, choose
 from scheduler.testing.redis_server import free_port
-from scheduler.testing.replicas import ServeProcess
+from scheduler.testing.replicas import ServeProcess, sees_listeners
 from tests.helpers import cold, endpoint_md, hb_request, places_on_a_fresh_node
 
 
@@ -307,7 +307,7 @@ def test_workers_check_the_port_and_hold_it() -> None:
             _reserve(f"127.0.0.1:{port}")  # something listens there: not joined silently
 
 
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
+@pytest.mark.skipif(not sees_listeners(), reason="reads Linux's /proc")
 def test_a_replica_whose_port_was_taken_starts_again_on_another(
     real_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -165,37 +165,54 @@ def health_status(address: str) -> int:
 # ---------------------------------------------------------------------------
 # Real processes
 # ---------------------------------------------------------------------------
-def _family(pid: int) -> list[int]:
-    """``pid`` and the processes it started, theirs too (Linux's /proc)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def family(pid: int) -> list[int]:
+    """``pid`` and its live descendants, every thread's children (Linux's
+    /proc/PID/task/TID/children; :func:`sees_children` says whether it is
+    there)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
         try:
-            # (pid (comm) state ppid ...: comm may hold spaces, read after its ")")
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(stat.parent.name))
-    family, i = [pid], 0
-    while i < len(family):
-        family += parents.get(family[i], [])
-        i += 1
-    return family
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            continue  # (exited meanwhile)
+        for task in tasks:
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out
+
+
+def sees_children() -> bool:
+    """Does this machine's /proc list each process's children (:func:`family`)?"""
+    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
+
+
+def _listening_tables() -> list[Path]:
+    return [Path(f"/proc/net/{name}") for name in ("tcp", "tcp6")]
+
+
+def sees_listeners() -> bool:
+    """Can :func:`listens` tell which process holds a port here (Linux's /proc)?"""
+    return sees_children() and all(table.exists() for table in _listening_tables())
 
 
 def listens(pid: int, port: int) -> bool:
     """Does process ``pid``, or one it started (``--workers``), hold the
-    socket listening on TCP ``port`` (Linux's /proc; elsewhere, assumed)?"""
-    tables = [Path(f"/proc/net/{name}") for name in ("tcp", "tcp6")]
-    if not all(table.exists() for table in tables):
+    socket listening on TCP ``port`` (where :func:`sees_listeners`;
+    elsewhere, assumed)?"""
+    if not sees_listeners():
         return True
     inodes = set()
-    for table in tables:
+    for table in _listening_tables():
         for line in table.read_text().splitlines()[1:]:
             fields = line.split()
             # (local address "hex-ip:hex-port", state 0A: LISTEN; inode the 10th)
             if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
                 inodes.add(f"socket:[{fields[9]}]")
-    for member in _family(pid):
+    for member in family(pid):
         try:
             fds = list(Path(f"/proc/{member}/fd").iterdir())
         except OSError:  # (it exited)
