@@ -87,14 +87,14 @@ for i = 1, n do
     r = heartbeat_one(ctx, A)
   elseif kinds[i] == 'steady' then
     r = steady_one(ctx, A, P, now, ctx[CTX.more_due] == false)
-  elseif kinds[i] == 'cpucfg' then
-    r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
-  elseif last.err or last[1] == 'RESYNC' then
+  elseif kinds[i] == 'ingest' and (last.err or last[1] == 'RESYNC') then
     r = nil -- (its heartbeat wrote nothing: neither does its ingest)
   else
-    -- (a full heartbeat's answer says whether the node restarted; a steady
-    -- one's node did not)
-    A[5] = (kinds[i - 1] == 'full' and last[2] == 1) and '1' or '0'
+    if kinds[i] == 'ingest' then
+      -- (a full heartbeat's answer says whether the node restarted; a steady
+      -- one's node did not)
+      A[5] = (kinds[i - 1] == 'full' and last[2] == 1) and '1' or '0'
+    end
     r = cpu_config_one(ctx, A, BASE .. 'cpucfg:' .. (A[3] or ''))
   end
   if r == nil then
