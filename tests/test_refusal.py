@@ -87,14 +87,19 @@ def test_a_refusal_reads_a_bounded_count_and_says_what_the_model_says(
     assert s.explain(req).refusal == want.refusal
 
 
+@pytest.mark.parametrize("strategy", ["least_loaded", "round_robin", "random"])
 def test_a_counted_node_the_index_lacks_is_placed_on_and_the_index_rebuilt(
-    redis_client: Any,
+    redis_client: Any, strategy: str
 ) -> None:
     """A foreign write took an eligible node out of the index: the count
     finds it eligible and the index is rebuilt; the fleet being larger than
     the full scan reads, that decision is refused BEHIND with nothing
-    reserved, and once the steps end the rebuild the node is placed on."""
-    s, now = _full_cell(redis_client, "refusal-lost")
+    reserved, and once the steps end the rebuild the node is placed on.
+    round_robin and random come to the index when their walk or sample
+    misses the node (until now they took the full scan: the fleet)."""
+    s, now = _full_cell(redis_client, f"refusal-lost-{strategy}", strategy)
+    # (round_robin's walk starts far from r00001)
+    s.client.set(s.keys.rr_cursor, "r01000")
     call = s.ops.heartbeat(hb("r00001", cpu=64, mem_gib=256, sandbox_count=0))
     s.scripts[call.script](keys=call.keys, args=call.args)
     bucket = s.client.hget(s.keys.node("r00001"), "idx")
@@ -104,10 +109,16 @@ def test_a_counted_node_the_index_lacks_is_placed_on_and_the_index_rebuilt(
     found = doctor(s).findings
     assert any("r00001" in f"{f}" for f in found), found
     req = Request.cold(8, 1024)
-    assert decide(node_states(s), s.policy() or Policy(), req, now, 1).chosen == "r00001"
+    want = decide(node_states(s), s.policy() or Policy(), req, now, 1, rr_after="r01000")
+    assert want.chosen == "r00001"
     assert s.client.zcard(s.keys.nodes) > FULL_SCAN_MAX
+    before = _hmgets(s)
     with pytest.raises(IndexBehind, match="the placement index is being rebuilt; retry"):
         s.schedule(req)
+    # the walk or the draws, the index's (empty) pick, the first
+    # REFUSAL_COUNTED counted: never the fleet
+    spread = {"least_loaded": 0, "round_robin": WALK, "random": SPREAD_DRAWS}[strategy]
+    assert _hmgets(s) - before <= spread + REFUSAL_COUNTED + 2
     assert s.client.hget(s.keys.policy, "index_rebuild") is not None
     assert s.stats().pending == 0
     while not s.index_rebuild().done:

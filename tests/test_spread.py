@@ -3,8 +3,10 @@
 Both strategies used to evaluate every node on every decision (one HMGET
 per node: 100,000 of them at 100,000 nodes, one long call).  Now each
 decides from a bounded walk (round_robin: after the node it chose last) or
-a bounded sample (random: rejection sampling), and the full scan applies the
-same rule only when that finds no eligible node of known capacity.  Here,
+a bounded sample (random: rejection sampling), and when that finds no
+eligible node of known capacity the decision is least_loaded's, through the
+index (until this change the full scan applied the same rule: the fleet
+again, whenever eligible nodes were few).  Here,
 against a real Redis on a fleet where the old call read thousands of
 records: the records each decision reads (counted by Redis itself), the
 decision against the reference model, and the fairness each rule keeps.
@@ -21,6 +23,7 @@ import pytest
 from msgspec.structs import replace
 
 from scheduler import Limits, Policy, Request, Scheduler
+from scheduler.domain.errors import NoNodesAvailable
 from scheduler.store.scripts import library
 from scheduler.testing.model import (
     SPREAD_DRAWS,
@@ -30,7 +33,7 @@ from scheduler.testing.model import (
     evaluate,
     spread_random,
 )
-from tests.helpers import hb, node_states, rr_cursor, schedule_argv
+from tests.helpers import hb, node_states, rr_cursor, rr_value, schedule_argv
 
 pytestmark = pytest.mark.real_only
 
@@ -106,7 +109,7 @@ def test_round_robin_reads_a_bounded_walk_and_cycles_the_eligible_in_order(
     ]
 
 
-def test_round_robin_past_a_long_ineligible_run_falls_back_to_the_same_rule(
+def test_round_robin_past_a_long_ineligible_run_takes_least_loaded_without_the_fleet(
     redis_client: Any,
 ) -> None:
     s, now = _cell(redis_client, "round_robin", "rr-sparse", 600)
@@ -117,18 +120,31 @@ def test_round_robin_past_a_long_ineligible_run_falls_back_to_the_same_rule(
         s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
     pipe.execute()
     s.client.set(s.keys.rr_cursor, "s00099")
-    want = decide(node_states(s), _policy(s), Request.route(), now, 1, rr_after="s00099")
+    states = node_states(s)
+    want = decide(states, _policy(s), Request.route(), now, 1, rr_after="s00099")
+    # the walk's WALK nodes hold none: least_loaded's choice, not the next
+    # eligible node past the run (the old rule's, which read the fleet)
+    assert (
+        want.chosen
+        == decide(states, _policy(s), Request.route(), now, 1, strategy="least_loaded").chosen
+    )
+    assert want.chosen != "s00228"
     before = _hmgets(s)
     got = s.schedule(Request.route()).node_id
     read = _hmgets(s) - before
-    assert got == want.chosen and got > f"s{100 + 2 * WALK - 1:05d}"
-    # the walk's WALK records, then the full scan's
-    assert WALK + 600 <= read <= WALK + 600 + 2, read
-    # creations change eligibility: still the model's choice at each step
+    assert got == want.chosen
+    # the walk's WALK records, then the index's pick checked against its
+    # record: never the fleet (the full scan read all 600 more)
+    assert WALK <= read <= WALK + 2, read
+    assert rr_cursor(s) == got
+    # creations change eligibility: still the model's choice at each step,
+    # each reading a bounded count
     for _ in range(20):
         req = Request.cold(1, 0)
         want = decide(node_states(s), _policy(s), req, now, 1, rr_after=rr_cursor(s))
+        before = _hmgets(s)
         assert s.schedule(req).node_id == want.chosen
+        assert _hmgets(s) - before <= WALK + 2
 
 
 def _schedule_with(s: Scheduler, req: Request, rand: float) -> str:
@@ -149,7 +165,7 @@ def test_random_reads_a_bounded_sample_and_decides_like_the_model(redis_client: 
         assert _hmgets(s) - before <= SPREAD_DRAWS
 
 
-def test_random_falls_back_to_the_same_rule_when_the_sample_finds_nothing(
+def test_random_takes_least_loaded_when_the_sample_finds_nothing(
     redis_client: Any,
 ) -> None:
     # one eligible node in 300: 32 draws usually miss it
@@ -166,7 +182,11 @@ def test_random_falls_back_to_the_same_rule_when_the_sample_finds_nothing(
         rand = rng.random()
         before = _hmgets(s)
         assert _schedule_with(s, Request.route(), rand) == "s00137"
-        fell_back += _hmgets(s) - before > SPREAD_DRAWS
+        read = _hmgets(s) - before
+        # the draws, then the index's pick checked against its record:
+        # never the fleet
+        assert read <= SPREAD_DRAWS + 2, read
+        fell_back += read > SPREAD_DRAWS
     assert fell_back >= 1
 
 
@@ -185,12 +205,66 @@ def test_random_gives_each_node_of_the_group_an_equal_share() -> None:
     group = [v for v in verdicts if v.reason is None]
     rng = random.Random(5)
     draws = 40_000
-    got = Counter(spread_random(verdicts, group, rng.random()) for _ in range(draws))
+    got = Counter(spread_random(verdicts, group, rng.random(), 1) for _ in range(draws))
     assert set(got) <= {v.node_id for v in group}
     expected = draws / len(group)
     chi2 = sum((got[v.node_id] - expected) ** 2 / expected for v in group)
     # chi-square, len(group) - 1 = 69 degrees of freedom: p = 0.001 at about 111
     assert chi2 < 111, chi2
     # and a first draw on an all-eligible fleet is floor(rand * N), as before #31
-    assert spread_random(verdicts[:10], verdicts[:10], 0.55) == "v005"
+    assert spread_random(verdicts[:10], verdicts[:10], 0.55, 1) == "v005"
     assert math.floor(0.55 * 10) == 5
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "random"])
+def test_sparse_fleets_decide_like_the_model_through_the_index_and_the_full_scan(
+    redis_client: Any, strategy: str
+) -> None:
+    """Eligibility in runs longer than the walk, a few nodes of each shape
+    eligible, a stream of creations filling them: every decision is the
+    model's, through the walk or sample and the index (the call), and
+    through the full scan (the dry run, which evaluates every node); and no
+    call reads more than its walk or draws and the index's pick."""
+    n = 180  # (at most FULL_SCAN_MAX: the dry run may read them all)
+    s = Scheduler(redis_client, cell=f"sparse-{strategy}")
+    s.sync_policy(
+        Policy(strategy=strategy, report_ttl_ms=3_600_000, limits=Limits(max_sandbox_count=4)),
+        overwrite=True,
+    )
+    now = s.advance_clock(0, "freeze")
+    rng = random.Random(f"sparse-{strategy}")
+    pipe = s.client.pipeline(transaction=False)
+    for i in range(n):
+        # runs of 80 full nodes, then a few with room of two shapes
+        room = i % 100 >= 80
+        beat = hb(
+            f"p{i:04d}",
+            cpu=rng.choice([8, 16]) if room else 16,
+            mem_gib=64,
+            sandbox_count=rng.randrange(0, 3) if room else 5,
+        )
+        call = s.ops.heartbeat(beat)
+        s.scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+    pipe.execute()
+    s.client.set(s.keys.rr_cursor, "p0005")
+    fell_back = placed = 0
+    for _ in range(40):
+        req = Request.cold(rng.choice([1, 2]), 0)
+        rand = rng.random()
+        states = node_states(s)
+        rotation = rr_value(s) + 1
+        want = decide(states, _policy(s), req, now, rotation, rand, rr_after=rr_cursor(s))
+        if strategy == "round_robin":
+            assert s.explain(req).chosen == want.chosen
+        before = _hmgets(s)
+        if want.chosen is None:
+            with pytest.raises(NoNodesAvailable):
+                _schedule_with(s, req, rand)
+            continue
+        assert _schedule_with(s, req, rand) == want.chosen
+        placed += 1
+        read = _hmgets(s) - before
+        bound = WALK if strategy == "round_robin" else SPREAD_DRAWS
+        assert read <= bound + 2, read
+        fell_back += read > bound  # (the walk or draws missed: the index's pick read)
+    assert placed >= 20 and fell_back >= 1, (placed, fell_back)

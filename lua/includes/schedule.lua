@@ -92,22 +92,21 @@ local PICK_READ_NS = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status',
   'p2p_backend' }
 
 -- round_robin and random without reading the fleet (#31): each decides
--- from a bounded walk or a bounded sample of the node list, and the full
--- scan below applies the same rule to the whole list when that walk or
--- sample finds no eligible node of known capacity (so a decision is the
--- same whichever decides; scheduler/testing/model.py holds the rule).
---   round_robin: the first eligible node of known capacity after the
---     cursor <base>rr-cursor (the node it chose last) in node-id byte order,
---     wrapping; else the first eligible never-heard-from one after it.  The
---     walk evaluates at most SPREAD.WALK nodes.
+-- from a bounded walk or a bounded sample of the node list; when that finds
+-- no eligible node of known capacity, the decision is least_loaded's
+-- (through the index, bounded; the full scan applies the same rules on a
+-- fleet of at most FULL_SCAN_MAX nodes, so a decision is the same whichever
+-- decides; scheduler/testing/model.py holds the rules).
+--   round_robin: the first eligible node of known capacity among the
+--     SPREAD.WALK nodes after the cursor <base>rr-cursor (the node it chose
+--     last) in node-id byte order, wrapping.
 --   random: rejection sampling.  Draw i is node rank r_i of the node list
 --     (r_1 = floor(rand * N), then MINSTD from s_1 = floor(rand * (M - 1))
---     + 1, r_i = floor(s_i * N / M)); the first draw that is an eligible
---     node of known capacity is chosen; after SPREAD.DRAWS draws (or when
---     no eligible node has known capacity) group[floor(s * #group / M)]
---     with the next s.  Each draw is uniform over the nodes and accepted
---     only within the group, and the fallback is uniform over the group,
---     so each node of the group is chosen with probability 1 / #group.
+--     + 1, r_i = floor(s_i * N / M)); the first of SPREAD.DRAWS draws that
+--     is an eligible node of known capacity is chosen.  Each draw is uniform
+--     over the nodes and accepted only within the eligible ones, so each is
+--     chosen with the same probability, unless every draw misses (fewer
+--     than about one node in DRAWS eligible).
 local SPREAD = { WALK = 64, PAGE = 16, DRAWS = 32, M = 2147483647 }
 
 -- The cursor's key, and the cursor ('' before any round_robin decision).
@@ -187,26 +186,34 @@ SPREAD.PICK = {
     end
     return best[((rr_next - 1) % #best) + 1]
   end,
-  -- (SPREAD's rules, over the whole list)
-  round_robin = function(group)
-    local after = SPREAD.cursor()
+  -- (SPREAD's rules over the whole list: the walk's nodes, then least_loaded)
+  round_robin = function(group, rr_next, _, evaluated)
+    local after, total = SPREAD.cursor(), #evaluated
+    local start = 1
     if after ~= '' then
-      for _, n in ipairs(group) do
-        if bytes_lt(after, n.id) then return n end
+      start = total + 1
+      for i, n in ipairs(evaluated) do
+        if bytes_lt(after, n.id) then
+          start = i
+          break
+        end
       end
     end
-    return group[1]
+    for j = 0, math.min(SPREAD.WALK, total) - 1 do
+      local n = evaluated[(start - 1 + j) % total + 1]
+      if n.reason == nil and n.known then return n end
+    end
+    return SPREAD.PICK.least_loaded(group, rr_next)
   end,
-  random = function(group, _, rand, evaluated)
+  random = function(group, rr_next, rand, evaluated)
     local s, n = SPREAD.seed(rand), #evaluated
     for i = 1, SPREAD.DRAWS do
       local r
       r, s = SPREAD.draw(i, s, rand, n)
       local x = evaluated[r + 1]
-      if group[1].known and x.reason == nil and x.known then return x end
+      if x.reason == nil and x.known then return x end
     end
-    s = (s * 48271) % SPREAD.M
-    return group[math.floor(s * #group / SPREAD.M) + 1]
+    return SPREAD.PICK.least_loaded(group, rr_next)
   end,
 }
 
@@ -505,7 +512,25 @@ local function reserved(ctx, P, req, rid, n, now, L)
   -- @phase node_write
 end
 
--- Stage "behind": a least_loaded decision the index could not make (built
+-- Stage "index ready" (a decision through the index): a step of a rebuild
+-- under way (includes/index_moves.lua), one a call, the step that ends it
+-- leaving a policy without index_rebuild; the stale entries' sweep, once a
+-- call (a batch's later decisions pick around what is left, so a call stays
+-- bounded when more went stale than a sweep takes).  The policy, reloaded
+-- when a rebuild ended.
+local function index_ready(ctx, P, now)
+  if P.index_format ~= INDEX_FORMAT then return P end
+  if P.index_rebuild and not ctx[CTX.rebuilt] then
+    ctx[CTX.rebuilt] = true
+    if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
+  end
+  if ctx[CTX.fresh] == false then
+    ctx[CTX.fresh] = sweep_stale(ctx, P, now, PLACEMENT_STALE_BATCH) or 'behind'
+  end
+  return P
+end
+
+-- Stage "behind": a decision the index could not make (built
 -- anew, rebuilt, stale nodes still listed past the picks' tries, or found
 -- to disagree) goes to the full scan only on a fleet of FULL_SCAN_MAX
 -- nodes at most; on a larger one reading the fleet would hold Redis for
@@ -561,33 +586,22 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
       ctx[CTX.more_due] = sweep_expired(ctx, now) >= SWEEP_BATCH
     end
     reindex_touched(ctx, P, now)
-    if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
-      -- a rebuild under way (includes/index_moves.lua): one bounded step a
-      -- call; the step that ends it leaves a policy without index_rebuild
-      if P.index_rebuild and not ctx[CTX.rebuilt] then
-        ctx[CTX.rebuilt] = true
-        if REBUILD.step(ctx, P, now, REBUILD.PLACEMENT_STEP) then P = load_policy(ctx) end
-      end
-      -- (once a call: a batch's later decisions pick around what is left,
-      -- so a call stays bounded when more went stale than a sweep takes)
-      if ctx[CTX.fresh] == false then
-        ctx[CTX.fresh] = sweep_stale(ctx, P, now, PLACEMENT_STALE_BATCH) or 'behind'
-      end
-    end
+    if strategy == 'least_loaded' then P = index_ready(ctx, P, now) end
     -- @phase sweeps
     if strategy == 'least_loaded' and P.index_format == INDEX_FORMAT then
       chosen, none = index_chosen(ctx, P, req, rr_next, now, L)
     end
   end
   -- Stage "spread": round_robin and random from a bounded walk or sample
-  -- (SPREAD); the full scan decides when it finds nothing, unless the index
-  -- (whole: no rebuild under way) holds nothing eligible either: then the
-  -- refusal is counted as least_loaded's is.  (A stale entry the index still
-  -- holds only sends the decision to the full scan.)
+  -- (SPREAD); when it finds nothing, least_loaded's decision through the
+  -- index, whose refusal is counted as least_loaded's is.
   if chosen == nil and not dry_run and strategy ~= 'least_loaded' then
     chosen = SPREAD[strategy](ctx, P, req, now, rand)
-    if chosen == nil and P.index_format == INDEX_FORMAT and not P.index_rebuild then
-      none = pick_indexed(ctx, P, req, rr_next) == nil
+    if chosen == nil then
+      P = index_ready(ctx, P, now)
+      if P.index_format == INDEX_FORMAT then
+        chosen, none = index_chosen(ctx, P, req, rr_next, now, nil)
+      end
     end
   end
   -- @phase record_check
@@ -596,7 +610,7 @@ local function schedule_one(ctx, RR_KEY, kind, dry_run, strategy_arg, cpu_arg, m
   local evaluated, refusal = NONE, ''
   if chosen == nil and none then refusal = refusal_counted(ctx, P, req, now) or '' end
   if chosen == nil and refusal == '' then
-    local behind = not dry_run and strategy == 'least_loaded' and index_behind(ctx)
+    local behind = not dry_run and index_behind(ctx)
     if behind then
       give_back_rr(ctx, RR_KEY)
       reindex_touched(ctx, P, now)

@@ -10,10 +10,11 @@ decisions; any optimisation of the Lua path is judged against it.
              (<= cap * overcommit)
     score:   known capacity, pressure, starting (+pending), running, paused
     pick:    least_loaded: best, round-robin over exact equals
-             round_robin / random: eligible known-capacity nodes (else the
-             never-heard-from fallback) in node-id byte order; round_robin
-             the first of them after the node it chose last, random by
-             rejection sampling over all nodes (spread_random)
+             round_robin: the first eligible known-capacity node among the
+             SPREAD_WALK nodes after the node it chose last (node-id byte
+             order, wrapping); random: the first eligible known-capacity
+             node of SPREAD_DRAWS draws over all nodes (spread_random);
+             either, when that finds none: least_loaded's choice
 """
 
 from __future__ import annotations
@@ -376,20 +377,54 @@ def locality(
     return Decision(best.node_id, verdicts, None, warmth, pull, scores)
 
 
-#: random's draws before its fallback, and MINSTD's modulus (lua/includes/schedule.lua SPREAD)
+#: round_robin's walk and random's draws before least_loaded decides, and
+#: MINSTD's modulus (lua/includes/schedule.lua SPREAD)
+SPREAD_WALK = 64
 SPREAD_DRAWS = 32
 _M = 2147483647
 
 
-def spread_random(verdicts: list[ModelVerdict], group: list[ModelVerdict], rand: float) -> str:
+def least_loaded_pick(group: list[ModelVerdict], rr_next: int) -> ModelVerdict:
+    """``least_loaded``'s choice: the best ranked, exact equals in rotation."""
+    best_key = min(rank_key(v.known, v.pressure, v.starting, v.running, v.paused) for v in group)
+    equals = [
+        v
+        for v in group
+        if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key
+    ]
+    return equals[(rr_next - 1) % len(equals)]
+
+
+def spread_round_robin(
+    verdicts: list[ModelVerdict], group: list[ModelVerdict], after: str, rr_next: int
+) -> str:
+    """``round_robin``'s choice: the first eligible node of known capacity
+    among the SPREAD_WALK nodes (byte order, wrapping) after ``after``, the
+    node it chose last ("" before any); when none of them is,
+    least_loaded's choice."""
+    key = after.encode()
+    start = next(
+        (i for i, v in enumerate(verdicts) if key and v.node_id.encode() > key),
+        len(verdicts) if key else 0,
+    )
+    for j in range(min(SPREAD_WALK, len(verdicts))):
+        v = verdicts[(start + j) % len(verdicts)]
+        if v.reason is None and v.known:
+            return v.node_id
+    return least_loaded_pick(group, rr_next).node_id
+
+
+def spread_random(
+    verdicts: list[ModelVerdict], group: list[ModelVerdict], rand: float, rr_next: int
+) -> str:
     """``random``'s choice: rejection sampling over every node (byte order).
 
     Draw 1 is node rank ``floor(rand * N)``; draw i > 1 is ``floor(s_i * N /
     M)`` with MINSTD ``s_i = s_(i-1) * 48271 mod M``, ``s_1 = floor(rand *
     (M - 1)) + 1``.  The first draw that is an eligible node of known
-    capacity is chosen; after SPREAD_DRAWS draws (or when the group is the
-    never-heard-from fallback) ``group[floor(s * len(group) / M)]`` with the
-    next s.  Every node of the group has probability 1 / len(group).
+    capacity is chosen, so each such node has the same chance; when all
+    SPREAD_DRAWS draws miss (fewer than about one node in SPREAD_DRAWS is
+    one), least_loaded's choice.
     """
     n, s = len(verdicts), math.floor(rand * (_M - 1)) + 1
     for i in range(1, SPREAD_DRAWS + 1):
@@ -399,10 +434,9 @@ def spread_random(verdicts: list[ModelVerdict], group: list[ModelVerdict], rand:
             s = s * 48271 % _M
             r = math.floor(s * n / _M)
         x = verdicts[r]
-        if group[0].known and x.reason is None and x.known:
+        if x.reason is None and x.known:
             return x.node_id
-    s = s * 48271 % _M
-    return group[math.floor(s * len(group) / _M)].node_id
+    return least_loaded_pick(group, rr_next).node_id
 
 
 def decide(
@@ -434,15 +468,7 @@ def decide(
         return Decision(None, verdicts, summarize(verdicts))
     strategy = strategy or policy.strategy
     if strategy == "least_loaded":
-        best_key = min(
-            rank_key(v.known, v.pressure, v.starting, v.running, v.paused) for v in group
-        )
-        equals = [
-            v
-            for v in group
-            if rank_key(v.known, v.pressure, v.starting, v.running, v.paused) == best_key
-        ]
-        chosen = equals[(rr_next - 1) % len(equals)]
+        chosen = least_loaded_pick(group, rr_next)
         if (
             loc is not None
             and req.create
@@ -451,10 +477,9 @@ def decide(
         ):
             return locality(verdicts, chosen, policy, req, now_ms, loc)
     elif strategy == "round_robin":
-        after = rr_after.encode()
-        chosen = next((v for v in group if after and v.node_id.encode() > after), group[0])
+        return Decision(spread_round_robin(verdicts, group, rr_after, rr_next), verdicts, None)
     elif strategy == "random":
-        return Decision(spread_random(verdicts, group, rand), verdicts, None)
+        return Decision(spread_random(verdicts, group, rand, rr_next), verdicts, None)
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
     return Decision(chosen.node_id, verdicts, None)
