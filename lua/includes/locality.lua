@@ -15,8 +15,11 @@
   (ties: B, then rank, then node id).  So locality never brings back a
   filtered node, never piles load past the gap, and a burst spreads over the
   warm set before it grows it.  Cost: bounded by the request (32 keys, at
-  most LOCALITY.HOLDERS holders a digest, LOCALITY.CANDIDATES nodes evaluated), flat
-  in the fleet's size.
+  most LOCALITY.HOLDERS holders a digest, LOCALITY.SCREEN warm nodes
+  considered), flat in the fleet's size.  Decided through the index, each
+  warm node's pressure comes from its bucket (one HGET) and the least score
+  it could reach bounds it: records are read only for the nodes that could
+  still win, least bound first (LOCALITY.choose).
 
   Keys (all built from BASE): art-key:<kd>, art-kd, art:<digest>, art-names
   (read); aff:<group> (zset node -> last start, TTL locality_affinity_ttl_ms,
@@ -32,7 +35,7 @@
 -- for few more locals, and a block's own names count while it loads)
 local LOCALITY = {
   HOLDERS = 16, -- holders read per artifact digest, at most
-  CANDIDATES = 8, -- warm nodes evaluated per decision, at most
+  SCREEN = 32, -- warm nodes considered per decision, at most
 }
 
 function LOCALITY.p3(x) return string.format('%.3f', x) end
@@ -145,15 +148,15 @@ function LOCALITY.gather_keys(L)
   return by, ids, sampled
 end
 
--- The warm set: {id, by-namespace coverage or true (affinity)} in the order
--- they are evaluated (most weight held first, then node id), at most
--- LOCALITY.CANDIDATES; and what a node left out of it holds: `by` (keys),
--- and whether one not found holds nothing (`complete`).
+-- The warm set: {id, by-namespace coverage or true (affinity)}, most weight
+-- held first (among equals, the order the index's sets gave), at most
+-- LOCALITY.SCREEN; and what a node left out of it holds: `by` (keys), and
+-- whether one not found holds nothing (`complete`).
 function LOCALITY.warm_set(P, L, now)
   local out = {}
   if #L.keys > 0 then
     local by, ids, sampled = LOCALITY.gather_keys(L)
-    local K = LOCALITY.CANDIDATES
+    local K = LOCALITY.SCREEN
     if #ids <= K then
       for i = 1, #ids do out[i] = { ids[i], by[ids[i]] } end
     else
@@ -182,9 +185,9 @@ function LOCALITY.warm_set(P, L, now)
   end
   -- affinity: the group's starters within the TTL, most recent first
   local ids = redis.call('ZREVRANGEBYSCORE', LOCALITY.aff_key(L.group), '+inf',
-    '(' .. fmt(now - P.locality_affinity_ttl_ms), 'LIMIT', '0', fmt(LOCALITY.CANDIDATES))
+    '(' .. fmt(now - P.locality_affinity_ttl_ms), 'LIMIT', '0', fmt(LOCALITY.SCREEN))
   for i, id in ipairs(ids) do out[i] = { id, true } end
-  return out, nil, #ids < LOCALITY.CANDIDATES
+  return out, nil, #ids < LOCALITY.SCREEN
 end
 
 -- "cluster\nbackend" of a node's P2P index, or false (it has none).
@@ -202,32 +205,71 @@ local LOCALITY_NS = { 'cluster_id', 'p2p_backend' }
 local CANDIDATE_READ = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
   'p2p_backend' }
 
+-- ...and, its bucket already read (`idx`), the rest of it (a layout)
+-- @layout CANDIDATE_REST
+local CANDIDATE_REST = { 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
+  'p2p_backend' }
+
 -- Warm node `id` through the decision stages.  Decided through the index,
 -- its bucket holds every decision input, as for the index's own pick: one
 -- read (a stale node the sweeps have not taken out yet is still listed: the
--- status check on its own last_seen_ms excludes it).  Otherwise (the full scan, a dry run)
--- the whole record is read.
-function LOCALITY.candidate(P, req, now, id, via_index)
+-- status check on its own last_seen_ms excludes it); `idx`: its bucket, if
+-- read already.  Otherwise (the full scan, a dry run) the whole record is read.
+function LOCALITY.candidate(P, req, now, id, via_index, idx)
   if not via_index then
     local n = evaluate(id, P, req, now)
     local v = redis.call('HMGET', node_key(id), unpack(LOCALITY_NS))
     n.ns = LOCALITY.ns_of(v[LOCALITY_NS.cluster_id], v[LOCALITY_NS.p2p_backend])
     return n
   end
-  local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_READ))
+  local endpoint, last_seen, lingering, status, cluster, backend
+  if idx then
+    local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_REST))
+    endpoint, last_seen, lingering, status, cluster, backend = v[CANDIDATE_REST.endpoint],
+      v[CANDIDATE_REST.last_seen_ms], v[CANDIDATE_REST.lingering], v[CANDIDATE_REST.status],
+      v[CANDIDATE_REST.cluster_id], v[CANDIDATE_REST.p2p_backend]
+  else
+    local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_READ))
+    idx, endpoint, last_seen, lingering, status, cluster, backend = v[CANDIDATE_READ.idx],
+      v[CANDIDATE_READ.endpoint], v[CANDIDATE_READ.last_seen_ms], v[CANDIDATE_READ.lingering],
+      v[CANDIDATE_READ.status], v[CANDIDATE_READ.cluster_id], v[CANDIDATE_READ.p2p_backend]
+  end
   -- (not indexed: schedulable for no request)
-  if not v[CANDIDATE_READ.idx] or v[CANDIDATE_READ.idx] == '' then
+  local n = idx and idx ~= '' and node_of_bucket(idx)
+  if not n then
     return { id = id, reason = 'not schedulable', ns = false, pressure = 0, known = false }
   end
-  local n = node_of_bucket(v[CANDIDATE_READ.idx])
-  n.id, n.idx, n.endpoint = id, v[CANDIDATE_READ.idx], v[CANDIDATE_READ.endpoint] or ''
-  n.last_seen, n.lingering, n.reported = tonumber(v[CANDIDATE_READ.last_seen_ms]),
-    v[CANDIDATE_READ.lingering] == '1', v[CANDIDATE_READ.status] or ''
+  n.id, n.idx, n.endpoint = id, idx, endpoint or ''
+  n.last_seen, n.lingering, n.reported = tonumber(last_seen), lingering == '1', status or ''
   read_status(n, P, now)
   project(n, req)
   n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
-  n.ns = LOCALITY.ns_of(v[CANDIDATE_READ.cluster_id], v[CANDIDATE_READ.p2p_backend])
+  n.ns = LOCALITY.ns_of(cluster, backend)
   return n
+end
+
+-- A warm node's place in the screen (LOCALITY.choose): from its bucket `b`
+-- (a parse), its pressure with the request placed and its rank's other
+-- inputs, as project() works them out; `least` the least score it could
+-- reach (pressure less the most bonus it could have).
+function LOCALITY.screened(w, idx, b, req, least_bonus)
+  local p = 0
+  if b.cpu_cap > 0 then p = (b.lc + req.cpu) / b.cpu_cap end
+  if b.mem_cap > 0 then
+    local pm = (b.lm + req.mem) / b.mem_cap
+    if pm > p then p = pm end
+  end
+  return { w = w, idx = idx, id = w[LOC_WARM.id], known = b.known, pressure = p,
+    starting = b.starting, running = b.running, paused = b.paused, least = p - least_bonus }
+end
+
+-- Does screened (or evaluated) x come before y: least score, then rank,
+-- then node id (a sort of the screen; x.least may be a score).
+function LOCALITY.before(x, y)
+  if x.least ~= y.least then return x.least < y.least end
+  if ranks_before(x, y) then return true end
+  if ranks_before(y, x) then return false end
+  return bytes_lt(x.id, y.id)
 end
 
 -- Node n's coverage (0..1) and the bytes it would pull (n.ns: its
@@ -325,19 +367,15 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
   if not explain and B.bonus >= P.locality_weight then return B, {} end
   local warm = LOCALITY.warm_set(P, L, now)
   local evaluated, limit = {}, B.pressure + (LOCALITY.margin(P, B))
-  local in_warm = false
-  for _, w in ipairs(warm) do
-    if w[LOC_WARM.id] == B.id then
-      in_warm = true
-    elseif explain or LOCALITY.most_bonus(P, L, w[LOC_WARM.held]) > B.bonus then
-      local n = LOCALITY.candidate(P, req, now, w[LOC_WARM.id], via_index)
-      n.now_floor = floor
-      n.coverage, n.pull = LOCALITY.coverage_of(L, n, w[LOC_WARM.held])
-      evaluated[#evaluated + 1] = n
-    end
-  end
   local best, best_score = B, B.pressure - B.bonus
-  for _, n in ipairs(evaluated) do
+  local in_warm = false
+  -- One warm node against the best so far: coverage, bonus, and whether it
+  -- wins (lower pressure - bonus; ties: B, then rank, then node id) or why
+  -- it lost.
+  local function judge(n, c)
+    n.now_floor = floor
+    n.coverage, n.pull = LOCALITY.coverage_of(L, n, c)
+    evaluated[#evaluated + 1] = n
     if explain then LOCALITY.bonus(P, L, n) end
     if n.reason then
       n.lost = n.reason
@@ -359,6 +397,55 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
         best, best_score = n, s
       else
         n.lost = 'pressure - bonus ' .. LOCALITY.p3(s) .. ' not below ' .. LOCALITY.p3(best_score)
+      end
+    end
+  end
+  -- (the warm nodes that could win: not B, their most possible bonus above B's)
+  local rivals = {}
+  if not explain then
+    for _, w in ipairs(warm) do
+      local most = w[LOC_WARM.id] ~= B.id and LOCALITY.most_bonus(P, L, w[LOC_WARM.held])
+      if most and most > B.bonus then rivals[#rivals + 1] = { w, most } end
+    end
+  end
+  if via_index and not explain then
+    -- The screen: each rival's bucket (its index entry, one HGET) gives its
+    -- pressure and rank, so one past the margin, or of another kind of
+    -- capacity, is not read further; the others are judged least possible
+    -- score first, and once that is past the best score found (or equal,
+    -- ranking after it) none left can win.  The same choice as judging
+    -- every one (below), with records read only for those that could still
+    -- win: an HGET a rival is cheaper than reading each whole.
+    local screen = {}
+    for _, r in ipairs(rivals) do
+      local w, most = r[1], r[2]
+      local idx = redis.call('HGET', node_key(w[LOC_WARM.id]), 'idx')
+      local b = idx and idx ~= '' and parse_bucket(idx)
+      if b and b.known == B.known then
+        local x = LOCALITY.screened(w, idx, b, req, most)
+        if x.pressure <= limit then screen[#screen + 1] = x end
+      end
+    end
+    table.sort(screen, LOCALITY.before)
+    for _, x in ipairs(screen) do
+      if x.least > best_score or (x.least == best_score
+          and (best == B or not LOCALITY.before(x, { least = best_score, id = best.id,
+            known = best.known, pressure = best.pressure, starting = best.starting,
+            running = best.running, paused = best.paused }))) then
+        break
+      end
+      judge(LOCALITY.candidate(P, req, now, x.id, true, x.idx), x.w[LOC_WARM.held])
+    end
+  elseif not explain then
+    for _, r in ipairs(rivals) do
+      judge(LOCALITY.candidate(P, req, now, r[1][LOC_WARM.id], via_index), r[1][LOC_WARM.held])
+    end
+  else
+    for _, w in ipairs(warm) do
+      if w[LOC_WARM.id] == B.id then
+        in_warm = true
+      else
+        judge(LOCALITY.candidate(P, req, now, w[LOC_WARM.id], via_index), w[LOC_WARM.held])
       end
     end
   end
