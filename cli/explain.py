@@ -31,6 +31,12 @@ from .options import Target, cell_options, pass_target
 from .output import age, console, gib, pressure_color, size, status_text
 from .snapshot import atomically
 
+#: what round_robin and random pick from (docs/design.md "Selection")
+SPREAD_RULES = {
+    "round_robin": "the first eligible of the 64 nodes after the one it chose last",
+    "random": "the first eligible of 32 nodes drawn",
+}
+
 
 class CeilingBreakdown(msgspec.Struct, kw_only=True):
     """Why a ceiling excludes a node: ``current + pending + request`` against ``limit``.
@@ -285,11 +291,11 @@ def report_table(r: Report, where: str, width: int = 200) -> Group:
         )
         reasons.add_row(v.node_id, Text(v.detail, style="" if v.reason is None else "red"))
     parts: list[RenderableType] = [head, table, Text("why:", style="bold"), reasons]
-    if r.strategy != "least_loaded":
+    if r.strategy in SPREAD_RULES:
         parts.append(
             Text(
-                f"ranks are least_loaded order; {r.strategy} picks among the eligible "
-                "without pressure",
+                f"ranks are least_loaded order; {r.strategy} takes {SPREAD_RULES[r.strategy]}"
+                " without pressure, and least_loaded's choice when none of them is eligible",
                 style="dim",
             )
         )

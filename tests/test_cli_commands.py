@@ -270,6 +270,10 @@ def test_explain_agrees_with_schedule(fleet: Fleet) -> None:
         got = fleet.json("explain", "--cpu", "1", "--memory-mb", "1024", "--strategy", strategy)
         assert got["strategy"] == strategy
         assert got["chosen"] == fleet.s.schedule(REQUEST, strategy=strategy).node_id
+    # (the table says what round_robin picks from, and when least_loaded decides)
+    words = " ".join(fleet.run("explain", "--cpu", "1", "--strategy", "round_robin").stdout.split())
+    assert "round_robin takes the first eligible of the 64 nodes after the one it chose" in words
+    assert "least_loaded's choice when none of them is eligible" in words
     got = fleet.json("explain", "--cpu", "100")
     assert got["chosen"] is None
     assert all(v["verdict"] == "excluded" for v in got["verdicts"])
