@@ -336,6 +336,12 @@ def parser() -> argparse.ArgumentParser:
         help="sort ours' placements short of a full holder by cause, beside kube's of the "
         "same arrivals (adds an explain to each of ours' decisions: no Redis figures)",
     )
+    lo.add_argument(
+        "--ordered",
+        action="store_true",
+        help="the replicas decide each tick's arrivals in turn, not at once from threads: "
+        "a seed's run is the same every time",
+    )
 
     g = sub.add_parser(
         "phases",
@@ -452,7 +458,12 @@ def runner(args: argparse.Namespace) -> Callable[[Target], Result]:
             for text in args.sweep or ()
         )
         lop = replace(
-            lop, seed=args.seed, locality=tuple(pairs), sweep=sweep, diagnose=args.diagnose
+            lop,
+            seed=args.seed,
+            locality=tuple(pairs),
+            sweep=sweep,
+            diagnose=args.diagnose,
+            ordered=args.ordered,
         )
         if args.scale_nodes:
             lop = replace(lop, scale_nodes=args.scale_nodes)

@@ -179,6 +179,11 @@ class Params:
     #: it adds an explain to each of ours' decisions, so its Redis time is
     #: not a measure), and compare each arrival with kube's placement of it
     diagnose: bool = False
+    #: the replicas decide a tick's arrivals one after another, in turn, not
+    #: from threads at once: a seed's run is then the same every time (a
+    #: measure of the settings, not of the interleaving; ceilings under
+    #: concurrency need the default)
+    ordered: bool = False
     #: Params.diagnose lists ours' placements that took a node to this pressure
     hot_pressure: float = 0.875
 
@@ -815,7 +820,9 @@ def run_one(
         by_tick: dict[int, list[Arrival]] = {}
         for a in stream:
             by_tick.setdefault(a.at, []).append(a)
-        workers = ThreadPoolExecutor(max_workers=replicas) if replicas > 1 else None
+        workers = (
+            ThreadPoolExecutor(max_workers=replicas) if replicas > 1 and not p.ordered else None
+        )
         turn = 0
         for tick in range(p.seconds + 1):
             while events and events[0][0] <= tick:
@@ -841,12 +848,14 @@ def run_one(
             if not batch:
                 continue
             shares: list[list[Arrival]] = [[] for _ in pool]
+            turns = []
             for a in batch:
                 shares[turn % replicas].append(a)
+                turns.append(pool[turn % replicas])
                 turn += 1
             before = _busy_us(target)
             if workers is None:
-                decided = [decider.decide(pool[0], a) for a in batch]
+                decided = [decider.decide(r, a) for r, a in zip(turns, batch, strict=True)]
             else:
                 futures = [
                     workers.submit(lambda r, share: [decider.decide(r, a) for a in share], r, sh)
@@ -1162,7 +1171,9 @@ def run(target: Target, p: Params | None = None) -> Result:
         f"{len(stream)} arrivals over {p.seconds} simulated s ({rate:.2f}/s, "
         f"{p.utilisation:.0%} of the CPUs at a mean lifetime of {p.mean_lifetime_s:g} s); "
         f"counted after {p.warmup_s} s; heartbeats every {p.heartbeat_s:g} s with rosters; "
-        f"{p.replicas} library replicas; max_sandbox_count {p.ceiling}, overcommit 1.0",
+        f"{p.replicas} library replicas"
+        + (" deciding each tick's arrivals in turn (--ordered)" if p.ordered else "")
+        + f"; max_sandbox_count {p.ceiling}, overcommit 1.0",
         f"warm start {p.warm_start_s:g} s; pulls at {p.pull_mib_s:g} MiB/s; "
         f"pr68's budget {p.group_budget}",
     ]
