@@ -249,27 +249,27 @@ function LOCALITY.candidate(P, req, now, id, via_index, idx)
 end
 
 -- A warm node's place in the screen (LOCALITY.choose): from its bucket `b`
--- (a parse), its pressure with the request placed and its rank's other
--- inputs, as project() works them out; `least` the least score it could
--- reach (pressure less the most bonus it could have).
-function LOCALITY.screened(w, idx, b, req, least_bonus)
-  local p = 0
-  if b.cpu_cap > 0 then p = (b.lc + req.cpu) / b.cpu_cap end
-  if b.mem_cap > 0 then
-    local pm = (b.lm + req.mem) / b.mem_cap
-    if pm > p then p = pm end
-  end
-  return { w = w, idx = idx, id = w[LOC_WARM.id], known = b.known, pressure = p,
-    starting = b.starting, running = b.running, paused = b.paused, least = p - least_bonus }
+-- (a parse), its pressure with the request placed (as the index's own pick
+-- works it out from a bucket) and its rank's other inputs; `least` the
+-- least score it could reach (pressure less the most bonus it could have).
+function LOCALITY.screened(w, idx, b, req, most_bonus)
+  local x = { w = w, idx = idx, id = w[LOC_WARM.id], known = b.known, cpu_cap = b.cpu_cap,
+    mem_cap = b.mem_cap, proj_cpu = b.lc + req.cpu, proj_mem = b.lm + req.mem,
+    starting = b.starting, running = b.running, paused = b.paused }
+  x.pressure = pressure_of(x)
+  x.least = x.pressure - most_bonus
+  return x
 end
 
--- Does screened (or evaluated) x come before y: least score, then rank,
--- then node id (a sort of the screen; x.least may be a score).
+-- Of two nodes of equal score, does x win: the better rank, then node id.
+function LOCALITY.first(x, y)
+  return ranks_before(x, y) or (not ranks_before(y, x) and bytes_lt(x.id, y.id))
+end
+
+-- The screen's order: least possible score, then LOCALITY.first.
 function LOCALITY.before(x, y)
   if x.least ~= y.least then return x.least < y.least end
-  if ranks_before(x, y) then return true end
-  if ranks_before(y, x) then return false end
-  return bytes_lt(x.id, y.id)
+  return LOCALITY.first(x, y)
 end
 
 -- Node n's coverage (0..1) and the bytes it would pull (n.ns: its
@@ -390,9 +390,7 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
     else
       if not explain then LOCALITY.bonus(P, L, n) end
       local s = n.pressure - n.bonus
-      if s < best_score or (s == best_score and best ~= B
-          and (ranks_before(n, best)
-            or (not ranks_before(best, n) and bytes_lt(n.id, best.id)))) then
+      if s < best_score or (s == best_score and best ~= B and LOCALITY.first(n, best)) then
         if best ~= B then best.lost = 'a warmer or cooler node won' end
         best, best_score = n, s
       else
@@ -428,10 +426,8 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
     end
     table.sort(screen, LOCALITY.before)
     for _, x in ipairs(screen) do
-      if x.least > best_score or (x.least == best_score
-          and (best == B or not LOCALITY.before(x, { least = best_score, id = best.id,
-            known = best.known, pressure = best.pressure, starting = best.starting,
-            running = best.running, paused = best.paused }))) then
+      if x.least > best_score
+          or (x.least == best_score and (best == B or not LOCALITY.first(x, best))) then
         break
       end
       judge(LOCALITY.candidate(P, req, now, x.id, true, x.idx), x.w[LOC_WARM.held])
