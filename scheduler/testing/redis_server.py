@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,24 +23,55 @@ import redis
 from scheduler.store.address import sentinel_url
 
 
-def free_port() -> int:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_LOW = _ephemeral_low()
+_handed: set[int] = set()
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(below: int | None = None) -> int:
+    """A free loopback port for a server to listen on.
+
+    Chosen below the kernel's range for outgoing connections: a port bind(0)
+    hands out is in that range, and any client socket opened before the
+    server binds may take it as its own source port ("Address already in
+    use").  Random, so that test processes side by side rarely meet, and never
+    the same twice in one process."""
+    top = min(below or _EPHEMERAL_LOW, _EPHEMERAL_LOW)
+    if top - 10000 < 1000:  # (an unusual port range: take what the kernel gives)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random(os.urandom(8))
+    while True:
+        port = rng.randrange(10000, top)
+        if port not in _handed and _bindable(port):
+            _handed.add(port)
+            return port
 
 
 def free_cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too."""
     while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+        port = free_port(below=_EPHEMERAL_LOW - 10000)
+        if port + 10000 <= 65535 and _bindable(port + 10000):
+            return port
 
 
 class RedisServer:
