@@ -2,7 +2,8 @@
 
 Per scenario: real ``redis-server`` processes (one, or a primary, one replica
 and three sentinels), three ``schedctl serve`` replica processes, simulated
-runtime nodes heartbeating over gRPC with their rosters, and gateways placing
+runtime nodes heartbeating over gRPC with their rosters (stamped, one at a time,
+as the reference reporter sends them), and gateways placing
 about 40 creations a second over gRPC with 2 s deadlines, against a ceiling
 of ``max_sandbox_count: 10``.  A node takes a while to create a sandbox
 (listed in its roster and counted as starting meanwhile), runs it for a
@@ -65,7 +66,11 @@ What each row reports (invariants first):
   the heartbeats were still refused then); ``cut_short``: Schedules a
   killed replica had in flight (each may have left one, which its TTL
   ends: the most phantoms a replica kill may leave); ``stuck``: answered ones still
-  live then (after a rollback: those that came back from the past);
+  live then (after a rollback: those that came back from the past), but
+  those whose RecordAssignment the gateway gave up on (``unrecorded``, of
+  which ``unrecorded_live`` still pending: held until
+  ``unassigned_reservation_ttl`` by contract, as the reference gateway's one
+  failed attempt leaves them);
 - ``rewinds`` / ``rewound``: times the cell settled for data from the past
   or a clock that jumped (stats ``rewinds``), and reservations that came
   back from the past and were ended (stats ``rewound_total``);
@@ -243,6 +248,9 @@ class Run:
         self.outcomes: list[Outcome] = []
         #: reservation id -> node id, for every placement answered OK
         self.acked: dict[str, str] = {}
+        #: reservation ids whose RecordAssignment the gateway gave up on (no OK
+        #: within its retries): pending by contract until unassigned_reservation_ttl
+        self.unrecorded: set[str] = set()
         self.health: list[tuple[float, int, int | None]] = []
         self.stop = asyncio.Event()
         self.channels = [grpc.aio.insecure_channel(a) for a in addresses]
@@ -289,11 +297,17 @@ class Run:
     async def node_loop(self, k: int, node: SimNode) -> None:
         await asyncio.sleep(self.rng.uniform(0, self.p.heartbeat_s))
         while not self.stop.is_set():
+            # (stamped with the node's own clock, one at a time, as the reference
+            # reporter sends them: unstamped, an assigned reservation whose sandbox
+            # ended waits for the node's create_successes to pass every creation in
+            # flight at its assignment, which a Schedule the fault cut short, made
+            # in Redis and never created, keeps it from once the load stops)
+            stamp = time.time_ns() // 1_000_000
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self._call(
                     "Heartbeat",
                     k,
-                    heartbeat_request(node.heartbeat()),
+                    heartbeat_request(node.heartbeat(reported_at_unix_ms=stamp)),
                     2.0,
                     (("x-node-endpoint", node.endpoint),),
                 )
@@ -326,7 +340,10 @@ class Run:
     async def _assign(self, first: int, sandbox_id: str, node: pb.Node, rid: str) -> None:
         """RecordAssignment, retried for a while: a gateway whose record failed
         during an outage tries again (the reservation would otherwise wait
-        for its TTL)."""
+        for its TTL).  The reference gateway makes one attempt; these retry
+        for 10 s, and a write outage longer than that (a second failover
+        whose primary has no replica to acknowledge writes yet) leaves the
+        placement unrecorded."""
         give_up = time.monotonic() + 10
         while time.monotonic() < give_up:
             try:
@@ -340,6 +357,7 @@ class Run:
                 return
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.2)
+        self.unrecorded.add(rid)
 
     async def health_loop(self) -> None:
         stubs = [health_pb2_grpc.HealthStub(c) for c in self.channels]
@@ -763,14 +781,18 @@ def _measure(
         offset = int(policy.get(b"time_offset_ms", 0))
         cell_ms = int(raw_s) * 1000 + int(raw_us) // 1000 + offset
         cell_clock_off = round(cell_ms / 1000 - time.time(), 1)
-    phantoms = stuck = 0
+    phantoms = stuck = unrecorded_live = 0
     #: the stuck ones by state, and whether a replica wrote them back (lua/replay-5.lua)
     stuck_kinds: Counter[str] = Counter()
     for key in primary.scan_iter(match=base + "res:*", count=1000):
         state = primary.hget(key, "state")
         if state in LIVE:
             rid = key.decode().rsplit(":", 1)[1]
-            if rid in run.acked:
+            if rid in run.unrecorded and state == b"pending":
+                # (never recorded: the contract holds it until
+                # unassigned_reservation_ttl, the settle cannot end it)
+                unrecorded_live += 1
+            elif rid in run.acked:
                 stuck += 1
                 replayed = primary.hget(key, "replayed") == b"1"
                 stuck_kinds[state.decode() + (" written back" if replayed else "")] += 1
@@ -815,6 +837,8 @@ def _measure(
         "cut_short": cut_short,
         "stuck": stuck,
         "stuck_kinds": dict(stuck_kinds),
+        "unrecorded": len(run.unrecorded),
+        "unrecorded_live": unrecorded_live,
         "rewinds": int(stats.get(b"rewinds", 0)),
         "rewound": int(stats.get(b"rewound_total", 0)),
         "cell_clock_off_s": cell_clock_off,
