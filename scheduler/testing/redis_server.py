@@ -59,6 +59,8 @@ def free_port(below: int | None = None) -> int:
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
     rng = random.Random(os.urandom(8))
+    if len(_handed) > (top - 10000) // 2:
+        _handed.clear()  # (a process that took half the range: forget them; binds still checked)
     while True:
         port = rng.randrange(10000, top)
         if port not in _handed and _bindable(port):
