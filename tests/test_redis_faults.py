@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import grpc
 import pytest
 
 from scheduler import (
@@ -22,10 +23,13 @@ from scheduler import (
 )
 from scheduler.client.sync import AsyncScheduler
 from scheduler.domain.errors import NotReplicated
+from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.store.address import describe_target, parse_address, sentinel_url
+from scheduler.store.connection import async_client
 from scheduler.store.durability import Durability
 from scheduler.testing.redis_server import RedisServer, SentinelTopology, wait_until
-from tests.helpers import hb
+from scheduler.testing.replicas import ThreadedReplica, settings_for
+from tests.helpers import cold, endpoint_md, hb, hb_request
 from tests.tcp_proxy import ReplyDroppingProxy
 
 Make = Callable[..., Scheduler]
@@ -444,3 +448,70 @@ def test_static_nodes_wait_for_a_heartbeat_after_a_restore(make_scheduler: Make)
     # a restore that finds the policy in place is no loss: nothing settles
     assert s.sync_policy(policy, restore=True) == "same"
     assert s.schedule(REQ).node_id == "n1"
+
+
+# ---------------------------------------------------------------------------
+# A RecordAssignment refused for Redis is written once Redis answers
+# ---------------------------------------------------------------------------
+@pytest.mark.real_only
+def test_an_assignment_refused_while_redis_is_down_is_written_once_it_answers() -> None:
+    """The gateway sends RecordAssignment once, after the create succeeded
+    (the reference gateway logs a failure and goes on).  Refused because Redis
+    was down, it is answered UNAVAILABLE, and the replica writes it once
+    Redis answers again: the reservation is assigned and LookupNode finds the
+    sandbox, where before it stayed pending (counted beside the node's own
+    count of the sandbox) until unassigned_reservation_ttl."""
+    with RedisServer(extra_args=["--appendonly", "yes"]) as rs:
+        settings = settings_for(Policy(), cell="owed")
+        with ThreadedReplica(settings, lambda: async_client(rs.url, 0.5), rs.url) as r:
+            r.stub.Heartbeat(hb_request("n1"), metadata=endpoint_md("n1:5007"))
+            reply, call = r.stub.Schedule.with_call(cold(1, 1024), timeout=10)
+            rid = dict(call.trailing_metadata() or ())["x-reservation-id"]
+            node = pb.Node(node_id=reply.node.node_id, endpoint=reply.node.endpoint)
+            rs.stop()
+            with pytest.raises(grpc.RpcError) as refused:
+                r.stub.RecordAssignment(
+                    pb.RecordAssignmentRequest(sandbox_id="sbx-1", node=node),
+                    metadata=(("x-reservation-id", rid),),
+                    timeout=10,
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "Redis" in (refused.value.details() or "")
+            rs.start()
+            s = Scheduler.connect(rs.url, cell="owed")
+            try:
+                wait_until(
+                    lambda: s.reservation(rid).state == "assigned",
+                    30,
+                    "the refused assignment written",
+                )
+                assert s.lookup("sbx-1").node_id == "n1"
+                found = r.stub.LookupNode(pb.LookupNodeRequest(sandbox_id="sbx-1"), timeout=10)
+                assert found.node.node_id == "n1"
+                # nothing is owed any more: written once
+                assert r.replica is not None and not r.replica.sched.owed
+            finally:
+                s.close()
+
+
+@pytest.mark.real_only
+def test_the_sync_client_writes_an_owed_assignment_before_its_next_call() -> None:
+    """The library's own gateway path: an assignment it could not write for
+    Redis, handed to owe_assignment, is written before the client's next
+    call once Redis answers (and kept while it does not)."""
+    with RedisServer(extra_args=["--appendonly", "yes"]) as rs:
+        s = Scheduler.connect(rs.url, cell="owed-sync", policy=Policy(), timeout_s=0.5)
+        try:
+            s.heartbeat(hb("n1"))
+            placed = s.schedule(REQ)
+            rs.stop()
+            with pytest.raises(StoreUnavailable):
+                s.assign("sbx-1", "n1", "n1.local:5000", placed.reservation_id)
+            s.owe_assignment("sbx-1", "n1", "n1.local:5000", placed.reservation_id)
+            assert set(s.owed) == {"sbx-1"}  # (Redis down: kept)
+            rs.start()
+            assert s.reservation(placed.reservation_id).state == "assigned"
+            assert not s.owed
+            assert s.lookup("sbx-1").node_id == "n1"
+        finally:
+            s.close()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar, cast
 
-from scheduler.client.plans import _SCOPE, SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, log
+from scheduler.client.plans import _SCOPE, SLOT_RETRY_S, SLOT_UNSETTLED, BaseClient, Owed, log
 from scheduler.domain.errors import (
     CellNotInitialised,
     FailedPrecondition,
@@ -117,6 +117,7 @@ class AsyncScheduler(BaseClient):
         super().__init__(client, cell, prefix, url, durability, timeout_s)
         self.scripts = AsyncScriptRegistry(client)
         self._reaper: asyncio.Task[None] | None = None
+        self._payer: asyncio.Task[None] | None = None
         #: told (with the monotonic times it was sent and answered) of every Schedule with a
         #: fresh reservation id answered with a placement (HistoryWatch)
         self.on_placed: Callable[[float, float], None] | None = None
@@ -235,7 +236,53 @@ class AsyncScheduler(BaseClient):
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
 
+    def owe_assignment(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> None:
+        """Write this assignment in the background once Redis answers: its
+        record was refused for Redis (StoreUnavailable: down, failing over,
+        writes held until a new primary is checked).  The gateway sends a
+        RecordAssignment once, after the create succeeded, so the sandbox is
+        on its node; unwritten, its reservation would stay pending, counted
+        beside the node's own count of it, until unassigned_reservation_ttl.
+        Written as :meth:`assign` writes it (idempotent: an assignment the
+        cell has already changes nothing), retried until Redis answers, for
+        at most :data:`~scheduler.client.plans.OWED_FOR_S`."""
+        self._owe(Owed(sandbox_id, node_id, endpoint, reservation_id, time.monotonic()))
+        if self._payer is None or self._payer.done():
+            self._payer = asyncio.create_task(self._write_owed(), name="owed-assignments")
+
+    async def _write_owed(self) -> None:
+        self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
+        delay = 0.05
+        while self.owed:
+            self._stale_owed()
+            for sb, o in list(self.owed.items()):
+                try:
+                    await self.assign(sb, o.node_id, o.endpoint, o.reservation_id)
+                except StoreUnavailable:
+                    break
+                except SchedulerError as e:
+                    log.warning("could not write the assignment of %s refused earlier: %s", sb, e)
+                else:
+                    log.info(
+                        "wrote the assignment of %s to %s, refused %.1f s ago for Redis",
+                        sb,
+                        o.node_id,
+                        time.monotonic() - o.since,
+                    )
+                if self.owed.get(sb) is o:
+                    del self.owed[sb]
+            else:
+                continue
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
     async def close(self) -> None:
+        if self._payer is not None and not self._payer.done():
+            # a last chance for owed assignments, then give up on them
+            await asyncio.wait([self._payer], timeout=1.0)
+            self._payer.cancel()
         if self._reaper is not None and not self._reaper.done():
             # a last chance for abandoned placements, then give up on them
             await asyncio.wait([self._reaper], timeout=1.0)

@@ -82,6 +82,12 @@ log = logging.getLogger("scheduler.client.sync")
 #: reservations expire by then anyway) and at most this many are remembered.
 ABANDON_FOR_S = 15 * 60
 ABANDON_MAX = 10_000
+#: Assignments refused for Redis (owe_assignment) are written for at most
+#: this long (a placement's reservation lives placement_reservation_ttl, 10
+#: min by default; after that the binding alone is still LookupNode's) and at
+#: most this many are kept.
+OWED_FOR_S = 10 * 60
+OWED_MAX = 10_000
 #: Placements one replay call writes back at most (bounded work per call).
 REPLAY_BATCH = 200
 
@@ -126,6 +132,20 @@ class CellSetup:
     #: the node list is discovery's (scheduler.server.kubernetes writes it): this
     #: client neither checks nor replaces it
     discovered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """An assignment whose RecordAssignment was refused for Redis (unavailable,
+    writes held): the sandbox was created on its node, so it is written once
+    Redis answers (:meth:`AsyncScheduler.owe_assignment`)."""
+
+    sandbox_id: str
+    node_id: str
+    endpoint: str
+    reservation_id: str | None
+    #: this client's monotonic clock when it was refused, s
+    since: float
 
 
 def nodes_conflict(stored: Sequence[tuple[str, str]], wanted: Sequence[tuple[str, str]]) -> str:
@@ -258,6 +278,8 @@ class BaseClient:
         self.placed = PlacementMemo()
         #: reservation id -> since (monotonic): placements to cancel once Redis answers
         self.abandoned: dict[str, float] = {}
+        #: sandbox id -> assignment refused for Redis, to write once it answers
+        self.owed: dict[str, Owed] = {}
         #: writes held while Sentinel fails the primary over (SentinelWatch closes it)
         self.fence = Fence()
         #: writes held (this reason; "" = not) until a replica has checked the
@@ -407,6 +429,16 @@ class BaseClient:
         if len(self.abandoned) >= ABANDON_MAX:
             self.abandoned.pop(next(iter(self.abandoned)))
         self.abandoned.setdefault(rid, time.monotonic())
+
+    def _owe(self, owed: Owed) -> None:
+        if len(self.owed) >= OWED_MAX and owed.sandbox_id not in self.owed:
+            self.owed.pop(next(iter(self.owed)))
+        self.owed[owed.sandbox_id] = owed
+
+    def _stale_owed(self) -> None:
+        horizon = time.monotonic() - OWED_FOR_S
+        for sb in [sb for sb, o in self.owed.items() if o.since < horizon]:
+            del self.owed[sb]
 
     def _stale_abandoned(self) -> None:
         horizon = time.monotonic() - ABANDON_FOR_S

@@ -20,6 +20,7 @@ from scheduler.client.plans import (
     BaseClient,
     CellSetup,
     Observer,
+    Owed,
     log,
 )
 from scheduler.domain.errors import (
@@ -105,6 +106,8 @@ class Scheduler(BaseClient):
                     self._primary_check()
             if self.abandoned:
                 self._cancel_abandoned()
+            if self.owed:
+                self._write_owed()
             with translated(self.target):
                 result = parsed(call.script, call.parse, self._send(call))
         except BaseException as e:
@@ -162,6 +165,21 @@ class Scheduler(BaseClient):
                 self.abandoned[rid] = since
             except SchedulerError as e:
                 log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+
+    def _write_owed(self) -> None:
+        """Write the assignments refused for Redis, now that it may answer."""
+        self._stale_owed()
+        pending, self.owed = self.owed, {}
+        items = list(pending.items())
+        for i, (sb, o) in enumerate(items):
+            try:
+                self.assign(sb, o.node_id, o.endpoint, o.reservation_id)
+            except StoreUnavailable:
+                for left, owed in items[i:]:
+                    self.owed.setdefault(left, owed)
+                return
+            except SchedulerError as e:
+                log.warning("could not write the assignment of %s refused earlier: %s", sb, e)
 
     def close(self) -> None:
         self.client.close()
@@ -284,6 +302,15 @@ class Scheduler(BaseClient):
         result = self._one(self.ops.assign(sandbox_id, node_id, endpoint, reservation_id))
         self._remember_assignment(sandbox_id, node_id, endpoint, result, reservation_id)
         return result
+
+    def owe_assignment(
+        self, sandbox_id: str, node_id: str, endpoint: str, reservation_id: str | None = None
+    ) -> None:
+        """As :meth:`AsyncScheduler.owe_assignment`: written now if Redis
+        answers, else before a later call of this client."""
+        self._owe(Owed(sandbox_id, node_id, endpoint, reservation_id, time.monotonic()))
+        with contextlib.suppress(StoreUnavailable):
+            self._write_owed()
 
     def replay_assignments(self) -> tuple[int, int]:
         """As :meth:`AsyncScheduler.replay_assignments`."""

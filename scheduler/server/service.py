@@ -571,9 +571,17 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         async def work() -> pb.RecordAssignmentResponse:
             rid = _metadata(context, RESERVATION_METADATA).strip() or None
             logs.bind(node=request.node.node_id, reservation=rid)
-            await self.sched.assign(
-                request.sandbox_id, request.node.node_id, request.node.endpoint, rid
-            )
+            try:
+                await self.sched.assign(
+                    request.sandbox_id, request.node.node_id, request.node.endpoint, rid
+                )
+            except StoreUnavailable:
+                # (the gateway sends it once, after the create: written once
+                # Redis answers, still answered UNAVAILABLE now)
+                self.sched.owe_assignment(
+                    request.sandbox_id, request.node.node_id, request.node.endpoint, rid
+                )
+                raise
             return pb.RecordAssignmentResponse()
 
         return await self._serve("RecordAssignment", context, work)
