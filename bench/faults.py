@@ -68,9 +68,9 @@ What each row reports (invariants first):
   ends: the most phantoms a replica kill may leave); ``stuck``: answered ones still
   live then (after a rollback: those that came back from the past), but
   those whose RecordAssignment the gateway gave up on (``unrecorded``, of
-  which ``unrecorded_live`` still pending: held until
-  ``unassigned_reservation_ttl`` by contract, as the reference gateway's one
-  failed attempt leaves them);
+  which ``unrecorded_live`` still pending at the end: the replica that
+  refused one for Redis writes it once Redis answers, and one that reached
+  no replica is held until ``unassigned_reservation_ttl`` by contract);
 - ``rewinds`` / ``rewound``: times the cell settled for data from the past
   or a clock that jumped (stats ``rewinds``), and reservations that came
   back from the past and were ended (stats ``rewound_total``);
@@ -249,7 +249,7 @@ class Run:
         #: reservation id -> node id, for every placement answered OK
         self.acked: dict[str, str] = {}
         #: reservation ids whose RecordAssignment the gateway gave up on (no OK
-        #: within its retries): pending by contract until unassigned_reservation_ttl
+        #: within its retries; the replicas that refused it write it later)
         self.unrecorded: set[str] = set()
         self.health: list[tuple[float, int, int | None]] = []
         self.stop = asyncio.Event()
@@ -789,8 +789,8 @@ def _measure(
         if state in LIVE:
             rid = key.decode().rsplit(":", 1)[1]
             if rid in run.unrecorded and state == b"pending":
-                # (never recorded: the contract holds it until
-                # unassigned_reservation_ttl, the settle cannot end it)
+                # (never answered OK: not written yet by the replicas that
+                # refused it, or it reached none; the settle cannot end it)
                 unrecorded_live += 1
             elif rid in run.acked:
                 stuck += 1

@@ -72,8 +72,9 @@ def test_fault_keeps_the_invariants(params: faults.Params, scenario: str) -> Non
         # settle (assignments the new primary lacked were written again), the
         # settle counted from when the cell applied heartbeats again; but a
         # placement whose gateway never got its RecordAssignment through (a
-        # write outage longer than its 10 s of retries) is pending by contract
-        # until unassigned_reservation_ttl (``unrecorded_live``, not stuck)
+        # write outage longer than its 10 s of retries) is written by the
+        # replica that refused it once Redis answers, or, if it reached none,
+        # held until unassigned_reservation_ttl (``unrecorded_live``, not stuck)
         assert row["writable"], where
         assert row["stuck"] == 0, where
     if scenario == "rdb-rollback-sentinel":
