@@ -63,6 +63,8 @@ from scheduler.store.scripts import EVAL, AsyncScriptRegistry
 from scheduler.store.translate import translated
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: A script's own refusals: it answers them before its first write
 #: (lua/includes/base.lua ``fail``), so a Schedule refused so reserved nothing.
@@ -218,19 +220,37 @@ class AsyncScheduler(BaseClient):
     forget = abandon
 
     async def _cancel_abandoned(self) -> None:
+        async def cancel(rid: str, since: float) -> None:
+            try:
+                await self.run(self.ops.abandon(rid))
+            except StoreUnavailable:
+                raise
+            except SchedulerError as e:
+                log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
+
+        await self._until_answered(self.abandoned, cancel, self._stale_abandoned)
+
+    async def _until_answered(
+        self,
+        pending: dict[K, V],
+        send: Callable[[K, V], Awaitable[None]],
+        stale: Callable[[], None],
+    ) -> None:
+        """Send each of ``pending`` (a background task's work: abandoned
+        placements, owed assignments) until Redis answers, dropping each once
+        sent (unless it was replaced meanwhile) and what ``stale`` drops; the
+        whole pass again after a backoff (50 ms to 1 s) while Redis does not."""
         self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
         delay = 0.05
-        while self.abandoned:
-            self._stale_abandoned()
-            for rid, since in list(self.abandoned.items()):
+        while pending:
+            stale()
+            for key, value in list(pending.items()):
                 try:
-                    await self.run(self.ops.abandon(rid))
+                    await send(key, value)
                 except StoreUnavailable:
                     break
-                except SchedulerError as e:
-                    log.warning("could not cancel abandoned placement %s: %s", rid, e.message)
-                if self.abandoned.get(rid) == since:
-                    del self.abandoned[rid]
+                if pending.get(key) is value:
+                    del pending[key]
             else:
                 continue
             await asyncio.sleep(delay)
@@ -253,30 +273,22 @@ class AsyncScheduler(BaseClient):
             self._payer = asyncio.create_task(self._write_owed(), name="owed-assignments")
 
     async def _write_owed(self) -> None:
-        self._unscoped()  # (a task copies its creator's context: not that RPC's deadline)
-        delay = 0.05
-        while self.owed:
-            self._stale_owed()
-            for sb, o in list(self.owed.items()):
-                try:
-                    await self.assign(sb, o.node_id, o.endpoint, o.reservation_id)
-                except StoreUnavailable:
-                    break
-                except SchedulerError as e:
-                    log.warning("could not write the assignment of %s refused earlier: %s", sb, e)
-                else:
-                    log.info(
-                        "wrote the assignment of %s to %s, refused %.1f s ago for Redis",
-                        sb,
-                        o.node_id,
-                        time.monotonic() - o.since,
-                    )
-                if self.owed.get(sb) is o:
-                    del self.owed[sb]
+        async def write(sb: str, o: Owed) -> None:
+            try:
+                await self.assign(sb, o.node_id, o.endpoint, o.reservation_id)
+            except StoreUnavailable:
+                raise
+            except SchedulerError as e:
+                log.warning("could not write the assignment of %s refused earlier: %s", sb, e)
             else:
-                continue
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 1.0)
+                log.info(
+                    "wrote the assignment of %s to %s, refused %.1f s ago for Redis",
+                    sb,
+                    o.node_id,
+                    time.monotonic() - o.since,
+                )
+
+        await self._until_answered(self.owed, write, self._stale_owed)
 
     async def close(self) -> None:
         if self._payer is not None and not self._payer.done():
