@@ -477,6 +477,9 @@ def test_an_assignment_refused_while_redis_is_down_is_written_once_it_answers() 
                 )
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "Redis" in (refused.value.details() or "")
+            assert r.replica is not None
+            registry = r.replica.metrics.registry
+            assert registry.get_sample_value("sched_owed_assignments") == 1
             rs.start()
             s = Scheduler.connect(rs.url, cell="owed")
             try:
@@ -489,7 +492,8 @@ def test_an_assignment_refused_while_redis_is_down_is_written_once_it_answers() 
                 found = r.stub.LookupNode(pb.LookupNodeRequest(sandbox_id="sbx-1"), timeout=10)
                 assert found.node.node_id == "n1"
                 # nothing is owed any more: written once
-                assert r.replica is not None and not r.replica.sched.owed
+                assert not r.replica.sched.owed
+                assert registry.get_sample_value("sched_owed_assignments") == 0
             finally:
                 s.close()
 

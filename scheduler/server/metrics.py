@@ -37,6 +37,8 @@ Ours:
                                                 ended by this replica
     sched_replayed_assignments_total            assignments this replica wrote again after a
                                                 failover settle or a rewind
+    sched_owed_assignments                      RecordAssignments this replica refused for Redis
+                                                and will write once it answers (gauge)
     sched_replayed_reservations_total{outcome}  placements this replica answered that the cell
                                                 lacked after a settle, written back live
                                                 (pending) or ended
@@ -319,6 +321,12 @@ class Metrics:
             "sched_replayed_assignments",
             "Assignments this replica answered lately and wrote again after a failover "
             "settle or a rewind (Redis may have lost them).",
+            registry=r,
+        )
+        self.owed_assignments = Gauge(
+            "sched_owed_assignments",
+            "RecordAssignments this replica refused for Redis (down, failing over, writes "
+            "held) and writes once Redis answers.",
             registry=r,
         )
         self.replayed_reservations = Counter(

@@ -151,6 +151,7 @@ class Replica:
         self.monitor_interval_s = monitor_interval_s
         self.cell_stats_interval_s = cell_stats_interval_s
         self.metrics = Metrics()
+        self.metrics.owed_assignments.set_function(lambda: len(self.sched.owed))
         self.metrics.watch_batches({"schedule": sched.coalescer, "heartbeat": sched.beat_coalescer})
         self.health = health.aio.HealthServicer()
         #: the cell this replica keeps: stored at start-up, put back if Redis loses it
