@@ -199,52 +199,39 @@ end
 -- What locality reads of a node for its namespace (a layout)
 -- @layout LOCALITY_NS
 local LOCALITY_NS = { 'cluster_id', 'p2p_backend' }
--- What a candidate decided through the index reads of its node: its bucket
--- and the decision inputs it does not hold, then its namespace (a layout)
--- @layout CANDIDATE_READ
-local CANDIDATE_READ = { 'idx', 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
-  'p2p_backend' }
-
--- ...and, its bucket already read (`idx`), the rest of it (a layout)
+-- What a candidate decided through the index reads of its node, its bucket
+-- (`idx`) read already: the decision inputs the bucket does not hold, then
+-- its namespace (a layout)
 -- @layout CANDIDATE_REST
 local CANDIDATE_REST = { 'endpoint', 'last_seen_ms', 'lingering', 'status', 'cluster_id',
   'p2p_backend' }
 
--- Warm node `id` through the decision stages.  Decided through the index,
--- its bucket holds every decision input, as for the index's own pick: one
--- read (a stale node the sweeps have not taken out yet is still listed: the
--- status check on its own last_seen_ms excludes it); `idx`: its bucket, if
--- read already.  Otherwise (the full scan, a dry run) the whole record is read.
-function LOCALITY.candidate(P, req, now, id, via_index, idx)
-  if not via_index then
+-- Warm node `id` through the decision stages.  Decided through the index
+-- (`idx`: its bucket, read by the screen), the bucket holds every decision
+-- input, as for the index's own pick: one more read (a stale node the sweeps
+-- have not taken out yet is still listed: the status check on its own
+-- last_seen_ms excludes it).  Otherwise (`idx` nil: the full scan, a dry
+-- run) the whole record is read.
+function LOCALITY.candidate(P, req, now, id, idx)
+  if not idx then
     local n = evaluate(id, P, req, now)
     local v = redis.call('HMGET', node_key(id), unpack(LOCALITY_NS))
     n.ns = LOCALITY.ns_of(v[LOCALITY_NS.cluster_id], v[LOCALITY_NS.p2p_backend])
     return n
   end
-  local endpoint, last_seen, lingering, status, cluster, backend
-  if idx then
-    local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_REST))
-    endpoint, last_seen, lingering, status, cluster, backend = v[CANDIDATE_REST.endpoint],
-      v[CANDIDATE_REST.last_seen_ms], v[CANDIDATE_REST.lingering], v[CANDIDATE_REST.status],
-      v[CANDIDATE_REST.cluster_id], v[CANDIDATE_REST.p2p_backend]
-  else
-    local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_READ))
-    idx, endpoint, last_seen, lingering, status, cluster, backend = v[CANDIDATE_READ.idx],
-      v[CANDIDATE_READ.endpoint], v[CANDIDATE_READ.last_seen_ms], v[CANDIDATE_READ.lingering],
-      v[CANDIDATE_READ.status], v[CANDIDATE_READ.cluster_id], v[CANDIDATE_READ.p2p_backend]
-  end
+  local v = redis.call('HMGET', node_key(id), unpack(CANDIDATE_REST))
   -- (not indexed: schedulable for no request)
-  local n = idx and idx ~= '' and node_of_bucket(idx)
+  local n = idx ~= '' and node_of_bucket(idx)
   if not n then
     return { id = id, reason = 'not schedulable', ns = false, pressure = 0, known = false }
   end
-  n.id, n.idx, n.endpoint = id, idx, endpoint or ''
-  n.last_seen, n.lingering, n.reported = tonumber(last_seen), lingering == '1', status or ''
+  n.id, n.idx, n.endpoint = id, idx, v[CANDIDATE_REST.endpoint] or ''
+  n.last_seen, n.lingering, n.reported = tonumber(v[CANDIDATE_REST.last_seen_ms]),
+    v[CANDIDATE_REST.lingering] == '1', v[CANDIDATE_REST.status] or ''
   read_status(n, P, now)
   project(n, req)
   n.reason = check_status(n) or check_ceilings(n, P, req) or check_capacity(n, P, req)
-  n.ns = LOCALITY.ns_of(cluster, backend)
+  n.ns = LOCALITY.ns_of(v[CANDIDATE_REST.cluster_id], v[CANDIDATE_REST.p2p_backend])
   return n
 end
 
@@ -430,18 +417,18 @@ function LOCALITY.choose(P, req, now, L, B, via_index, explain)
           or (x.least == best_score and (best == B or not LOCALITY.first(x, best))) then
         break
       end
-      judge(LOCALITY.candidate(P, req, now, x.id, true, x.idx), x.w[LOC_WARM.held])
+      judge(LOCALITY.candidate(P, req, now, x.id, x.idx), x.w[LOC_WARM.held])
     end
   elseif not explain then
     for _, r in ipairs(rivals) do
-      judge(LOCALITY.candidate(P, req, now, r[1][LOC_WARM.id], via_index), r[1][LOC_WARM.held])
+      judge(LOCALITY.candidate(P, req, now, r[1][LOC_WARM.id]), r[1][LOC_WARM.held])
     end
   else
     for _, w in ipairs(warm) do
       if w[LOC_WARM.id] == B.id then
         in_warm = true
       else
-        judge(LOCALITY.candidate(P, req, now, w[LOC_WARM.id], via_index), w[LOC_WARM.held])
+        judge(LOCALITY.candidate(P, req, now, w[LOC_WARM.id]), w[LOC_WARM.held])
       end
     end
   end
