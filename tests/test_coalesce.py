@@ -312,3 +312,37 @@ def test_a_request_that_gives_up_while_queued_leaves_no_reservation() -> None:
                 await a.close()
 
         asyncio.run(scenario())
+
+
+@pytest.mark.real_only
+def test_a_leading_call_that_gives_up_before_it_goes_hands_its_turn_on() -> None:
+    """The first call of a wake-up leads: it waits one turn of the loop for
+    the calls that arrive with it.  Cancelled in that turn, it is not sent,
+    and the calls that joined it still go, together."""
+    with RedisServer() as rs:
+
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="lead", policy=Policy())
+            try:
+                await a.heartbeat(hb("n1", cpu=64, mem_gib=256))
+                lead = asyncio.ensure_future(a.schedule(Request.cold(1, 1024)))
+                await asyncio.sleep(0)  # (it waits its turn)
+                assert a.coalescer.queue and a.coalescer.busy
+                rest = [asyncio.ensure_future(a.schedule(Request.cold(1, 1024))) for _ in range(4)]
+                lead.cancel()
+                placed = await asyncio.gather(*rest)
+                with pytest.raises(asyncio.CancelledError):
+                    await lead
+                assert len({p.reservation_id for p in placed}) == 4
+                assert a.coalescer.batches == 1 and a.coalescer.largest == 4
+                await asyncio.to_thread(
+                    wait_until,
+                    lambda: not a.abandoned and not a.coalescer.busy,
+                    10,
+                    "the leader's placement, abandoned, cancelled",
+                )
+                assert (await a.stats()).pending == 4
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())

@@ -7,6 +7,7 @@ block's).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -507,18 +508,25 @@ class AsyncScheduler(BaseClient):
         return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
 
 
+#: what stands in Coalescer.flying for a lone call its caller's task sends
+_ALONE = object()
+
+
 class Coalescer(Generic[T]):
     """Calls of one kind go to Redis together, as one batch script call that
     runs them in order exactly as if they had come one by one, each getting
     its own answer or error: Schedules (lua/schedule_batch-5.lua) and
-    heartbeats (lua/heartbeat_batch-5.lua).  A call queues and wakes the
-    batch task, which starts once the event loop has run what was ready when
-    the call came, so calls that arrived in the same wake-up go together;
-    while its batch is in flight, and for one turn of the loop after it
-    answered, more queue, and go together next (a batch in flight longer
-    than OVERDUE_S lets the next go behind it).  No timer delays a call: a
-    lone call goes at once (one turn of the loop later), by itself, within
-    its caller's deadline.  ``enabled`` False sends each on its own."""
+    heartbeats (lua/heartbeat_batch-5.lua).  A call that finds nothing in
+    flight leads: it waits until the event loop has run what was ready when
+    it came, so calls that arrived in the same wake-up go with it; while a
+    batch is in flight, and for one turn of the loop after it answered, more
+    queue, and go together next (a batch in flight longer than OVERDUE_S
+    lets the next go behind it).  No timer delays a call: a lone call goes
+    at once (one turn of the loop later), by itself, from its caller's own
+    task, within its caller's deadline; a batch goes from a task of its own
+    (no caller's cancellation cuts it short), driven by loop callbacks, not
+    a task that waits: a lone call costs about what it costs with
+    coalescing off (docs/performance.md).  ``enabled`` False sends each on its own."""
 
     #: most calls in one batch call
     MAX = 64
@@ -547,13 +555,26 @@ class Coalescer(Generic[T]):
         #: the scripts whose calls ``batch`` runs
         self.takes = takes
         self.enabled = enabled
-        self.busy = False
         self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []
-        self.task: asyncio.Task[None] | None = None  # (referenced: the loop's is weak)
+        #: batches in flight, oldest first: (the task sending it, when it went)
+        self.flying: list[tuple[object, float]] = []
+        #: a turn of the loop is due that sends what queued (:meth:`_go`)
+        self._due = False
+        #: the timer of the newest batch in flight (:attr:`OVERDUE_S`)
+        self._overdue: asyncio.TimerHandle | None = None
+        #: the context the coalescer's callbacks run in, and (a new one each)
+        #: its batches: no caller's deadline, not metered (each waiting call
+        #: keeps its own)
+        self._context = contextvars.Context()
         #: batch calls sent, the calls they carried, the most in one (to see it work)
         self.batches = 0
         self.batched = 0
         self.largest = 0
+
+    @property
+    def busy(self) -> bool:
+        """Calls queued or batches in flight."""
+        return bool(self.queue or self.flying)
 
     async def submit(self, call: Call[T]) -> T:
         if not self.enabled:
@@ -562,9 +583,34 @@ class Coalescer(Generic[T]):
         fut: asyncio.Future[T] = loop.create_future()
         scope = _SCOPE.get()
         self.queue.append((call, fut, scope))
-        if not self.busy:
-            self.busy = True
-            self.task = loop.create_task(self._drain(), name=f"{self.name}-batch")
+        if not self.flying and not self._due:
+            # Nothing in flight: this call leads.  Once the loop has run what
+            # was ready with it, it goes alone from its caller's own task (as
+            # with coalescing off), or with what joined meanwhile as a batch.
+            self._due = True
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                fut.cancel()  # (not sent: the next call leads)
+                self._handed_on()
+                raise
+            if len(self.queue) == 1 and not self.flying:
+                self._due = False
+                self.queue = []
+                self.flying.append((_ALONE, time.perf_counter()))
+                try:
+                    if call.follow is None:
+                        return await self.sched._one(call)
+                    # (with its follower: a batch call of its own, :meth:`Call.then`)
+                    result: Any = (await self.sched._one(self.batch([call])))[0]
+                finally:
+                    self._answered(_ALONE)
+                if isinstance(result, BaseException):
+                    raise result
+                return cast(T, result)
+            self._go()
+        elif self.flying:  # (it waits behind a batch: until that one answers or is overdue)
+            self._wait_overdue()
         left = self.sched._deadline_left()
         # a call may wait for the batch before its own, then for its own
         limit = 2 * self.sched.timeout_s if left is None else max(0.0, left)
@@ -580,6 +626,12 @@ class Coalescer(Generic[T]):
         finally:
             timer.cancel()
 
+    def _handed_on(self) -> None:
+        """The leading call gave up before it went: what queued with it goes
+        one turn later."""
+        self._due = False
+        self._answered(None)
+
     def _expire(self, fut: asyncio.Future[T], scope: Any, limit: float, start: float) -> None:
         if fut.done():
             return
@@ -588,45 +640,62 @@ class Coalescer(Generic[T]):
             scope.observe(self.name, time.perf_counter() - start, error)
         fut.set_exception(error)
 
-    async def _drain(self) -> None:
-        self.sched._unscoped()  # each waiting call keeps its own deadline
-        flying: list[tuple[asyncio.Task[None], float]] = []  # (batch, when it went)
-        try:
-            while self.queue or flying:
-                flying = [(task, at) for task, at in flying if not task.done()]
-                now = time.perf_counter()
-                if self.queue and (not flying or now - flying[-1][1] >= self.OVERDUE_S):
-                    taken, self.queue = self._take()
-                    batch = [x for x in taken if not x[1].done()]
-                    if batch:
-                        flying.append((asyncio.ensure_future(self._send(batch)), now))
-                    await asyncio.sleep(0)  # (the call is written before anything else)
-                    continue
-                if not flying:
-                    continue
-                # until a batch answers, or the last one sent is overdue (then,
-                # while it stays so, every OVERDUE_S for what queued meanwhile)
-                age = now - flying[-1][1]
-                _, pending = await asyncio.wait(
-                    [task for task, _ in flying],
-                    return_when=asyncio.FIRST_COMPLETED,
-                    timeout=self.OVERDUE_S - age if age < self.OVERDUE_S else self.OVERDUE_S,
-                )
-                if len(pending) < len(flying):
-                    # one turn of the loop before the next call: the callers just
-                    # answered finish their RPCs, and what arrives meanwhile joins
-                    # the next batch (about 2.2 Schedules a call at 32 in flight
-                    # instead of 1.7, docs/performance.md)
-                    await asyncio.sleep(0)
-        finally:
-            self.busy = False
-            for task, _ in flying:
-                task.cancel()
-            if self.queue:  # (only if this task was cancelled with calls waiting)
-                for _, fut, _ in self.queue:
-                    if not fut.done():
-                        fut.set_exception(StoreUnavailable("the scheduler client closed"))
-                self.queue = []
+    def _go(self) -> None:
+        """Send what queued as the next batch: called one turn of the loop
+        after the first call that found nothing in flight, one turn after a
+        batch answered (the callers just answered finish their RPCs, and what
+        arrives meanwhile joins: about 2.2 Schedules a call at 32 in flight
+        instead of 1.7, docs/performance.md), and when the newest batch in
+        flight is overdue."""
+        self._due = False
+        if not self.queue:
+            return
+        now = time.perf_counter()
+        if self.flying and now - self.flying[-1][1] < self.OVERDUE_S:
+            self._wait_overdue()  # (its answer, or its timer, sends what waits)
+            return
+        taken, self.queue = self._take()
+        batch = [x for x in taken if not x[1].done()]
+        if batch:
+            loop = asyncio.get_running_loop()
+            task = loop.create_task(self._send(batch), context=contextvars.Context())
+            task.add_done_callback(self._answered, context=self._context)
+            self.flying.append((task, now))
+        if self.queue:  # (more than one batch holds, or every call taken had given up)
+            if batch:
+                self._wait_overdue()
+            else:
+                self._go()
+
+    def _wait_overdue(self) -> None:
+        """Calls wait behind the newest batch in flight: a timer for when it is overdue."""
+        if self._overdue is None:
+            age = time.perf_counter() - self.flying[-1][1]
+            self._overdue = asyncio.get_running_loop().call_later(
+                max(0.0, self.OVERDUE_S - age), self._late, context=self._context
+            )
+
+    def _late(self) -> None:
+        """The newest batch in flight may be overdue: what queued meanwhile
+        goes behind it (and what queues behind that one, once it is overdue)."""
+        self._overdue = None
+        if self.queue and self.flying:
+            if time.perf_counter() - self.flying[-1][1] >= self.OVERDUE_S:
+                self._go()
+            else:
+                self._wait_overdue()
+
+    def _answered(self, task: object) -> None:
+        """A batch answered (a task's callers were told a turn ago; a lone
+        call's is told now): what queued meanwhile goes one turn later
+        (:meth:`_go`)."""
+        self.flying = [f for f in self.flying if f[0] is not task]
+        if not self.flying and self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
+        if self.queue and not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self._go, context=self._context)
 
     async def _send(self, batch: list[tuple[Call[T], asyncio.Future[T], Any]]) -> None:
         """One batch call (a lone call as itself, but one with a follower,
@@ -646,6 +715,11 @@ class Coalescer(Generic[T]):
                 results = await self.sched._one(together)
         except Exception as e:  # the whole call failed: every request with it
             results = [e] * len(batch)
+        except asyncio.CancelledError:  # (the loop is closing: nobody will answer)
+            for _, fut, _ in batch:
+                if not fut.done():
+                    fut.set_exception(StoreUnavailable("the scheduler client closed"))
+            raise
         elapsed = time.perf_counter() - start
         # (a call that gave up meanwhile was told, and metered, already)
         for (call, fut, scope), result in zip(batch, results, strict=True):
