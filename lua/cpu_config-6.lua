@@ -9,7 +9,8 @@
   Python, scheduler/store/cpuconfig.py) and stores it for the current epoch; each
   member then gets it exactly once, on its next heartbeat.  A node joining
   the cluster or changing its config bumps the epoch, which drops the result
-  and every delivery mark at once; a restarted node (new service instance)
+  and every delivery mark at once (a new node whose config another member
+  has keeps the result: the intersection is the same); a restarted node (new service instance)
   loses only its own mark.  Members whose node left or moved are pruned
   without a new epoch: on the events that remove them (includes/nodes.lua),
   and, while the round waits for a config, by a bounded prune step per
@@ -27,6 +28,11 @@
                 result       intersection JSON for result_epoch ("" = invalid input)
                 result_epoch the epoch result belongs to
                 sent:<node>  epoch last delivered to the member
+                d:<digest>   the member that last joined with that config: while
+                             it still has it, a new member with that config
+                             keeps the round's result (no computation)
+                narrow       "1" once a member with a config left, until the
+                             round is computed again (no result kept meanwhile)
                 compute_epoch, compute_until  the computation's lease (ms)
   ARGV[1]     op | op: "ingest" (after a heartbeat) | "store" (a computed result)
   ARGV[2]     node_id

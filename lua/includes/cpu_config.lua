@@ -3,11 +3,14 @@
   (cpu_config-6.lua's ARGV as `A`, its KEYS[6] as `cfg_key`); cpu_config-6.lua
   runs one, heartbeat_batch-5.lua any number beside the heartbeats.
 ]]
--- @exports cpu_config_one
+-- @exports cpu_config_one cfg_leave
 -- @include common
 
 -- (Every step is O(1) in the cluster's size, but for the one computation of a
--- round: a round is left or advanced on the events that change it, a member's
+-- round, which a new member joining with a config another member has skips:
+-- the intersection cannot change, so the new round keeps the result
+-- (cfg_witness).
+-- A round is left or advanced on the events that change it, a member's
 -- config arriving or changing (ingest), a member joining or moving (ingest),
 -- a member removed (leave_cpucfg, includes/nodes.lua).  Only members without
 -- a config hold a round back; they are also kept in cpucfg-missing:<cluster>,
@@ -34,12 +37,35 @@ local function missing_key(cfg_key)
   return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8)
 end
 
+-- A config's witness: d:<digest> names a member that joined with that
+-- config (the latest).  Every member whose m: is a digest is reflected in
+-- the round's result while the result is current (it was computed over it,
+-- or it joined with a witnessed config), so a witness that still holds the
+-- digest vouches that the config is in the result.  A witness that left or
+-- changed vouches for nothing (and a replica of a version before witnesses
+-- never names one): the round is computed, as without them.  ('stored', a
+-- config of unknown digest, is never witnessed.)  A member that leaves starts
+-- no round, so the result may still hold its config (narrower than the
+-- members' own intersection: safe): `narrow` says so, and until the round is
+-- computed again no result is kept, so the next new member's round is exact.
+local function cfg_witness(key, digest)
+  if digest == '' or digest == 'stored' or redis.call('HGET', key, 'narrow') then
+    return false
+  end
+  local w = redis.call('HGET', key, 'd:' .. digest)
+  return w ~= false and redis.call('HGET', key, 'm:' .. w) == digest
+end
+
+-- The member leaves the round (no new round: includes/nodes.lua, cfg_prune).
 local function cfg_leave(key, id)
   local cur = redis.call('HGET', key, 'm:' .. id)
   if cur == false then return end
   if cur == '' then
     redis.call('HINCRBY', key, 'missing', -1)
     redis.call('SREM', missing_key(key), id)
+  else
+    redis.call('HSET', key, 'narrow', '1')
+    if redis.call('HGET', key, 'd:' .. cur) == id then redis.call('HDEL', key, 'd:' .. cur) end
   end
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
 end
@@ -169,9 +195,26 @@ local function cpu_config_one(ctx, A, cfg_key)
       redis.call('HINCRBY', cfg_key, 'missing', -1)
       redis.call('SREM', missing_key(cfg_key), node_id)
     end
+    -- a new round: a new member whose config another member has (witnessed)
+    -- leaves the intersection as it was, so the round keeps its result; any
+    -- other change (a member's config changing may widen it) is computed
+    -- once nothing is missing
+    local kept = cur == false and c[CFG_ROUND.result_epoch] ~= false
+      and c[CFG_ROUND.result_epoch] == (c[CFG_ROUND.epoch] or '0')
+      and cfg_witness(cfg_key, digest)
+    if cur and cur ~= '' and redis.call('HGET', cfg_key, 'd:' .. cur) == node_id then
+      redis.call('HDEL', cfg_key, 'd:' .. cur)
+    end
     redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
-    redis.call('HINCRBY', cfg_key, 'epoch', 1)
-    redis.call('HDEL', cfg_key, 'result', 'result_epoch')
+    local epoch = redis.call('HINCRBY', cfg_key, 'epoch', 1)
+    if kept then
+      redis.call('HSET', cfg_key, 'result_epoch', fmt(epoch))
+    else
+      redis.call('HDEL', cfg_key, 'result', 'result_epoch')
+    end
+    if digest ~= '' and digest ~= 'stored' then
+      redis.call('HSET', cfg_key, 'd:' .. digest, node_id)
+    end
   elseif A[5] == '1' then
     redis.call('HDEL', cfg_key, 'sent:' .. node_id)
   end
@@ -194,7 +237,9 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
   redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
   local out = { 'compute', epoch }
-  for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
+  local members = cfg_prune(cfg_key, cluster)
+  redis.call('HDEL', cfg_key, 'narrow') -- (computed over the members that are left)
+  for _, id in ipairs(members) do
     out[#out + 1] = id
     out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
   end

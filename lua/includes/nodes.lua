@@ -7,6 +7,7 @@
 -- @exports remove_node forget_sweep
 -- @include bindings
 -- @include art_keys
+-- @include cpu_config
 ---------------------------------------------------------------------------
 -- Removing a node
 ---------------------------------------------------------------------------
@@ -27,16 +28,11 @@ end
 -- The node leaves its cluster's CPU config round (cpu_config-6.lua) without
 -- starting a new one; a round nobody is left in goes.
 local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true,
-  compute_epoch = true, compute_until = true }
-local CFG_FIELD_COUNT = 6
+  compute_epoch = true, compute_until = true, narrow = true }
+local CFG_FIELD_COUNT = 7
 local function leave_cpucfg(node_id, cluster)
   local key = BASE .. 'cpucfg:' .. cluster
-  local cur = redis.call('HGET', key, 'm:' .. node_id)
-  if cur == '' then
-    redis.call('HINCRBY', key, 'missing', '-1')
-    redis.call('SREM', BASE .. 'cpucfg-missing:' .. cluster, node_id)
-  end
-  redis.call('HDEL', key, 'm:' .. node_id, 'sent:' .. node_id)
+  cfg_leave(key, node_id)
   if redis.call('HLEN', key) <= CFG_FIELD_COUNT then
     for _, f in ipairs(redis.call('HKEYS', key)) do
       if not CFG_FIELDS[f] then return end
