@@ -56,9 +56,17 @@ after its heartbeat as a replica sends a Heartbeat RPC), every answer
 checked OK; the clusters measured in turn, round after
 round, and their ratio taken per round (the median of CPUCFG_ROUNDS).
 
-Replica CPU per Heartbeat and Schedule RPC against a bare grpc.aio server is
-not measured here: ``python -m bench throughput --paths cpu`` and
-``python -m bench heartbeats`` measure it (docs/performance.md).
+The replica tier: per size, a replica as shipped (``schedctl serve``, uvloop,
+coalescing on) and the bare grpc.aio server answering a constant, loaded in
+turn by ``bench throughput``'s ``cpu`` path (REPLICA_IN_FLIGHT calls in flight
+over 8 connections; steady Heartbeats of the fleet's nodes, each node in
+turn, then Schedules) on a fleet of the size, at most REPLICA_FLEET_MAX nodes
+(each round a fresh cell, every node's heartbeat sent before the load: the
+figures of the largest fleet stand for larger ones).  The replica's CPU per
+RPC, its ratio to the bare server's, and the replica process-cores the
+fleet needs at 5 s: nodes / 5 Heartbeats and ``placements_per_s`` Schedules
+a second at those costs.  Where gRPC or the CPU figures are not available,
+the columns are empty and a note says why.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from bench import grpc_path, throughput
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.latency import FLOOR_LIBRARY, floor_burst
 from bench.runner import Result, Target, machine
@@ -115,6 +124,11 @@ COLUMNS = [
     "longest_hot_call",
     "longest_oneoff_ms",
     "longest_oneoff_call",
+    "replica_heartbeat_cpu_us",
+    "replica_heartbeat_per_bare",
+    "replica_schedule_cpu_us",
+    "replica_schedule_per_bare",
+    "replica_cores_at_5s",
 ]
 #: Schedules (and heartbeats) per batch call, as a replica's coalescer sends them.
 COALESCED = 16
@@ -127,6 +141,12 @@ SLOW_US = 1000
 #: Placements measured while nodes are stale, at most (_dark): enough for
 #: the monitors' steps to take 99 % of 100,000 nodes out (1,547 steps).
 DARK_CALLS = 4096
+#: The largest fleet the replica tier is measured on (run_replica): every
+#: round registers it anew and sends each node's heartbeat through the
+#: replica before the load.
+REPLICA_FLEET_MAX = 10_000
+#: Calls in flight on the replica tier's load (bench throughput's cpu path).
+REPLICA_IN_FLIGHT = 32
 
 
 @dataclass(frozen=True)
@@ -138,10 +158,15 @@ class Params:
     placements_per_s: float = 200.0
     cpucfg_members: tuple[int, ...] = (100, 10_000)
     seed: int = 1
+    #: the replica tier (run_replica): rounds per RPC, seconds of load each
+    replica_rounds: int = 3
+    replica_seconds: float = 4.0
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(nodes=(1_000, 10_000), rounds=2, burst=128)
+        return cls(
+            nodes=(1_000, 10_000), rounds=2, burst=128, replica_rounds=1, replica_seconds=1.0
+        )
 
 
 def _cpu_burst(target: Target, send: Any) -> tuple[int, int, float, int]:
@@ -572,6 +597,47 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
+# The replica tier
+# ---------------------------------------------------------------------------
+def run_replica(
+    target: Target, nodes: int, p: Params, unavailable: str | None
+) -> dict[str, float | None]:
+    """A replica's CPU per steady Heartbeat and per Schedule RPC on a fleet of
+    ``nodes`` (us), and its ratio to the bare server's in the same rounds;
+    None where it cannot be measured here (``unavailable`` says why)."""
+    out: dict[str, float | None] = {}
+    for rpc in ("heartbeat", "schedule"):
+        got: dict[str, Any] = {}
+        if not unavailable:
+            tp = throughput.Params(
+                nodes=nodes,
+                seconds=p.replica_seconds,
+                rounds=p.replica_rounds,
+                concurrency=REPLICA_IN_FLIGHT,
+                channels=8,
+                rpc=rpc,
+                shipped=True,
+                seed=p.seed,
+            )
+            bare, replica = throughput.run_cpu(target, tp, (throughput.BARE, throughput.SHIPPED))
+            got = replica if bare["cpu_us_per_call"] else {}
+        out[f"replica_{rpc}_cpu_us"] = got.get("cpu_us_per_call")
+        out[f"replica_{rpc}_per_bare"] = got.get("ratio_to_bare")
+    return out
+
+
+def replica_cores(nodes: int, m: dict[str, float | None], p: Params) -> dict[str, Any]:
+    """The replica tier's columns of a row: the measured costs, and the
+    process-cores a fleet of ``nodes`` needs at 5 s heartbeats and
+    ``placements_per_s`` placements at those costs."""
+    beat, place = m["replica_heartbeat_cpu_us"], m["replica_schedule_cpu_us"]
+    cores = None
+    if beat is not None and place is not None:
+        cores = round((nodes / 5 * beat + p.placements_per_s * place) / 1e6, 2)
+    return dict(m) | {"replica_cores_at_5s": cores}
+
+
+# ---------------------------------------------------------------------------
 # A CPU-config cluster
 # ---------------------------------------------------------------------------
 CONFIG = '{"kvm_capabilities": ["a", "b"], "cpuid_modifiers": [], "msr_modifiers": []}'
@@ -693,6 +759,13 @@ def run(target: Target, p: Params | None = None) -> Result:
     p = p or Params()
     facts = machine(target)
     rows = [run_size(target, n, p) for n in p.nodes]
+    replica_note = grpc_path.unavailable() or grpc_path.cpu_unmeasurable()
+    measured: dict[int, dict[str, float | None]] = {}
+    for row in rows:
+        fleet = min(row["nodes"], REPLICA_FLEET_MAX)
+        if fleet not in measured:
+            measured[fleet] = run_replica(target, fleet, p, replica_note)
+        row |= replica_cores(row["nodes"], measured[fleet], p)
     cfg = run_cpucfg(target, p)
     params: dict[str, Any] = asdict(p)
     params["cpucfg"] = cfg
@@ -735,6 +808,13 @@ def run(target: Target, p: Params | None = None) -> Result:
             f"(x{c['commands_ratio']}), {c['errors']} errors in {c['heartbeats']}"
             for c in cfg
         ),
-        "replica CPU per RPC: not measured here (bench throughput --paths cpu, bench heartbeats)",
+        f"replica_*: a replica as shipped (uvloop, coalescing on) against the bare grpc.aio "
+        f"server answering a constant, {REPLICA_IN_FLIGHT} calls in flight over 8 connections "
+        f"(bench throughput's cpu path), steady Heartbeats then Schedules, {p.replica_rounds} "
+        f"round(s) of {p.replica_seconds:g} s each, medians; on a fleet of the row's size, at "
+        f"most {REPLICA_FLEET_MAX:,} nodes (a larger row takes those figures); "
+        "replica_cores_at_5s = (nodes/5 Heartbeats + "
+        f"{p.placements_per_s:g} Schedules a second) x their CPU per RPC, in process-cores"
+        + (f"; not measured: {replica_note}" if replica_note else ""),
     ]
     return Result("scale", COLUMNS, rows, params, facts, notes)

@@ -561,13 +561,25 @@ def test_heartbeats_rows_show_coalescing_at_work(target: Target) -> None:
 def test_scale_rows_at_tiny_sizes_and_its_cells_are_dropped(target: Target) -> None:
     from bench import scale
 
-    p = scale.Params(nodes=(120,), rounds=1, burst=24, cpucfg_members=(20, 60))
+    p = scale.Params(
+        nodes=(120,),
+        rounds=1,
+        burst=24,
+        cpucfg_members=(20, 60),
+        replica_rounds=1,
+        replica_seconds=0.3,
+    )
     result = scale.run(target, p)
     (row,) = result.rows
     assert set(result.columns) <= set(row)
     assert row["nodes"] == 120
     assert row["floor_us"] > 0 and row["placement_us"] > 0 and row["heartbeat_us"] > 0
     assert row["core_share_at_5s"] > 0
+    # the replica tier: a replica process and the bare server, each RPC
+    for rpc in ("heartbeat", "schedule"):
+        assert row[f"replica_{rpc}_cpu_us"] > 0 and row[f"replica_{rpc}_per_bare"] > 0
+    cores = (120 / 5 * row["replica_heartbeat_cpu_us"] + 200 * row["replica_schedule_cpu_us"]) / 1e6
+    assert row["replica_cores_at_5s"] == round(cores, 2)
     assert set(row["oneoff"]) >= {
         "census step",
         "ListNodes page",
