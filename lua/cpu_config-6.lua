@@ -43,7 +43,8 @@
               store: the result JSON ("" = invalid)
 
   Returns {kind "deliver", config (JSON)} | {kind "none"} |
-          {kind "compute", epoch, configs...} (configs: node, config, node, config, ...)
+          {kind "compute", epoch, configs...} (configs: node, config, node, config, ...:
+          one member per config digest, every member of unknown digest)
   Errors: NO_POLICY (no policy)
   Writes: KEYS[6]; cpucfg-missing:<cluster> (derived from KEYS[6], the
           same hash slot); node:<id> cpu_config_digest, cpucfg_cluster

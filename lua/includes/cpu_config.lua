@@ -88,8 +88,9 @@ local function cfg_prune_step(cfg_key, cluster)
   if #some == 0 then
     -- (and the count made exact from the members, so this runs once)
     local missing = 0
-    for _, id in ipairs(cfg_prune(cfg_key, cluster)) do
-      if redis.call('HGET', cfg_key, 'm:' .. id) == '' then
+    local ids, digests = cfg_prune(cfg_key, cluster)
+    for i, id in ipairs(ids) do
+      if digests[i] == '' then
         redis.call('SADD', mkey, id)
         missing = missing + 1
       end
@@ -102,10 +103,10 @@ local function cfg_prune_step(cfg_key, cluster)
   end
 end
 
--- Drop members that left or moved; returns the member ids that remain.
--- (O(cluster): only for the round's one computation.)
+-- Drop members that left or moved; returns the member ids that remain, and
+-- their config digests.  (O(cluster): only for the round's one computation.)
 cfg_prune = function(cfg_key, cluster)
-  local members = {}
+  local members, digests = {}, {}
   local flat = redis.call('HGETALL', cfg_key)
   for i = 1, #flat, 2 do
     local f = flat[i]
@@ -113,12 +114,13 @@ cfg_prune = function(cfg_key, cluster)
       local id = string.sub(f, 3)
       if cfg_member(id, cluster) then
         members[#members + 1] = id
+        digests[#members] = flat[i + 1]
       else
         cfg_leave(cfg_key, id)
       end
     end
   end
-  return members
+  return members, digests
 end
 
 local function cfg_epoch(cfg_key) return redis.call('HGET', cfg_key, 'epoch') or '0' end
@@ -237,11 +239,18 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
   redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
   local out = { 'compute', epoch }
-  local members = cfg_prune(cfg_key, cluster)
+  local members, digests = cfg_prune(cfg_key, cluster)
   redis.call('HDEL', cfg_key, 'narrow') -- (computed over the members that are left)
-  for _, id in ipairs(members) do
-    out[#out + 1] = id
-    out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
+  -- one config per digest: the same config twice intersects to itself (a
+  -- config of unknown digest, 'stored', goes each time)
+  local listed = {}
+  for i, id in ipairs(members) do
+    local d = digests[i]
+    if d == 'stored' or not listed[d] then
+      listed[d] = true
+      out[#out + 1] = id
+      out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
+    end
   end
   return out
 end
