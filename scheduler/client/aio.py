@@ -556,11 +556,13 @@ class Coalescer(Generic[T]):
         self.takes = takes
         self.enabled = enabled
         self.queue: list[tuple[Call[T], asyncio.Future[T], Any]] = []
-        #: batches in flight, oldest first: (the task sending it, when it went)
+        #: batches in flight, oldest first: (the task sending it, or _ALONE for a
+        #: lone call its caller's task sends; when it went)
         self.flying: list[tuple[object, float]] = []
         #: a turn of the loop is due that sends what queued (:meth:`_go`)
         self._due = False
-        #: the timer of the newest batch in flight (:attr:`OVERDUE_S`)
+        #: while calls wait behind the newest batch in flight: the timer for
+        #: when it is overdue (:attr:`OVERDUE_S`)
         self._overdue: asyncio.TimerHandle | None = None
         #: the context the coalescer's callbacks run in, and (a new one each)
         #: its batches: no caller's deadline, not metered (each waiting call
