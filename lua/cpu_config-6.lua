@@ -31,7 +31,8 @@
                 d:<digest>   the member that last joined with that config: while
                              it still has it, a new member with that config
                              keeps the round's result (no computation)
-                narrow       "1" once a member with a config left, until the
+                narrow       "1" once a member left whose config no other member
+                             is known to have (its witness holds it), until the
                              round is computed again (no result kept meanwhile)
                 compute_epoch, compute_until  the computation's lease (ms)
   ARGV[1]     op | op: "ingest" (after a heartbeat) | "store" (a computed result)

@@ -46,8 +46,9 @@ end
 -- never names one): the round is computed, as without them.  ('stored', a
 -- config of unknown digest, is never witnessed.)  A member that leaves starts
 -- no round, so the result may still hold its config (narrower than the
--- members' own intersection: safe): `narrow` says so, and until the round is
--- computed again no result is kept, so the next new member's round is exact.
+-- members' own intersection: safe) unless another member has that config
+-- (its witness): `narrow` says so, and until the round is computed again no
+-- result is kept, so the next new member's round is exact.
 local function cfg_witness(key, digest)
   if digest == '' or digest == 'stored' or redis.call('HGET', key, 'narrow') then
     return false
@@ -64,8 +65,14 @@ local function cfg_leave(key, id)
     redis.call('HINCRBY', key, 'missing', -1)
     redis.call('SREM', missing_key(key), id)
   else
-    redis.call('HSET', key, 'narrow', '1')
-    if redis.call('HGET', key, 'd:' .. cur) == id then redis.call('HDEL', key, 'd:' .. cur) end
+    -- the result may now be narrower than the members' intersection, unless
+    -- another member has this config (its witness, still holding it): the
+    -- configs in the round are then the same, and so is the result
+    local w = redis.call('HGET', key, 'd:' .. cur)
+    if w == id then redis.call('HDEL', key, 'd:' .. cur) end
+    if cur == 'stored' or w == false or w == id or redis.call('HGET', key, 'm:' .. w) ~= cur then
+      redis.call('HSET', key, 'narrow', '1')
+    end
   end
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
 end
