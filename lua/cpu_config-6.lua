@@ -34,6 +34,10 @@
                 narrow       "1" once a member left whose config no other member
                              is known to have (its witness holds it), until the
                              round is computed again (no result kept meanwhile)
+                extend_epoch, extend_by  a round a new member with a config no
+                             member had started from a current result (kept
+                             in `result`): computed from that result and
+                             extend_by's config alone
                 compute_epoch, compute_until  the computation's lease (ms)
   ARGV[1]     op | op: "ingest" (after a heartbeat) | "store" (a computed result)
   ARGV[2]     node_id

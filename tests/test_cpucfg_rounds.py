@@ -20,11 +20,48 @@ from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
 from scheduler.domain.records import MachineInfo
 from scheduler.store.cpuconfig import intersect
 
-#: configs of one shape: their intersections are the sets' intersections
+
+def config(caps: list[str], ecx: str, msr: str, leaves: tuple[str, ...] = ("0x1",)) -> str:
+    return msgspec.json.encode(
+        {
+            "kvm_capabilities": caps,
+            "cpuid_modifiers": [
+                {
+                    "leaf": leaf,
+                    "subleaf": "0x0",
+                    "flags": 0,
+                    "modifiers": [
+                        {"register": "ecx", "bitmap": ecx},
+                        {"register": "edx", "bitmap": "0b1"},
+                    ],
+                }
+                for leaf in leaves
+            ],
+            "msr_modifiers": [{"addr": "0x10", "bitmap": msr}],
+        }
+    ).decode()
+
+
+#: configs whose intersections differ in every part (kvm sets, CPUID leaves
+#: and register bits, a leaf always dropped, MSR bits), one that is invalid
 CONFIGS = [
-    msgspec.json.encode({"kvm_capabilities": caps}).decode()
-    for caps in (["a", "b", "c"], ["a", "b"], ["b", "c"], ["a", "c"], ["a", "b", "c"])
+    config(["a", "b", "c"], "0b1111", "0b11", ("0x1", "0x7", "0xb")),
+    config(["a", "b"], "1100", "0b10", ("0x1", "0x7")),
+    config(["b", "c"], "0b0110", "0b11"),
+    config(["a", "c"], "0b1111", "0b01", ("0x1", "0x7")),
+    config(["a", "b", "c"], "0b1111", "0b11", ("0x1", "0x7", "0xb")),
+    "{not json",
 ]
+
+
+@given(st.lists(st.sampled_from(CONFIGS), min_size=1, max_size=6), st.sampled_from(CONFIGS))
+def test_a_result_narrowed_by_one_config_is_the_intersection_of_all(
+    some: list[str], one: str
+) -> None:
+    """What a new config's round computes from (the result so far, as a
+    config of its own, and the new one) gives what all the configs give."""
+    so_far = intersect(some)
+    assert intersect([so_far if so_far is not None else "", one]) == intersect([*some, one])
 
 
 def beat(node: str, config: str, boot: str = "boot-1", cluster: str = "c1") -> Heartbeat:
@@ -92,13 +129,14 @@ def test_the_round_result_is_the_intersection_of_its_members(
         got = round_result(s)
         # every member has a config: the round has its result, and each
         # member gets it once a round, with its first heartbeat in it
-        exact = intersect(sorted(set(held.values())))
+        # (an invalid config makes the result "": nothing is delivered)
+        exact = intersect(sorted(set(held.values()))) or ""
         assert got is not None
         assert result.cpu_config_json == ("" if node in served else got)
         served.add(node)
         # a member that left starts no new round: the result may still
         # hold its config too (narrower: safe), never less
-        assert got in {exact, intersect(sorted(set(held.values()) | left))}
+        assert got in {exact, intersect(sorted(set(held.values()) | left)) or ""}
 
 
 def test_a_join_with_a_witnessed_config_keeps_the_result_and_others_compute(
@@ -151,6 +189,26 @@ def test_a_member_leaving_narrows_only_when_its_config_may_be_gone(
     assert s.client.hget(key, "compute_epoch") != lease
     assert round_result(s) == intersect([wide])
     assert s.client.hget(key, "narrow") is None
+
+
+def test_a_new_config_narrows_the_result_from_two_configs(
+    make_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A new member whose config nobody has: the round is computed from its
+    result so far and that config, not from every member's."""
+    from scheduler.store.cpuconfig import CpuConfigOps
+
+    s = make_scheduler(Policy())
+    wide, narrow = CONFIGS[0], CONFIGS[1]
+    for node in ("n1", "n2", "n3"):
+        s.heartbeat(beat(node, wide), cpu_config=True)
+    s.heartbeat(beat("n4", narrow))  # (its record, then its CPU config step)
+    out = s.run(CpuConfigOps(s.keys).ingest("n4", "c1", narrow, False))
+    assert out.needs_compute
+    assert [c for _, c in out.configs] == [intersect([wide]), narrow]
+    # the next heartbeats compute it and store it, as a replica does
+    s.heartbeat(beat("n5", narrow), cpu_config=True)
+    assert round_result(s) == intersect([wide, narrow])
 
 
 def _digest(config: str) -> str:

@@ -208,9 +208,14 @@ local function cpu_config_one(ctx, A, cfg_key)
     -- leaves the intersection as it was, so the round keeps its result; any
     -- other change (a member's config changing may widen it) is computed
     -- once nothing is missing
-    local kept = cur == false and c[CFG_ROUND.result_epoch] ~= false
+    local current = cur == false and c[CFG_ROUND.result_epoch] ~= false
       and c[CFG_ROUND.result_epoch] == (c[CFG_ROUND.epoch] or '0')
-      and cfg_witness(cfg_key, digest)
+    local kept = current and cfg_witness(cfg_key, digest)
+    -- (a new member with a config nobody is known to have: the new round's
+    -- result is the current one narrowed by this config alone, computed from
+    -- those two; `extend_by`, read when the round is computed)
+    local extends = current and not kept and digest ~= '' and digest ~= 'stored'
+      and not redis.call('HGET', cfg_key, 'narrow')
     if cur and cur ~= '' and redis.call('HGET', cfg_key, 'd:' .. cur) == node_id then
       redis.call('HDEL', cfg_key, 'd:' .. cur)
     end
@@ -218,6 +223,9 @@ local function cpu_config_one(ctx, A, cfg_key)
     local epoch = redis.call('HINCRBY', cfg_key, 'epoch', 1)
     if kept then
       redis.call('HSET', cfg_key, 'result_epoch', fmt(epoch))
+    elseif extends then
+      redis.call('HDEL', cfg_key, 'result_epoch')
+      redis.call('HSET', cfg_key, 'extend_epoch', fmt(epoch), 'extend_by', node_id)
     else
       redis.call('HDEL', cfg_key, 'result', 'result_epoch')
     end
@@ -246,6 +254,15 @@ local function cpu_config_one(ctx, A, cfg_key)
   end
   redis.call('HSET', cfg_key, 'compute_epoch', epoch, 'compute_until', fmt(now + COMPUTE_LEASE_MS))
   local out = { 'compute', epoch }
+  -- a round one new member started from a current result: the intersection of
+  -- that result (as a config of its own) and the member's config is the
+  -- intersection of them all (nothing left since: not `narrow`)
+  local ext = redis.call('HMGET', cfg_key, 'extend_epoch', 'extend_by', 'result', 'narrow')
+  if ext[1] == epoch and ext[3] and not ext[4] then
+    out[3], out[4] = '', ext[3]
+    out[5], out[6] = ext[2], redis.call('HGET', node_key(ext[2]), 'cpu_config_json') or ''
+    return out
+  end
   local members, digests = cfg_prune(cfg_key, cluster)
   redis.call('HDEL', cfg_key, 'narrow') -- (computed over the members that are left)
   -- one config per digest: the same config twice intersects to itself (a

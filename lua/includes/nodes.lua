@@ -28,8 +28,8 @@ end
 -- The node leaves its cluster's CPU config round (cpu_config-6.lua) without
 -- starting a new one; a round nobody is left in goes.
 local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true,
-  compute_epoch = true, compute_until = true, narrow = true }
-local CFG_FIELD_COUNT = 7
+  compute_epoch = true, compute_until = true, narrow = true, extend_epoch = true, extend_by = true }
+local CFG_FIELD_COUNT = 9
 local function leave_cpucfg(node_id, cluster)
   local key = BASE .. 'cpucfg:' .. cluster
   cfg_leave(key, node_id)
