@@ -23,7 +23,8 @@ local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may aft
 -- What the exchange reads (layouts: names in the source, positions in the
 -- built text): a member's record; this node's config fields; the round as one
 -- ingest reads it, in the order of its HMGET ('m:<node>' and 'sent:<node>'
--- are this node's member and sent fields); the compute lease.
+-- are this node's member and sent fields); the compute lease; what a round a
+-- new config started is computed from.
 -- @layout CFG_MEMBER
 local CFG_MEMBER = { 'cluster_id', 'cpucfg_cluster' }
 -- @layout CFG_NODE
@@ -32,6 +33,8 @@ local CFG_NODE = { 'cpu_config_json', 'cpu_config_digest', 'cpucfg_cluster' }
 local CFG_ROUND = { 'member', 'missing', 'epoch', 'result_epoch', 'result', 'sent' }
 -- @layout CFG_LEASE
 local CFG_LEASE = { 'compute_epoch', 'compute_until' }
+-- @layout CFG_EXTEND
+local CFG_EXTEND = { 'extend_epoch', 'extend_by', 'result', 'narrow' }
 
 local function missing_key(cfg_key)
   return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8)
@@ -257,10 +260,12 @@ local function cpu_config_one(ctx, A, cfg_key)
   -- a round one new member started from a current result: the intersection of
   -- that result (as a config of its own) and the member's config is the
   -- intersection of them all (nothing left since: not `narrow`)
-  local ext = redis.call('HMGET', cfg_key, 'extend_epoch', 'extend_by', 'result', 'narrow')
-  if ext[1] == epoch and ext[3] and not ext[4] then
-    out[3], out[4] = '', ext[3]
-    out[5], out[6] = ext[2], redis.call('HGET', node_key(ext[2]), 'cpu_config_json') or ''
+  local ext = redis.call('HMGET', cfg_key, unpack(CFG_EXTEND))
+  if ext[CFG_EXTEND.extend_epoch] == epoch and ext[CFG_EXTEND.result]
+      and not ext[CFG_EXTEND.narrow] then
+    local by = ext[CFG_EXTEND.extend_by]
+    out[3], out[4] = '', ext[CFG_EXTEND.result]
+    out[5], out[6] = by, redis.call('HGET', node_key(by), 'cpu_config_json') or ''
     return out
   end
   local members, digests = cfg_prune(cfg_key, cluster)
