@@ -52,12 +52,20 @@ end
 -- members' own intersection: safe) unless another member has that config
 -- (its witness): `narrow` says so, and until the round is computed again no
 -- result is kept, so the next new member's round is exact.
-local function cfg_witness(key, digest)
-  if digest == '' or digest == 'stored' or redis.call('HGET', key, 'narrow') then
-    return false
-  end
-  local w = redis.call('HGET', key, 'd:' .. digest)
+-- (digest: a known one, neither '' nor 'stored'; the caller reads `narrow`)
+local function cfg_holds(key, w, digest) -- (w: a witness, or false)
   return w ~= false and redis.call('HGET', key, 'm:' .. w) == digest
+end
+local function cfg_witness(key, digest)
+  return cfg_holds(key, redis.call('HGET', key, 'd:' .. digest), digest)
+end
+
+-- The witness of `digest`, dropped when it is member `id`, which no longer
+-- holds that config (it leaves, or its config changes)
+local function cfg_unwitness(key, id, digest)
+  local w = redis.call('HGET', key, 'd:' .. digest)
+  if w == id then redis.call('HDEL', key, 'd:' .. digest) end
+  return w
 end
 
 -- The member leaves the round (no new round: includes/nodes.lua, cfg_prune).
@@ -71,9 +79,8 @@ local function cfg_leave(key, id)
     -- the result may now be narrower than the members' intersection, unless
     -- another member has this config (its witness, still holding it): the
     -- configs in the round are then the same, and so is the result
-    local w = redis.call('HGET', key, 'd:' .. cur)
-    if w == id then redis.call('HDEL', key, 'd:' .. cur) end
-    if cur == 'stored' or w == false or w == id or redis.call('HGET', key, 'm:' .. w) ~= cur then
+    local w = cfg_unwitness(key, id, cur)
+    if cur == 'stored' or w == id or not cfg_holds(key, w, cur) then
       redis.call('HSET', key, 'narrow', '1')
     end
   end
@@ -211,17 +218,16 @@ local function cpu_config_one(ctx, A, cfg_key)
     -- leaves the intersection as it was, so the round keeps its result; any
     -- other change (a member's config changing may widen it) is computed
     -- once nothing is missing
-    local current = cur == false and c[CFG_ROUND.result_epoch] ~= false
+    local known = digest ~= '' and digest ~= 'stored' -- (a config of known digest)
+    local current = cur == false and known and c[CFG_ROUND.result_epoch] ~= false
       and c[CFG_ROUND.result_epoch] == (c[CFG_ROUND.epoch] or '0')
+      and not redis.call('HGET', cfg_key, 'narrow')
     local kept = current and cfg_witness(cfg_key, digest)
     -- (a new member with a config nobody is known to have: the new round's
     -- result is the current one narrowed by this config alone, computed from
     -- those two; `extend_by`, read when the round is computed)
-    local extends = current and not kept and digest ~= '' and digest ~= 'stored'
-      and not redis.call('HGET', cfg_key, 'narrow')
-    if cur and cur ~= '' and redis.call('HGET', cfg_key, 'd:' .. cur) == node_id then
-      redis.call('HDEL', cfg_key, 'd:' .. cur)
-    end
+    local extends = current and not kept
+    if cur and cur ~= '' then cfg_unwitness(cfg_key, node_id, cur) end
     redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
     local epoch = redis.call('HINCRBY', cfg_key, 'epoch', 1)
     if kept then
@@ -232,9 +238,7 @@ local function cpu_config_one(ctx, A, cfg_key)
     else
       redis.call('HDEL', cfg_key, 'result', 'result_epoch')
     end
-    if digest ~= '' and digest ~= 'stored' then
-      redis.call('HSET', cfg_key, 'd:' .. digest, node_id)
-    end
+    if known then redis.call('HSET', cfg_key, 'd:' .. digest, node_id) end
   elseif A[5] == '1' then
     redis.call('HDEL', cfg_key, 'sent:' .. node_id)
   end
