@@ -601,10 +601,7 @@ class Coalescer(Generic[T]):
                 self.queue = []
                 self.flying.append((_ALONE, time.perf_counter()))
                 try:
-                    if call.follow is None:
-                        return await self.sched._one(call)
-                    # (with its follower: a batch call of its own, :meth:`Call.then`)
-                    result: Any = (await self.sched._one(self.batch([call])))[0]
+                    (result,) = await self._results([call])
                 finally:
                     self._answered(_ALONE)
                 if isinstance(result, BaseException):
@@ -706,15 +703,7 @@ class Coalescer(Generic[T]):
         results: list[Any]  # (each a T or the exception it raised)
         lone = len(batch) == 1 and batch[0][0].follow is None
         try:
-            if lone:
-                results = [await self.sched._one(batch[0][0])]
-            else:
-                if len(batch) > 1:  # (coalesced: not a lone call with its follower)
-                    self.batches += 1
-                    self.batched += len(batch)
-                    self.largest = max(self.largest, len(batch))
-                together: Call[list[Any]] = self.batch([c for c, _, _ in batch])
-                results = await self.sched._one(together)
+            results = await self._results([c for c, _, _ in batch])
         except Exception as e:  # the whole call failed: every request with it
             results = [e] * len(batch)
         except asyncio.CancelledError:  # (the loop is closing: nobody will answer)
@@ -734,6 +723,19 @@ class Coalescer(Generic[T]):
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
+
+    async def _results(self, calls: list[Call[T]]) -> list[Any]:
+        """What ``calls`` answer, each a T or the exception it raised: a lone
+        call as itself, any other (a lone call with a follower,
+        :meth:`Call.then`, among them) in one batch call."""
+        if len(calls) == 1 and calls[0].follow is None:
+            return [await self.sched._one(calls[0])]
+        if len(calls) > 1:  # (coalesced: not a lone call with its follower)
+            self.batches += 1
+            self.batched += len(calls)
+            self.largest = max(self.largest, len(calls))
+        together: Call[list[Any]] = self.batch(calls)
+        return await self.sched._one(together)
 
     def _take(
         self,
