@@ -9,7 +9,6 @@ Redis a call at 10,000 members)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import pytest
@@ -18,7 +17,8 @@ from hypothesis import strategies as st
 
 from scheduler import Heartbeat, NodeSnapshot, Policy, Scheduler
 from scheduler.domain.records import MachineInfo
-from scheduler.store.cpuconfig import intersect
+from scheduler.store.cpuconfig import CpuConfigOps, digest, intersect
+from tests.test_scale import commands
 
 
 def config(caps: list[str], ecx: str, msr: str, leaves: tuple[str, ...] = ("0x1",)) -> str:
@@ -151,17 +151,17 @@ def test_a_join_with_a_witnessed_config_keeps_the_result_and_others_compute(
     s.heartbeat(beat("n3", narrow), cpu_config=True)
     assert round_result(s) == intersect([wide, narrow])
     key = s.keys.cpucfg("c1")
-    assert s.client.hget(key, f"d:{_digest(narrow)}") == b"n3"
+    assert s.client.hget(key, f"d:{digest(narrow)}") == b"n3"
     # the witness of `narrow` restarts with the wide config: it vouches for
     # nothing now, and n4 joining with `narrow` makes the round compute again
     s.heartbeat(beat("n3", wide, "boot-2"), cpu_config=True)
     assert round_result(s) == intersect([wide])
-    assert s.client.hget(key, f"d:{_digest(narrow)}") is None
+    assert s.client.hget(key, f"d:{digest(narrow)}") is None
     s.heartbeat(beat("n4", narrow), cpu_config=True)
     assert round_result(s) == intersect([wide, narrow])
     # a witness that left vouches for nothing either
     s.unregister("n4", "boot-1")
-    assert s.client.hget(key, f"d:{_digest(narrow)}") is None
+    assert s.client.hget(key, f"d:{digest(narrow)}") is None
 
 
 def test_a_member_leaving_narrows_only_when_its_config_may_be_gone(
@@ -196,8 +196,6 @@ def test_a_new_config_narrows_the_result_from_two_configs(
 ) -> None:
     """A new member whose config nobody has: the round is computed from its
     result so far and that config, not from every member's."""
-    from scheduler.store.cpuconfig import CpuConfigOps
-
     s = make_scheduler(Policy())
     wide, narrow = CONFIGS[0], CONFIGS[1]
     for node in ("n1", "n2", "n3"):
@@ -211,12 +209,6 @@ def test_a_new_config_narrows_the_result_from_two_configs(
     assert round_result(s) == intersect([wide, narrow])
 
 
-def _digest(config: str) -> str:
-    from scheduler.store.cpuconfig import digest
-
-    return digest(config)
-
-
 @pytest.mark.real_only
 def test_members_joining_with_one_config_cost_the_same_at_any_size(
     make_scheduler: Callable[..., Scheduler],
@@ -227,10 +219,6 @@ def test_members_joining_with_one_config_cost_the_same_at_any_size(
     round over every member, about 2 x members commands)."""
     s = make_scheduler(Policy())
 
-    def commands() -> int:
-        stats: dict[str, Any] = s.client.info("commandstats")
-        return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
-
     counts = []
     for start in (0, 2_900):
         if start:
@@ -238,11 +226,11 @@ def test_members_joining_with_one_config_cost_the_same_at_any_size(
                 batch = [beat(f"m{j:05d}", CONFIGS[0], cluster="big") for j in range(i, i + 50)]
                 for hb in batch:
                     s.heartbeat(hb, cpu_config=True)
-        before = commands()
+        before = commands(s.client)
         for j in range(start, start + 100):
             result = s.heartbeat(beat(f"m{j:05d}", CONFIGS[0], cluster="big"), cpu_config=True)
             assert result.cpu_config_json == intersect([CONFIGS[0]])
-        counts.append(commands() - before)
+        counts.append(commands(s.client) - before)
     first, last = counts
     assert last <= 1.2 * first, counts
 
@@ -257,10 +245,6 @@ def test_members_replaced_one_by_one_cost_the_same_at_any_size(
     each join after a leave computed the round over every member)."""
     s = make_scheduler(Policy())
 
-    def commands() -> int:
-        stats: dict[str, Any] = s.client.info("commandstats")
-        return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
-
     joined = 0
 
     def add(n: int) -> None:
@@ -273,12 +257,12 @@ def test_members_replaced_one_by_one_cost_the_same_at_any_size(
     gone = 0
     for size in (100, 3_000):
         add(size - (joined - gone))
-        before = commands()
+        before = commands(s.client)
         for _ in range(50):  # (the oldest member out, a new one in)
             s.unregister(f"m{gone:05d}", "boot-1")
             gone += 1
             add(1)
-        counts.append(commands() - before)
+        counts.append(commands(s.client) - before)
         assert s.client.hget(s.keys.cpucfg("big"), "narrow") is None
         assert round_result(s, "big") == intersect([CONFIGS[0]])
     small, large = counts
