@@ -42,7 +42,8 @@
           node-roster:<id> / node-sbx:<id> for sandboxes that joined or left
           the roster (taking one another node's binding held ends the
           reservation charged to it there: includes/bindings.lua), the
-          node's index entry, and
+          node's index entry, the CPU config round of the cluster it moved
+          from (cpucfg:*, includes/cpu_config.lua cfg_moved), and
           releases reservations the node's numbers now include:
           - roster mode (the node has sent a non-empty roster since it
             started): assigned reservations whose sandbox is listed, and

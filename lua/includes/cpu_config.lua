@@ -3,20 +3,21 @@
   (cpu_config-6.lua's ARGV as `A`, its KEYS[6] as `cfg_key`); cpu_config-6.lua
   runs one, heartbeat_batch-5.lua any number beside the heartbeats.
 ]]
--- @exports cpu_config_one cfg_leave
+-- @exports cpu_config_one cfg_depart cfg_moved
 -- @include common
 
--- (Every step is O(1) in the cluster's size, but for the one computation of a
--- round, which a new member joining with a config another member has skips:
--- the intersection cannot change, so the new round keeps the result
--- (cfg_witness).
+-- (Every step is O(1) in the cluster's size, and so is a round's computation
+-- while the round's counts are exact: it reads the cluster's distinct configs,
+-- kept by digest with how many members have each (cpucfg-configs:<cluster>),
+-- not the members.  A new member joining with a config another member has
+-- keeps the result: the intersection cannot change.
 -- A round is left or advanced on the events that change it, a member's
--- config arriving or changing (ingest), a member joining or moving (ingest),
--- a member removed (leave_cpucfg, includes/nodes.lua).  Only members without
--- a config hold a round back; they are also kept in cpucfg-missing:<cluster>,
--- and while the round waits each ingest checks PRUNE_STEP of them at random,
--- so one whose record went without either event (moved by a heartbeat sent
--- without its CPU config step, or deleted) stops blocking the round soon.)
+-- config arriving or changing (ingest), a member joining or moving (ingest,
+-- or its heartbeat: cfg_moved), a member removed (cfg_depart,
+-- includes/nodes.lua).  Only members without a config hold a round back;
+-- they are also kept in cpucfg-missing:<cluster>, and while the round waits
+-- each ingest checks PRUNE_STEP of them at random, so one whose record went
+-- without either event (deleted by hand) stops blocking the round soon.)
 local PRUNE_STEP = '2' -- missing members the waiting round checks per ingest
 local COMPUTE_LEASE_MS = 2000 -- one heartbeat computes a round; another may after this
 
@@ -30,7 +31,9 @@ local CFG_MEMBER = { 'cluster_id', 'cpucfg_cluster' }
 -- @layout CFG_NODE
 local CFG_NODE = { 'cpu_config_json', 'cpu_config_digest', 'cpucfg_cluster' }
 -- @layout CFG_ROUND
-local CFG_ROUND = { 'member', 'missing', 'epoch', 'result_epoch', 'result', 'sent' }
+local CFG_ROUND = { 'member', 'missing', 'epoch', 'result_epoch', 'result', 'sent', 'counted' }
+-- @layout CFG_LEAVER
+local CFG_LEAVER = { 'member', 'epoch', 'counted' }
 -- @layout CFG_LEASE
 local CFG_LEASE = { 'compute_epoch', 'compute_until' }
 -- @layout CFG_EXTEND
@@ -39,52 +42,91 @@ local CFG_EXTEND = { 'extend_epoch', 'extend_by', 'result', 'narrow' }
 local function missing_key(cfg_key)
   return BASE .. 'cpucfg-missing:' .. string.sub(cfg_key, #BASE + 8)
 end
-
--- A config's witness: d:<digest> names a member that joined with that
--- config (the latest).  Every member whose m: is a digest is reflected in
--- the round's result while the result is current (it was computed over it,
--- or it joined with a witnessed config), so a witness that still holds the
--- digest vouches that the config is in the result.  A witness that left or
--- changed vouches for nothing (and a replica of a version before witnesses
--- never names one): the round is computed, as without them.  ('stored', a
--- config of unknown digest, is never witnessed.)  A member that leaves starts
--- no round, so the result may still hold its config (narrower than the
--- members' own intersection: safe) unless another member has that config
--- (its witness): `narrow` says so, and until the round is computed again no
--- result is kept, so the next new member's round is exact.
--- (digest: a known one, neither '' nor 'stored'; the caller reads `narrow`)
-local function cfg_holds(key, w, digest) -- (w: a witness, or false)
-  return w ~= false and redis.call('HGET', key, 'm:' .. w) == digest
-end
-local function cfg_witness(key, digest)
-  return cfg_holds(key, redis.call('HGET', key, 'd:' .. digest), digest)
+local function configs_key(cfg_key)
+  return BASE .. 'cpucfg-configs:' .. string.sub(cfg_key, #BASE + 8)
 end
 
--- The witness of `digest`, dropped when it is member `id`, which no longer
--- holds that config (it leaves, or its config changes)
-local function cfg_unwitness(key, id, digest)
-  local w = redis.call('HGET', key, 'd:' .. digest)
-  if w == id then redis.call('HDEL', key, 'd:' .. digest) end
-  return w
+-- The round's counts: cpucfg-configs:<cluster> holds, per config digest,
+-- n:<digest> (how many members have it) and c:<digest> (the config), and
+-- they are exact while the round's `counted` is its epoch.  Each step of
+-- this version keeps them so and moves `counted` along with the epoch; a
+-- replica of an older version bumps the epoch without counting, which leaves
+-- `counted` behind, and the next computation goes over every member and
+-- counts them again.  (An older version's leave, or a record deleted by
+-- hand, leaves a count too high: the config stays in the intersection,
+-- which is then narrower than the members' own: safe, and `schedctl doctor`
+-- has the round computed again.)  A config of unknown digest ('stored')
+-- cannot be counted: while a member has one, every computation goes over
+-- every member.
+-- (epoch, counted: as the round holds them)
+local function cfg_exact(epoch, counted) return counted ~= false and counted == (epoch or '0') end
+
+-- One member more (by 1) or fewer (by -1) with config `digest`; returns how
+-- many members have it after.  (json: the config, for a member more)
+local function cfg_count(key, digest, by, json)
+  local ckey = configs_key(key)
+  local n = redis.call('HINCRBY', ckey, 'n:' .. digest, by)
+  if n <= 0 then
+    redis.call('HDEL', ckey, 'n:' .. digest, 'c:' .. digest)
+  elseif n == 1 and by > 0 then
+    redis.call('HSET', ckey, 'c:' .. digest, json)
+  end
+  return n
 end
 
--- The member leaves the round (no new round: includes/nodes.lua, cfg_prune).
+-- The member leaves the round without starting a new one (cfg_depart,
+-- cfg_prune).  The result may then be narrower than the members'
+-- intersection, unless another member has the leaver's config (its count):
+-- the configs in the round are the same, and so is the result.  Otherwise
+-- the round is `narrow` until it is computed again, and keeps no result for
+-- a new member meanwhile.  (d:<digest> was an older version's witness of a
+-- config: dropped with any member of it, so the older version computes.)
 local function cfg_leave(key, id)
-  local cur = redis.call('HGET', key, 'm:' .. id)
+  local v = redis.call('HMGET', key, 'm:' .. id, 'epoch', 'counted')
+  local cur = v[CFG_LEAVER.member]
   if cur == false then return end
   if cur == '' then
     redis.call('HINCRBY', key, 'missing', -1)
     redis.call('SREM', missing_key(key), id)
   else
-    -- the result may now be narrower than the members' intersection, unless
-    -- another member has this config (its witness, still holding it): the
-    -- configs in the round are then the same, and so is the result
-    local w = cfg_unwitness(key, id, cur)
-    if cur == 'stored' or w == id or not cfg_holds(key, w, cur) then
+    redis.call('HDEL', key, 'd:' .. cur)
+    if cur == 'stored' or not cfg_exact(v[CFG_LEAVER.epoch], v[CFG_LEAVER.counted])
+        or cfg_count(key, cur, -1) <= 0 then
       redis.call('HSET', key, 'narrow', '1')
     end
   end
   redis.call('HDEL', key, 'm:' .. id, 'sent:' .. id)
+end
+
+-- The fields of a round with no member in it (nor a member's mark): one
+-- whose last member departs goes, with its sets.
+local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true,
+  compute_epoch = true, compute_until = true, narrow = true, extend_epoch = true, extend_by = true,
+  counted = true }
+local CFG_FIELD_COUNT = 10
+
+-- Node `node_id` departs `cluster`'s round: removed from the cell
+-- (includes/nodes.lua) or moved to another cluster.
+local function cfg_depart(node_id, cluster)
+  local key = BASE .. 'cpucfg:' .. cluster
+  cfg_leave(key, node_id)
+  if redis.call('HLEN', key) <= CFG_FIELD_COUNT then
+    for _, f in ipairs(redis.call('HKEYS', key)) do
+      if not CFG_FIELDS[f] then return end
+    end
+    redis.call('DEL', key, missing_key(key), configs_key(key))
+  end
+end
+
+-- A heartbeat moved node `node_id` to `cluster`: it departs the round of the
+-- cluster it was a member of, if another (the next ingest joins it to this
+-- one's), so a heartbeat without the CPU config step leaves no count behind.
+local function cfg_moved(node_id, cluster)
+  local was = redis.call('HGET', node_key(node_id), 'cpucfg_cluster')
+  if was and was ~= cluster then
+    cfg_depart(node_id, was)
+    redis.call('HDEL', node_key(node_id), 'cpucfg_cluster')
+  end
 end
 
 -- Is member `id` still in `cluster`'s round (its record says so)?
@@ -184,14 +226,12 @@ local function cpu_config_one(ctx, A, cfg_key)
     digest = 'stored'
   end
   if n[CFG_NODE.cpucfg_cluster] ~= cluster then
-    if n[CFG_NODE.cpucfg_cluster] then
-      cfg_leave(BASE .. 'cpucfg:' .. n[CFG_NODE.cpucfg_cluster], node_id)
-    end
+    if n[CFG_NODE.cpucfg_cluster] then cfg_depart(node_id, n[CFG_NODE.cpucfg_cluster]) end
     redis.call('HSET', nkey, 'cpucfg_cluster', cluster)
   end
   -- (the round as it stands, in one read: most heartbeats change nothing in it)
   local c = redis.call('HMGET', cfg_key, 'm:' .. node_id, 'missing', 'epoch', 'result_epoch',
-    'result', 'sent:' .. node_id)
+    'result', 'sent:' .. node_id, 'counted')
   local cur = c[CFG_ROUND.member]
   if cur == digest and A[5] ~= '1' and (tonumber(c[CFG_ROUND.missing]) or 0) <= 0 then
     -- a member with its config and nothing missing: cfg_deliver from that read
@@ -214,22 +254,39 @@ local function cpu_config_one(ctx, A, cfg_key)
       redis.call('HINCRBY', cfg_key, 'missing', -1)
       redis.call('SREM', missing_key(cfg_key), node_id)
     end
-    -- a new round: a new member whose config another member has (witnessed)
-    -- leaves the intersection as it was, so the round keeps its result; any
-    -- other change (a member's config changing may widen it) is computed
-    -- once nothing is missing
+    -- the counts follow (a new round's are exact: there is nothing to count)
     local known = digest ~= '' and digest ~= 'stored' -- (a config of known digest)
+    local exact = cfg_exact(c[CFG_ROUND.epoch], c[CFG_ROUND.counted])
+    if c[CFG_ROUND.epoch] == false then
+      redis.call('DEL', configs_key(cfg_key))
+      exact = true
+    end
+    local others = 0 -- (members besides this one with its config, if exact)
+    if exact then
+      if cur and cur ~= '' and cur ~= 'stored' then cfg_count(cfg_key, cur, -1) end
+      local json = n[CFG_NODE.cpu_config_json]
+      if known and json and json ~= '' then
+        others = cfg_count(cfg_key, digest, 1, json) - 1
+      elseif digest ~= '' then
+        exact = false -- (a config that cannot be counted: see cfg_exact)
+      end
+    end
+    if cur and cur ~= '' then redis.call('HDEL', cfg_key, 'd:' .. cur) end -- (see cfg_leave)
+    -- a new round: a new member whose config another member has leaves the
+    -- intersection as it was, so the round keeps its result; any other
+    -- change (a member's config changing may widen it) is computed once
+    -- nothing is missing
     local current = cur == false and known and c[CFG_ROUND.result_epoch] ~= false
       and c[CFG_ROUND.result_epoch] == (c[CFG_ROUND.epoch] or '0')
       and not redis.call('HGET', cfg_key, 'narrow')
-    local kept = current and cfg_witness(cfg_key, digest)
+    local kept = current and exact and others > 0
     -- (a new member with a config nobody is known to have: the new round's
     -- result is the current one narrowed by this config alone, computed from
     -- those two; `extend_by`, read when the round is computed)
     local extends = current and not kept
-    if cur and cur ~= '' then cfg_unwitness(cfg_key, node_id, cur) end
     redis.call('HSET', cfg_key, 'm:' .. node_id, digest)
     local epoch = redis.call('HINCRBY', cfg_key, 'epoch', 1)
+    if exact then redis.call('HSET', cfg_key, 'counted', fmt(epoch)) end
     if kept then
       redis.call('HSET', cfg_key, 'result_epoch', fmt(epoch))
     elseif extends then
@@ -238,7 +295,6 @@ local function cpu_config_one(ctx, A, cfg_key)
     else
       redis.call('HDEL', cfg_key, 'result', 'result_epoch')
     end
-    if known then redis.call('HSET', cfg_key, 'd:' .. digest, node_id) end
   elseif A[5] == '1' then
     redis.call('HDEL', cfg_key, 'sent:' .. node_id)
   end
@@ -272,18 +328,46 @@ local function cpu_config_one(ctx, A, cfg_key)
     out[5], out[6] = by, redis.call('HGET', node_key(by), 'cpu_config_json') or ''
     return out
   end
+  if cfg_exact(epoch, redis.call('HGET', cfg_key, 'counted')) then
+    redis.call('HDEL', cfg_key, 'narrow') -- (computed over the members' configs)
+    -- the distinct configs, as counted: O(configs), whatever the members
+    local flat = redis.call('HGETALL', configs_key(cfg_key))
+    for i = 1, #flat, 2 do
+      if string.sub(flat[i], 1, 2) == 'c:' then
+        out[#out + 1] = ''
+        out[#out + 1] = flat[i + 1]
+      end
+    end
+    return out
+  end
+  -- every member's record checked (O(cluster)), and the counts made again:
+  -- one config per digest (the same config twice intersects to itself; a
+  -- config of unknown digest, 'stored', goes each time)
   local members, digests = cfg_prune(cfg_key, cluster)
   redis.call('HDEL', cfg_key, 'narrow') -- (computed over the members that are left)
-  -- one config per digest: the same config twice intersects to itself (a
-  -- config of unknown digest, 'stored', goes each time)
-  local listed = {}
+  local ckey = configs_key(cfg_key)
+  redis.call('DEL', ckey)
+  local listed, exact = {}, true
   for i, id in ipairs(members) do
     local d = digests[i]
-    if d == 'stored' or not listed[d] then
+    if listed[d] and d ~= 'stored' then
+      if exact then redis.call('HINCRBY', ckey, 'n:' .. d, 1) end
+    else
       listed[d] = true
+      local json = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
       out[#out + 1] = id
-      out[#out + 1] = redis.call('HGET', node_key(id), 'cpu_config_json') or ''
+      out[#out + 1] = json
+      if d == '' or d == 'stored' or json == '' then
+        exact = false
+      else
+        redis.call('HSET', ckey, 'n:' .. d, 1, 'c:' .. d, json)
+      end
     end
+  end
+  if exact then
+    redis.call('HSET', cfg_key, 'counted', epoch)
+  else
+    redis.call('DEL', ckey)
   end
   return out
 end

@@ -8,6 +8,7 @@
 -- @exports heartbeat_one
 -- @include bindings
 -- @include snapshot
+-- @include cpu_config
 
 -- Texts that passed the whole-number check (kept_table, includes/base.lua).
 local WHOLE_TEXTS = kept_table(4096)
@@ -298,6 +299,8 @@ local function record_planned(ctx, A, prev, values, node_id, nkey, sid, register
   if (prev[PREV.cluster_id] or '') ~= cluster or (prev[PREV.p2p_address] or '') ~= p2p then
     if prev[PREV.cluster_id] then
       redis.call('SREM', BASE .. 'p2p:' .. prev[PREV.cluster_id], node_id)
+      -- (moved: out of its cluster's CPU config round, includes/cpu_config.lua)
+      if prev[PREV.cluster_id] ~= cluster then cfg_moved(node_id, cluster) end
     end
     if p2p ~= '' then redis.call('SADD', BASE .. 'p2p:' .. cluster, node_id) end
   end

@@ -25,22 +25,6 @@ local function drop_holding(node_id, digest)
   end
 end
 
--- The node leaves its cluster's CPU config round (cpu_config-6.lua) without
--- starting a new one; a round nobody is left in goes.
-local CFG_FIELDS = { missing = true, epoch = true, result = true, result_epoch = true,
-  compute_epoch = true, compute_until = true, narrow = true, extend_epoch = true, extend_by = true }
-local CFG_FIELD_COUNT = 9
-local function leave_cpucfg(node_id, cluster)
-  local key = BASE .. 'cpucfg:' .. cluster
-  cfg_leave(key, node_id)
-  if redis.call('HLEN', key) <= CFG_FIELD_COUNT then
-    for _, f in ipairs(redis.call('HKEYS', key)) do
-      if not CFG_FIELDS[f] then return end
-    end
-    redis.call('DEL', key, BASE .. 'cpucfg-missing:' .. cluster)
-  end
-end
-
 -- What removing a node reads of it (a layout)
 -- @layout REMOVE_READ
 local REMOVE_READ = { 'cluster_id', 'static', 'endpoint', 'lingering', 'cpucfg_cluster' }
@@ -68,7 +52,7 @@ local function remove_node(ctx, node_id, now, last_seen)
   if n[REMOVE_READ.cluster_id] then
     redis.call('SREM', BASE .. 'p2p:' .. n[REMOVE_READ.cluster_id], node_id)
   end
-  if n[REMOVE_READ.cpucfg_cluster] then leave_cpucfg(node_id, n[REMOVE_READ.cpucfg_cluster]) end
+  if n[REMOVE_READ.cpucfg_cluster] then cfg_depart(node_id, n[REMOVE_READ.cpucfg_cluster]) end
   redis.call('ZREM', SEEN_KEY, node_id)
   local held = redis.call('SMEMBERS', BASE .. 'node-art:' .. node_id)
   for _, digest in ipairs(held) do drop_holding(node_id, digest) end

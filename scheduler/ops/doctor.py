@@ -21,7 +21,9 @@ checks compare what the scripts keep in step:
 * ``index``     the placement index against the node records
 * ``static``    the static set against the records marked static
 * ``cpucfg``    a CPU-config round's missing count and cpucfg-missing set
-                against its members without a config
+                against its members without a config, and while its counts
+                are exact (``counted``), cpucfg-configs against its members'
+                configs
 
 ``repair`` fixes what is derived and nothing else: a dangling member of
 node-res, expiry, node-sbx or node-roster is removed, a live reservation
@@ -36,7 +38,9 @@ rebuild path (the repair drops the index keys, the nodes' entries and
 ``index_format``, then takes the bounded steps of lua/index_rebuild-5.lua
 until the index is whole).
 The static set, a round's cpucfg-missing set and its missing count are
-rewritten from the records.  Records themselves (a corrupt node record,
+rewritten from the records; a round whose counts disagree with its members
+is computed again from every member (a new epoch, no result: the next
+heartbeat computes it and counts the members again).  Records themselves (a corrupt node record,
 reservation, binding, policy or stats counter) are reported only: a node's
 next full heartbeat rewrites its record, a reservation is ended at its TTL,
 a replica with ``--overwrite-policy`` writes the policy anew.
@@ -86,6 +90,7 @@ TYPES = {
     "idx-seen": "zset",
     "cpucfg": "hash",
     "cpucfg-missing": "set",
+    "cpucfg-configs": "hash",
     "census": "hash",
     "idx-rebuild": "hash",
     "static": "set",
@@ -595,6 +600,28 @@ class Doctor:
                     f"missing is {round_.get('missing')!r}, {len(want)} member(s) have no config",
                     "set missing to the count",
                 )
+            self._cpucfg_counts(cluster, key, round_)
+
+    def _cpucfg_counts(self, cluster: str, key: str, round_: dict[str, str]) -> None:
+        """While the round says its counts are exact, they are its members'."""
+        if round_.get("counted") is None or round_["counted"] != round_.get("epoch", "0"):
+            return  # (not exact: its next computation counts the members again)
+        want: dict[str, int] = defaultdict(int)
+        for f, v in round_.items():
+            if f.startswith("m:") and v not in ("", "stored"):
+                want[v] += 1
+        ckey = self.k.base + "cpucfg-configs:" + cluster
+        kept = {_text(a): _text(b) for a, b in self.c.hscan_iter(ckey, count=SCAN_COUNT)}
+        have = {f[2:]: _int(v) for f, v in kept.items() if f.startswith("n:")}
+        if have != dict(want) or {f[2:] for f in kept if f.startswith("c:")} != set(want):
+            wrong = sorted(d for d in set(have) | set(want) if have.get(d) != want.get(d))
+            self._find(
+                "cpucfg",
+                key,
+                f"counts {len(wrong)} config(s) not as its members have them "
+                f"({', '.join(d[:12] for d in wrong[:3])})",
+                "compute the round again",
+            )
 
     # -- repairing -----------------------------------------------------------
     def _repair(self, report: Report) -> None:
@@ -612,6 +639,12 @@ class Doctor:
                 f.repaired = True
             elif f.fix == "set missing to the count":
                 self.c.hset(f.key, "missing", self._missing[f.key])
+                f.repaired = True
+            elif f.fix == "compute the round again":
+                # (a new epoch: every member gets the next result, and the
+                # counts left behind are not read until made again)
+                self.c.hincrby(f.key, "epoch", 1)
+                self.c.hdel(f.key, "result", "result_epoch", "counted")
                 f.repaired = True
             elif f.fix.startswith("add it at its expires_ms"):
                 rid = f.key[len(self.k.res("")) :]

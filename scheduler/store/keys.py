@@ -29,6 +29,7 @@ so no id can name a fixed key, another type's key, or another cell.
     <base>seen                zset    node -> a recent full heartbeat (ms), for the forget sweep
     <base>cpucfg:<cluster>    hash    per-cluster CPU config intersection bookkeeping
     <base>cpucfg-missing:<cluster> set  members of that round without a CPU config yet
+    <base>cpucfg-configs:<cluster> hash  that round's configs by digest, and members of each
     <base>p2p:<cluster>       set     nodes of a cluster that advertise a P2P endpoint
     <base>art:<digest>        set     nodes holding one P2P artifact
     <base>node-art:<node>     set     artifact digests a node holds
@@ -86,6 +87,7 @@ LIFETIMES: dict[str, str] = {
     "idx-rebuild": "cell",
     "cpucfg:<cluster>": "sweep",
     "cpucfg-missing:<cluster>": "sweep",
+    "cpucfg-configs:<cluster>": "sweep",
     "p2p:<cluster>": "sweep",
     "art:<digest>": "sweep",
     "node-art:<node>": "sweep",
