@@ -170,3 +170,37 @@ def test_unregister_drops_the_nodes_artifacts(pair: Pair) -> None:
     b.stub.UnregisterNode(pb.UnregisterNodeRequest(node_id="n1", service_instance_id="i1"))
     p2p_node(a, "n1")  # comes back: it holds nothing until it records again
     assert lookup(b, "k") == ["n2"]
+
+
+def test_every_node_asking_at_once_costs_the_replica_one_read(pair: Pair) -> None:
+    """The runtime asks for its cluster's peers every few seconds, each node
+    leaving itself out: a replica reads the list once for all of them
+    (scheduler/server/peers.py), and each answer is its node's own."""
+    a, _ = pair
+    ids = [f"n{i:02d}" for i in range(30)]
+    for node in ids:
+        p2p_node(a, node)
+    reg = a.replica.metrics.registry
+    # (a list fresh for the whole test: the count below does not hang on how
+    # fast the calls come)
+    a.replica.service.peer_lists.fresh_s = 3600.0
+
+    def reads() -> float:
+        return (
+            reg.get_sample_value("sched_script_duration_seconds_count", {"script": "peer_list"})
+            or 0.0
+        )
+
+    before = reads()
+    asked = [
+        (
+            node,
+            a.stub.ListP2pPeers.future(
+                pb.ListP2pPeersRequest(cluster_id="c1", exclude_node_id=node)
+            ),
+        )
+        for node in ids
+    ]
+    for node, answer in asked:
+        assert peers(answer.result()) == [(n, "bt", f"{n}:6881") for n in ids if n != node]
+    assert reads() - before == 1

@@ -9,18 +9,27 @@
 -- @exports peer_row sorted_bytes
 -- @include stages
 
--- What a peer row reads of a node (a layout)
+-- What a peer row reads of a node: its P2P fields and what its status is
+-- derived from (a layout)
 -- @layout PEER_READ
-local PEER_READ = { 'cluster_id', 'p2p_backend', 'p2p_address' }
+local PEER_READ = { 'cluster_id', 'p2p_backend', 'p2p_address', 'last_seen_ms', 'lingering',
+  'status' }
 
--- {node_id, backend, address} when `id` passes the filter, else nil.
+-- {node_id, backend, address} when `id` passes the filter, else nil.  (One
+-- read of six fields: a cluster's list reads every member, and a node asks
+-- for it every few seconds.)
 local function peer_row(id, P, now, cluster, backend, exclude)
   if id == exclude then return nil end
   local v = redis.call('HMGET', node_key(id), unpack(PEER_READ))
   if not v[PEER_READ.p2p_address] or v[PEER_READ.p2p_address] == '' then return nil end
   if cluster ~= '' and v[PEER_READ.cluster_id] ~= cluster then return nil end
   if backend ~= '' and v[PEER_READ.p2p_backend] ~= backend then return nil end
-  if derive_status(read_node(id), P, now) ~= 'READY' then return nil end
+  -- (as read_node takes them: a last_seen_ms that is no count is none)
+  local seen = tonumber(v[PEER_READ.last_seen_ms])
+  if seen ~= nil and not count_ok(seen) then seen = nil end
+  local n = { last_seen = seen, lingering = v[PEER_READ.lingering] == '1',
+    reported = v[PEER_READ.status] or '' }
+  if derive_status(n, P, now) ~= 'READY' then return nil end
   return { id, v[PEER_READ.p2p_backend] or '', v[PEER_READ.p2p_address] }
 end
 

@@ -611,12 +611,14 @@ class BaseClient:
         return (yield from self._pages(lambda after: self.ops.reservations_page(after)))
 
     def _peers(self, cluster_id: str, backend: str, exclude: str) -> Plan[list[Peer]]:
-        """A cluster's peers (one call), or the cell's page by page."""
-        return (
-            yield from self._pages(
-                lambda after: self.peer_ops.peers(cluster_id, backend, exclude, after, LIST_PAGE)
-            )
+        """A cluster's peers (one call, sorted here), or the cell's page by
+        page; in node-id byte order (as UTF-8 keeps code point order)."""
+        peers = yield from self._pages(
+            lambda after: self.peer_ops.peers(cluster_id, backend, exclude, after, LIST_PAGE)
         )
+        if cluster_id.strip():
+            peers.sort(key=lambda p: p.node_id)
+        return peers
 
     def _listed(self) -> Plan[list[ListedNode]]:
         return (yield from self._pages(lambda after: self.ops.listed(after)))

@@ -7,7 +7,9 @@ in the method handlers: :func:`add_guarded` registers a servicer through its
 generated ``add_<Service>Servicer_to_server`` with every unary-unary handler's
 deserializer wrapped (a frame that does not decode becomes a
 :class:`Malformed` value instead of an exception) and its behaviour answering
-such a value with INVALID_ARGUMENT.
+such a value with INVALID_ARGUMENT.  A behaviour may also answer with the
+response already serialized (``bytes``), which goes out as it is
+(ListP2pPeers: scheduler/server/peers.py).
 """
 
 from __future__ import annotations
@@ -79,8 +81,13 @@ def _guard(method: str, handler: Any, limit: _Limiter) -> Any:
             )
         return await inner(request, context)
 
+    encode: Callable[[Any], bytes] = handler.response_serializer
+
+    def serialize(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else encode(response)
+
     return grpc.unary_unary_rpc_method_handler(
-        behaviour, request_deserializer=deserialize, response_serializer=handler.response_serializer
+        behaviour, request_deserializer=deserialize, response_serializer=serialize
     )
 
 

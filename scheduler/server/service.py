@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar, cast
 from urllib.parse import unquote
 
@@ -65,7 +65,7 @@ from scheduler.grpc import scheduler_pb2_grpc as pb_grpc
 from scheduler.server import logs
 from scheduler.server.frames import OMITTED_METADATA, STRIPPED_METADATA, fit_observed
 from scheduler.server.metrics import Metrics, refusal_reasons, status_label
-from scheduler.store.p2p import Peer
+from scheduler.server.peers import PeerLists, protos
 
 log = logging.getLogger("scheduler.server.service")
 decisions = logging.getLogger(logs.DECISIONS)
@@ -313,13 +313,6 @@ def heartbeat_request(hb: Heartbeat) -> pb.HeartbeatRequest:
     )
 
 
-def _peers(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
-    return [
-        pb.P2pPeer(node_id=p.node_id, endpoint=pb.P2pEndpoint(backend=p.backend, address=p.address))
-        for p in peers
-    ]
-
-
 class CallerGone(StoreUnavailable):
     """The caller gave up before its placement was answered (not a Redis failure)."""
 
@@ -354,6 +347,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         decision_log: bool = False,
     ) -> None:
         self.sched = sched
+        #: ListP2pPeers' lists, read at most once a second per cluster and backend
+        self.peer_lists = PeerLists(sched, observe=self._metered)
         #: (scheme, port): a heartbeat without x-node-endpoint gets scheme://peer:port
         self.heartbeat_endpoint = heartbeat_endpoint
         self.metrics = metrics
@@ -679,12 +674,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
         self,
         request: pb.ListP2pPeersRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> pb.ListP2pPeersResponse:
-        async def work() -> pb.ListP2pPeersResponse:
-            peers = await self.sched.peers(
+    ) -> bytes:
+        async def work() -> bytes:
+            # (serialized once a list, each answer joined from its peers' parts)
+            return await self.peer_lists.answer(
                 request.cluster_id, request.backend, request.exclude_node_id
             )
-            return pb.ListP2pPeersResponse(peers=_peers(peers))
 
         return await self._serve("ListP2pPeers", context, work)
 
@@ -727,6 +722,6 @@ class SchedulerService(pb_grpc.SchedulerServicer):  # type: ignore[misc]
                 request.exclude_node_id,
                 self.lookup_limit,
             )
-            return pb.LookupP2pArtifactResponse(peers=_peers(peers))
+            return pb.LookupP2pArtifactResponse(peers=protos(peers))
 
         return await self._serve("LookupP2pArtifact", context, work)

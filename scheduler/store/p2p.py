@@ -89,17 +89,23 @@ class PeerOps:
     def _art_keys(self) -> list[str]:
         return [*self.k.fixed(), self.k.art_lru, self.k.art_names]
 
+    def filters(self, cluster_id: str, backend: str, exclude_node_id: str) -> tuple[str, str, str]:
+        """A peer list's filters as a call sends them ("" = any, none), or
+        InvalidArgument naming the field."""
+        cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
+        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        return cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude
+
     def peers(
         self, cluster_id: str, backend: str, exclude_node_id: str, after: str = "", page: int = 0
     ) -> Call[Page[Peer]]:
         """A cluster's peers (one call), or, without a cluster, one page of
         the cell's: at most ``page`` nodes after node id ``after`` (0: every
         node in one call); and the next page's ``after`` ("" after the last)."""
-        cluster = validate_id("cluster_id", cluster_id) if cluster_id.strip() else ""
-        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
+        cluster, backend, exclude = self.filters(cluster_id, backend, exclude_node_id)
         argv = c.PeerListArgv(
             cluster_id=cluster,
-            backend=_name_part("backend", backend.strip(), MAX_BACKEND),
+            backend=backend,
             exclude=exclude,
             after=after,
             page=str(page) if page and not cluster else "",
