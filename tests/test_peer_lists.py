@@ -129,3 +129,22 @@ def test_a_cluster_list_reads_each_member_once(make_scheduler: Any) -> None:
         per_member.append((commands(s.client) - before) / size)
     small, large = per_member
     assert large <= small <= 1.2, per_member
+
+
+def test_artifact_holders_come_in_node_id_order_with_and_without_a_limit(
+    make_scheduler: Any,
+) -> None:
+    """Without a limit the script lists the holders in their set's order and
+    the client sorts them; with one it sorts first, so the limit keeps the
+    first usable holders by id (a holder that is not READY is skipped, not
+    counted)."""
+    s: Scheduler = make_scheduler(Policy())
+    order = [7, 3, 11, 0, 9, 1, 5, 2, 10, 4, 8, 6]
+    for i in order:
+        s.heartbeat(p2p_beat(i))
+        s.record_artifact("big", "iroh", "img:1", f"m{i:05d}")
+    s.set_lingering("m00001", True)  # (not READY)
+    every = [p.node_id for p in s.lookup_artifact("big", "iroh", "img:1")]
+    assert every == [f"m{i:05d}" for i in range(12) if i != 1]
+    first = [p.node_id for p in s.lookup_artifact("big", "iroh", "img:1", "m00000", limit=3)]
+    assert first == ["m00002", "m00003", "m00004"]

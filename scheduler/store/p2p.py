@@ -40,8 +40,9 @@ def _peers(r: list[Any]) -> Page[Peer]:
 
 
 def _holders(r: list[Any]) -> list[Peer]:
+    """In node-id byte order (the script sorts only to cut at a limit)."""
     _, rows = head(c.HoldersReply, r)
-    return _peer_rows(rows)
+    return sorted(_peer_rows(rows), key=lambda p: p.node_id)
 
 
 def _peer_rows(rows: list[Any]) -> list[Peer]:
