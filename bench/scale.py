@@ -79,6 +79,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+import msgspec
+
 from bench import grpc_path, throughput
 from bench.fleet import SIZES, mixed_fleet, run_pipelined, send_heartbeats
 from bench.latency import FLOOR_LIBRARY, floor_burst
@@ -497,6 +499,27 @@ def run_size(target: Target, nodes: int, p: Params) -> dict[str, Any]:
         # every decision before, the dry run's full scan)
         oneoff["explain (the full scan round_robin made)"] = _one(
             target, s, s.ops.explain(Request.cold(1, 0), "round_robin")
+        )
+        # a cluster's P2P peer list: what a replica reads once a second for
+        # every node of the cluster that asks (scheduler/server/peers.py; it
+        # was each node's request, every 5 s): the fleet's first
+        # REPLICA_FLEET_MAX nodes advertise an endpoint, in one cluster
+        send_heartbeats(
+            s,
+            [
+                msgspec.structs.replace(
+                    n.heartbeat(),
+                    cluster_id="p2p",
+                    p2p_backend="iroh",
+                    p2p_address=f"{n.node_id}:4433",
+                )
+                for n in fleet[:REPLICA_FLEET_MAX]
+            ],
+            batch=100,
+            memo=s.beats,
+        )
+        oneoff["ListP2pPeers of a cluster (a replica's one read a second)"] = _one(
+            target, s, s.peer_ops.peers("p2p", "iroh", "")
         )
         # an index of another layout, as a version that changes index_format
         # finds it: sync_policy starts its drop, and steps of REBUILD_STEP
