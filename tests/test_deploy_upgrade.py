@@ -33,8 +33,10 @@ from scheduler.testing.redis_server import in_ci
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def older_revision() -> str:
-    """The revision before the newest commit that changed lua/."""
+def older_revision(introducing: str = "") -> str:
+    """The revision before the newest commit that changed lua/; or, given
+    ``introducing`` (a text of lua/), the revision before the commit that
+    first wrote it there: the last version without it."""
 
     def git(*args: str) -> str:
         out = subprocess.run(
@@ -42,7 +44,13 @@ def older_revision() -> str:
         )
         return out.stdout.strip() if out.returncode == 0 else ""
 
-    newest = git("log", "-n", "1", "--format=%H", "--", "lua/") if shutil.which("git") else ""
+    newest = ""
+    if shutil.which("git"):
+        if introducing:
+            found = git("log", "--format=%H", f"-S{introducing}", "--", "lua/").splitlines()
+            newest = found[-1] if found else ""
+        else:
+            newest = git("log", "-n", "1", "--format=%H", "--", "lua/")
     older = git("rev-parse", "--verify", "--quiet", f"{newest}^") if newest else ""
     if not older:
         if in_ci():
