@@ -15,6 +15,7 @@ import redis
 
 from scheduler import Heartbeat, InvalidArgument, NodeSnapshot, Policy, Scheduler
 from scheduler.client.aio import AsyncScheduler
+from scheduler.domain.errors import StoreUnavailable
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.server.peers import PeerLists, protos
 from scheduler.testing.redis_server import RedisServer
@@ -148,3 +149,35 @@ def test_artifact_holders_come_in_node_id_order_with_and_without_a_limit(
     assert every == [f"m{i:05d}" for i in range(12) if i != 1]
     first = [p.node_id for p in s.lookup_artifact("big", "iroh", "img:1", "m00000", limit=3)]
     assert first == ["m00002", "m00003", "m00004"]
+
+
+def test_redis_down_is_unavailable_for_every_waiter_and_nothing_is_kept() -> None:
+    """A read that fails fails each request waiting on it (UNAVAILABLE,
+    naming Redis), keeps no list, and the next request reads again once
+    Redis is back: the failure is not answered from a stale list either."""
+    with RedisServer(extra_args=["--appendonly", "yes"]) as rs:
+
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="peers-down", policy=Policy())
+            now = [0.0]
+            lists = PeerLists(a, clock=lambda: now[0])
+            try:
+                for i in range(4):
+                    await a.heartbeat(p2p_beat(i))
+                assert len(await lists.peers("big", "", "")) == 4
+                now[0] += 1.0  # (the list is a second old: the next request reads)
+                rs.stop()
+                failed = await asyncio.gather(
+                    *(lists.peers("big", "", f"m{i:05d}") for i in range(4)),
+                    return_exceptions=True,
+                )
+                assert all(isinstance(e, StoreUnavailable) for e in failed), failed
+                assert all("Redis" in e.message for e in failed if isinstance(e, StoreUnavailable))
+                assert not lists._reading
+                rs.start()  # (its AOF kept the cell)
+                back = [p.node_id for p in await lists.peers("big", "", "m00002")]
+                assert back == ["m00000", "m00001", "m00003"]
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())
