@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 from click.testing import CliRunner, Result
+from scheduler.cli import explain as explain_module
 from scheduler.cli import nodes as nodes_module
 from scheduler.cli.main import main
 
@@ -597,3 +598,20 @@ def test_linger_drains_a_node_and_off_undoes_it(fleet: Fleet) -> None:
     assert {n["node_id"]: n for n in fleet.json("nodes")}["idle"]["status"] == "READY"
     missing = fleet.run("linger", "ghost")
     assert missing.exit_code == 1 and "node is not in scheduler node list" in missing.stderr
+
+
+def test_explain_on_a_large_cell_runs_only_when_asked_to(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """explain reads every node in one Redis call: above EXPLAIN_FLEET_MAX
+    nodes it says what that would hold and runs only with --whole-fleet."""
+    monkeypatch.setattr(explain_module, "EXPLAIN_FLEET_MAX", 5)  # (the fleet has 7)
+    refused = fleet.run("explain", "--cpu", "1", "--json")
+    assert refused.exit_code != 0
+    error = json.loads(refused.stdout)["error"]
+    assert "reads all 7 nodes of the cell in one Redis call" in error
+    assert "--whole-fleet" in error
+    got = fleet.json("explain", "--cpu", "1", "--whole-fleet")
+    assert len(got["verdicts"]) == 7
+    monkeypatch.setattr(explain_module, "EXPLAIN_FLEET_MAX", 7)
+    assert len(fleet.json("explain", "--cpu", "1")["verdicts"]) == 7
