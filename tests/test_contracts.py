@@ -263,6 +263,8 @@ def _calls() -> dict[str, list[Any]]:
         ),
         ops.advance_clock(1),
         peers.peers("", "", ""),
+        peers.peers("c1", "b", "", ids=["n1", "n2"]),
+        peers.members("c1"),
         peers.record("c1", "b", "k", "n1"),
         peers.forget("c1", "b", "k", "n1"),
         peers.lookup("c1", "b", "k"),

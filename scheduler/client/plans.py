@@ -58,6 +58,7 @@ from scheduler.domain.records import (
 from scheduler.store.address import DEFAULT_TIMEOUT_S, describe_target
 from scheduler.store.calls import (
     LIST_PAGE,
+    PEER_PAGE,
     Beat,
     Call,
     Followed,
@@ -611,13 +612,26 @@ class BaseClient:
         return (yield from self._pages(lambda after: self.ops.reservations_page(after)))
 
     def _peers(self, cluster_id: str, backend: str, exclude: str) -> Plan[list[Peer]]:
-        """A cluster's peers (one call, sorted here), or the cell's page by
-        page; in node-id byte order (as UTF-8 keeps code point order)."""
-        peers = yield from self._pages(
-            lambda after: self.peer_ops.peers(cluster_id, backend, exclude, after, LIST_PAGE)
-        )
-        if cluster_id.strip():
-            peers.sort(key=lambda p: p.node_id)
+        """A cluster's peers: its members' ids (one call), then their rows,
+        PEER_PAGE ids a call; or the cell's page by page.  In node-id byte
+        order (sorted here for a cluster; as UTF-8 keeps code point order)."""
+        if not cluster_id.strip():
+            return (
+                yield from self._pages(
+                    lambda after: self.peer_ops.peers(
+                        cluster_id, backend, exclude, after, LIST_PAGE
+                    )
+                )
+            )
+        ops = self.peer_ops
+        ops.filters(cluster_id, backend, exclude)  # (bad input: refused before any read)
+        members = yield from self._step(ops.members(cluster_id))
+        peers: list[Peer] = []
+        for i in range(0, len(members), PEER_PAGE):
+            page = members[i : i + PEER_PAGE]
+            _, rows = yield from self._step(ops.peers(cluster_id, backend, exclude, ids=page))
+            peers.extend(rows)
+        peers.sort(key=lambda p: p.node_id)
         return peers
 
     def _listed(self) -> Plan[list[ListedNode]]:

@@ -673,6 +673,15 @@ class PeerListArgv(Argv, frozen=True):
     exclude: str
     after: str
     page: str
+    ids: list[str]
+
+
+class PeerMembersArgv(Argv, frozen=True):
+    cluster_id: str
+
+
+class PeerMembersReply(Reply):
+    TAIL = "ids"
 
 
 class PeersReply(Reply):
@@ -740,6 +749,7 @@ CONTRACTS: dict[str, Contract] = {
     "nodes_view": Contract(FIXED_KEYS, (NodesViewArgv,), (NodesReply,)),
     "observed": Contract(FIXED_KEYS, (ObservedArgv,), (ObservedReply,)),
     "peer_list": Contract(FIXED_KEYS, (PeerListArgv,), (PeersReply,)),
+    "peer_members": Contract(FIXED_KEYS, (PeerMembersArgv,), (PeerMembersReply,)),
     "index_rebuild": Contract(FIXED_KEYS, (RebuildArgv,), (RebuildReply,)),
     "probe": Contract(FIXED_KEYS, (ProbeArgv,), (ProbeReply,)),
     "replica_seen": Contract(FIXED_KEYS, (ReplicaSeenArgv,), (NowReply,)),

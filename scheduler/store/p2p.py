@@ -10,7 +10,7 @@ them (``peers``, ``record_artifact``, ``forget_artifact``, ``lookup_artifact``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -98,11 +98,20 @@ class PeerOps:
         return cluster, _name_part("backend", backend.strip(), MAX_BACKEND), exclude
 
     def peers(
-        self, cluster_id: str, backend: str, exclude_node_id: str, after: str = "", page: int = 0
+        self,
+        cluster_id: str,
+        backend: str,
+        exclude_node_id: str,
+        after: str = "",
+        page: int = 0,
+        ids: Sequence[str] = (),
     ) -> Call[Page[Peer]]:
-        """A cluster's peers (one call), or, without a cluster, one page of
-        the cell's: at most ``page`` nodes after node id ``after`` (0: every
-        node in one call); and the next page's ``after`` ("" after the last)."""
+        """Those of ``ids`` that are peers (a page of :meth:`members`); or
+        else a cluster's peers (one call of the whole cluster), or, without a
+        cluster, one page of the cell's: at most ``page`` nodes after node id
+        ``after`` (0: every node in one call); and the next page's ``after``
+        ("" after the last).  In node-id order without a cluster, else in the
+        order read (the client sorts)."""
         cluster, backend, exclude = self.filters(cluster_id, backend, exclude_node_id)
         argv = c.PeerListArgv(
             cluster_id=cluster,
@@ -110,8 +119,16 @@ class PeerOps:
             exclude=exclude,
             after=after,
             page=str(page) if page and not cluster else "",
+            ids=list(ids),
         )
         return Call.of("peer_list", self.k.fixed(), argv, _peers)
+
+    def members(self, cluster_id: str) -> Call[list[str]]:
+        """The ids of a cluster's P2P member set, in the set's order."""
+        argv = c.PeerMembersArgv(cluster_id=validate_id("cluster_id", cluster_id))
+        return Call.of(
+            "peer_members", self.k.fixed(), argv, lambda r: [s(x) for x in r], writes=False
+        )
 
     def record(
         self,

@@ -70,7 +70,15 @@ CTX = "ctx"
 #: Redis without functions knows no shebang, and runs scripts as before.)
 FLAGS: dict[str, tuple[str, ...]] = {
     name: ("no-writes",)
-    for name in ("lookup", "nodes_view", "observed", "peer_list", "reservations", "stats")
+    for name in (
+        "lookup",
+        "nodes_view",
+        "observed",
+        "peer_list",
+        "peer_members",
+        "reservations",
+        "stats",
+    )
 }
 
 
