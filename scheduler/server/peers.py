@@ -41,6 +41,10 @@ from scheduler.store.p2p import Peer
 PEERS_FRESH_S = 1.0
 #: (cluster, backend) lists kept at most, the least recently read dropped first
 PEERS_KEPT = 1024
+#: how long one read may take (s): no caller's deadline bounds it, and while
+#: it is under way every request for its list waits on it (the reference
+#: runtime gives its ListP2pPeers 10 s)
+PEERS_READ_S = 10.0
 
 Key = tuple[str, str]
 
@@ -86,7 +90,7 @@ class PeerLists:
         """As :meth:`AsyncScheduler.peers`, from a list at most ``fresh_s``
         old (bad input is refused as there, before anything is read)."""
         listed, exclude = await self._listed(cluster_id, backend, exclude_node_id)
-        return [p for p in listed.peers if p.node_id != exclude] if exclude else listed.peers
+        return [p for p in listed.peers if p.node_id != exclude]
 
     async def answer(self, cluster_id: str, backend: str, exclude_node_id: str) -> bytes:
         """:meth:`peers` as a serialized ListP2pPeersResponse."""
@@ -119,7 +123,7 @@ class PeerLists:
 
     async def _read(self, key: Key) -> Listed:
         started = self.clock()
-        with self.sched.scoped(observe=self.observe):
+        with self.sched.scoped(timeout=PEERS_READ_S, observe=self.observe):
             listed = Listed(started, await self.sched.peers(key[0], key[1], ""))
         self._lists[key] = listed
         self._lists.move_to_end(key)
