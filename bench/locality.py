@@ -468,7 +468,7 @@ class Decider:
             ],
         )
         ex: Explanation = replies[0]
-        holders: list[set[str]] = [{peer.node_id for peer in got} for got in replies[1:]]
+        holders: list[set[str]] = [set(got) for got in replies[1:]]  # (the holders' ids)
         group = _group(ex.verdicts)
         chosen = None
         if group:

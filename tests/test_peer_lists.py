@@ -188,3 +188,22 @@ def test_redis_down_is_unavailable_for_every_waiter_and_nothing_is_kept() -> Non
                 await a.close()
 
         asyncio.run(scenario())
+
+
+def test_an_artifact_of_many_holders_is_read_a_page_at_a_time(make_scheduler: Any) -> None:
+    """The holders' ids first (and the recency), then their rows PEER_PAGE a
+    call, stopping once the limit is reached: no call reads them all (it was
+    one call of every holder, sorted in Lua: 158-163 ms at 5,000 holders)."""
+    s: Scheduler = make_scheduler(Policy())
+    size = 2 * PEER_PAGE + 44
+    for i in range(size):
+        s.heartbeat(p2p_beat(i))
+        s.record_artifact("big", "iroh", "img:1", f"m{i:05d}", capacity=10)
+    calls = script_calls(s.client)
+    every = s.lookup_artifact("big", "iroh", "img:1")
+    assert [p.node_id for p in every] == [f"m{i:05d}" for i in range(size)]
+    assert script_calls(s.client) - calls == 1 + 3
+    calls = script_calls(s.client)
+    first = s.lookup_artifact("big", "iroh", "img:1", "m00000", limit=5)
+    assert [p.node_id for p in first] == [f"m{i:05d}" for i in range(1, 6)]
+    assert script_calls(s.client) - calls == 1 + 1

@@ -505,7 +505,7 @@ class AsyncScheduler(BaseClient):
     def lookup_artifact(
         self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
     ) -> Awaitable[list[Peer]]:
-        return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
+        return self._drive(self._lookup(cluster_id, backend, key, exclude_node_id, limit))
 
 
 #: what stands in Coalescer.flying for a lone call its caller's task sends

@@ -634,6 +634,23 @@ class BaseClient:
         peers.sort(key=lambda p: p.node_id)
         return peers
 
+    def _lookup(
+        self, cluster_id: str, backend: str, key: str, exclude: str, limit: int
+    ) -> Plan[list[Peer]]:
+        """An artifact's holders that are peers, in node-id byte order, at
+        most ``limit`` (<= 0: all): their ids (one call), then their rows,
+        PEER_PAGE ids a call, until the limit is reached."""
+        ops = self.peer_ops
+        ids = yield from self._step(ops.lookup(cluster_id, backend, key, exclude))
+        found: list[Peer] = []
+        for i in range(0, len(ids), PEER_PAGE):
+            page = ids[i : i + PEER_PAGE]
+            _, rows = yield from self._step(ops.peers(cluster_id, backend, exclude, ids=page))
+            found.extend(sorted(rows, key=lambda p: p.node_id))
+            if 0 < limit <= len(found):
+                return found[:limit]
+        return found
+
     def _listed(self) -> Plan[list[ListedNode]]:
         return (yield from self._pages(lambda after: self.ops.listed(after)))
 

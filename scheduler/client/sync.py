@@ -366,7 +366,7 @@ class Scheduler(BaseClient):
     def lookup_artifact(
         self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
     ) -> list[Peer]:
-        return self._one(self.peer_ops.lookup(cluster_id, backend, key, exclude_node_id, limit))
+        return self._drive(self._lookup(cluster_id, backend, key, exclude_node_id, limit))
 
 
 __all__ = [

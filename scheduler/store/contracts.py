@@ -691,9 +691,10 @@ class PeersReply(Reply):
 
 
 class HoldersReply(Reply):
-    """An artifact's holders (artifact_lookup), filtered as the peers are."""
+    """An artifact's holders (artifact_lookup): their ids, whose rows the
+    client then reads as peer_list's, filtered as the peers are."""
 
-    TAIL = PeerRow
+    TAIL = "ids"
     now_ms: Value
 
 
@@ -721,10 +722,6 @@ class ArtifactForgetReply(Reply):
 
 class ArtifactLookupArgv(Argv, frozen=True):
     digest: str
-    cluster_id: str
-    backend: str
-    exclude: str
-    limit: str
 
 
 _ART_KEYS = (*FIXED_KEYS, "art-lru", "art-names")

@@ -39,10 +39,10 @@ def _peers(r: list[Any]) -> Page[Peer]:
     return s(a.next), _peer_rows(rows)
 
 
-def _holders(r: list[Any]) -> list[Peer]:
-    """In node-id byte order (the script sorts only to cut at a limit)."""
-    _, rows = head(c.HoldersReply, r)
-    return sorted(_peer_rows(rows), key=lambda p: p.node_id)
+def _holders(r: list[Any]) -> list[str]:
+    """The holders' ids, in node-id byte order."""
+    _, ids = head(c.HoldersReply, r)
+    return sorted(s(x) for x in ids)
 
 
 def _peer_rows(rows: list[Any]) -> list[Peer]:
@@ -172,17 +172,13 @@ class PeerOps:
         )
 
     def lookup(
-        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = "", limit: int = 0
-    ) -> Call[list[Peer]]:
+        self, cluster_id: str, backend: str, key: str, exclude_node_id: str = ""
+    ) -> Call[list[str]]:
+        """The artifact's holders' ids, sorted (its recency refreshed): the
+        first step of a lookup, whose rows are :meth:`peers` with the ids."""
         if not (cluster_id.strip() and backend.strip() and key.strip()):
             raise InvalidArgument("", "cluster_id, backend, and key are required")
-        digest, _, cluster = self._artifact(cluster_id, backend, key)
-        exclude = validate_id("exclude_node_id", exclude_node_id) if exclude_node_id.strip() else ""
-        argv = c.ArtifactLookupArgv(
-            digest=digest,
-            cluster_id=cluster,
-            backend=backend.strip(),
-            exclude=exclude,
-            limit=str(max(limit, 0)),
-        )
+        digest, _, _ = self._artifact(cluster_id, backend, key)
+        self.filters(cluster_id, backend, exclude_node_id)  # (refused before any write)
+        argv = c.ArtifactLookupArgv(digest=digest)
         return Call.of("artifact_lookup", self._art_keys(), argv, _holders)
