@@ -24,12 +24,9 @@ local function peer_row(id, P, now, cluster, backend, exclude)
   if not v[PEER_READ.p2p_address] or v[PEER_READ.p2p_address] == '' then return nil end
   if cluster ~= '' and v[PEER_READ.cluster_id] ~= cluster then return nil end
   if backend ~= '' and v[PEER_READ.p2p_backend] ~= backend then return nil end
-  -- (as read_node takes them: a last_seen_ms that is no count is none)
-  local seen = tonumber(v[PEER_READ.last_seen_ms])
-  if seen ~= nil and not count_ok(seen) then seen = nil end
-  local n = { last_seen = seen, lingering = v[PEER_READ.lingering] == '1',
-    reported = v[PEER_READ.status] or '' }
-  if derive_status(n, P, now) ~= 'READY' then return nil end
+  local status = status_of(v[PEER_READ.last_seen_ms], v[PEER_READ.lingering],
+    v[PEER_READ.status], P, now)
+  if status ~= 'READY' then return nil end
   return { id, v[PEER_READ.p2p_backend] or '', v[PEER_READ.p2p_address] }
 end
 

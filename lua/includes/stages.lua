@@ -6,7 +6,7 @@
 -- @exports NODE_FIELDS NODE_NUMBERS read_node derive_status read_status
 -- @exports pressure_of project check_status ceiling_use ceiling_holds
 -- @exports check_ceilings check_capacity evaluate ranks_before bytes_lt
--- @exports summarize_reasons
+-- @exports summarize_reasons status_of
 -- @include common
 ---------------------------------------------------------------------------
 -- Node state and the decision stages (same names as scheduler/testing/model.py)
@@ -134,6 +134,18 @@ local function derive_status(n, P, now)
   if n.lingering or n.reported == 'LINGERING' then return 'LINGERING' end
   if n.reported == '' or n.reported == 'UNSPECIFIED' then return 'CONNECTING' end
   return n.reported
+end
+
+-- The derived status from three fields of a record (last_seen_ms,
+-- lingering, status, as read), taken as read_node takes them (a
+-- last_seen_ms that is no count is none): what a read that needs a node's
+-- status and not its numbers reads instead of the whole record.  Also
+-- whether the node was ever heard from.
+local function status_of(seen_text, lingering, reported, P, now)
+  local seen = tonumber(seen_text)
+  if seen ~= nil and not count_ok(seen) then seen = nil end
+  local n = { last_seen = seen, lingering = lingering == '1', reported = reported or '' }
+  return derive_status(n, P, now), seen ~= nil
 end
 
 -- A node's status (and whether its heartbeat went stale) at instant `now`.
