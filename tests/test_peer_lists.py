@@ -16,7 +16,7 @@ from scheduler import Heartbeat, InvalidArgument, NodeSnapshot, Policy, Schedule
 from scheduler.client.aio import AsyncScheduler
 from scheduler.domain.errors import StoreUnavailable
 from scheduler.grpc import scheduler_pb2 as pb
-from scheduler.server.peers import PeerLists, protos
+from scheduler.server.peers import PEERS_READ_TIMES, PeerLists, protos
 from scheduler.store.calls import PEER_PAGE
 from scheduler.testing.redis_server import RedisServer
 from tests.test_scale import commands
@@ -207,3 +207,41 @@ def test_an_artifact_of_many_holders_is_read_a_page_at_a_time(make_scheduler: An
     first = s.lookup_artifact("big", "iroh", "img:1", "m00000", limit=5)
     assert [p.node_id for p in first] == [f"m{i:05d}" for i in range(1, 6)]
     assert script_calls(s.client) - calls == 1 + 1
+
+
+def test_a_list_that_took_long_to_read_is_read_again_later() -> None:
+    """A replica spends at most 1/PEERS_READ_TIMES of its time reading one
+    list: a read that took 0.2 s answers for 4 s, not 1 (the reference's
+    default config puts every node in one cluster, so a cluster can be the
+    fleet)."""
+    with RedisServer() as rs:
+
+        async def scenario() -> None:
+            a = await AsyncScheduler.connect(rs.url, cell="peers-slow", policy=Policy())
+            now = [0.0]
+            reads = [0]
+
+            def clock() -> float:
+                return now[0]
+
+            def observe(script: str, _s: float, _e: BaseException | None) -> None:
+                if script == "peer_members":
+                    reads[0] += 1
+                    now[0] += 0.2  # (the read takes 0.2 s of this clock)
+
+            lists = PeerLists(a, clock=clock, observe=observe)
+            try:
+                for i in range(3):
+                    await a.heartbeat(p2p_beat(i))
+                await lists.peers("big", "", "")
+                assert reads[0] == 1 and PEERS_READ_TIMES * 0.2 == 4.0
+                now[0] = 3.9  # (less than 20 x 0.2 s after the read began)
+                await lists.peers("big", "", "")
+                assert reads[0] == 1
+                now[0] = 4.0
+                await lists.peers("big", "", "")
+                assert reads[0] == 2
+            finally:
+                await a.close()
+
+        asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""ListP2pPeers answered from a list the replica read at most a second ago.
+"""ListP2pPeers answered from a list the replica read a moment ago.
 
 Every node with a P2P endpoint asks for its cluster's peers every few seconds
 (the reference runtime's discovery: every 5 s), and each answer is the whole
@@ -6,15 +6,17 @@ cluster, read from Redis: one read of every member, so a cluster of N nodes
 cost Redis O(N) per call and O(N^2 / 5 s) in all (30 ms a call at 1,000
 members, 300 ms at 10,000, before this cache and the leaner read).  A
 replica now reads one (cluster, backend)'s list at most once per
-:data:`PEERS_FRESH_S` and answers every request for it meanwhile from that
-list, each without its own node (``exclude_node_id``).  Requests that find
+:data:`PEERS_FRESH_S`, or per :data:`PEERS_READ_TIMES` times what its last
+read took if that is longer, and answers every request for it meanwhile
+from that list, each without its own node (``exclude_node_id``).  Requests that find
 no fresh list wait for the one read under way: one read at a time per key,
 in a task and a context of its own (no caller's deadline bounds it), so a
 caller that gives up cancels only its own wait.
 
-A peer is a hint (the runtime falls back to its other sources), so a list up
-to a second old is what the reference's own 5 s refresh already tolerates:
-a node that stopped being READY is listed for at most that much longer.
+A peer is a hint (the runtime falls back to its other sources), so a list a
+second old (a few seconds for a cluster of many thousands) is what the
+reference's own 5 s refresh already tolerates: a node that stopped being
+READY is listed for at most that much longer.
 
 Each list is also kept serialized, one part per peer (a ListP2pPeersResponse
 is its peers' parts one after another), so an answer is the parts joined
@@ -37,8 +39,13 @@ from scheduler.client.plans import Observer
 from scheduler.grpc import scheduler_pb2 as pb
 from scheduler.store.p2p import Peer
 
-#: how long a read list answers requests (s)
+#: how long a read list answers requests (s), at least
 PEERS_FRESH_S = 1.0
+#: ... and at least this many times as long as it took to read: a replica
+#: spends at most 1/20 of its time reading one list, whatever the cluster's
+#: size (the reference's default config puts every node in one cluster, so
+#: a cluster is the fleet: 10,000 members took 100-123 ms a read)
+PEERS_READ_TIMES = 20.0
 #: (cluster, backend) lists kept at most, the least recently read dropped first
 PEERS_KEPT = 1024
 #: how long one read may take (s): no caller's deadline bounds it, and while
@@ -60,10 +67,11 @@ def protos(peers: Sequence[Peer]) -> list[pb.P2pPeer]:
 class Listed:
     """One list as read: its peers, and each one's part of an answer."""
 
-    __slots__ = ("read_at", "peers", "parts")
+    __slots__ = ("fresh_until", "peers", "parts")
 
-    def __init__(self, read_at: float, peers: list[Peer]) -> None:
-        self.read_at = read_at
+    def __init__(self, fresh_until: float, peers: list[Peer]) -> None:
+        #: when the list is read again (by the next request after it)
+        self.fresh_until = fresh_until
         self.peers = peers
         self.parts = [pb.ListP2pPeersResponse(peers=[m]).SerializeToString() for m in protos(peers)]
 
@@ -109,7 +117,7 @@ class PeerLists:
         )
         key = (cluster, backend)
         listed = self._lists.get(key)
-        if listed is None or self.clock() - listed.read_at >= self.fresh_s:
+        if listed is None or self.clock() >= listed.fresh_until:
             reading = self._reading.get(key)
             if reading is None:
                 # (in a context of its own: no caller's deadline or scope)
@@ -124,7 +132,9 @@ class PeerLists:
     async def _read(self, key: Key) -> Listed:
         started = self.clock()
         with self.sched.scoped(timeout=PEERS_READ_S, observe=self.observe):
-            listed = Listed(started, await self.sched.peers(key[0], key[1], ""))
+            peers = await self.sched.peers(key[0], key[1], "")
+        took = self.clock() - started
+        listed = Listed(started + max(self.fresh_s, PEERS_READ_TIMES * took), peers)
         self._lists[key] = listed
         self._lists.move_to_end(key)
         while len(self._lists) > self.kept:
