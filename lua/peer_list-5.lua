@@ -5,18 +5,17 @@
   ARGV[1]     cluster_id ("" = every cluster)
   ARGV[2]     backend ("" = every backend)
   ARGV[3]     exclude: a node id to leave out ("" = none)
-  ARGV[4]     after: without a cluster, a page lists from after this node id
+  ARGV[4]     after: without ids, a page lists from after this node id
               ("" = from the first)
   ARGV[5]     page: ... reading at most this many nodes ("" = every node; a
               call without it reads every node too)
   ARGV[6..]   ids: only these nodes (a page of the cluster's members, as
-              peer_members-5.lua listed them; the filters still apply)
+              peer_members-5.lua listed them and the client sorted them; the
+              filters still apply)
 
-  Returns {now_ms, next, peer...} in node-id byte order (with a cluster or
-          ids: in the set's or the ids' order, which the client sorts: a sort
-          in Lua took 40 % of a 10,000-member cluster's call);
-          peer = {node_id, backend, address}; next = the ARGV[4] of the next
-          page, "" when this one is the last (or with a cluster or ids)
+  Returns {now_ms, next, peer...} in node-id byte order (with ids: in their
+          order); peer = {node_id, backend, address}; next = the ARGV[4] of
+          the next page, "" when this one is the last (or with ids)
   Errors: NO_POLICY (no policy)
 ]]
 -- @include common
@@ -35,8 +34,6 @@ local following = ''
 if #ARGV > 5 then
   ids = {}
   for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
-elseif cluster ~= '' then
-  ids = redis.call('SMEMBERS', BASE .. 'p2p:' .. cluster)
 else
   ids, following = node_page('', after, page)
 end

@@ -1,12 +1,12 @@
 --[[
-  includes/peers.lua: the P2P peer filter shared by peer_list and
-  artifact_lookup.
+  includes/peers.lua: the P2P peer filter of peer_list's rows (ListP2pPeers,
+  and the holders LookupP2pArtifact's first step, artifact_lookup, lists).
 
   A peer is a node that is READY (status derived with Redis time), advertises
   a non-empty P2P address, and matches the cluster / backend filters when
   they are given ("" = any).
 ]]
--- @exports peer_row sorted_bytes
+-- @exports peer_row
 -- @include stages
 
 -- What a peer row reads of a node: its P2P fields and what its status is
@@ -28,9 +28,4 @@ local function peer_row(id, P, now, cluster, backend, exclude)
     v[PEER_READ.status], P, now)
   if status ~= 'READY' then return nil end
   return { id, v[PEER_READ.p2p_backend] or '', v[PEER_READ.p2p_address] }
-end
-
-local function sorted_bytes(ids)
-  table.sort(ids, bytes_lt)
-  return ids
 end

@@ -614,7 +614,7 @@ class BaseClient:
     def _peers(self, cluster_id: str, backend: str, exclude: str) -> Plan[list[Peer]]:
         """A cluster's peers: its members' ids (one call), then their rows,
         PEER_PAGE ids a call; or the cell's page by page.  In node-id byte
-        order (sorted here for a cluster; as UTF-8 keeps code point order)."""
+        order."""
         if not cluster_id.strip():
             return (
                 yield from self._pages(
@@ -623,30 +623,30 @@ class BaseClient:
                     )
                 )
             )
-        ops = self.peer_ops
-        ops.filters(cluster_id, backend, exclude)  # (bad input: refused before any read)
-        members = yield from self._step(ops.members(cluster_id))
-        peers: list[Peer] = []
-        for i in range(0, len(members), PEER_PAGE):
-            page = members[i : i + PEER_PAGE]
-            _, rows = yield from self._step(ops.peers(cluster_id, backend, exclude, ids=page))
-            peers.extend(rows)
-        peers.sort(key=lambda p: p.node_id)
-        return peers
+        self.peer_ops.filters(cluster_id, backend, exclude)  # (refused before any read)
+        members = yield from self._step(self.peer_ops.members(cluster_id))
+        return (yield from self._peer_rows(cluster_id, backend, exclude, members))
 
     def _lookup(
         self, cluster_id: str, backend: str, key: str, exclude: str, limit: int
     ) -> Plan[list[Peer]]:
         """An artifact's holders that are peers, in node-id byte order, at
-        most ``limit`` (<= 0: all): their ids (one call), then their rows,
-        PEER_PAGE ids a call, until the limit is reached."""
-        ops = self.peer_ops
-        ids = yield from self._step(ops.lookup(cluster_id, backend, key, exclude))
+        most ``limit`` (<= 0: all): their ids (one call), then their rows."""
+        ids = yield from self._step(self.peer_ops.lookup(cluster_id, backend, key, exclude))
+        return (yield from self._peer_rows(cluster_id, backend, exclude, ids, limit))
+
+    def _peer_rows(
+        self, cluster_id: str, backend: str, exclude: str, ids: list[str], limit: int = 0
+    ) -> Plan[list[Peer]]:
+        """Those of ``ids`` (sorted) that are peers, in their order, PEER_PAGE
+        ids a call, until ``limit`` of them are found (<= 0: all)."""
         found: list[Peer] = []
         for i in range(0, len(ids), PEER_PAGE):
             page = ids[i : i + PEER_PAGE]
-            _, rows = yield from self._step(ops.peers(cluster_id, backend, exclude, ids=page))
-            found.extend(sorted(rows, key=lambda p: p.node_id))
+            _, rows = yield from self._step(
+                self.peer_ops.peers(cluster_id, backend, exclude, ids=page)
+            )
+            found.extend(rows)
             if 0 < limit <= len(found):
                 return found[:limit]
         return found

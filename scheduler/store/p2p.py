@@ -106,28 +106,27 @@ class PeerOps:
         page: int = 0,
         ids: Sequence[str] = (),
     ) -> Call[Page[Peer]]:
-        """Those of ``ids`` that are peers (a page of :meth:`members`); or
-        else a cluster's peers (one call of the whole cluster), or, without a
-        cluster, one page of the cell's: at most ``page`` nodes after node id
-        ``after`` (0: every node in one call); and the next page's ``after``
-        ("" after the last).  In node-id order without a cluster, else in the
-        order read (the client sorts)."""
+        """Those of ``ids`` that are peers (a page of :meth:`members`, in its
+        order); or else one page of the cell's nodes that are: at most
+        ``page`` nodes after node id ``after`` (0: every node in one call), in
+        node-id order, and the next page's ``after`` ("" after the last)."""
         cluster, backend, exclude = self.filters(cluster_id, backend, exclude_node_id)
         argv = c.PeerListArgv(
             cluster_id=cluster,
             backend=backend,
             exclude=exclude,
             after=after,
-            page=str(page) if page and not cluster else "",
+            page=str(page) if page else "",
             ids=list(ids),
         )
         return Call.of("peer_list", self.k.fixed(), argv, _peers)
 
     def members(self, cluster_id: str) -> Call[list[str]]:
-        """The ids of a cluster's P2P member set, in the set's order."""
+        """The ids of a cluster's P2P member set, in node-id byte order (as
+        UTF-8 keeps code point order)."""
         argv = c.PeerMembersArgv(cluster_id=validate_id("cluster_id", cluster_id))
         return Call.of(
-            "peer_members", self.k.fixed(), argv, lambda r: [s(x) for x in r], writes=False
+            "peer_members", self.k.fixed(), argv, lambda r: sorted(s(x) for x in r), writes=False
         )
 
     def record(
